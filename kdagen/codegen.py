@@ -1,0 +1,69 @@
+"""Codegen: render a Jinja template into Triton source from a Plan and a Config.
+
+Rendering is a pure function: the same (template, plan, config, kdagen version) gives the
+same bytes, and the kernel's name ends in a hash of those bytes.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from functools import lru_cache
+
+import jinja2
+
+from . import __version__
+from .config import ChunkFwdConfig, RecurrentConfig, _Config
+from .lower import Plan
+from .resources import templates_dir
+
+# which template renders which kernel, and the config family it takes
+TEMPLATES = {
+    "chunk_intra": ("chunk_intra.py.j2", ChunkFwdConfig),
+    "chunk_state": ("chunk_state.py.j2", ChunkFwdConfig),
+    "recurrent": ("recurrent.py.j2", RecurrentConfig),
+}
+_PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
+_TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
+
+
+@dataclass(frozen=True)
+class GeneratedSource:
+    kernel: str  # template kind, e.g. 'chunk_intra'
+    name: str  # python identifier of the @triton.jit function (and of its module)
+    text: str
+    source_hash: str
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
+    dot_dtype = _TL_DTYPES[plan.dtype]
+    v = {"dot_dtype": dot_dtype, "loop_kw": "", "dot_kw": "", "inv_kw": ""}
+    if plan.dtype == "float32":
+        v["dot_kw"] = ', input_precision="ieee"'
+    if isinstance(config, ChunkFwdConfig):
+        v["inv_kw"] = f', input_precision="{config.inverse_precision}"'
+    return v
+
+
+def render(kernel: str, plan: Plan, config: _Config) -> GeneratedSource:
+    try:
+        template, cfg_type = TEMPLATES[kernel]
+    except KeyError:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(TEMPLATES)}") from None
+    if not isinstance(config, cfg_type):
+        raise TypeError(f"kernel {kernel!r} takes a {cfg_type.__name__}, got {type(config).__name__}")
+    text = _env().get_template(template).render(
+        name=_PLACEHOLDER, kernel=kernel, plan=plan, config=config, version=__version__,
+        **_template_vars(kernel, plan, config))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    name = f"{plan.spec_name}_{kernel}_{digest[:12]}"
+    return GeneratedSource(kernel, name, text.replace(_PLACEHOLDER, name), digest)

@@ -1,0 +1,112 @@
+"""Kernel configurations: the tunable knobs of each generated kernel family.
+
+A config is a frozen dataclass; ``to_dict``/``from_dict`` give its canonical JSON form
+(used by the tuning cache and by the generated-source header).  Heuristic defaults, used
+when no tuned winner is cached, live in :mod:`kdagen.heuristics`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+PRECISIONS = ("ieee", "tf32")  # precision of fp32 operands of tl.dot (A, inverse)
+INTERMEDIATE_DTYPES = ("input", "fp32")  # dtype of W/U/qg/kg/Aqk between launches
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Config:
+    kernel: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        names = {f.name for f in fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ConfigError(f"{cls.kernel}: unknown config fields {sorted(unknown)}; expected {sorted(names)}")
+        return cls(**d)
+
+    def canonical(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def replace(self, **kw):
+        return dataclasses.replace(self, **kw)
+
+    def short(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class ChunkFwdConfig(_Config):
+    """Chunkwise forward: an intra-chunk launch and a fused state-pass launch."""
+
+    kernel: ClassVar[str] = "chunk_fwd"
+    chunk_size: int = 64  # C: tokens per chunk
+    sub_chunk: int = 16  # BC: tokens per factorised sub-tile (bounded by the gate)
+    intra_block_k: int = 64  # BK tile of the intra-chunk launch
+    intra_num_warps: int = 4
+    intra_num_stages: int = 2
+    state_block_v: int = 64  # BV: V tile owned by one state-pass program
+    state_num_warps: int = 4
+    state_num_stages: int = 2
+    inverse_precision: str = "ieee"  # fp32 dots of the triangular inverse
+    intermediates: str = "input"  # dtype of W, U, qg, kg and Aqk between the launches
+
+    def __post_init__(self):
+        for name in ("chunk_size", "sub_chunk", "intra_block_k", "state_block_v",
+                     "intra_num_warps", "state_num_warps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or not _pow2(v):
+                raise ConfigError(f"chunk_fwd: {name} must be a power of two, got {v!r}")
+        if self.sub_chunk < 16 or self.chunk_size % self.sub_chunk:
+            raise ConfigError(
+                f"chunk_fwd: sub_chunk must be >= 16 and divide chunk_size "
+                f"(got sub_chunk={self.sub_chunk}, chunk_size={self.chunk_size})")
+        if self.chunk_size > 128:
+            raise ConfigError(f"chunk_fwd: chunk_size must be <= 128, got {self.chunk_size}")
+        for name in ("intra_num_stages", "state_num_stages"):
+            if getattr(self, name) not in (1, 2, 3, 4):
+                raise ConfigError(f"chunk_fwd: {name} must be in 1..4, got {getattr(self, name)!r}")
+        if self.inverse_precision not in PRECISIONS:
+            raise ConfigError(f"chunk_fwd: inverse_precision must be one of {PRECISIONS}")
+        if self.intermediates not in INTERMEDIATE_DTYPES:
+            raise ConfigError(f"chunk_fwd: intermediates must be one of {INTERMEDIATE_DTYPES}")
+
+
+@dataclass(frozen=True)
+class RecurrentConfig(_Config):
+    """Recurrent (decode) form: one launch per step over (sequence, head, V tile)."""
+
+    kernel: ClassVar[str] = "recurrent"
+    block_v: int = 32
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self):
+        if not _pow2(self.block_v) or not _pow2(self.num_warps):
+            raise ConfigError("recurrent: block_v and num_warps must be powers of two")
+        if self.num_stages not in (1, 2, 3, 4):
+            raise ConfigError(f"recurrent: num_stages must be in 1..4, got {self.num_stages!r}")
+
+
+CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, RecurrentConfig)}
+
+
+def config_from_dict(kernel: str, d: dict[str, Any]) -> _Config:
+    try:
+        cls = CONFIG_TYPES[kernel]
+    except KeyError:
+        raise ConfigError(f"unknown kernel family {kernel!r}; known: {sorted(CONFIG_TYPES)}") from None
+    return cls.from_dict(d)

@@ -1,0 +1,23 @@
+"""Heuristic configs: what the runtime uses when no tuned winner is cached."""
+from __future__ import annotations
+
+from .config import ChunkFwdConfig, RecurrentConfig
+from .lower import Plan
+
+
+def default_chunk_config(plan: Plan) -> ChunkFwdConfig:
+    sub = 16
+    if plan.diag_mode == "elementwise":
+        bk = 32  # the element-wise diagonal holds a [BC, BC, BK] tile
+    else:
+        bk = 64 if plan.BK >= 64 else plan.BK
+    bv = min(64, plan.BV) if plan.K <= 128 else min(32, plan.BV)
+    return ChunkFwdConfig(
+        chunk_size=64, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
+        state_block_v=bv, state_num_warps=4 if plan.K <= 64 else 8, state_num_stages=2,
+    )
+
+
+def default_recurrent_config(plan: Plan) -> RecurrentConfig:
+    bv = min(32, plan.BV) if plan.K <= 128 else min(16, plan.BV)
+    return RecurrentConfig(block_v=bv, num_warps=4 if plan.K >= 128 else 2, num_stages=1)

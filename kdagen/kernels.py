@@ -1,0 +1,92 @@
+"""Compile stage: turn generated source into a launchable Triton kernel, or compile it for
+a target GPU without that GPU (``compile_for_target``)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .codegen import GeneratedSource
+from .paths import generated_dir
+
+_LOADED: dict[str, Any] = {}
+
+_PTR_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+              torch.int32: "*i32", torch.int64: "*i64"}
+
+
+def write_source(src: GeneratedSource) -> str:
+    """Write the source under the cache directory (atomically, once) and return its path."""
+    d = generated_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{src.name}.py"
+    if not path.exists() or path.read_text() != src.text:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{src.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(src.text)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def load(src: GeneratedSource):
+    """Import the generated module and return its @triton.jit function."""
+    fn = _LOADED.get(src.name)
+    if fn is not None:
+        return fn
+    path = write_source(src)
+    spec = importlib.util.spec_from_file_location(f"kdagen_generated.{src.name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    fn = getattr(mod, src.name)
+    _LOADED[src.name] = fn
+    return fn
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    name: str
+    target: str
+    shared_bytes: int
+    num_warps: int
+    n_regs: int | None
+    n_spills: int | None
+
+
+def signature_of(args: dict[str, Any], constexprs: dict[str, Any]) -> dict[str, str]:
+    sig = {}
+    for name, val in args.items():
+        if isinstance(val, torch.Tensor):
+            sig[name] = _PTR_TYPES[val.dtype]
+        elif val is None:
+            sig[name] = "*i8"  # an unused pointer argument
+        elif isinstance(val, bool):
+            sig[name] = "i1"
+        elif isinstance(val, int):
+            sig[name] = "i64" if abs(val) >= 2 ** 31 else "i32"
+        elif isinstance(val, float):
+            sig[name] = "fp32"
+        else:
+            raise TypeError(f"cannot type kernel argument {name}={val!r}")
+    for name in constexprs:
+        sig[name] = "constexpr"
+    return sig
+
+
+def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int,
+                       num_stages: int) -> CompileReport:
+    """Compile a jitted kernel for ``target`` (a triton GPUTarget) with no GPU present."""
+    import triton
+    from triton.compiler import ASTSource
+
+    src = ASTSource(fn=fn, signature=signature_of(args, constexprs), constexprs=dict(constexprs))
+    out = triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+    md = out.metadata
+    return CompileReport(name=fn.__name__, target=f"{target.backend}:{target.arch}",
+                         shared_bytes=int(getattr(md, "shared", 0)), num_warps=num_warps,
+                         n_regs=getattr(out, "n_regs", None), n_spills=getattr(out, "n_spills", None))

@@ -1,0 +1,98 @@
+"""Lowering: a spec plus shapes and dtypes becomes a :class:`Plan` — which kernels and
+matrices exist, how the gate is evaluated, and how long a factorised sub-tile may be.
+
+Decisions live here; templates only branch on plan fields.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import sympy as sp
+import triton
+
+from . import spec as S
+from .spec import Recurrence
+from .structure import analyze_structure, safe_sub_chunk
+from .triton_printer import to_triton
+
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+DTYPES = ("float32", "float16", "bfloat16")
+
+# kernel variable names the templates use for the gate's symbols
+GATE_NAMES = {S.z: "b_z", S.A_log: "b_A", S.dt_bias: "b_bias", S.g: "b_z"}
+
+
+class LoweringError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec_name: str
+    spec_hash: str
+    form: str  # 'chunk' | 'recurrent'
+    structure: str
+    decay: str
+    K: int
+    V: int
+    BK: int  # K padded to a power of two (a whole row of the state)
+    BV: int  # V padded to a power of two
+    dtype: str  # dtype of q/k/v
+    gate_in_kernel: bool
+    gate_name: str
+    gate_expr: str  # Triton expression of b_z (raw), b_A, b_bias; "b_z" when g is given
+    gate_has_A: bool
+    gate_has_bias: bool
+    lower_bound: float | None
+    safe_sub_chunk: int | None  # None: factorised diagonal tiles are not safe
+    diag_mode: str  # 'factorised' | 'elementwise' (chunk form only)
+    stages: tuple[str, ...]
+
+    def to_dict(self):
+        return asdict(self)
+
+
+def _check_dims(K: int, V: int):
+    for name, d in (("K", K), ("V", V)):
+        if not isinstance(d, int) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+            raise LoweringError(f"head dim {name}={d!r} is outside the supported range "
+                                f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+
+
+def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kernel: bool = False) -> Plan:
+    _check_dims(K, V)
+    if dtype not in DTYPES:
+        raise LoweringError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if form not in ("chunk", "recurrent"):
+        raise LoweringError(f"form must be 'chunk' or 'recurrent', got {form!r}")
+    st = analyze_structure(spec)
+    if st.kind != "kda" or spec.decay != "channel":
+        raise LoweringError(f"kdagen generates kernels for the KDA structure (per-channel decay, a, b and "
+                            f"the write key tied to k); spec {spec.name!r} is {st.kind!r} with "
+                            f"{spec.decay!r} decay ({st.reason}). Other members are not generated yet.")
+    gate = spec.gate
+    names = dict(GATE_NAMES)
+    if gate_in_kernel:
+        if gate.name == "direct":
+            raise LoweringError("gate_in_kernel needs a gate expression (lower_bound, softplus or custom), "
+                                "not the direct gate")
+        expr = gate.substituted
+        free = expr.free_symbols
+        unknown = free - {S.z, S.A_log, S.dt_bias}
+        if unknown:
+            raise LoweringError(f"gate {gate.name!r} uses symbols {sorted(map(str, unknown))} the kernels "
+                                "cannot read; a gate may use z (raw input), A_log (per head) and dt_bias (per channel)")
+        gate_expr = to_triton(expr, names)
+        has_A, has_bias = S.A_log in free, S.dt_bias in free
+    else:
+        gate_expr, has_A, has_bias = "b_z", False, False
+    bound = safe_sub_chunk(spec)
+    diag_mode = "factorised" if bound.length is not None and bound.length >= 16 else "elementwise"
+    stages = ("intra", "state") if form == "chunk" else ("recurrent",)
+    return Plan(
+        spec_name=spec.name, spec_hash=spec.hash, form=form, structure=st.kind, decay=spec.decay,
+        K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V), dtype=dtype,
+        gate_in_kernel=gate_in_kernel, gate_name=gate.name, gate_expr=gate_expr,
+        gate_has_A=has_A, gate_has_bias=has_bias, lower_bound=gate.lower_bound,
+        safe_sub_chunk=bound.length, diag_mode=diag_mode, stages=stages,
+    )

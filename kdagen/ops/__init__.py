@@ -1,0 +1,1 @@
+"""Public ops with flash-linear-attention's signatures."""

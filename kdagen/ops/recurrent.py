@@ -1,0 +1,97 @@
+"""`fused_recurrent_kda`: the recurrent form (decode) -- one launch per call over all
+sequences, value heads and V tiles; float32 state in registers; optional in-place update
+of a state pool addressed by per-sequence slots."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..config import RecurrentConfig
+from ..runtime import plan_for, recurrent_kernels
+from ..validate import check_inputs
+from .chunk import Launch, _dummy
+from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
+
+
+def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
+                      state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None):
+    B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
+    cfg: RecurrentConfig = built.config
+    dev = q.device
+    o = out if out is not None else torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    if state_indices is not None:
+        ht = initial_state  # the pool, updated in place
+    elif output_final_state:
+        ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+    else:
+        ht = None
+    dummy = _dummy(dev)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta)
+    if plan.gate_has_A:
+        args["A_log"] = A_log
+    if plan.gate_has_bias:
+        args["dt_bias"] = dt_bias
+    args.update(o=o, h0=initial_state if initial_state is not None else dummy,
+                ht=ht if ht is not None else dummy,
+                state_indices=state_indices if state_indices is not None else dummy,
+                cu_seqlens=cu_seqlens.to(dev) if cu_seqlens is not None else dummy,
+                T=T, scale=float(scale))
+    bv = min(cfg.block_v, plan.BV)
+    launch = Launch(built.fns[0], (triton.cdiv(V, bv), N * HV), args,
+                    dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
+                         STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
+                         IS_VARLEN=cu_seqlens is not None),
+                    cfg.num_warps, cfg.num_stages)
+    return launch, (o, ht)
+
+
+def fused_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    lower_bound: float | None = None,
+    cu_seqlens: torch.LongTensor | None = None,
+    ssm_state_indices: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: RecurrentConfig | None = None,
+    **kwargs,
+):
+    """Recurrent KDA (decode) with flash-linear-attention's signature and layout.
+
+    Same tensors as :func:`kdagen.chunk_kda`.  With ``ssm_state_indices`` ([N] int),
+    ``initial_state`` is a state pool [P, HV, K, V] (float32, or bf16/fp16 to halve the
+    traffic): sequence n reads slot ``ssm_state_indices[n]`` and its final state is
+    written back to that slot in place (a negative slot is padding: skipped, o = 0);
+    the pool is returned as the final state.  Otherwise the final state is a new float32
+    [N, HV, K, V] tensor when ``output_final_state``.
+    """
+    check_kwargs("fused_recurrent_kda", kwargs)
+    dims, _ = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                           state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
+                           gate_in_kernel=use_gate_in_kernel)
+    spec = select_spec(use_gate_in_kernel, False, lower_bound, A_log is not None, dt_bias is not None)
+    if scale is None:
+        scale = dims.K ** -0.5
+    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    plan = plan_for(spec, dims.K, dims.V, DTYPE_NAMES[q.dtype], "recurrent", use_gate_in_kernel)
+    built = recurrent_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N})
+    if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device):
+        raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}")
+    q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
+    launch, (o, ht) = prepare_recurrent(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
+        A_log=A_log, dt_bias=dt_bias, out=out)
+    launch()
+    return o, (ht if (output_final_state or ssm_state_indices is not None) else None)

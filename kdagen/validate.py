@@ -1,0 +1,132 @@
+"""Input validation for the public ops: every bad input becomes a ValueError/TypeError that
+names the argument and what was expected, before anything is launched."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .lower import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Dims:
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    N: int  # number of sequences
+
+
+def _tensor(name, x):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _float(name, x):
+    if x.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, float16 or bfloat16, got {x.dtype}")
+
+
+def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_indices=None,
+                 A_log=None, dt_bias=None, gate_in_kernel=False) -> tuple[Dims, list[int] | None]:
+    """Validate the arguments of chunk_kda / fused_recurrent_kda.
+
+    Returns the dimensions and, with cu_seqlens, its values on the host."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _tensor(name, x)
+        _float(name, x)
+    if q.dim() != 4:
+        raise ValueError(f"q must have shape [B, T, H, K], got {tuple(q.shape)}")
+    B, T, H, K = q.shape
+    if tuple(k.shape) != (B, T, H, K):
+        raise ValueError(f"k must have the shape of q, [B, T, H, K] = {(B, T, H, K)}, got {tuple(k.shape)}")
+    if v.dim() != 4 or tuple(v.shape[:2]) != (B, T):
+        raise ValueError(f"v must have shape [B, T, HV, V] = [{B}, {T}, HV, V], got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if HV % H != 0 or HV == 0:
+        raise ValueError(f"v has HV={HV} heads, which must be a positive multiple of q/k's H={H} heads (GVA)")
+    if tuple(g.shape) != (B, T, HV, K):
+        raise ValueError(f"g must have shape [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(g.shape)}")
+    if tuple(beta.shape) != (B, T, HV):
+        raise ValueError(f"beta must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}")
+    if not (k.dtype == q.dtype and v.dtype == q.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    for name, d in (("K", K), ("V", V)):
+        if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+            raise ValueError(f"head dim {name}={d} is outside the supported range [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+    dev = q.device
+    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if x.device != dev:
+            raise ValueError(f"{name} is on {x.device} but q is on {dev}; all inputs must share a device")
+    if scale is not None and not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if T == 0 or B == 0:
+        raise ValueError(f"q has an empty batch or sequence dimension: shape {tuple(q.shape)}")
+
+    seqlens = None
+    if cu_seqlens is not None:
+        _tensor("cu_seqlens", cu_seqlens)
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens must be a 1-D int32/int64 tensor, got {cu_seqlens.dtype} "
+                            f"of shape {tuple(cu_seqlens.shape)}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens packs sequences along T and needs B == 1, got B={B}; "
+                             "flatten the batch first")
+        if cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens must have at least 2 entries ([0, ..., T])")
+        if cu_seqlens.device != dev and cu_seqlens.device.type != "cpu":
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {dev}")
+        seqlens = cu_seqlens.tolist()
+        if seqlens[0] != 0:
+            raise ValueError(f"cu_seqlens must start at 0, got {seqlens[0]}")
+        if any(b < a for a, b in zip(seqlens, seqlens[1:])):
+            raise ValueError(f"cu_seqlens must be non-decreasing, got {seqlens}")
+        if seqlens[-1] != T:
+            raise ValueError(f"cu_seqlens must end at T={T} (the packed length), got {seqlens[-1]}")
+        N = len(seqlens) - 1
+    else:
+        N = B
+
+    if state_indices is not None:
+        _tensor("state_indices", state_indices)
+        if state_indices.dim() != 1 or state_indices.numel() != N or state_indices.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"state_indices must be a 1-D int32/int64 tensor of {N} slots (one per sequence), "
+                             f"got {state_indices.dtype} of shape {tuple(state_indices.shape)}")
+        if state_indices.device != dev:
+            raise ValueError(f"state_indices is on {state_indices.device} but the inputs are on {dev}")
+        if initial_state is None:
+            raise ValueError("state_indices addresses rows of a state pool: pass the pool as initial_state")
+    if initial_state is not None:
+        _tensor("initial_state", initial_state)
+        _float("initial_state", initial_state)
+        rows = initial_state.shape[0] if initial_state.dim() == 4 else None
+        want_rows = rows if state_indices is not None else N
+        if initial_state.dim() != 4 or tuple(initial_state.shape) != (want_rows, HV, K, V):
+            what = "[P, HV, K, V] (a state pool)" if state_indices is not None else f"[N, HV, K, V] = {(N, HV, K, V)}"
+            raise ValueError(f"initial_state must have shape {what}, got {tuple(initial_state.shape)}")
+        if initial_state.device != dev:
+            raise ValueError(f"initial_state is on {initial_state.device} but the inputs are on {dev}")
+        if not initial_state.is_contiguous():
+            raise ValueError("initial_state must be contiguous")
+    if gate_in_kernel:
+        if A_log is not None:
+            _tensor("A_log", A_log)
+            if A_log.numel() != HV:
+                raise ValueError(f"A_log must have {HV} entries (one per value head), got shape {tuple(A_log.shape)}")
+            if A_log.device != dev:
+                raise ValueError(f"A_log is on {A_log.device} but the inputs are on {dev}")
+        if dt_bias is not None:
+            _tensor("dt_bias", dt_bias)
+            if dt_bias.numel() != HV * K:
+                raise ValueError(f"dt_bias must have HV*K = {HV * K} entries, got shape {tuple(dt_bias.shape)}")
+            if dt_bias.device != dev:
+                raise ValueError(f"dt_bias is on {dt_bias.device} but the inputs are on {dev}")
+    elif A_log is not None or dt_bias is not None:
+        raise ValueError("A_log/dt_bias are only used with use_gate_in_kernel=True")
+    return Dims(B, T, H, HV, K, V, N), seqlens
