@@ -105,6 +105,32 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     return (intra, state), (o, ht, hs)
 
 
+def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                       allow_neg_eigval=False, safe_gate=False, lower_bound=None, return_intermediate_states=False,
+                       cu_seqlens=None, A_log=None, dt_bias=None, config=None):
+    """Validate, lower, generate and describe the launches of chunk_kda without running them
+    (the op runs them; the benchmark times them one by one; compile-only checks compile them)."""
+    dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                 cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
+                                 gate_in_kernel=use_gate_in_kernel)
+    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
+    if scale is None:
+        scale = dims.K ** -0.5
+    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    plan = plan_for(spec, dims.K, dims.V, DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
+    built = chunk_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N})
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if A_log is not None:
+        A_log = A_log.contiguous()
+    if dt_bias is not None:
+        dt_bias = dt_bias.contiguous()
+    return prepare_chunk_fwd(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, seqlens=seqlens, dims=dims, plan=plan, config=built.config, built=built,
+        A_log=A_log, dt_bias=dt_bias, return_intermediate_states=return_intermediate_states)
+
+
 class _ChunkKDANoBackward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, o, *inputs):
@@ -149,24 +175,12 @@ def chunk_kda(
     ``config`` overrides the tuned/heuristic kernel config.
     """
     check_kwargs("chunk_kda", kwargs)
-    dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                 cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
-                                 gate_in_kernel=use_gate_in_kernel)
-    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    if scale is None:
-        scale = dims.K ** -0.5
-    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    plan = plan_for(spec, dims.K, dims.V, DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
-    built = chunk_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N})
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    if A_log is not None:
-        A_log = A_log.contiguous()
-    if dt_bias is not None:
-        dt_bias = dt_bias.contiguous()
-    launches, (o, ht, hs) = prepare_chunk_fwd(
+    launches, (o, ht, hs) = chunk_kda_launches(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens, seqlens=seqlens, dims=dims, plan=plan, config=built.config, built=built,
-        A_log=A_log, dt_bias=dt_bias, return_intermediate_states=return_intermediate_states)
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
+        cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config)
     for launch in launches:
         launch()
     if torch.is_grad_enabled() and any(

@@ -1,0 +1,300 @@
+"""One script that checks and times kdagen against flash-linear-attention (FLA) in one
+process, on the same inputs.  Run on a GPU machine:
+
+    PYTHONPATH=. python bench/bench.py --out "$OUT" [--suite fwd,decode,check,variants]
+
+Prints a short table last and writes the full log and a JSON of every number to --out.
+Absolute times only mean something on a GPU; report ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import kdagen  # noqa: E402
+from kdagen.config import ChunkFwdConfig, RecurrentConfig  # noqa: E402
+from kdagen.reference import naive_recurrent_kda  # noqa: E402
+from kdagen.ops.chunk import chunk_kda_launches  # noqa: E402
+
+LOWER = -5.0
+RESULTS: dict = {"rows": []}
+LOG = []
+
+
+def log(*a):
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    LOG.append(s)
+
+
+def rel(a, b):
+    a, b = a.double().cpu(), b.double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def inputs(B, T, H, K, V, HV=None, dtype=torch.bfloat16, seed=0, h0=True, device="cuda"):
+    HV = HV or H
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g = LOWER * torch.sigmoid(torch.randn(B, T, HV, K, generator=gen) + 2.0)  # in [-5, 0)
+    beta = torch.sigmoid(torch.randn(B, T, HV, generator=gen))
+    s0 = torch.randn(B, HV, K, V, generator=gen) * 0.1 if h0 else None
+    cast = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
+    out = dict(q=cast(q), k=cast(k), v=cast(v), g=g.to(device), beta=cast(beta),
+               initial_state=None if s0 is None else s0.to(device))
+    return out
+
+
+def fla_ops():
+    try:
+        from fla.ops.kda import chunk_kda as fchunk, fused_recurrent_kda as frec
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd as frec_fwd
+        import fla
+        return fchunk, frec, frec_fwd, getattr(fla, "__version__", "?")
+    except Exception as e:  # noqa: BLE001
+        log("FLA not importable:", repr(e))
+        return None, None, None, None
+
+
+def ceilings():
+    n = 1 << 28  # 1 GiB fp32
+    a = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
+    bw = 2 * a.numel() * 4 / (ms * 1e-3) / 1e9
+    log(f"device copy: {bw:.0f} GB/s (read+write, 1 GiB, median)")
+    RESULTS["copy_gbs"] = bw
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+def check(fchunk, frec):
+    """bf16 correctness against the float64 recurrence, kdagen and FLA side by side."""
+    log("\n== correctness (bf16 inputs, fp32 g in [-5,0), fp32 state) vs float64 recurrence ==")
+    cases = [(1, 1024, 4, 128, 128, None, False), (2, 333, 2, 128, 128, 4, False),
+             (1, 512, 2, 96, 192, None, False), (1, 700, 2, 64, 64, None, True)]
+    for B, T, H, K, V, HV, varlen in cases:
+        x = inputs(B, T, H, K, V, HV)
+        cu = None
+        if varlen:
+            cu = torch.tensor([0, 1, 100, 165, T], dtype=torch.long, device="cuda")
+            x["initial_state"] = torch.randn(4, HV or H, K, V, device="cuda") * 0.1
+        ref_o, ref_s = naive_recurrent_kda(*(x[n].cpu() for n in ("q", "k", "v", "g", "beta")),
+                                           initial_state=x["initial_state"].cpu(), output_final_state=True,
+                                           cu_seqlens=None if cu is None else cu.cpu())
+        row = dict(case=f"chunk B={B} T={T} H={H} HV={HV or H} K={K} V={V}{' varlen' if varlen else ''}")
+        o, s = kdagen.chunk_kda(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER, cu_seqlens=cu)
+        torch.cuda.synchronize()
+        row.update(kdagen_o=rel(o, ref_o), kdagen_state=rel(s, ref_s), kdagen_nan=bool(torch.isnan(o).any()))
+        o2, s2 = kdagen.chunk_kda(**x, output_final_state=True, cu_seqlens=cu)  # unbounded-gate path
+        row.update(kdagen_unsafe_o=rel(o2, ref_o))
+        o3, s3 = kdagen.fused_recurrent_kda(**x, output_final_state=True, cu_seqlens=cu)
+        row.update(kdagen_rec_o=rel(o3, ref_o), kdagen_rec_state=rel(s3, ref_s))
+        if fchunk is not None:
+            try:
+                fo, fs = fchunk(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER, cu_seqlens=cu)
+                row.update(fla_o=rel(fo, ref_o), fla_state=rel(fs, ref_s))
+            except Exception as e:  # noqa: BLE001
+                row.update(fla_error=repr(e)[:200])
+        RESULTS["rows"].append(dict(kind="check", **row))
+        log(json.dumps(row))
+
+
+def time_chunk(fchunk, shapes, variants):
+    log("\n== chunkwise forward timing (bf16, safe gate -5, h0 fp32, output_final_state) ==")
+    out = []
+    for (B, T, H, K) in shapes:
+        x = inputs(B, T, H, K, K)
+        kd = lambda cfg=None: kdagen.chunk_kda(**x, output_final_state=True, safe_gate=True,  # noqa: E731
+                                               lower_bound=LOWER, config=cfg)
+        o, s = kd()
+        row = dict(kind="chunk_fwd", shape=f"{B},{T},{H},{K}")
+        if fchunk is not None:
+            fl = lambda: fchunk(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER)  # noqa: E731
+            fo, fs = fl()
+            row["diff_vs_fla_o"] = rel(o, fo)
+            row["diff_vs_fla_state"] = rel(s, fs)
+            row["fla_ms"] = do_bench(fl, warmup=100, rep=500, return_mode="median")
+        row["kdagen_ms"] = do_bench(kd, warmup=100, rep=500, return_mode="median")
+        if "fla_ms" in row:
+            row["speedup"] = row["fla_ms"] / row["kdagen_ms"]
+        for name, cfg in [("default", None)] + list(variants):
+            try:
+                launches, _ = chunk_kda_launches(**x, output_final_state=True, safe_gate=True,
+                                                 lower_bound=LOWER, config=cfg)
+                for ln in launches:
+                    ln()
+                times = [do_bench(ln, warmup=30, rep=200, return_mode="median") for ln in launches]
+                row[f"v:{name}"] = "intra %.3f state %.3f" % tuple(times)
+            except Exception as e:  # noqa: BLE001
+                row[f"v:{name}"] = f"error {type(e).__name__}: {str(e)[:120]}"
+        log(json.dumps(row))
+        RESULTS["rows"].append(row)
+        out.append(row)
+        del x
+        torch.cuda.empty_cache()
+    return out
+
+
+def time_decode(frec_fwd, batches, copy_gbs):
+    log("\n== decode timing (T=1, H=32, K=V=128, fp32 state pool updated in place) ==")
+    H, K, V = 32, 128, 128
+    out = []
+    for B in batches:
+        x = inputs(B, 1, H, K, V)
+        pool = x.pop("initial_state").contiguous()
+        idx = torch.arange(B, device="cuda", dtype=torch.int32)
+        o_buf = torch.empty_like(x["v"])
+        kd = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=idx, out=o_buf)  # noqa: E731
+        row = dict(kind="decode", B=B)
+        fns = {"kdagen": kd}
+        if frec_fwd is not None:
+            idx64 = idx.to(torch.int64)
+            fns["fla"] = lambda: frec_fwd(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"],  # noqa: E731
+                                          initial_state=pool, scale=K ** -0.5, inplace_final_state=True,
+                                          ssm_state_indices=idx64)
+        # correctness of one step against float64 (pool copy)
+        p0 = pool.clone()
+        ref_o, ref_s = naive_recurrent_kda(*(x[n].cpu() for n in ("q", "k", "v", "g", "beta")),
+                                           initial_state=p0.cpu(), output_final_state=True)
+        kd()
+        torch.cuda.synchronize()
+        row["kdagen_err_o"] = rel(o_buf, ref_o)
+        row["kdagen_err_state"] = rel(pool, ref_s)
+        pool.copy_(p0)
+        bytes_moved = 2 * B * H * K * V * 4
+        for name, fn in fns.items():
+            fn()
+            torch.cuda.synchronize()
+            # eager: host-bound per-call cost
+            n = 300
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            row[f"{name}_eager_us"] = (time.perf_counter() - t0) / n * 1e6
+            # graph replay
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            us = do_bench(graph.replay, warmup=50, rep=300, return_mode="median") * 1e3
+            row[f"{name}_graph_us"] = us
+            row[f"{name}_gbs"] = bytes_moved / (us * 1e-6) / 1e9
+            row[f"{name}_pct_copy"] = 100 * row[f"{name}_gbs"] / copy_gbs
+            pool.copy_(p0)
+        log(json.dumps(row))
+        RESULTS["rows"].append(row)
+        out.append(row)
+    return out
+
+
+def decode_variants(batches):
+    log("\n== decode variants (graph replay, us) ==")
+    H, K, V = 32, 128, 128
+    for B in batches:
+        x = inputs(B, 1, H, K, V)
+        pool = x.pop("initial_state").contiguous()
+        idx = torch.arange(B, device="cuda", dtype=torch.int32)
+        o_buf = torch.empty_like(x["v"])
+        row = dict(kind="decode_variants", B=B)
+        for bv in (16, 32, 64, 128):
+            for nw in (1, 2, 4, 8):
+                cfg = RecurrentConfig(block_v=bv, num_warps=nw)
+                fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=idx,  # noqa: E731
+                                                        out=o_buf, config=cfg)
+                try:
+                    fn()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        fn()
+                    row[f"bv{bv}_w{nw}"] = round(do_bench(g.replay, warmup=20, rep=100, return_mode="median") * 1e3, 2)
+                except Exception as e:  # noqa: BLE001
+                    row[f"bv{bv}_w{nw}"] = f"err {type(e).__name__}"
+        log(json.dumps(row))
+        RESULTS["rows"].append(row)
+
+
+CHUNK_VARIANTS = [
+    ("ik64w8", ChunkFwdConfig(intra_num_warps=8)),
+    ("c32", ChunkFwdConfig(chunk_size=32)),
+    ("c32ik128w8", ChunkFwdConfig(chunk_size=32, intra_block_k=128, intra_num_warps=8)),
+    ("c32_bv32w4", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=4)),
+    ("c32_bv64w4", ChunkFwdConfig(chunk_size=32, state_block_v=64, state_num_warps=4)),
+    ("c32_bv16w4", ChunkFwdConfig(chunk_size=32, state_block_v=16, state_num_warps=4)),
+    ("c32_bv32w2", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=2)),
+    ("bv32_w4", ChunkFwdConfig(state_block_v=32, state_num_warps=4)),
+    ("bv32_w8", ChunkFwdConfig(state_block_v=32, state_num_warps=8)),
+    ("bv64_w4", ChunkFwdConfig(state_block_v=64, state_num_warps=4)),
+    ("bv64_w8_s3", ChunkFwdConfig(state_block_v=64, state_num_warps=8, state_num_stages=3)),
+
+    ("bv16_w4", ChunkFwdConfig(state_block_v=16, state_num_warps=4)),
+    ("ik32_w4", ChunkFwdConfig(intra_block_k=32, intra_num_warps=4)),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--suite", default="check,fwd,decode")
+    ap.add_argument("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128;8,1024,8,64",
+                    help="chunk shapes B,T,H,K separated by ';'")
+    args = ap.parse_args()
+    suite = set(args.suite.split(","))
+    fchunk, frec, frec_fwd, fla_ver = fla_ops()
+    props = torch.cuda.get_device_properties(0)
+    RESULTS["env"] = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), gpu=props.name,
+                          sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,
+                          fla=fla_ver, kdagen=kdagen.__version__, python=platform.python_version(),
+                          cuda=torch.version.cuda)
+    log(json.dumps(RESULTS["env"]))
+    copy_gbs = ceilings()
+    try:
+        if "check" in suite:
+            check(fchunk, frec)
+        if "fwd" in suite:
+            time_chunk(fchunk, [tuple(int(x) for x in sh.split(",")) for sh in args.shapes.split(";")],
+                       CHUNK_VARIANTS if "variants" in suite else [])
+        if "decode" in suite:
+            time_decode(frec_fwd, [1, 64, 256], copy_gbs)
+        if "decode_variants" in suite:
+            decode_variants([1, 64, 256])
+    except Exception:  # noqa: BLE001
+        log(traceback.format_exc())
+    finally:
+        with open(os.path.join(args.out, "bench.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1)
+        with open(os.path.join(args.out, "bench.log"), "w") as f:
+            f.write("\n".join(LOG))
+    log("\n== summary ==")
+    for r in RESULTS["rows"]:
+        if r["kind"] == "chunk_fwd":
+            log(f"fwd {r['shape']:>18}  kdagen {r['kdagen_ms']:.3f} ms  fla {r.get('fla_ms', float('nan')):.3f} ms  "
+                f"x{r.get('speedup', float('nan')):.2f}  diff {r.get('diff_vs_fla_o', float('nan')):.1e}")
+        if r["kind"] == "decode":
+            log(f"decode B={r['B']:>3}  kdagen graph {r['kdagen_graph_us']:.1f} us ({r['kdagen_pct_copy']:.0f}% copy) "
+                f"eager {r['kdagen_eager_us']:.1f} us | fla graph {r.get('fla_graph_us', float('nan')):.1f} us "
+                f"eager {r.get('fla_eager_us', float('nan')):.1f} us")
+
+
+if __name__ == "__main__":
+    main()
