@@ -235,20 +235,16 @@ def decode_variants(batches):
 
 
 CHUNK_VARIANTS = [
-    ("ik64w8", ChunkFwdConfig(intra_num_warps=8)),
+    ("c64_ik64w8", ChunkFwdConfig(intra_num_warps=8)),
+    ("c64_ik32w4", ChunkFwdConfig(intra_block_k=32)),
+    ("c64_ik128w8", ChunkFwdConfig(intra_block_k=128, intra_num_warps=8)),
+    ("c64_bv32w4", ChunkFwdConfig(state_block_v=32, state_num_warps=4)),
     ("c32", ChunkFwdConfig(chunk_size=32)),
-    ("c32ik128w8", ChunkFwdConfig(chunk_size=32, intra_block_k=128, intra_num_warps=8)),
-    ("c32_bv32w4", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=4)),
-    ("c32_bv64w4", ChunkFwdConfig(chunk_size=32, state_block_v=64, state_num_warps=4)),
-    ("c32_bv16w4", ChunkFwdConfig(chunk_size=32, state_block_v=16, state_num_warps=4)),
+    ("c32_ik32w4", ChunkFwdConfig(chunk_size=32, intra_block_k=32)),
+    ("c32_ik128w4", ChunkFwdConfig(chunk_size=32, intra_block_k=128)),
     ("c32_bv32w2", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=2)),
-    ("bv32_w4", ChunkFwdConfig(state_block_v=32, state_num_warps=4)),
-    ("bv32_w8", ChunkFwdConfig(state_block_v=32, state_num_warps=8)),
-    ("bv64_w4", ChunkFwdConfig(state_block_v=64, state_num_warps=4)),
-    ("bv64_w8_s3", ChunkFwdConfig(state_block_v=64, state_num_warps=8, state_num_stages=3)),
-
-    ("bv16_w4", ChunkFwdConfig(state_block_v=16, state_num_warps=4)),
-    ("ik32_w4", ChunkFwdConfig(intra_block_k=32, intra_num_warps=4)),
+    ("c32_bv32w4", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=4)),
+    ("c64_tf32inv", ChunkFwdConfig(inverse_precision="tf32")),
 ]
 
 

@@ -51,6 +51,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["dot_kw"] = ', input_precision="ieee"'
     if isinstance(config, ChunkFwdConfig):
         v["inv_kw"] = f', input_precision="{config.inverse_precision}"'
+        # (I - A)(I + A^2)...(I + A^(2^s)) covers powers below 2^(s+1); A^BC = 0
+        v["neumann_steps"] = max(0, (config.sub_chunk - 1).bit_length() - 1)
     return v
 
 

@@ -19,5 +19,7 @@ def default_chunk_config(plan: Plan) -> ChunkFwdConfig:
 
 
 def default_recurrent_config(plan: Plan) -> RecurrentConfig:
-    bv = min(32, plan.BV) if plan.K <= 128 else min(16, plan.BV)
-    return RecurrentConfig(block_v=bv, num_warps=4 if plan.K >= 128 else 2, num_stages=1)
+    # H200 2026-11-30 (bench/RESULTS.md): K=V=128, BV=64 with 4 warps moved the state at
+    # 94% of copy bandwidth at B=256; 1 warp at BV>=64 collapses (register spills)
+    bv = min(64, plan.BV) if plan.K <= 128 else min(32, plan.BV)
+    return RecurrentConfig(block_v=bv, num_warps=4, num_stages=1)

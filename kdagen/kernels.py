@@ -90,3 +90,42 @@ def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], tar
     return CompileReport(name=fn.__name__, target=f"{target.backend}:{target.arch}",
                          shared_bytes=int(getattr(md, "shared", 0)), num_warps=num_warps,
                          n_regs=getattr(out, "n_regs", None), n_spills=getattr(out, "n_spills", None))
+
+
+# --- launching ------------------------------------------------------------------------
+# Triton's JIT dispatch binds and re-specialises every argument on each call (tens of us).
+# For a hot path (decode: one launch per token) we keep the CompiledKernel that the first
+# launch produced, keyed by everything Triton specialises on, and call it directly.
+_COMPILED: dict[tuple, Any] = {}
+
+
+def _spec_key(v):
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int):
+        return ("i", v == 1, v % 16 == 0, not -2 ** 31 <= v < 2 ** 31)
+    if isinstance(v, float):
+        return "f"
+    return ("c", v)
+
+
+def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: int):
+    """Launch ``fn[grid](**args, **constexprs)``, reusing the compiled kernel when possible."""
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        return
+    vals = list(args.values())
+    key = (fn, tuple(_spec_key(v) for v in vals), tuple(constexprs.values()), num_warps, num_stages,
+           vals[0].device.index if isinstance(vals[0], torch.Tensor) else None)
+    kernel = _COMPILED.get(key)
+    if kernel is None:
+        kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        if kernel is not None and hasattr(kernel, "run"):
+            _COMPILED[key] = kernel
+        return
+    stream = torch.cuda.current_stream(vals[0].device).cuda_stream
+    g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
+    kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
+               *vals, *constexprs.values())

@@ -14,6 +14,7 @@ import torch
 import triton
 
 from ..config import ChunkFwdConfig
+from ..kernels import launch
 from ..runtime import chunk_kernels, plan_for
 from ..validate import check_inputs
 from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
@@ -38,7 +39,7 @@ class Launch:
     num_stages: int
 
     def __call__(self):
-        self.fn[self.grid](**self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+        launch(self.fn, self.grid, self.args, self.constexprs, self.num_warps, self.num_stages)
 
 
 def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):

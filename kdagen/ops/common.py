@@ -2,6 +2,8 @@
 pre-processing FLA performs on the host (l2-norm, beta sigmoid)."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import sympy as sp
 import torch
 
@@ -11,6 +13,7 @@ from .. import spec as S
 IGNORED_KWARGS = ("disable_recompute", "use_graph", "max_num_seqs", "cu_seqlens_cpu", "cp_context")
 
 
+@lru_cache(maxsize=64)
 def select_spec(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | None,
                 has_A: bool, has_bias: bool) -> S.Recurrence:
     """The KDA spec FLA's flags describe.
