@@ -6,15 +6,18 @@ from .lower import Plan
 
 
 def default_chunk_config(plan: Plan) -> ChunkFwdConfig:
+    # H200 sweep of 2026-11-30 (bench/RESULTS.md) at (1, 8192, 96, 128): C=32 with the whole
+    # K row in one intra tile and a 32-wide V tile on 2 warps in the state pass was the best
+    # stage-by-stage combination measured (intra 1.52 ms, state 0.86 ms).
     sub = 16
     if plan.diag_mode == "elementwise":
         bk = 32  # the element-wise diagonal holds a [BC, BC, BK] tile
     else:
-        bk = 64 if plan.BK >= 64 else plan.BK
-    bv = min(64, plan.BV) if plan.K <= 128 else min(32, plan.BV)
+        bk = min(128, plan.BK)
+    bv = min(32, plan.BV)
     return ChunkFwdConfig(
-        chunk_size=64, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
-        state_block_v=bv, state_num_warps=4 if plan.K <= 64 else 8, state_num_stages=2,
+        chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
+        state_block_v=bv, state_num_warps=2 if plan.K <= 128 else 4, state_num_stages=2,
     )
 
 

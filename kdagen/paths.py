@@ -1,19 +1,16 @@
-"""Directories kdagen writes to: the user cache (tuning winners, generated sources)."""
+"""Directories kdagen writes to, all under the user cache (see :func:`kdagen.cache.cache_dir`)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    """$KDAGEN_CACHE_DIR, else $XDG_CACHE_HOME/kdagen, else ~/.cache/kdagen."""
-    env = os.environ.get("KDAGEN_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "kdagen"
+from .cache import cache_dir
 
 
 def generated_dir() -> Path:
-    return cache_root() / "generated"
+    """Generated Triton sources (Triton's JIT reads a kernel's source from its file)."""
+    return cache_dir() / "generated"
+
+
+def studies_dir() -> Path:
+    """Optuna journal files of tuning studies (a killed run resumes from them)."""
+    return cache_dir() / "studies"

@@ -208,6 +208,7 @@ class SearchSpace:
     source: str = "<dict>"
     version: int = FORMAT_VERSION
     description: str = ""
+    stages: dict[str, list[str]] = field(default_factory=dict)  # separately timed launches
     _trees: list[ast.Expression] = field(default_factory=list, repr=False)
     _configs: list[Any] = field(default_factory=list, repr=False)
 
@@ -236,7 +237,7 @@ class SearchSpace:
 
         if not isinstance(d, dict):
             raise fail("top level must be a JSON object")
-        allowed = {"kernel", "version", "params", "constraints", "description"}
+        allowed = {"kernel", "version", "params", "constraints", "description", "stages"}
         extra = [k for k in d if k not in allowed and not str(k).startswith("_")]
         if extra:
             raise fail(f"unknown top-level keys {sorted(extra)}; allowed: {sorted(allowed)}")
@@ -267,6 +268,10 @@ class SearchSpace:
         clash = [p for p in params if p in CONTEXT_NAMES]
         if clash:  # pragma: no cover - no config field has a context name today
             raise fail(f"params {clash} clash with context names {CONTEXT_NAMES}")
+        stages = d.get("stages", {})
+        if not isinstance(stages, dict) or any(
+                not isinstance(v, list) or any(f not in field_names for f in v) for v in stages.values()):
+            raise fail(f"'stages' must map a stage name to a list of {cfg_cls.__name__} fields")
         constraints = d.get("constraints", [])
         if not isinstance(constraints, list):
             raise fail("'constraints' must be a list of expression strings")
@@ -279,7 +284,8 @@ class SearchSpace:
         space = cls(kernel=kernel, params={k: list(v) for k, v in params.items()},
                     constraints=list(constraints), source=source,
                     version=d.get("version", FORMAT_VERSION),
-                    description=str(d.get("description", "")), _trees=trees)
+                    description=str(d.get("description", "")), _trees=trees,
+                    stages={k: list(v) for k, v in stages.items()})
         space._build(fail)
         return space
 
@@ -318,6 +324,8 @@ class SearchSpace:
                              "constraints": list(self.constraints)}
         if self.description:
             d["description"] = self.description
+        if self.stages:
+            d["stages"] = {k: list(v) for k, v in self.stages.items()}
         return d
 
     def fingerprint(self) -> str:

@@ -1,0 +1,264 @@
+"""Tuning kdagen's own kernels: the candidates the search spaces admit for a GPU, their
+compile-only check for a GPU that is not present, and — on a matching GPU — the
+correctness-gated, timed search that writes winners to the cache.
+
+The generic Optuna engine is :mod:`kdagen.tune`; this module supplies what it searches
+(configs), how a candidate is built, checked against the float64 reference, and timed.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import ChunkFwdConfig, RecurrentConfig
+from .gpus import GpuProfile, triton_target
+from .heuristics import default_chunk_config, default_recurrent_config
+from .kernels import compile_for_target
+from .lower import Plan, lower
+from .search_space import SearchSpace, load_space
+from .spec import Recurrence
+from .structure import safe_sub_chunk
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+          "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+TOLERANCE = {torch.bfloat16: 6e-3, torch.float16: 2e-3, torch.float32: 1e-4}
+FAMILIES = ("chunk_fwd", "recurrent")
+
+
+def _progress(msg: str, enabled: bool = True):
+    if enabled:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def space_context(plan: Plan, spec: Recurrence, gpu: GpuProfile, elem_bytes: int) -> dict:
+    bound = safe_sub_chunk(spec)
+    return dict(K=plan.K, V=plan.V, safe_sub_chunk=bound.length or 0,
+                smem_limit=gpu.smem_per_block_bytes, elem_bytes=elem_bytes)
+
+
+def stage_candidates(space: SearchSpace, context: dict, stage: str | None, default) -> list:
+    """Candidates of one separately-timed stage: the stage's own fields vary, every other
+    field keeps the default's value; duplicates are dropped, order is kept."""
+    cands = space.candidates(context)
+    if stage is None:
+        return cands
+    fields_ = space.stages[stage]
+    out, seen = [], set()
+    for c in cands:
+        proj = default.replace(**{f: getattr(c, f) for f in fields_})
+        canon = proj.canonical()
+        if canon not in seen:
+            seen.add(canon)
+            out.append(proj)
+    return out
+
+
+# --- compile-only ---------------------------------------------------------------------
+
+def _dummy_inputs(plan: Plan, dtype: torch.dtype, T: int = 64):
+    K, V = plan.K, plan.V
+    q = torch.zeros(1, T, 1, K, dtype=dtype)
+    v = torch.zeros(1, T, 1, V, dtype=dtype)
+    return dict(q=q, k=q.clone(), v=v, g=torch.zeros(1, T, 1, K), beta=torch.zeros(1, T, 1, dtype=dtype),
+                initial_state=torch.zeros(1, 1, K, V))
+
+
+def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict):
+    """The launches (kernels + arguments) a config produces, on small CPU tensors."""
+    from .ops.chunk import chunk_kda_launches
+    from .ops.recurrent import prepare_recurrent
+    from .runtime import build
+    from .validate import check_inputs
+
+    x = _dummy_inputs(plan, dtype)
+    if isinstance(config, ChunkFwdConfig):
+        launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **spec_args)
+        return launches
+    built = build(plan, config)
+    dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,
+                           initial_state=x["initial_state"], cu_seqlens=None)
+    launch, _ = prepare_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.1,
+                                  initial_state=x["initial_state"], output_final_state=True,
+                                  cu_seqlens=None, state_indices=None, dims=dims, plan=plan, built=built)
+    return [launch]
+
+
+@dataclass
+class CompileSurvey:
+    family: str
+    stage: str | None
+    total: int = 0
+    survivors: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # (config, reason)
+
+
+def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
+                  dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True) -> list[CompileSurvey]:
+    """Compile every candidate's kernels for ``gpu``'s architecture (no GPU needed); drop the
+    ones that fail to compile or exceed the GPU's shared memory per block."""
+    space = space or load_space(family)
+    ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
+    default = default_chunk_config(plan) if family == "chunk_fwd" else default_recurrent_config(plan)
+    stages = list(space.stages) if space.stages else [None]
+    target = triton_target(gpu)
+    surveys = []
+    for s_idx, stage in enumerate(stages):
+        cands = stage_candidates(space, ctx, stage, default)
+        survey = CompileSurvey(family, stage, total=len(cands))
+        which = s_idx if stage is not None else None
+        t0 = time.time()
+        for i, cfg in enumerate(cands):
+            try:
+                launches = launches_for(plan, cfg, dtype, spec_args)
+                todo = launches if which is None else [launches[which]]
+                for ln in todo:
+                    rep = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
+                    if rep.shared_bytes > gpu.smem_per_block_bytes:
+                        raise RuntimeError(f"needs {rep.shared_bytes} B of shared memory, "
+                                           f"{gpu.name} has {gpu.smem_per_block_bytes}")
+                survey.survivors.append(cfg)
+            except Exception as e:  # noqa: BLE001 - any compiler failure drops the config
+                survey.failures.append((cfg, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
+            _progress(f"  [{family}{'/' + stage if stage else ''} {i + 1}/{len(cands)}] "
+                      f"{len(survey.survivors)} ok, {len(survey.failures)} dropped "
+                      f"({time.time() - t0:.0f}s)", progress)
+        surveys.append(survey)
+    return surveys
+
+
+# --- on a GPU: correctness-gated timing -------------------------------------------------
+
+def _inputs(B, T, H, HV, K, V, dtype, device, seed):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g = -5.0 * torch.sigmoid(torch.randn(B, T, HV, K, generator=gen) + 2.0)
+    beta = torch.sigmoid(torch.randn(B, T, HV, generator=gen))
+    h0 = 0.1 * torch.randn(B, HV, K, V, generator=gen)
+    cast = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
+    return dict(q=cast(q), k=cast(k), v=cast(v), g=g.to(device), beta=cast(beta), initial_state=h0.to(device))
+
+
+class KernelCandidate:
+    """build / check / time of one family (and stage) for :func:`kdagen.tune.tune`."""
+
+    def __init__(self, family: str, stage: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
+                 shape: tuple[int, int, int, int], device="cuda"):
+        self.family, self.stage, self.plan, self.spec_args = family, stage, plan, spec_args
+        self.dtype, self.shape, self.device = dtype, shape, device
+        self.tolerance = TOLERANCE[dtype]
+        B, T, H, HV = shape
+        self._x = _inputs(B, T, H, HV, plan.K, plan.V, dtype, device, seed=1234)
+        self._seed = 0
+
+    def _run(self, config, x, **kw):
+        import kdagen
+
+        if self.family == "chunk_fwd":
+            return kdagen.chunk_kda(**x, output_final_state=True, config=config, **self.spec_args, **kw)
+        return kdagen.fused_recurrent_kda(**x, output_final_state=True, config=config, **self.spec_args, **kw)
+
+    def build(self, config):
+        x = _inputs(1, 64, 1, 1, self.plan.K, self.plan.V, self.dtype, self.device, seed=0)
+        self._run(config, x)  # compiles (Triton JIT) and launches once
+        torch.cuda.synchronize()
+        return config
+
+    def check(self, config) -> float:
+        """Relative error against the float64 recurrence on fresh random inputs."""
+        from .reference import naive_recurrent_kda
+
+        self._seed += 1
+        T = 300 if self.family == "chunk_fwd" else 3
+        x = _inputs(2, T, 2, 2, self.plan.K, self.plan.V, self.dtype, self.device, seed=10_000 + self._seed)
+        o, s = self._run(config, x)
+        ref_o, ref_s = naive_recurrent_kda(*(x[n].cpu() for n in ("q", "k", "v", "g", "beta")),
+                                           initial_state=x["initial_state"].cpu(), output_final_state=True)
+        err = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()  # noqa: E731
+        e = max(err(o, ref_o), err(s, ref_s))
+        return float("nan") if e != e else e
+
+    def time(self, config) -> float:
+        from triton.testing import do_bench
+
+        if self.family == "chunk_fwd":
+            from .ops.chunk import chunk_kda_launches
+
+            launches, _ = chunk_kda_launches(**self._x, output_final_state=True, config=config, **self.spec_args)
+            which = {"intra": [0], "state": [1], None: [0, 1]}[self.stage]
+            fn = lambda: [launches[i]() for i in which]  # noqa: E731
+        else:
+            fn = lambda: self._run(config, self._x)  # noqa: E731
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
+                shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
+                progress: bool = True, candidates_by_stage: dict | None = None):
+    """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results)."""
+    from .paths import studies_dir
+    from .tune import tune
+
+    space = space or load_space(family)
+    ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
+    default = default_chunk_config(plan) if family == "chunk_fwd" else default_recurrent_config(plan)
+    stages = list(space.stages) if space.stages else [None]
+    results = {}
+    studies_dir().mkdir(parents=True, exist_ok=True)
+    for stage in stages:
+        cands = (candidates_by_stage or {}).get(stage) or stage_candidates(space, ctx, stage, default)
+        name = (f"{family}-{stage or 'all'}-{plan.spec_hash}-K{plan.K}-V{plan.V}-{plan.dtype}-"
+                f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}")
+        cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape)
+        results[stage] = tune(cands, cand, study_name=name, storage_path=studies_dir() / f"{name}.journal",
+                              default_config=default, seed=seed, progress=progress)
+    if stages == [None]:
+        r = results[None]
+        return r.winner, r.winner_time_ms, r.default_time_ms, results
+    # combine per chunk size: the fastest intra and the fastest state launch for each C
+    best = None
+    for C in sorted({c.chunk_size for r in results.values() for c in _ok_configs(r)}):
+        parts = []
+        for stage in stages:
+            ok = [(t, c) for c, t in _ok_times(results[stage]) if c.chunk_size == C]
+            if not ok:
+                break
+            parts.append(min(ok, key=lambda tc: (tc[0], tc[1].canonical())))
+        if len(parts) != len(stages):
+            continue
+        total = sum(t for t, _ in parts)
+        fields_by_stage = {s: space.stages[s] for s in stages}
+        merged = default
+        for s, (_, c) in zip(stages, parts):
+            merged = merged.replace(**{f: getattr(c, f) for f in fields_by_stage[s]})
+        if best is None or total < best[0]:
+            best = (total, merged)
+    default_ms = None
+    if all(results[s].default_time_ms is not None for s in stages):
+        default_ms = sum(results[s].default_time_ms for s in stages)
+    if best is None:
+        return None, None, default_ms, results
+    return best[1], best[0], default_ms, results
+
+
+def _ok_times(result):
+    out = [(f.config, f.median_ms) for f in result.finalists if f.median_ms is not None and not f.dropped]
+    seen = {c.canonical() for c, _ in out}
+    for t in result.trials:
+        if t.status == "ok" and t.time_ms is not None and t.config.canonical() not in seen:
+            out.append((t.config, t.time_ms))
+    return out
+
+
+def _ok_configs(result):
+    return [c for c, _ in _ok_times(result)]
+
+
+def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype: torch.dtype, gate_in_kernel: bool = False) -> Plan:
+    from .ops.common import DTYPE_NAMES
+
+    return lower(spec, K, V, DTYPE_NAMES[dtype], "chunk" if family == "chunk_fwd" else "recurrent", gate_in_kernel)

@@ -1,0 +1,208 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from kdagen import search_space as ss
+from kdagen.config import ChunkFwdConfig, RecurrentConfig
+from kdagen.search_space import SearchSpaceError, estimate_smem, load_space, safe_eval
+
+H100_SMEM = 232448
+CTX = dict(K=128, V=128, safe_sub_chunk=32, smem_limit=H100_SMEM)
+
+
+def test_default_chunk_fwd_space():
+    space = load_space("chunk_fwd")
+    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 3 * 3 * 2
+    cands = space.candidates(CTX)
+    assert cands and all(isinstance(c, ChunkFwdConfig) for c in cands)
+    assert all(c.intra_num_stages == ChunkFwdConfig().intra_num_stages for c in cands)  # default
+    assert {c.sub_chunk for c in cands} == {16, 32}
+    assert all(c.chunk_size % c.sub_chunk == 0 for c in cands)
+    assert cands == space.candidates(dict(CTX))  # deterministic order
+    assert len(set(cands)) == len(cands)
+
+
+def test_safe_sub_chunk_filters():
+    space = load_space("chunk_fwd")
+    for ssc in (16, 0):  # 0: the gate has no lower bound -> sub_chunk must be 16
+        cands = space.candidates(dict(CTX, safe_sub_chunk=ssc))
+        assert cands and {c.sub_chunk for c in cands} == {16}
+
+
+def test_smem_limit_filters():
+    space = load_space("chunk_fwd")
+    assert space.candidates(dict(CTX, smem_limit=1024)) == []
+    full = space.candidates(CTX)
+    small = space.candidates(dict(CTX, smem_limit=101376))
+    assert 0 < len(small) < len(full)
+    assert all(estimate_smem("chunk_fwd", c, 128, 128, 2) <= 101376 for c in small)
+
+
+def test_small_v_limits_state_block_v():
+    cands = load_space("chunk_fwd").candidates(dict(CTX, V=16))
+    assert {c.state_block_v for c in cands} == {16}
+
+
+def test_recurrent_space():
+    space = load_space("recurrent")
+    assert space.size == 16
+    cands = space.candidates(dict(K=128, V=128, smem_limit=H100_SMEM))
+    assert len(cands) == 16 and all(isinstance(c, RecurrentConfig) for c in cands)
+    assert {c.num_stages for c in cands} == {1}
+
+
+def test_estimate_smem_formula():
+    c = ChunkFwdConfig(chunk_size=64, intra_block_k=64, intra_num_stages=2, state_block_v=32,
+                       state_num_stages=2)
+    intra = 2 * 2 * 64 * 64 * 2 + 4 * 64 * 64 + 64 * 32 * 2
+    state = 2 * ((3 * 64 * 128 + 64 * 64) * 2 + 64 * 32 * 2)
+    assert estimate_smem("chunk_fwd", c, 128, 128, 2) == max(intra, state)
+    fp32 = c.replace(intermediates="fp32")
+    assert estimate_smem("chunk_fwd", fp32, 128, 128, 2) > estimate_smem("chunk_fwd", c, 128, 128, 2)
+    assert estimate_smem("recurrent", RecurrentConfig(), 128, 128, 2) < 4096
+
+
+def test_safe_eval_arithmetic_and_logic():
+    names = {"a": 3, "b": 5, "s": "ieee"}
+    assert safe_eval("min(a, b) + 2 * b <= 13 and not a > b", names) is True
+    assert safe_eval("max(a, b, 7) // 2 == 3 and abs(-a) % 2 == 1", names) is True
+    assert safe_eval("s == 'ieee' or a / 0", names) is True  # short-circuits
+    assert safe_eval("2 ** a", names) == 8
+    assert safe_eval("1 < a < b", names) is True
+
+
+@pytest.mark.parametrize("expr", [
+    "__import__('os')",
+    "__import__('os').system('true')",
+    "a.__class__",
+    "(1).real",
+    "open('x')",
+    "[x for x in (1, 2)]",
+    "lambda: 1",
+    "a[0]",
+    "min(*b)",
+    "max(a, key=abs)",
+    "__builtins__",
+    "'a' * 10 ** 9",
+    "2 ** 10 ** 6",
+    "a = 1",
+])
+def test_safe_eval_rejects_unsafe(expr):
+    with pytest.raises(ValueError):
+        safe_eval(expr, {"a": 1, "b": [1]})
+
+
+def test_safe_eval_rejects_dunder_names_even_if_defined():
+    with pytest.raises(ValueError):
+        safe_eval("__x__ + 1", {"__x__": 1})
+
+
+def test_safe_eval_unknown_name():
+    with pytest.raises(ValueError, match="unknown name 'nope'"):
+        safe_eval("nope > 1", {"a": 1})
+
+
+def _write(tmp_path, d, name="space.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_user_space_file_loads(tmp_path):
+    p = _write(tmp_path, {"kernel": "recurrent", "version": 1,
+                          "params": {"block_v": [32, 64], "num_warps": [2, 4]},
+                          "constraints": ["block_v * num_warps <= 128"]})
+    for arg in (p, str(p)):
+        space = load_space(arg)
+        assert space.source == str(p) and space.size == 4
+        cands = space.candidates(dict(K=64, V=64))
+        assert [(c.block_v, c.num_warps) for c in cands] == [(32, 2), (32, 4), (64, 2)]
+
+
+def test_unsafe_constraint_in_file_names_the_file(tmp_path):
+    p = _write(tmp_path, {"kernel": "recurrent", "params": {"block_v": [32]},
+                          "constraints": ["__import__('os').getpid() > 0"]})
+    with pytest.raises(SearchSpaceError) as ei:
+        load_space(p)
+    assert str(p) in str(ei.value)
+
+
+def test_unknown_param_names_the_file(tmp_path):
+    p = _write(tmp_path, {"kernel": "chunk_fwd", "params": {"chunk": [64]}})
+    with pytest.raises(SearchSpaceError) as ei:
+        load_space(p)
+    assert str(p) in str(ei.value) and "'chunk'" in str(ei.value) and "chunk_size" in str(ei.value)
+
+
+def test_value_rejected_by_config_names_the_file(tmp_path):
+    p = _write(tmp_path, {"kernel": "chunk_fwd", "params": {"chunk_size": [48, 64]}})
+    with pytest.raises(SearchSpaceError) as ei:
+        load_space(p)
+    msg = str(ei.value)
+    assert str(p) in msg and "chunk_size" in msg and "48" in msg
+
+
+def test_bad_files(tmp_path):
+    for d in ({"kernel": "nope", "params": {}},
+              {"kernel": "recurrent", "version": 2, "params": {}},
+              {"kernel": "recurrent", "params": {"block_v": []}},
+              {"kernel": "recurrent", "params": {"block_v": 32}},
+              {"kernel": "recurrent", "params": {"block_v": [32, 32]}},
+              {"kernel": "recurrent", "params": {}, "extra": 1}):
+        with pytest.raises(SearchSpaceError):
+            load_space(_write(tmp_path, d))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(SearchSpaceError, match="not valid JSON"):
+        load_space(bad)
+    with pytest.raises(SearchSpaceError):
+        load_space("no_such_kernel")
+
+
+def test_combination_rejected_by_config_is_skipped(tmp_path):
+    # sub_chunk=64 is valid with chunk_size=64 but not with 32: that pair is skipped.
+    p = _write(tmp_path, {"kernel": "chunk_fwd",
+                          "params": {"chunk_size": [32, 64], "sub_chunk": [16, 64]}})
+    cands = load_space(p).candidates(dict(K=64, V=64))
+    assert [(c.chunk_size, c.sub_chunk) for c in cands] == [(32, 16), (64, 16), (64, 64)]
+
+
+def test_missing_context_name_is_an_error():
+    with pytest.raises(ValueError, match="safe_sub_chunk"):
+        load_space("chunk_fwd").candidates(dict(K=64, V=64, smem_limit=H100_SMEM))
+
+
+def test_packaged_lookup_falls_back_to_repo_dir(monkeypatch):
+    import importlib.resources as ir
+
+    def boom(name):
+        raise ModuleNotFoundError(name)
+
+    monkeypatch.setattr(ir, "files", boom)
+    space = load_space("recurrent")
+    assert Path(space.source).parent.name == "search_spaces"
+
+
+def test_packaged_lookup_uses_importlib_resources(monkeypatch, tmp_path):
+    import importlib.resources as ir
+
+    (tmp_path / "recurrent.json").write_text(json.dumps(
+        {"kernel": "recurrent", "params": {"block_v": [64]}}))
+    monkeypatch.setattr(ir, "files", lambda name: tmp_path)
+    space = load_space("recurrent")
+    assert space.source == "kdagen.search_spaces/recurrent.json" and space.size == 1
+
+
+def test_fingerprint_ignores_source_but_not_content(tmp_path):
+    a = load_space("recurrent")
+    d = a.to_dict()
+    b = load_space(_write(tmp_path, d))
+    assert a.fingerprint() == b.fingerprint()
+    d["params"]["num_warps"] = [4]
+    assert load_space(_write(tmp_path, d, "c.json")).fingerprint() != a.fingerprint()
+
+
+def test_packaged_spaces_present_in_repo():
+    root = Path(ss.__file__).resolve().parent.parent / "search_spaces"
+    assert (root / "chunk_fwd.json").is_file() and (root / "recurrent.json").is_file()
