@@ -1,0 +1,118 @@
+"""The kdagen command line, end to end (CPU only: compile-only builds)."""
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from kdagen.cli import main
+
+
+@pytest.fixture
+def runner(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    return CliRunner()
+
+
+def test_help_lists_every_command(runner):
+    r = runner.invoke(main, ["--help"])
+    assert r.exit_code == 0
+    for cmd in ("build", "tune", "export", "bench", "list", "inspect", "verify"):
+        assert cmd in r.output
+
+
+def test_verify_prints_a_table_and_passes(runner):
+    r = runner.invoke(main, ["verify", "--spec", "kda"])
+    assert r.exit_code == 0, r.output
+    assert "chunk vs recurrence" in r.output and "symbolic" in r.output and "FAIL" not in r.output
+    assert "0 failed" in r.output
+
+
+def test_verify_reports_failure_with_nonzero_exit(runner, monkeypatch):
+    import kdagen.verify as V
+
+    monkeypatch.setattr(V, "TOL", -1.0)  # nothing can pass a negative tolerance
+    r = runner.invoke(main, ["verify", "--spec", "gla"])
+    assert r.exit_code == 1 and "FAIL" in r.output
+
+
+def test_export_is_not_built_and_says_so(runner):
+    r = runner.invoke(main, ["export"])
+    assert r.exit_code != 0 and "not built yet" in r.output
+
+
+def test_bench_needs_a_gpu(runner):
+    if torch.cuda.is_available():
+        pytest.skip("this check is for machines without a GPU")
+    r = runner.invoke(main, ["bench"])
+    assert r.exit_code == 1 and "needs a CUDA GPU" in r.output
+
+
+def test_build_refuses_unknown_gpu_with_the_list(runner):
+    r = runner.invoke(main, ["build", "--gpu", "h9000"])
+    assert r.exit_code != 0 and "h800" in r.output and "h200" in r.output
+
+
+def test_build_auto_without_gpu_is_a_usage_error(runner):
+    if torch.cuda.is_available():
+        pytest.skip("this check is for machines without a GPU")
+    r = runner.invoke(main, ["build", "--gpu", "auto"])
+    assert r.exit_code == 2 and "no CUDA GPU" in r.output
+
+
+def test_build_h800_compile_only_end_to_end(runner, tmp_path):
+    space = tmp_path / "tiny.json"
+    space.write_text(json.dumps({
+        "kernel": "chunk_fwd", "version": 1,
+        "params": {"chunk_size": [32], "intra_block_k": [64], "intra_num_warps": [4],
+                   "state_block_v": [32, 64], "state_num_warps": [2]},
+        "stages": {"intra": ["chunk_size", "intra_block_k", "intra_num_warps"],
+                   "state": ["chunk_size", "state_block_v", "state_num_warps"]},
+        "constraints": ["smem_estimate <= smem_limit"]}))
+    r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--space", str(space), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "compile-check only" in r.output
+    assert "chunk_fwd/intra K=64 V=64: 1/1 candidate configs compiled for h800" in r.output
+    assert "chunk_fwd/state K=64 V=64: 2/2 candidate configs compiled for h800" in r.output
+
+
+def test_build_recurrent_compile_only(runner, tmp_path):
+    space = tmp_path / "rec.json"
+    space.write_text(json.dumps({"kernel": "recurrent", "params": {"block_v": [16, 64], "num_warps": [4]}}))
+    r = runner.invoke(main, ["build", "--gpu", "h20", "--head-dim", "96,48", "--space", str(space), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "recurrent K=96 V=48: 2/2 candidate configs compiled for h20" in r.output
+
+
+def test_compile_check_drops_configs_over_shared_memory():
+    from kdagen.autotune import compile_check, lower_for
+    from kdagen.gpus import get_profile
+    from kdagen.ops.common import select_spec
+    from kdagen.search_space import SearchSpace
+
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = lower_for(spec, "chunk_fwd", 64, 64, torch.bfloat16)
+    space = SearchSpace.from_dict({"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
+                                   "stages": {"state": ["chunk_size", "state_block_v"]}})
+    tiny = get_profile("h100").__class__(**{**get_profile("h100").__dict__, "name": "tiny",
+                                            "smem_per_block_bytes": 4096})
+    (survey,) = compile_check("chunk_fwd", plan, spec, {"safe_gate": True, "lower_bound": -5.0}, tiny,
+                              torch.bfloat16, space=space, progress=False)
+    assert survey.total == 1 and not survey.survivors
+    assert "shared memory" in survey.failures[0][1]
+
+
+def test_inspect_prints_generated_source(runner):
+    r = runner.invoke(main, ["inspect", "--head-dim", "96,192", "--lower-bound", "-5", "--kernel", "chunk_state"])
+    assert r.exit_code == 0, r.output
+    assert "# plan  :" in r.output and "@triton.jit" in r.output and "kda_chunk_state_" in r.output
+    r = runner.invoke(main, ["inspect", "--form", "recurrent", "--gate-in-kernel", "softplus"])
+    assert r.exit_code == 0 and "tl.log(1.0 + tl.exp" in r.output
+    r = runner.invoke(main, ["inspect", "--head-dim", "512"])
+    assert r.exit_code == 2 and "outside the supported range" in r.output
+
+
+def test_list_shows_specs_and_cache(runner):
+    r = runner.invoke(main, ["list"])
+    assert r.exit_code == 0
+    assert "kda" in r.output and "gdn" in r.output and "tuning cache" in r.output and "empty" in r.output

@@ -1,0 +1,112 @@
+"""Lowering and codegen: plan decisions, deterministic readable source, content-hashed names."""
+import subprocess
+import sys
+
+import pytest
+
+from kdagen import __version__
+from kdagen import spec as S
+from kdagen.codegen import render
+from kdagen.config import ChunkFwdConfig, ConfigError, RecurrentConfig
+from kdagen.heuristics import default_chunk_config
+from kdagen.lower import LoweringError, lower
+from kdagen.ops.common import select_spec
+from kdagen.resources import search_spaces_dir, templates_dir
+
+
+def test_plan_decisions():
+    p = lower(S.kda(S.gate_lower_bound(-5.0)), 96, 192, "bfloat16", "chunk", gate_in_kernel=True)
+    assert (p.BK, p.BV) == (128, 256)
+    assert p.diag_mode == "factorised" and p.safe_sub_chunk == 16
+    assert p.stages == ("intra", "state")
+    assert "tl.sigmoid" in p.gate_expr and "-5.0" in p.gate_expr and p.gate_has_A and p.gate_has_bias
+    p = lower(S.kda(), 64, 64, "float16", "chunk")
+    assert p.diag_mode == "elementwise" and p.safe_sub_chunk is None and p.gate_expr == "b_z"
+    p = lower(S.kda(S.gate_softplus()), 64, 64, "float16", "recurrent", gate_in_kernel=True)
+    assert p.stages == ("recurrent",) and "tl.log" in p.gate_expr
+
+
+@pytest.mark.parametrize("K,V", [(8, 64), (64, 512), (300, 64)])
+def test_head_dims_out_of_range(K, V):
+    with pytest.raises(LoweringError, match="outside the supported range"):
+        lower(S.kda(), K, V, "bfloat16", "chunk")
+
+
+def test_unsupported_members_say_so():
+    for spec in (S.gla(), S.dplr(), S.gdn(), S.deltanet()):
+        with pytest.raises(LoweringError, match="not generated yet"):
+            lower(spec, 64, 64, "bfloat16", "chunk")
+    with pytest.raises(LoweringError, match="needs a gate expression"):
+        lower(S.kda(), 64, 64, "bfloat16", "chunk", gate_in_kernel=True)
+
+
+def _plan():
+    return lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
+
+
+def test_render_is_deterministic_and_named_by_content():
+    p = _plan()
+    c = default_chunk_config(p)
+    a, b = render("chunk_intra", p, c), render("chunk_intra", p, c)
+    assert a.text == b.text and a.name == b.name
+    assert a.name.startswith("kda_chunk_intra_") and a.source_hash[:12] in a.name
+    assert f"def {a.name}(" in a.text
+    # another config or another plan -> other bytes and another name
+    other = render("chunk_intra", p, c.replace(intra_num_warps=8))
+    assert other.text != a.text and other.name != a.name
+    p2 = lower(select_spec(False, True, -5.0, False, False), 96, 128, "bfloat16", "chunk", False)
+    assert render("chunk_intra", p2, c).name != a.name
+
+
+def test_render_is_identical_in_a_fresh_process():
+    code = ("from kdagen.lower import lower; from kdagen.ops.common import select_spec; "
+            "from kdagen.codegen import render; from kdagen.heuristics import default_chunk_config; "
+            "p = lower(select_spec(False, True, -5.0, False, False), 128, 128, 'bfloat16', 'chunk', False); "
+            "import hashlib, sys; s = render('chunk_state', p, default_chunk_config(p)); "
+            "sys.stdout.write(hashlib.sha256(s.text.encode()).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    p = _plan()
+    import hashlib
+    assert out == hashlib.sha256(render("chunk_state", p, default_chunk_config(p)).text.encode()).hexdigest()
+
+
+def test_header_names_spec_config_and_version():
+    p = _plan()
+    c = default_chunk_config(p)
+    text = render("chunk_state", p, c).text
+    head = "\n".join(text.splitlines()[:8])
+    assert f"kdagen {__version__}" in head
+    assert f"spec   : kda (hash {p.spec_hash})" in head
+    assert f"config : {c.short()}" in head
+    compile(text, "<generated>", "exec")  # valid Python
+
+
+def test_generated_source_is_unrolled_per_sub_tile():
+    p = _plan()
+    text = render("chunk_intra", p, ChunkFwdConfig(chunk_size=64, sub_chunk=16)).text
+    assert "b_Akk_3_0" in text and "b_Akk_4_0" not in text  # 4 sub-tiles of 16 in a chunk of 64
+    text32 = render("chunk_intra", p, ChunkFwdConfig(chunk_size=32, sub_chunk=16)).text
+    assert "b_Akk_1_0" in text32 and "b_Akk_2_0" not in text32
+
+
+def test_render_rejects_mismatched_config():
+    with pytest.raises(TypeError):
+        render("chunk_intra", _plan(), RecurrentConfig())
+    with pytest.raises(ValueError, match="unknown kernel"):
+        render("chunk_backward", _plan(), ChunkFwdConfig())
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError):
+        ChunkFwdConfig(chunk_size=48)
+    with pytest.raises(ConfigError):
+        ChunkFwdConfig(chunk_size=16, sub_chunk=32)
+    with pytest.raises(ConfigError):
+        ChunkFwdConfig(inverse_precision="fp8")
+    with pytest.raises(ConfigError, match="unknown config fields"):
+        ChunkFwdConfig.from_dict({"chunk": 64})
+
+
+def test_data_dirs_are_found():
+    assert (templates_dir() / "chunk_intra.py.j2").is_file()
+    assert (search_spaces_dir() / "chunk_fwd.json").is_file()

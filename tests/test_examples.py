@@ -1,0 +1,15 @@
+"""The examples a user copies from must run (on CPU through the Triton interpreter)."""
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_prefill_and_decode_example_runs(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "prefill_and_decode.py")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rel. error vs float64" in r.stdout
