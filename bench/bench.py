@@ -252,11 +252,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--suite", default="check,fwd,decode")
+    ap.add_argument("--no-fla", action="store_true", help="time kdagen alone (no FLA autotuning)")
     ap.add_argument("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128;8,1024,8,64",
                     help="chunk shapes B,T,H,K separated by ';'")
     args = ap.parse_args()
     suite = set(args.suite.split(","))
-    fchunk, frec, frec_fwd, fla_ver = fla_ops()
+    fchunk, frec, frec_fwd, fla_ver = (None, None, None, "not run") if args.no_fla else fla_ops()
     props = torch.cuda.get_device_properties(0)
     RESULTS["env"] = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), gpu=props.name,
                           sms=props.multi_processor_count, torch=torch.__version__, triton=triton.__version__,

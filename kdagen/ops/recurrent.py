@@ -9,6 +9,7 @@ import triton
 from ..config import RecurrentConfig
 from ..runtime import plan_for, recurrent_kernels
 from ..validate import check_inputs
+from ..kernels import launch
 from .chunk import Launch, _dummy
 from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
 
@@ -77,6 +78,14 @@ def fused_recurrent_kda(
     [N, HV, K, V] tensor when ``output_final_state``.
     """
     check_kwargs("fused_recurrent_kda", kwargs)
+    simple = (cu_seqlens is None and config is None and not kwargs and not use_qk_l2norm_in_kernel
+              and not use_beta_sigmoid_in_kernel and not use_gate_in_kernel and not allow_neg_eigval)
+    if simple:
+        sig = _signature(q, k, v, g, beta, scale, initial_state, output_final_state, ssm_state_indices,
+                         out, lower_bound)
+        hit = _FAST.get(sig)
+        if hit is not None:
+            return _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, ssm_state_indices, out)
     dims, _ = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                            state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                            gate_in_kernel=use_gate_in_kernel)
@@ -94,4 +103,45 @@ def fused_recurrent_kda(
         cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
         A_log=A_log, dt_bias=dt_bias, out=out)
     launch()
+    if simple and all(x.is_contiguous() for x in (q, k, v, g, beta)):
+        _FAST[sig] = (launch.fn, launch.grid, launch.constexprs, launch.num_warps, launch.num_stages,
+                      float(scale), dims)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
+
+
+# --- the per-token fast path -------------------------------------------------------------
+# A decode loop calls this op once per token with the same geometry.  The first call of a
+# geometry is validated, planned and built in full; its launch description is kept under a
+# signature of everything validation looked at (shapes, dtypes, devices, contiguity, flags),
+# so later calls with the same signature only allocate outputs and launch.  Any difference
+# in the signature -- including a bad shape -- takes the full, validating path.
+_FAST: dict = {}
+
+
+def _t(x):
+    return None if x is None else (tuple(x.shape), x.dtype, x.device, x.is_contiguous())
+
+
+def _signature(q, k, v, g, beta, scale, initial_state, output_final_state, state_indices, out, lower_bound):
+    return (_t(q), _t(k), _t(v), _t(g), _t(beta), _t(initial_state), _t(state_indices), _t(out),
+            scale, bool(output_final_state), lower_bound)
+
+
+def _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, state_indices, out):
+    fn, grid, constexprs, num_warps, num_stages, scale, dims = hit
+    dev = q.device
+    o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=dev)
+    if state_indices is not None:
+        ht = initial_state
+    elif output_final_state:
+        ht = torch.empty(dims.N, dims.HV, dims.K, dims.V, dtype=torch.float32, device=dev)
+    else:
+        ht = None
+    dummy = _dummy(dev)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, o=o,
+                h0=initial_state if initial_state is not None else dummy,
+                ht=ht if ht is not None else dummy,
+                state_indices=state_indices if state_indices is not None else dummy,
+                cu_seqlens=dummy, T=dims.T, scale=scale)
+    launch(fn, grid, args, constexprs, num_warps, num_stages)
+    return o, (ht if (output_final_state or state_indices is not None) else None)

@@ -1,0 +1,58 @@
+"""fused_recurrent_kda's per-token fast path: repeated calls of one geometry skip
+validation and planning, stay correct, and any other geometry is validated again."""
+import pytest
+import torch
+
+import kdagen
+import kdagen.ops.recurrent as R
+from kdagen.reference import naive_recurrent_kda
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def _step(gen, B, H, HV, K, V):
+    q = torch.randn(B, 1, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, 1, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, 1, HV, V, generator=gen)
+    g = -5 * torch.rand(B, 1, HV, K, generator=gen)
+    beta = torch.rand(B, 1, HV, generator=gen)
+    return q, k, v, g, beta
+
+
+def test_repeated_decode_steps_use_the_fast_path_and_stay_exact():
+    R._FAST.clear()
+    gen = torch.Generator().manual_seed(0)
+    B, H, HV, K, V = 3, 1, 2, 32, 48
+    pool = torch.randn(6, HV, K, V, generator=gen)
+    idx = torch.tensor([5, 0, 3], dtype=torch.int32)
+    ref_state = pool[idx.long()].double()
+    untouched = pool[[1, 2, 4]].clone()
+    for step in range(4):
+        q, k, v, g, beta = _step(gen, B, H, HV, K, V)
+        out = torch.full_like(v, float("nan"))
+        o, ht = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx, out=out)
+        ro, ref_state = naive_recurrent_kda(q, k, v, g, beta, initial_state=ref_state, output_final_state=True)
+        assert o is out and ht is pool
+        assert _rel(o, ro) < 1e-5 and _rel(pool[idx.long()], ref_state) < 1e-5
+        assert len(R._FAST) == 1  # the first call filled it; later calls hit it
+    assert torch.equal(pool[[1, 2, 4]], untouched)
+
+
+def test_other_geometry_is_validated_again():
+    R._FAST.clear()
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, g, beta = _step(gen, 2, 1, 1, 16, 16)
+    h0 = torch.randn(2, 1, 16, 16, generator=gen)
+    kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    with pytest.raises(ValueError, match="initial_state"):
+        kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0[:1].contiguous(), output_final_state=True)
+    with pytest.raises(ValueError, match="beta"):
+        kdagen.fused_recurrent_kda(q, k, v, g, beta[:, :, :0], initial_state=h0, output_final_state=True)
+    # a non-contiguous input takes the full path (and is made contiguous there), still correct
+    qt = q.transpose(2, 3).contiguous().transpose(2, 3)
+    assert not qt.is_contiguous() or qt.shape[2] == 1
+    o, s = kdagen.fused_recurrent_kda(qt, k, v, g, beta, initial_state=h0, output_final_state=True)
+    ro, rs = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert _rel(o, ro) < 1e-5 and _rel(s, rs) < 1e-5
