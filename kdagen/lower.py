@@ -12,7 +12,7 @@ import triton
 
 from . import spec as S
 from .spec import Recurrence
-from .structure import analyze_structure, safe_sub_chunk
+from .structure import EXP_BUDGET_BY_DTYPE, analyze_structure, safe_sub_chunk
 from .triton_printer import to_triton
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
@@ -86,7 +86,8 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
         has_A, has_bias = S.A_log in free, S.dt_bias in free
     else:
         gate_expr, has_A, has_bias = "b_z", False, False
-    bound = safe_sub_chunk(spec)
+    # the factorised diagonal tile casts exp(a - G) <= exp(|g_min| BC) to the dot dtype
+    bound = safe_sub_chunk(spec, budget=EXP_BUDGET_BY_DTYPE[dtype])
     diag_mode = "factorised" if bound.length is not None and bound.length >= 16 else "elementwise"
     stages = ("intra", "state") if form == "chunk" else ("recurrent",)
     return Plan(

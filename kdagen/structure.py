@@ -13,6 +13,8 @@ from .spec import Recurrence, beta, g, k
 # (<= exp(span)) into k before the dot; keep the span under this budget so that |k|
 # and the dot's sum still have ~3.7 decades of head-room (exp(88.72 - 80) ~ 6e3).
 EXP_BUDGET = 80.0
+# ... and in the dtype the factor is cast to for the dot: fp16 overflows at exp(11.09)
+EXP_BUDGET_BY_DTYPE = {"float32": EXP_BUDGET, "bfloat16": EXP_BUDGET, "float16": 10.0}
 MIN_DOT = 16  # the smallest tl.dot tile
 
 

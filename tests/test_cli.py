@@ -1,11 +1,23 @@
 """The kdagen command line, end to end (CPU only: compile-only builds)."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from click.testing import CliRunner
 
 from kdagen.cli import main
+
+
+def _kdagen(args, tmp_path):
+    """Run the CLI in a fresh process: compiling for a GPU target cannot happen in a process
+    where the test session put Triton in interpreter mode (TRITON_INTERPRET=1)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["KDAGEN_CACHE_DIR"] = str(tmp_path / "cache")
+    return subprocess.run([sys.executable, "-m", "kdagen.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
 
 
 @pytest.fixture
@@ -69,37 +81,43 @@ def test_build_h800_compile_only_end_to_end(runner, tmp_path):
         "stages": {"intra": ["chunk_size", "intra_block_k", "intra_num_warps"],
                    "state": ["chunk_size", "state_block_v", "state_num_warps"]},
         "constraints": ["smem_estimate <= smem_limit"]}))
-    r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--space", str(space), "--quiet"])
-    assert r.exit_code == 0, r.output
-    assert "compile-check only" in r.output
-    assert "chunk_fwd/intra K=64 V=64: 1/1 candidate configs compiled for h800" in r.output
-    assert "chunk_fwd/state K=64 V=64: 2/2 candidate configs compiled for h800" in r.output
+    r = _kdagen(["build", "--gpu", "h800", "--head-dim", "64", "--space", str(space), "--quiet"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "compile-check only" in r.stdout
+    assert "chunk_fwd/intra K=64 V=64: 1/1 candidate configs compiled for h800" in r.stdout
+    assert "chunk_fwd/state K=64 V=64: 2/2 candidate configs compiled for h800" in r.stdout
 
 
 def test_build_recurrent_compile_only(runner, tmp_path):
     space = tmp_path / "rec.json"
     space.write_text(json.dumps({"kernel": "recurrent", "params": {"block_v": [16, 64], "num_warps": [4]}}))
-    r = runner.invoke(main, ["build", "--gpu", "h20", "--head-dim", "96,48", "--space", str(space), "--quiet"])
-    assert r.exit_code == 0, r.output
-    assert "recurrent K=96 V=48: 2/2 candidate configs compiled for h20" in r.output
+    r = _kdagen(["build", "--gpu", "h20", "--head-dim", "96,48", "--space", str(space), "--quiet"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "recurrent K=96 V=48: 2/2 candidate configs compiled for h20" in r.stdout
 
 
-def test_compile_check_drops_configs_over_shared_memory():
-    from kdagen.autotune import compile_check, lower_for
-    from kdagen.gpus import get_profile
-    from kdagen.ops.common import select_spec
-    from kdagen.search_space import SearchSpace
-
-    spec = select_spec(False, True, -5.0, False, False)
-    plan = lower_for(spec, "chunk_fwd", 64, 64, torch.bfloat16)
-    space = SearchSpace.from_dict({"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
-                                   "stages": {"state": ["chunk_size", "state_block_v"]}})
-    tiny = get_profile("h100").__class__(**{**get_profile("h100").__dict__, "name": "tiny",
-                                            "smem_per_block_bytes": 4096})
-    (survey,) = compile_check("chunk_fwd", plan, spec, {"safe_gate": True, "lower_bound": -5.0}, tiny,
-                              torch.bfloat16, space=space, progress=False)
-    assert survey.total == 1 and not survey.survivors
-    assert "shared memory" in survey.failures[0][1]
+def test_compile_check_drops_configs_over_shared_memory(tmp_path):
+    code = """
+import torch
+from kdagen.autotune import compile_check, lower_for
+from kdagen.gpus import get_profile
+from kdagen.ops.common import select_spec
+from kdagen.search_space import SearchSpace
+spec = select_spec(False, True, -5.0, False, False)
+plan = lower_for(spec, "chunk_fwd", 64, 64, torch.bfloat16)
+space = SearchSpace.from_dict({"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
+                               "stages": {"state": ["chunk_size", "state_block_v"]}})
+tiny = get_profile("h100").__class__(**{**get_profile("h100").__dict__, "name": "tiny", "smem_per_block_bytes": 4096})
+(survey,) = compile_check("chunk_fwd", plan, spec, {"safe_gate": True, "lower_bound": -5.0}, tiny,
+                          torch.bfloat16, space=space, progress=False)
+print(survey.total, len(survey.survivors), survey.failures[0][1] if survey.failures else "")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["KDAGEN_CACHE_DIR"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    total, survivors, why = r.stdout.strip().split(" ", 2)
+    assert (total, survivors) == ("1", "0") and "shared memory" in why
 
 
 def test_inspect_prints_generated_source(runner):

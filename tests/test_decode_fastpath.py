@@ -56,3 +56,39 @@ def test_other_geometry_is_validated_again():
     o, s = kdagen.fused_recurrent_kda(qt, k, v, g, beta, initial_state=h0, output_final_state=True)
     ro, rs = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert _rel(o, ro) < 1e-5 and _rel(s, rs) < 1e-5
+
+
+def test_slots_outside_the_pool_write_nothing():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v, g, beta = _step(gen, 3, 1, 1, 16, 16)
+    pool = torch.randn(4, 1, 16, 16, generator=gen)
+    before = pool.clone()
+    idx = torch.tensor([1, 4, -1], dtype=torch.int32)  # 4 is one past the pool's end
+    out = torch.full_like(v, float("nan"))
+    kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx, out=out)
+    assert torch.equal(pool[[0, 2, 3]], before[[0, 2, 3]])  # only slot 1 was written
+    assert not torch.equal(pool[1], before[1])
+    assert torch.equal(out[1:], torch.zeros_like(out[1:]))  # skipped sequences read 0
+    ro, _ = naive_recurrent_kda(q[:1], k[:1], v[:1], g[:1], beta[:1], initial_state=before[1:2])
+    assert _rel(out[:1], ro) < 1e-5
+
+
+def test_non_contiguous_steps_are_never_taken_by_the_fast_path():
+    """Slicing one token out of a [B, T, ...] tensor gives non-contiguous views; they must
+    be copied every time (the fast path would pass their strides to the kernel)."""
+    R._FAST.clear()
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, K, V = 2, 3, 1, 16, 16
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = -5 * torch.rand(B, T, H, K, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen)
+    pool = torch.randn(B, H, K, V, generator=gen)
+    ref, _ = naive_recurrent_kda(q, k, v, g, beta, initial_state=pool.clone())
+    idx = torch.arange(B, dtype=torch.int32)
+    for t in range(T):
+        o, _ = kdagen.fused_recurrent_kda(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1],
+                                          beta[:, t:t + 1], initial_state=pool, ssm_state_indices=idx)
+        assert _rel(o, ref[:, t:t + 1]) < 1e-5, t
+    assert not R._FAST

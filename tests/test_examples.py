@@ -8,7 +8,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_prefill_and_decode_example_runs(tmp_path):
-    env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path))
+    path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "prefill_and_decode.py")],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

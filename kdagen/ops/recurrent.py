@@ -36,7 +36,7 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
                 ht=ht if ht is not None else dummy,
                 state_indices=state_indices if state_indices is not None else dummy,
                 cu_seqlens=cu_seqlens.to(dev) if cu_seqlens is not None else dummy,
-                T=T, scale=float(scale))
+                T=T, P=initial_state.shape[0] if initial_state is not None else N, scale=float(scale))
     bv = min(cfg.block_v, plan.BV)
     launch = Launch(built.fns[0], (triton.cdiv(V, bv), N * HV), args,
                     dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
@@ -73,13 +73,18 @@ def fused_recurrent_kda(
     Same tensors as :func:`kdagen.chunk_kda`.  With ``ssm_state_indices`` ([N] int),
     ``initial_state`` is a state pool [P, HV, K, V] (float32, or bf16/fp16 to halve the
     traffic): sequence n reads slot ``ssm_state_indices[n]`` and its final state is
-    written back to that slot in place (a negative slot is padding: skipped, o = 0);
+    written back to that slot in place (a negative slot is padding: skipped, o = 0; a slot
+    >= P is treated the same way, so a bad index never writes outside the pool -- slots are
+    not read back to the host, which would cost a synchronisation per token);
     the pool is returned as the final state.  Otherwise the final state is a new float32
     [N, HV, K, V] tensor when ``output_final_state``.
     """
     check_kwargs("fused_recurrent_kda", kwargs)
     simple = (cu_seqlens is None and config is None and not kwargs and not use_qk_l2norm_in_kernel
-              and not use_beta_sigmoid_in_kernel and not use_gate_in_kernel and not allow_neg_eigval)
+              and not use_beta_sigmoid_in_kernel and not use_gate_in_kernel and not allow_neg_eigval
+              and A_log is None and dt_bias is None
+              and all(isinstance(x, torch.Tensor) for x in (q, k, v, g, beta))
+              and all(x is None or isinstance(x, torch.Tensor) for x in (initial_state, ssm_state_indices, out)))
     if simple:
         sig = _signature(q, k, v, g, beta, scale, initial_state, output_final_state, ssm_state_indices,
                          out, lower_bound)
@@ -97,13 +102,14 @@ def fused_recurrent_kda(
     built = recurrent_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N})
     if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device):
         raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}")
+    contiguous = all(x.is_contiguous() for x in (q, k, v, g, beta))
     q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
     launch, (o, ht) = prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
         A_log=A_log, dt_bias=dt_bias, out=out)
     launch()
-    if simple and all(x.is_contiguous() for x in (q, k, v, g, beta)):
+    if simple and contiguous:  # the fast path passes the caller's tensors as they are
         _FAST[sig] = (launch.fn, launch.grid, launch.constexprs, launch.num_warps, launch.num_stages,
                       float(scale), dims)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
@@ -142,6 +148,7 @@ def _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, state_i
                 h0=initial_state if initial_state is not None else dummy,
                 ht=ht if ht is not None else dummy,
                 state_indices=state_indices if state_indices is not None else dummy,
-                cu_seqlens=dummy, T=dims.T, scale=scale)
+                cu_seqlens=dummy, T=dims.T,
+                P=initial_state.shape[0] if initial_state is not None else dims.N, scale=scale)
     launch(fn, grid, args, constexprs, num_warps, num_stages)
     return o, (ht if (output_final_state or state_indices is not None) else None)
