@@ -86,6 +86,50 @@ class ChunkFwdConfig(_Config):
 
 
 @dataclass(frozen=True)
+class ChunkBwdConfig(_Config):
+    """Chunkwise backward: a reverse state pass and an intra-chunk gradient launch.
+
+    ``chunk_size`` and ``sub_chunk`` must equal the forward config's (the backward walks the
+    same chunks); the op derives them from the forward and keeps the other fields."""
+
+    kernel: ClassVar[str] = "chunk_bwd"
+    chunk_size: int = 32  # C: tokens per chunk (same as the forward)
+    sub_chunk: int = 16  # BC: tokens per sub-tile (same as the forward)
+    state_block_v: int = 32  # BV: V tile owned by one reverse-state-pass program
+    state_num_warps: int = 4
+    state_num_stages: int = 2
+    intra_block_k: int = 32  # BK tile of the intra-chunk gradient launch
+    intra_block_v: int = 32  # BV tile of its V loop (dv, dU V^T)
+    intra_num_warps: int = 4
+    intra_num_stages: int = 2
+    inverse_precision: str = "ieee"  # fp32 dots of the triangular inverse and its gradient
+    store_intermediates: bool = False  # keep qg/kg/W/U/A_qk/G_n from the forward (else recompute)
+
+    def __post_init__(self):
+        for name in ("chunk_size", "sub_chunk", "state_block_v", "intra_block_k", "intra_block_v",
+                     "state_num_warps", "intra_num_warps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v):
+                raise ConfigError(f"chunk_bwd: {name} must be a power of two, got {v!r}")
+        if self.sub_chunk < 16 or self.chunk_size % self.sub_chunk:
+            raise ConfigError(
+                f"chunk_bwd: sub_chunk must be >= 16 and divide chunk_size "
+                f"(got sub_chunk={self.sub_chunk}, chunk_size={self.chunk_size})")
+        if self.chunk_size > 128:
+            raise ConfigError(f"chunk_bwd: chunk_size must be <= 128, got {self.chunk_size}")
+        for name in ("state_block_v", "intra_block_k", "intra_block_v"):
+            if getattr(self, name) < 16:
+                raise ConfigError(f"chunk_bwd: {name} must be >= 16 (the smallest tl.dot tile)")
+        for name in ("state_num_stages", "intra_num_stages"):
+            if getattr(self, name) not in (1, 2, 3, 4):
+                raise ConfigError(f"chunk_bwd: {name} must be in 1..4, got {getattr(self, name)!r}")
+        if self.inverse_precision not in PRECISIONS:
+            raise ConfigError(f"chunk_bwd: inverse_precision must be one of {PRECISIONS}")
+        if not isinstance(self.store_intermediates, bool):
+            raise ConfigError(f"chunk_bwd: store_intermediates must be a bool, got {self.store_intermediates!r}")
+
+
+@dataclass(frozen=True)
 class RecurrentConfig(_Config):
     """Recurrent (decode) form: one launch per step over (sequence, head, V tile)."""
 
@@ -101,7 +145,7 @@ class RecurrentConfig(_Config):
             raise ConfigError(f"recurrent: num_stages must be in 1..4, got {self.num_stages!r}")
 
 
-CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, RecurrentConfig)}
+CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, RecurrentConfig, ChunkBwdConfig)}
 
 
 def config_from_dict(kernel: str, d: dict[str, Any]) -> _Config:

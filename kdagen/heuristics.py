@@ -1,7 +1,7 @@
 """Heuristic configs: what the runtime uses when no tuned winner is cached."""
 from __future__ import annotations
 
-from .config import ChunkFwdConfig, RecurrentConfig
+from .config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
 from .lower import Plan
 
 
@@ -26,3 +26,14 @@ def default_recurrent_config(plan: Plan) -> RecurrentConfig:
     # 94% of copy bandwidth at B=256; 1 warp at BV>=64 collapses (register spills)
     bv = min(64, plan.BV) if plan.K <= 128 else min(32, plan.BV)
     return RecurrentConfig(block_v=bv, num_warps=4, num_stages=1)
+
+
+def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
+    # Not tuned yet (no GPU sweep of the backward): the forward's default chunking, V tiles of
+    # 32 in the reverse state pass (dS [K, BV] and S [K, BV] both live in registers) and
+    # 32-wide K/V tiles in the intra-chunk gradient launch, whose diagonal sub-tiles are
+    # element-wise [BC, BC, BK] products.
+    return ChunkBwdConfig(
+        chunk_size=32, sub_chunk=16, state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=2,
+        intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4, intra_num_stages=2,
+    )

@@ -10,8 +10,8 @@ from functools import lru_cache
 from typing import Any
 
 from .codegen import GeneratedSource, render
-from .config import ChunkFwdConfig, RecurrentConfig
-from .heuristics import default_chunk_config, default_recurrent_config
+from .config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
+from .heuristics import default_chunk_bwd_config, default_chunk_config, default_recurrent_config
 from .kernels import load
 from .lower import Plan, lower
 from .spec import Recurrence
@@ -65,3 +65,21 @@ def recurrent_kernels(plan: Plan, config: RecurrentConfig | None, shape_hint: di
     if config is None:
         config = lookup_config(plan, "recurrent", shape_hint) or default_recurrent_config(plan)
     return build(plan, config)
+
+
+# --- backward ------------------------------------------------------------------------
+CHUNK_BWD_KINDS = ("chunk_bwd_state", "chunk_bwd_intra")
+
+
+@lru_cache(maxsize=256)
+def _build_chunk_bwd(plan: Plan, config: ChunkBwdConfig, gate_grads: tuple[tuple[str, str], ...]) -> Built:
+    srcs = tuple(render(kind, plan, config, dict(gate_grads)) for kind in CHUNK_BWD_KINDS)
+    return Built(plan, config, srcs, tuple(load(s) for s in srcs))
+
+
+def chunk_bwd_kernels(plan: Plan, config: ChunkBwdConfig | None, gate_grads: dict[str, str] | None = None) -> Built:
+    """The two backward kernels (reverse state pass, intra-chunk gradients).  No tuned
+    winners exist for the backward yet: an explicit config, else the heuristic default."""
+    if config is None:
+        config = default_chunk_bwd_config(plan)
+    return _build_chunk_bwd(plan, config, tuple(sorted((gate_grads or {}).items())))

@@ -132,16 +132,23 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
         A_log=A_log, dt_bias=dt_bias, return_intermediate_states=return_intermediate_states)
 
 
-class _ChunkKDANoBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, o, *inputs):
-        return o.view_as(o)
+class _ChunkKDAFunction(torch.autograd.Function):
+    """chunk_kda with gradients (kdagen.ops.chunk_bwd): the forward launches also write the
+    per-chunk states, which the backward's reverse state pass reads.  Used only when some
+    input requires grad; the inputs are already validated and pre-processed."""
 
     @staticmethod
-    def backward(ctx, *grads):
-        raise NotImplementedError(
-            "kdagen.chunk_kda: the backward kernels are not generated yet; call chunk_kda under "
-            "torch.no_grad() / torch.inference_mode(), or detach its inputs")
+    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts):
+        from .chunk_bwd import fwd_for_grad
+
+        return fwd_for_grad(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dht):
+        from .chunk_bwd import bwd_for_grad
+
+        return bwd_for_grad(ctx, do, dht) + (None,)
 
 
 def chunk_kda(
@@ -176,6 +183,16 @@ def chunk_kda(
     ``config`` overrides the tuned/heuristic kernel config.
     """
     check_kwargs("chunk_kda", kwargs)
+    if torch.is_grad_enabled() and any(
+            isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
+        from .chunk_bwd import chunk_kda_with_grad
+
+        return chunk_kda_with_grad(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+            safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
+            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config)
     launches, (o, ht, hs) = chunk_kda_launches(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
@@ -184,9 +201,6 @@ def chunk_kda(
         cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config)
     for launch in launches:
         launch()
-    if torch.is_grad_enabled() and any(
-            isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
-        o = _ChunkKDANoBackward.apply(o, *(x for x in (q, k, v, g, beta) if x.requires_grad))
     if return_intermediate_states:
         return o, ht, hs
     return o, ht

@@ -1,0 +1,193 @@
+"""Shared test setup for the kernel tests.
+
+Triton reads ``TRITON_INTERPRET`` when it is imported, so it is set here, at import time of
+the conftest, before any test module (or kdagen) imports triton: every generated kernel then
+runs in Triton's CPU interpreter.  Generated sources are written under ``$KDAGEN_CACHE_DIR``;
+a fresh temporary directory per session keeps runs independent of the user's cache (and of
+any tuned winners stored there).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "1"
+_SESSION_CACHE = tempfile.mkdtemp(prefix="kdagen-test-cache-")
+os.environ["KDAGEN_CACHE_DIR"] = _SESSION_CACHE
+
+from dataclasses import dataclass  # noqa: E402
+from typing import Optional  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+F64 = torch.float64
+NAN = float("nan")
+
+# tolerances of the kernels against the float64 reference (relative Frobenius error)
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64 (Frobenius norm over every element).
+
+    NaN/inf anywhere in ``a`` gives NaN/inf, so ``rel_err(...) <= tol`` fails for it; a zero
+    reference is refused, since the comparison would be vacuous."""
+    assert tuple(a.shape) == tuple(b.shape), f"shape {tuple(a.shape)} != reference {tuple(b.shape)}"
+    a64 = a.detach().to("cpu", F64)
+    b64 = b.detach().to("cpu", F64)
+    nrm = b64.norm().item()
+    assert nrm > 0, "the reference is identically zero: a relative error would say nothing"
+    return (a64 - b64).norm().item() / nrm
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, tol: float, what: str = "output"):
+    """Every element checked: finite, the relative Frobenius error within ``tol`` and no single
+    element off by more than ``20 * tol`` of the reference's largest magnitude (a stray
+    unwritten row would hide in the norm of a large tensor, not in this bound)."""
+    assert tuple(out.shape) == tuple(ref.shape), f"{what}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    bad = ~torch.isfinite(out)
+    assert not bad.any(), f"{what}: {int(bad.sum())} non-finite elements (first at {bad.nonzero()[0].tolist()})"
+    err = rel_err(out, ref)
+    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.1e}"
+    o64, r64 = out.detach().to(F64), ref.detach().to(F64)
+    worst = (o64 - r64).abs().max().item()
+    scale = r64.abs().max().item()
+    assert worst <= 20 * tol * scale, (
+        f"{what}: element-wise error {worst:.3e} > {20 * tol:.1e} x max|ref| = {scale:.3e} "
+        f"(at {(o64 - r64).abs().argmax().item()} of the flattened tensor)")
+
+
+# ------------------------------------------------------------------------------------ poison
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill a floating tensor with NaN in place (and return it): whatever a kernel leaves
+    unwritten stays NaN and fails the finiteness checks above."""
+    assert t.is_floating_point()
+    return t.fill_(NAN)
+
+
+def nan_tensor(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.full(shape, NAN, dtype=dtype)
+
+
+def run_poisoned(launches, outputs):
+    """Run ``chunk_kda_launches``' launches after filling every buffer the kernels write --
+    the outputs and the intermediates between the two launches -- with NaN.  An element a
+    kernel forgets to write (or a masked-off element it reads) then shows up as NaN."""
+    intra, state = launches
+    for name in ("qg", "kg", "w", "u", "aqk", "gn"):
+        poison(intra.args[name])
+    for t in outputs:
+        if t is not None:
+            poison(t)
+    for launch in launches:
+        launch()
+    return outputs
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+
+@dataclass
+class KDAInputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    h0: Optional[torch.Tensor]
+    cu_seqlens: Optional[torch.Tensor] = None
+
+    def ref_args(self):
+        """The inputs as the float64 reference sees them (the kernel's rounded values)."""
+        up = lambda x: None if x is None else x.detach().to(F64)  # noqa: E731
+        return up(self.q), up(self.k), up(self.v), up(self.g), up(self.beta)
+
+
+def make_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, seed=0, n_seqs=None, h0=True,
+                gate="random", beta="random", cu_seqlens=None, g_lo=-5.0) -> KDAInputs:
+    """Seeded KDA inputs.
+
+    q ~ N(0, 1); k ~ N(0, 1) l2-normalised per head; v ~ N(0, 1);
+    gate="random": g in [g_lo, 0) (default [-5, 0)) with ~10% of the entries exactly g_lo;
+    gate="lb": g == -5 everywhere;
+    gate="raw": N(0, 1.5^2) raw gate input for the in-kernel gate;
+    beta="random": in (0, 1) with some tokens exactly 0 and exactly 1; "zero" / "one": constant.
+    q, k, v, beta are in ``dtype``; g and the initial state stay float32."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), p=2, dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    if gate == "random":
+        g = -g_lo * (torch.rand(B, T, HV, K, generator=gen) - 1.0)  # (U[0,1) - 1) in [-1, 0)
+        g = torch.where(torch.rand(B, T, HV, K, generator=gen) < 0.1, torch.full_like(g, g_lo), g)
+    elif gate == "lb":
+        g = torch.full((B, T, HV, K), -5.0)
+    elif gate == "raw":
+        g = 1.5 * torch.randn(B, T, HV, K, generator=gen)
+    else:
+        raise ValueError(gate)
+    if beta == "random":
+        b = 0.01 + 0.98 * torch.rand(B, T, HV, generator=gen)
+        flat = b.view(-1)
+        flat[3::7] = 0.0
+        flat[5::11] = 1.0
+    elif beta == "zero":
+        b = torch.zeros(B, T, HV)
+    elif beta == "one":
+        b = torch.ones(B, T, HV)
+    else:
+        raise ValueError(beta)
+    N = n_seqs if n_seqs is not None else (len(cu_seqlens) - 1 if cu_seqlens is not None else B)
+    s0 = torch.randn(N, HV, K, V, generator=gen) if h0 else None
+    cu = torch.tensor(cu_seqlens, dtype=torch.int64) if cu_seqlens is not None else None
+    return KDAInputs(q.to(dtype), k.to(dtype), v.to(dtype), g, b.to(dtype), s0, cu)
+
+
+@pytest.fixture
+def inputs_factory():
+    return make_inputs
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Make any kernel launch fail the test: validation must happen before launching.
+
+    Both ways a kernel is started are blocked: ``Launch.__call__`` and the module-level
+    ``launch`` function (which a fast path may call directly)."""
+    import kdagen.kernels as kernels_mod
+    from kdagen.ops import chunk as chunk_mod
+    from kdagen.ops import recurrent as recurrent_mod
+
+    calls = []
+
+    def _refuse_fn(fn, *args, **kwargs):
+        calls.append(fn)
+        raise AssertionError(f"a kernel was launched ({getattr(fn, '__name__', fn)}) "
+                             "before the invalid input was rejected")
+
+    def _refuse(self):
+        _refuse_fn(self.fn)
+
+    monkeypatch.setattr(chunk_mod.Launch, "__call__", _refuse)
+    monkeypatch.setattr(kernels_mod, "launch", _refuse_fn)
+    for mod in (chunk_mod, recurrent_mod):
+        if hasattr(mod, "launch"):
+            monkeypatch.setattr(mod, "launch", _refuse_fn)
+    return calls
+
+
+def cdiv(a, b):
+    return -(-a // b)
+

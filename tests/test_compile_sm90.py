@@ -1,0 +1,235 @@
+"""Compile-only checks for Hopper (sm_90): every generated template -- chunk intra, chunk
+state, recurrent -- over several shapes, dtypes, gates and configs, through
+``triton.compile(..., target=GPUTarget("cuda", 90, 32))``; no GPU is needed.
+
+The launches come from the ops' own launch builders (``chunk_kda_launches`` and
+``prepare_recurrent``) on small CPU tensors, so what is compiled is exactly what the ops
+would launch.  Triton cannot compile while ``TRITON_INTERPRET=1`` is in effect (the
+interpreter patches ``triton.language`` for the whole process, and ``@triton.jit`` returns
+an interpreter object), which the conftest sets for the interpreter tests; the compiles
+therefore run in two worker subprocesses started without it, in parallel, once per module.
+This module must not import conftest (that would set the interpreter flag in the workers).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+SMEM_LIMIT = 232448  # H100/H200: largest dynamic shared memory per block (227 KiB)
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+# ----------------------------------------------------------------------------- the cases
+# chunk: (id, dtype, K, V, gate, config overrides or None for the default config, extra)
+CHUNK_CASES = [
+    ("bf16-K128V128-bounded-default", "bfloat16", 128, 128, "safe", None, {}),
+    ("fp16-K128V128-bounded-default", "float16", 128, 128, "safe", None, {}),
+    ("bf16-K96V192-bounded-default", "bfloat16", 96, 192, "safe", None, {}),
+    ("bf16-K256V256-bounded-default", "bfloat16", 256, 256, "safe", None, {}),
+    ("fp16-K256V256-elementwise-default", "float16", 256, 256, "free", None, {}),
+    ("bf16-K128V128-elementwise-default", "bfloat16", 128, 128, "free", None, {}),
+    ("bf16-K96V192-elementwise-C64", "bfloat16", 96, 192, "free",
+     dict(chunk_size=64, intra_block_k=32, state_block_v=32), {}),
+    ("bf16-K128V128-gate-in-kernel-lowerbound", "bfloat16", 128, 128, "gik_lb", None, {}),
+    ("fp16-K128V128-gate-in-kernel-softplus", "float16", 128, 128, "gik_sp", None, {}),
+    ("bf16-C64-BV16", "bfloat16", 128, 128, "safe", dict(chunk_size=64, intra_block_k=64, state_block_v=16), {}),
+    ("bf16-C64-BV64", "bfloat16", 128, 128, "safe", dict(chunk_size=64, intra_block_k=128, state_block_v=64), {}),
+    ("fp16-C32-BV32", "float16", 128, 128, "safe", dict(chunk_size=32, intra_block_k=64, state_block_v=32,
+                                                        state_num_warps=4), {}),
+    ("bf16-C32-BV64", "bfloat16", 128, 128, "safe", dict(chunk_size=32, intra_block_k=128, state_block_v=64), {}),
+    ("bf16-K256V256-C64-BV64", "bfloat16", 256, 256, "safe",
+     dict(chunk_size=64, intra_block_k=128, state_block_v=64, state_num_warps=8), {}),
+    ("bf16-varlen-intermediate-states", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True)),
+]
+
+# recurrent: (id, dtype, K, V, gate, block_v or None for the default config, extra)
+REC_CASES = [
+    ("bf16-K128V128-BV16", "bfloat16", 128, 128, "direct", 16, {}),
+    ("bf16-K128V128-BV64-pool", "bfloat16", 128, 128, "direct", 64, dict(pool="float32")),
+    ("fp16-K128V128-BV64-bf16-pool", "float16", 128, 128, "direct", 64, dict(pool="bfloat16")),
+    ("bf16-K256V256-default", "bfloat16", 256, 256, "direct", None, {}),
+    ("bf16-K96V192-varlen-BV16", "bfloat16", 96, 192, "direct", 16, dict(varlen=True)),
+    ("bf16-gate-in-kernel-lowerbound-BV64", "bfloat16", 128, 128, "gik_lb", 64, {}),
+    ("fp16-gate-in-kernel-softplus-BV16", "float16", 128, 128, "gik_sp", 16, {}),
+]
+
+
+# ----------------------------------------------------------------------------- the worker
+def _worker_compile(jobs):
+    """Runs in a clean subprocess: build each case's launches and compile them for sm_90."""
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    from kdagen.config import ChunkFwdConfig, RecurrentConfig
+    from kdagen.kernels import CompileReport, compile_for_target
+    from kdagen.ops.chunk import chunk_kda_launches
+    from kdagen.ops.common import DTYPE_NAMES, select_spec
+    from kdagen.ops.recurrent import prepare_recurrent
+    from kdagen.runtime import plan_for, recurrent_kernels
+    from kdagen.validate import check_inputs
+
+    target = GPUTarget("cuda", 90, 32)
+    HV = 2
+
+    def tensors(dtype, K, V, B, T, varlen):
+        dt = getattr(torch, dtype)
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(B, T, 1, K, generator=gen).to(dt)
+        k = torch.randn(B, T, 1, K, generator=gen).to(dt)
+        v = torch.randn(B, T, HV, V, generator=gen).to(dt)
+        g = -torch.rand(B, T, HV, K, generator=gen)
+        beta = torch.rand(B, T, HV, generator=gen).to(dt)
+        cu = torch.tensor([0, 7, 50, T], dtype=torch.int64) if varlen else None
+        return q, k, v, g, beta, cu
+
+    def gate_kwargs(gate, K):
+        if gate == "safe":
+            return dict(safe_gate=True, lower_bound=-5.0)
+        if gate in ("free", "direct"):
+            return {}
+        kw = dict(use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(HV * K))
+        if gate == "gik_lb":
+            kw["lower_bound"] = -5.0
+        return kw
+
+    def report(kind, launch):
+        try:
+            r = compile_for_target(launch.fn, launch.args, launch.constexprs, target,
+                                   launch.num_warps, launch.num_stages)
+        except Exception as e:  # reported to the test, which fails with it
+            return dict(kind=kind, error=f"{type(e).__name__}: {e}"[:4000])
+        return dict(kind=kind, is_report=isinstance(r, CompileReport), name=r.name, fn_name=launch.fn.__name__,
+                    target=r.target, shared_bytes=r.shared_bytes, num_warps=r.num_warps,
+                    launch_num_warps=launch.num_warps,
+                    constexprs={k: v for k, v in launch.constexprs.items() if isinstance(v, (int, bool))})
+
+    results = {}
+    for family, case in jobs:
+        cid, dtype, K, V, gate, cfg, extra = case
+        try:
+            if family == "chunk":
+                varlen = extra.get("varlen", False)
+                q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
+                N = 3 if varlen else 2
+                launches, _ = chunk_kda_launches(
+                    q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True,
+                    return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
+                    config=None if cfg is None else ChunkFwdConfig(**cfg), **gate_kwargs(gate, K))
+                results[cid] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
+            else:
+                varlen = extra.get("varlen", False)
+                q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 3, 70 if varlen else 1, varlen)
+                N = 3
+                kw = gate_kwargs(gate, K)
+                gik = kw.get("use_gate_in_kernel", False)
+                A_log, dt_bias = kw.get("A_log"), kw.get("dt_bias")
+                pool = extra.get("pool")
+                if pool is not None:
+                    h0 = torch.zeros(5, HV, K, V, dtype=getattr(torch, pool))
+                    idx = torch.tensor([4, -1, 1], dtype=torch.int32)
+                else:
+                    h0, idx = torch.zeros(N, HV, K, V), None
+                dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu,
+                                       state_indices=idx, A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik)
+                spec = select_spec(gik, False, kw.get("lower_bound"), A_log is not None, dt_bias is not None)
+                plan = plan_for(spec, K, V, DTYPE_NAMES[q.dtype], "recurrent", gik)
+                built = recurrent_kernels(plan, None if cfg is None else RecurrentConfig(block_v=cfg),
+                                          {"T": dims.T, "B": dims.B, "N": dims.N})
+                launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
+                                              output_final_state=True, cu_seqlens=cu, state_indices=idx,
+                                              dims=dims, plan=plan, built=built, A_log=A_log, dt_bias=dt_bias)
+                results[cid] = [report("recurrent", launch)]
+        except Exception as e:
+            results[cid] = [dict(kind="build", error=f"{type(e).__name__}: {e}"[:4000])]
+    return results
+
+
+def _worker_main():
+    jobs = json.loads(sys.stdin.read())
+    res = _worker_compile([(fam, tuple(c)) for fam, c in jobs])
+    sys.stdout.write("\n@@RESULTS@@" + json.dumps(res) + "\n")
+
+
+# ----------------------------------------------------------------------------- the fixture
+def _run_worker(jobs, env):
+    code = ("import sys; sys.path[:0] = [%r, %r]; import test_compile_sm90 as m; m._worker_main()"
+            % (str(HERE), str(REPO)))
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(jobs), capture_output=True,
+                          text=True, env=env, cwd=str(REPO), timeout=540)
+    marker = proc.stdout.rfind("@@RESULTS@@")
+    if proc.returncode != 0 or marker < 0:
+        raise RuntimeError(f"compile worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout[marker + len("@@RESULTS@@"):])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tmp = tempfile.mkdtemp(prefix="kdagen-sm90-")
+    env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")  # generated sources, no tuned winners
+    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
+    env["PYTHONWARNINGS"] = "ignore"
+    jobs = [("chunk", c) for c in CHUNK_CASES] + [("recurrent", c) for c in REC_CASES]
+    # two workers of similar cost: alternate the (expensive) chunk cases between them
+    halves = [jobs[0::2], jobs[1::2]]
+    with ThreadPoolExecutor(2) as ex:
+        parts = list(ex.map(lambda j: _run_worker(j, env), halves))
+    out = {}
+    for p in parts:
+        out.update(p)
+    return out
+
+
+def _check_ok(entry):
+    assert "error" not in entry, f"{entry['kind']} failed to compile for sm_90:\n{entry['error']}"
+    assert entry["is_report"], "compile_for_target did not return a CompileReport"
+    assert entry["target"] == "cuda:90"
+    assert entry["name"] == entry["fn_name"]
+    assert entry["num_warps"] == entry["launch_num_warps"]
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=[c[0] for c in CHUNK_CASES])
+def test_chunk_kernels_compile_for_sm90(case, compiled):
+    cid, dtype, K, V, gate, cfg, extra = case
+    entries = compiled[cid]
+    assert [e["kind"] for e in entries] == ["chunk_intra", "chunk_state"], entries
+    for e in entries:
+        _check_ok(e)
+        assert 0 < e["shared_bytes"] <= SMEM_LIMIT, (
+            f"{e['kind']}: {e['shared_bytes']} bytes of shared memory (limit {SMEM_LIMIT})")
+    intra, state = (e["constexprs"] for e in entries)
+    assert intra["K"] == K and intra["V"] == V and state["K"] == K and state["V"] == V
+    assert intra["BT"] == state["BT"]
+    if cfg is not None:  # the config really reached the kernels
+        assert intra["BT"] == cfg["chunk_size"]
+        assert state["BV"] == min(cfg["state_block_v"], 1 << (V - 1).bit_length())
+        assert intra["BK"] == min(cfg["intra_block_k"], 1 << (K - 1).bit_length())
+        if "state_num_warps" in cfg:
+            assert entries[1]["num_warps"] == cfg["state_num_warps"]
+    if extra.get("varlen"):
+        assert intra["IS_VARLEN"] and state["IS_VARLEN"]
+    if extra.get("states"):
+        assert state["STORE_HS"]
+
+
+@pytest.mark.parametrize("case", REC_CASES, ids=[c[0] for c in REC_CASES])
+def test_recurrent_kernel_compiles_for_sm90(case, compiled):
+    cid, dtype, K, V, gate, bv, extra = case
+    entries = compiled[cid]
+    assert [e["kind"] for e in entries] == ["recurrent"], entries
+    e = entries[0]
+    _check_ok(e)
+    assert 0 <= e["shared_bytes"] <= SMEM_LIMIT
+    c = e["constexprs"]
+    assert c["K"] == K and c["V"] == V
+    if bv is not None:
+        assert c["BV"] == bv
+    assert c["USE_INDICES"] == ("pool" in extra)
+    assert c["IS_VARLEN"] == bool(extra.get("varlen"))
