@@ -92,3 +92,20 @@ def test_non_contiguous_steps_are_never_taken_by_the_fast_path():
                                           beta[:, t:t + 1], initial_state=pool, ssm_state_indices=idx)
         assert _rel(o, ref[:, t:t + 1]) < 1e-5, t
     assert not R._FAST
+
+
+def test_recurrent_refuses_inputs_that_want_gradients_even_after_a_fast_path_entry():
+    R._FAST.clear()
+    gen = torch.Generator().manual_seed(4)
+    q, k, v, g, beta = _step(gen, 2, 1, 1, 16, 16)
+    h0 = torch.randn(2, 1, 16, 16, generator=gen)
+    kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert len(R._FAST) == 1
+    with pytest.raises(RuntimeError, match="forward-only"):
+        kdagen.fused_recurrent_kda(q.clone().requires_grad_(), k, v, g, beta, initial_state=h0,
+                                   output_final_state=True)
+    qg = q.clone().requires_grad_()
+    with torch.no_grad():  # fine without autograd
+        kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
+    with pytest.raises(RuntimeError, match="forward-only"):  # and refused again once autograd is back
+        kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)

@@ -94,6 +94,10 @@ def fused_recurrent_kda(
     dims, _ = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                            state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                            gate_in_kernel=use_gate_in_kernel)
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
+        raise RuntimeError("fused_recurrent_kda is forward-only (decode): its output carries no gradient. "
+                           "Use chunk_kda for training, or call it under torch.no_grad()/inference_mode()")
     spec = select_spec(use_gate_in_kernel, False, lower_bound, A_log is not None, dt_bias is not None)
     if scale is None:
         scale = dims.K ** -0.5
@@ -125,12 +129,12 @@ _FAST: dict = {}
 
 
 def _t(x):
-    return None if x is None else (tuple(x.shape), x.dtype, x.device, x.is_contiguous())
+    return None if x is None else (tuple(x.shape), x.dtype, x.device, x.is_contiguous(), x.requires_grad)
 
 
 def _signature(q, k, v, g, beta, scale, initial_state, output_final_state, state_indices, out, lower_bound):
     return (_t(q), _t(k), _t(v), _t(g), _t(beta), _t(initial_state), _t(state_indices), _t(out),
-            scale, bool(output_final_state), lower_bound)
+            scale, bool(output_final_state), lower_bound, torch.is_grad_enabled())
 
 
 def _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, state_indices, out):
