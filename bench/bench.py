@@ -1,7 +1,7 @@
 """One script that checks and times kdagen against flash-linear-attention (FLA) in one
 process, on the same inputs.  Run on a GPU machine:
 
-    PYTHONPATH=. python bench/bench.py --out "$OUT" [--suite fwd,decode,check,variants]
+    PYTHONPATH=. python bench/bench.py --out "$OUT" [--suite check,fwd,variants,bwd_check,fwdbwd,decode,decode_variants]
 
 Prints a short table last and writes the full log and a JSON of every number to --out.
 Absolute times only mean something on a GPU; report ratios.
@@ -208,6 +208,75 @@ def time_decode(frec_fwd, batches, copy_gbs):
     return out
 
 
+GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def _grads(fn, x, do, dht):
+    leaves = [x[n] for n in GRAD_NAMES]
+    o, s = fn(x)
+    return torch.autograd.grad((o, s), leaves, (do, dht))
+
+
+def check_bwd(fchunk):
+    """Each gradient's error against float64 autograd through the reference, kdagen and FLA
+    side by side (bf16 inputs, fp32 g and state)."""
+    log("\n== backward correctness (bf16) vs float64 autograd through the recurrence ==")
+    for B, T, H, K, V in [(1, 512, 2, 128, 128), (2, 200, 2, 96, 192)]:
+        x = inputs(B, T, H, K, V)
+        for n in GRAD_NAMES:
+            x[n] = x[n].detach().requires_grad_(True)
+        gen = torch.Generator(device="cpu").manual_seed(7)
+        do = torch.randn(B, T, H, V, generator=gen).to("cuda", torch.bfloat16)
+        dht = torch.randn(B, H, K, V, generator=gen).cuda()
+        ref_x = {n: x[n].detach().cpu().double().requires_grad_(True) for n in GRAD_NAMES}
+        ref = _grads(lambda d: naive_recurrent_kda(d["q"], d["k"], d["v"], d["g"], d["beta"],
+                                                   initial_state=d["initial_state"], output_final_state=True),
+                     ref_x, do.cpu().double(), dht.cpu().double())
+        row = dict(kind="bwd_check", case=f"B={B} T={T} H={H} K={K} V={V}")
+        kd = _grads(lambda d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True, lower_bound=LOWER),
+                    x, do, dht)
+        for n, a, r in zip(GRAD_NAMES, kd, ref):
+            row[f"kdagen_d{n}"] = rel(a, r)
+        if fchunk is not None:
+            try:
+                fl = _grads(lambda d: fchunk(**d, output_final_state=True, safe_gate=True, lower_bound=LOWER),
+                            x, do, dht)
+                for n, a, r in zip(GRAD_NAMES, fl, ref):
+                    row[f"fla_d{n}"] = rel(a, r)
+            except Exception as e:  # noqa: BLE001
+                row["fla_error"] = repr(e)[:200]
+        log(json.dumps(row))
+        RESULTS["rows"].append(row)
+
+
+def time_fwd_bwd(fchunk, shapes):
+    log("\n== chunkwise forward+backward timing (bf16, safe gate -5, grads of q,k,v,g,beta,h0) ==")
+    for (B, T, H, K) in shapes:
+        x = inputs(B, T, H, K, K)
+        for n in GRAD_NAMES:
+            x[n] = x[n].detach().requires_grad_(True)
+        do = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
+        dht = torch.randn(B, H, K, K, device="cuda")
+        kd = lambda: _grads(lambda d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True,  # noqa: E731
+                                                       lower_bound=LOWER), x, do, dht)
+        row = dict(kind="chunk_fwd_bwd", shape=f"{B},{T},{H},{K}")
+        kd()
+        if fchunk is not None:
+            fl = lambda: _grads(lambda d: fchunk(**d, output_final_state=True, safe_gate=True,  # noqa: E731
+                                                 lower_bound=LOWER), x, do, dht)
+            a, b = kd(), fl()
+            for n, ga, gb in zip(GRAD_NAMES, a, b):
+                row[f"diff_vs_fla_d{n}"] = rel(ga, gb)
+            row["fla_ms"] = do_bench(fl, warmup=50, rep=300, return_mode="median")
+        row["kdagen_ms"] = do_bench(kd, warmup=50, rep=300, return_mode="median")
+        if "fla_ms" in row:
+            row["speedup"] = row["fla_ms"] / row["kdagen_ms"]
+        log(json.dumps(row))
+        RESULTS["rows"].append(row)
+        del x
+        torch.cuda.empty_cache()
+
+
 def decode_variants(batches):
     log("\n== decode variants (graph replay, us) ==")
     H, K, V = 32, 128, 128
@@ -271,6 +340,10 @@ def main():
         if "fwd" in suite:
             time_chunk(fchunk, [tuple(int(x) for x in sh.split(",")) for sh in args.shapes.split(";")],
                        CHUNK_VARIANTS if "variants" in suite else [])
+        if "bwd_check" in suite:
+            check_bwd(fchunk)
+        if "fwdbwd" in suite:
+            time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)])
         if "decode" in suite:
             time_decode(frec_fwd, [1, 64, 256], copy_gbs)
         if "decode_variants" in suite:
@@ -287,6 +360,9 @@ def main():
         if r["kind"] == "chunk_fwd":
             log(f"fwd {r['shape']:>18}  kdagen {r['kdagen_ms']:.3f} ms  fla {r.get('fla_ms', float('nan')):.3f} ms  "
                 f"x{r.get('speedup', float('nan')):.2f}  diff {r.get('diff_vs_fla_o', float('nan')):.1e}")
+        if r["kind"] == "chunk_fwd_bwd":
+            log(f"fwd+bwd {r['shape']:>14}  kdagen {r['kdagen_ms']:.3f} ms  fla {r.get('fla_ms', float('nan')):.3f} ms  "
+                f"x{r.get('speedup', float('nan')):.2f}")
         if r["kind"] == "decode":
             log(f"decode B={r['B']:>3}  kdagen graph {r['kdagen_graph_us']:.1f} us ({r['kdagen_pct_copy']:.0f}% copy) "
                 f"eager {r['kdagen_eager_us']:.1f} us | fla graph {r.get('fla_graph_us', float('nan')):.1f} us "
