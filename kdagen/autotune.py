@@ -205,7 +205,8 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
 
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
-    default = default_chunk_config(plan) if family == "chunk_fwd" else default_recurrent_config(plan)
+    default = (default_chunk_config(plan, {"N": shape[0], "HV": shape[3]}) if family == "chunk_fwd"
+               else default_recurrent_config(plan))
     stages = list(space.stages) if space.stages else [None]
     results = {}
     studies_dir().mkdir(parents=True, exist_ok=True)

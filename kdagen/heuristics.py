@@ -5,7 +5,16 @@ from .config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
 from .lower import Plan
 
 
-def default_chunk_config(plan: Plan) -> ChunkFwdConfig:
+# Below about two state-pass programs per SM of a 132-SM GPU, the state pass is latency
+# bound (each program walks all chunks of its sequence): use narrower V tiles to get more
+# programs.  H200, 2026-11-30, C=32 (bench/RESULTS.md, run 2): at (2, 16384, 16, 128), i.e.
+# 128 programs at BV=32, the state pass took 1.09 ms at BV=16/4 warps against 1.27 ms at
+# BV=32/2 warps; at (1, 8192, 96, 128) (384 programs) BV=16 was worse (1.62 vs 0.85 ms).
+STATE_PROGRAMS_LOW = 256
+
+
+def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
+    """``shape``: optional {"N": sequences, "HV": value heads} of the call."""
     # H200 sweep of 2026-11-30 (bench/RESULTS.md) at (1, 8192, 96, 128): C=32 with the whole
     # K row in one intra tile and a 32-wide V tile on 2 warps in the state pass was the best
     # stage-by-stage combination measured (intra 1.52 ms, state 0.86 ms).
@@ -14,10 +23,13 @@ def default_chunk_config(plan: Plan) -> ChunkFwdConfig:
         bk = 32  # the element-wise diagonal holds a [BC, BC, BK] tile
     else:
         bk = min(128, plan.BK)
-    bv = min(32, plan.BV)
+    bv, warps = min(32, plan.BV), (2 if plan.K <= 128 else 4)
+    if shape and "N" in shape and "HV" in shape and plan.BV >= 32:
+        if shape["N"] * shape["HV"] * -(-plan.V // 32) < STATE_PROGRAMS_LOW:
+            bv, warps = 16, 4
     return ChunkFwdConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
-        state_block_v=bv, state_num_warps=2 if plan.K <= 128 else 4, state_num_stages=2,
+        state_block_v=bv, state_num_warps=warps, state_num_stages=2,
     )
 
 

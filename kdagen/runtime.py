@@ -57,7 +57,7 @@ def build(plan: Plan, config) -> Built:
 
 def chunk_kernels(plan: Plan, config: ChunkFwdConfig | None, shape_hint: dict | None = None) -> Built:
     if config is None:
-        config = lookup_config(plan, "chunk_fwd", shape_hint) or default_chunk_config(plan)
+        config = lookup_config(plan, "chunk_fwd", shape_hint) or default_chunk_config(plan, shape_hint)
     return build(plan, config)
 
 

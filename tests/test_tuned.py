@@ -91,3 +91,12 @@ def test_source_hash_follows_the_templates(monkeypatch, tmp_path):
         assert tuned.source_hash("recurrent") == tuned.source_hash("recurrent")
     finally:
         tuned.source_hash.cache_clear()
+
+
+def test_default_state_tile_follows_the_number_of_state_programs():
+    plan = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
+    few = default_chunk_config(plan, {"N": 2, "HV": 16})  # 2*16*4 = 128 programs at BV=32
+    many = default_chunk_config(plan, {"N": 1, "HV": 96})  # 384 programs at BV=32
+    assert (few.state_block_v, few.state_num_warps) == (16, 4)
+    assert (many.state_block_v, many.state_num_warps) == (32, 2)
+    assert default_chunk_config(plan) == many  # no shape: the default measured at (1, 8192, 96, 128)

@@ -120,7 +120,7 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
         scale = dims.K ** -0.5
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = plan_for(spec, dims.K, dims.V, DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
-    built = chunk_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N})
+    built = chunk_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N, "HV": dims.HV})
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     if A_log is not None:
         A_log = A_log.contiguous()
