@@ -1,0 +1,35 @@
+"""Head dims past one 128-wide tile (the intra loops run over several K tiles) and not
+powers of two: forward, decode and a gradient, against the float64 reference."""
+import torch
+
+import kdagen
+from kdagen.reference import naive_recurrent_kda
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def test_k200_v256_forward_decode_and_gradient():
+    gen = torch.Generator().manual_seed(0)
+    B, T, H, K, V = 1, 37, 1, 200, 256
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = -5 * torch.rand(B, T, H, K, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen)
+    h0 = torch.randn(B, H, K, V, generator=gen)
+    ro, rs = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, s = kdagen.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                            safe_gate=True, lower_bound=-5.0)
+    assert _rel(o, ro) < 1e-5 and _rel(s, rs) < 1e-5
+    o, s = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert _rel(o, ro) < 1e-5 and _rel(s, rs) < 1e-5
+    qr = q.clone().requires_grad_()
+    o, s = kdagen.chunk_kda(qr, k, v, g, beta, initial_state=h0, output_final_state=True,
+                            safe_gate=True, lower_bound=-5.0)
+    (o.sum() + s.square().sum()).backward()
+    qd = q.double().clone().requires_grad_()
+    ro, rs = naive_recurrent_kda(qd, k, v, g, beta, initial_state=h0, output_final_state=True)
+    (ro.sum() + rs.square().sum()).backward()
+    assert _rel(qr.grad, qd.grad) < 1e-5
