@@ -7,8 +7,11 @@ The generic Optuna engine is :mod:`kdagen.tune`; this module supplies what it se
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import torch
@@ -95,37 +98,86 @@ class CompileSurvey:
     failures: list = field(default_factory=list)  # (config, reason)
 
 
+def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, config: dict,
+                 which: int | None, arch: int, smem_limit: int, gpu_name: str) -> str | None:
+    """Compile one candidate's kernel(s) for ``arch``; None if it fits, else why it was dropped.
+    A top-level function of plain arguments, so a worker process can run it."""
+    from .config import config_from_dict
+    from .ops.common import select_spec
+    from triton.backends.compiler import GPUTarget
+
+    args = dict(spec_args)
+    spec = select_spec(False, args.get("safe_gate", False), args.get("lower_bound"), False, False)
+    dtype = DTYPES[dtype_name]
+    plan = lower_for(spec, family, K, V, dtype)
+    cfg = config_from_dict(family, config)
+    try:
+        launches = launches_for(plan, cfg, dtype, args)
+        for ln in (launches if which is None else [launches[which]]):
+            rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
+                                     ln.num_warps, ln.num_stages)
+            if rep.shared_bytes > smem_limit:
+                return f"needs {rep.shared_bytes} B of shared memory, {gpu_name} has {smem_limit}"
+    except Exception as e:  # noqa: BLE001 - any compiler failure drops the config
+        msg = str(e).splitlines()[0][:160] if str(e) else ""
+        return f"{type(e).__name__}: {msg}"
+    return None
+
+
+def default_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
 def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
-                  dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True) -> list[CompileSurvey]:
+                  dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True,
+                  jobs: int = 1) -> list[CompileSurvey]:
     """Compile every candidate's kernels for ``gpu``'s architecture (no GPU needed); drop the
-    ones that fail to compile or exceed the GPU's shared memory per block."""
+    ones that fail to compile or exceed the GPU's shared memory per block.  ``jobs`` > 1
+    compiles in that many worker processes (Triton compiles one kernel per thread)."""
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
     default = default_chunk_config(plan) if family == "chunk_fwd" else default_recurrent_config(plan)
     stages = list(space.stages) if space.stages else [None]
-    target = triton_target(gpu)
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
+    gpu_args = (gpu.arch, gpu.smem_per_block_bytes, gpu.name)
     surveys = []
-    for s_idx, stage in enumerate(stages):
-        cands = stage_candidates(space, ctx, stage, default)
-        survey = CompileSurvey(family, stage, total=len(cands))
-        which = s_idx if stage is not None else None
-        t0 = time.time()
-        for i, cfg in enumerate(cands):
-            try:
-                launches = launches_for(plan, cfg, dtype, spec_args)
-                todo = launches if which is None else [launches[which]]
-                for ln in todo:
-                    rep = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
-                    if rep.shared_bytes > gpu.smem_per_block_bytes:
-                        raise RuntimeError(f"needs {rep.shared_bytes} B of shared memory, "
-                                           f"{gpu.name} has {gpu.smem_per_block_bytes}")
-                survey.survivors.append(cfg)
-            except Exception as e:  # noqa: BLE001 - any compiler failure drops the config
-                survey.failures.append((cfg, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
-            _progress(f"  [{family}{'/' + stage if stage else ''} {i + 1}/{len(cands)}] "
-                      f"{len(survey.survivors)} ok, {len(survey.failures)} dropped "
-                      f"({time.time() - t0:.0f}s)", progress)
-        surveys.append(survey)
+    pool = None
+    try:
+        for s_idx, stage in enumerate(stages):
+            cands = stage_candidates(space, ctx, stage, default)
+            survey = CompileSurvey(family, stage, total=len(cands))
+            which = s_idx if stage is not None else None
+            label = f"{family}{'/' + stage if stage else ''}"
+            t0 = time.time()
+            reasons: dict[int, str | None] = {}
+
+            def report(n_done):
+                ok = sum(1 for r in reasons.values() if r is None)
+                _progress(f"  [{label} {n_done}/{len(cands)}] {ok} ok, {n_done - ok} dropped "
+                          f"({time.time() - t0:.0f}s)", progress)
+
+            if jobs > 1 and len(cands) > 2:
+                if pool is None:
+                    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+                futs = {pool.submit(_compile_one, *common, c.to_dict(), which, *gpu_args): i
+                        for i, c in enumerate(cands)}
+                for fut in as_completed(futs):
+                    reasons[futs[fut]] = fut.result()
+                    report(len(reasons))
+            else:
+                for i, c in enumerate(cands):
+                    reasons[i] = _compile_one(*common, c.to_dict(), which, *gpu_args)
+                    report(len(reasons))
+            for i, c in enumerate(cands):  # candidate order, whatever the completion order
+                if reasons[i] is None:
+                    survey.survivors.append(c)
+                else:
+                    survey.failures.append((c, reasons[i]))
+            surveys.append(survey)
+    finally:
+        if pool is not None:
+            pool.shutdown()
     return surveys
 
 

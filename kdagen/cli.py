@@ -201,13 +201,14 @@ def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, confi
 @click.option("--decode-batches", default="1,64,256", show_default=True, help="tuning batch sizes for decode")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quiet", is_flag=True, help="no progress lines")
+@click.option("--jobs", type=int, default=None, help="compile in this many processes (default: min(8, CPUs))")
 def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_path, compile_only, shapes,
-          decode_batches, seed, quiet):
+          decode_batches, seed, quiet, jobs):
     """Generate the kernels for a spec and head dims, compile-check every candidate config
     for the GPU's architecture (no GPU needed), and -- when the current GPU is that GPU --
     tune them and store the winners in the cache.
     """
-    from .autotune import DTYPES, compile_check, lower_for
+    from .autotune import DTYPES, compile_check, default_jobs, lower_for
     from .gpus import detect_current
     from .lower import LoweringError
     from .ops.common import select_spec
@@ -244,7 +245,8 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
                 plan = lower_for(spec, fam, K, V, dt)
             except (ValueError, LoweringError) as e:
                 raise click.UsageError(str(e)) from None
-            surveys = compile_check(fam, plan, spec, spec_args, gpu, dt, space=user_space, progress=not quiet)
+            surveys = compile_check(fam, plan, spec, spec_args, gpu, dt, space=user_space, progress=not quiet,
+                                    jobs=jobs or default_jobs())
             for s in surveys:
                 label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
                 click.echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
@@ -311,7 +313,7 @@ def tune(ctx, spec_name, head_dim, dtype, lower_bound, families, space_path, sha
     """Tune on the current GPU and store the winners (``kdagen build --gpu auto``)."""
     ctx.invoke(build, gpu_name="auto", spec_name=spec_name, head_dim=head_dim, dtype=dtype,
                lower_bound=lower_bound, families=families, space_path=space_path, compile_only=False,
-               shapes=shapes, decode_batches=decode_batches, seed=seed, quiet=False)
+               shapes=shapes, decode_batches=decode_batches, seed=seed, quiet=False, jobs=None)
 
 
 # --- bench ------------------------------------------------------------------------------

@@ -90,10 +90,12 @@ def test_build_h800_compile_only_end_to_end(runner, tmp_path):
 
 def test_build_recurrent_compile_only(runner, tmp_path):
     space = tmp_path / "rec.json"
-    space.write_text(json.dumps({"kernel": "recurrent", "params": {"block_v": [16, 64], "num_warps": [4]}}))
-    r = _kdagen(["build", "--gpu", "h20", "--head-dim", "96,48", "--space", str(space), "--quiet"], tmp_path)
+    space.write_text(json.dumps({"kernel": "recurrent", "params": {"block_v": [16, 32, 64], "num_warps": [4]}}))
+    # three candidates on two worker processes
+    r = _kdagen(["build", "--gpu", "h20", "--head-dim", "96,48", "--space", str(space), "--jobs", "2"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "recurrent K=96 V=48: 2/2 candidate configs compiled for h20" in r.stdout
+    assert "recurrent K=96 V=48: 3/3 candidate configs compiled for h20" in r.stdout
+    assert "[recurrent 3/3] 3 ok, 0 dropped" in r.stderr
 
 
 def test_compile_check_drops_configs_over_shared_memory(tmp_path):
