@@ -1,0 +1,69 @@
+"""Resource report of generated kernels for sm_90, without a GPU: registers, spills, shared
+memory, and which matrix instructions the compiler chose (wgmma = Hopper's warpgroup MMA,
+mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
+
+    python bench/static_report.py                      # the heuristic defaults, K=V=128, bf16
+    python bench/static_report.py "d.replace(chunk_size=64)" "d.replace(state_num_warps=4)"
+
+Each argument is a Python expression over ``d`` (the default ChunkFwdConfig) and
+``ChunkFwdConfig``.  Uses the ptxas shipped in the Triton wheel.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from kdagen.autotune import launches_for, lower_for  # noqa: E402
+from kdagen.config import ChunkFwdConfig  # noqa: E402
+from kdagen.heuristics import default_chunk_config  # noqa: E402
+from kdagen.kernels import signature_of  # noqa: E402
+from kdagen.ops.common import select_spec  # noqa: E402
+
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def report(launch) -> dict:
+    src = ASTSource(fn=launch.fn, signature=signature_of(launch.args, launch.constexprs),
+                    constexprs=dict(launch.constexprs))
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+    ptx = out.asm["ptx"]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+    return dict(regs=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None,
+                smem=out.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
+                cp_async=ptx.count("cp.async"))
+
+
+def main(argv):
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = lower_for(spec, "chunk_fwd", 128, 128, torch.bfloat16)
+    d = default_chunk_config(plan)
+    exprs = argv or ["d"]
+    print(f"{'config':<48} {'kernel':<6} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} {'cp.async':>8}")
+    for e in exprs:
+        cfg = eval(e, {"d": d, "ChunkFwdConfig": ChunkFwdConfig})  # noqa: S307 - a developer tool
+        for ln, stage in zip(launches_for(plan, cfg, torch.bfloat16, {"safe_gate": True, "lower_bound": -5.0}),
+                             ("intra", "state")):
+            r = report(ln)
+            print(f"{e:<48} {stage:<6} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
+                  f"{r['mma_sync']:>8} {r['cp_async']:>8}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
