@@ -109,3 +109,13 @@ def test_recurrent_refuses_inputs_that_want_gradients_even_after_a_fast_path_ent
         kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
     with pytest.raises(RuntimeError, match="forward-only"):  # and refused again once autograd is back
         kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
+
+
+def test_chunk_schedule_of_a_packed_batch():
+    from kdagen.ops.chunk import chunk_schedule
+
+    total, idx, offs = chunk_schedule([0, 1, 40, 40, 105], 1, 105, 32, "cpu")  # lengths 1, 39, 0, 65
+    assert total == 1 + 2 + 0 + 3
+    assert idx.tolist() == [[0, 0], [1, 0], [1, 1], [3, 0], [3, 1], [3, 2]]
+    assert offs.tolist() == [0, 1, 3, 3]
+    assert chunk_schedule(None, 2, 70, 32, "cpu") == (6, None, None)
