@@ -2,6 +2,7 @@
 names the argument and what was expected, before anything is launched."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -130,3 +131,11 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     elif A_log is not None or dt_bias is not None:
         raise ValueError("A_log/dt_bias are only used with use_gate_in_kernel=True")
     return Dims(B, T, H, HV, K, V, N), seqlens
+
+
+def check_runnable(q: torch.Tensor) -> None:
+    """Before launching: Triton kernels run on CUDA tensors, or on CPU tensors in Triton's
+    interpreter.  (Describing launches for compile-only checks needs neither.)"""
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"q is on {q.device}: kdagen's kernels run on CUDA tensors (for the CPU, run Triton's "
+                         "interpreter: set TRITON_INTERPRET=1 before importing triton)")

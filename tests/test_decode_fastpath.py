@@ -119,3 +119,14 @@ def test_chunk_schedule_of_a_packed_batch():
     assert idx.tolist() == [[0, 0], [1, 0], [1, 1], [3, 0], [3, 1], [3, 2]]
     assert offs.tolist() == [0, 1, 3, 3]
     assert chunk_schedule(None, 2, 70, 32, "cpu") == (6, None, None)
+
+
+def test_cpu_tensors_outside_the_interpreter_are_refused(monkeypatch):
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, g, beta = _step(gen, 1, 1, 1, 16, 16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    R._FAST.clear()
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        kdagen.fused_recurrent_kda(q, k, v, g, beta)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        kdagen.chunk_kda(q, k, v, g, beta)

@@ -16,7 +16,7 @@ import triton
 from ..config import ChunkFwdConfig
 from ..kernels import launch
 from ..runtime import chunk_kernels, plan_for
-from ..validate import check_inputs
+from ..validate import check_inputs, check_runnable
 from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
 
 _DUMMY: dict[torch.device, torch.Tensor] = {}
@@ -186,6 +186,8 @@ def chunk_kda(
     ``config`` overrides the tuned/heuristic kernel config.
     """
     check_kwargs("chunk_kda", kwargs)
+    if isinstance(q, torch.Tensor):
+        check_runnable(q)
     if torch.is_grad_enabled() and any(
             isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
         from .chunk_bwd import chunk_kda_with_grad

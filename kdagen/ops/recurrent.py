@@ -8,7 +8,7 @@ import triton
 
 from ..config import RecurrentConfig
 from ..runtime import plan_for, recurrent_kernels
-from ..validate import check_inputs
+from ..validate import check_inputs, check_runnable
 from ..kernels import launch
 from .chunk import Launch, _dummy
 from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
@@ -94,6 +94,7 @@ def fused_recurrent_kda(
     dims, _ = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                            state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                            gate_in_kernel=use_gate_in_kernel)
+    check_runnable(q)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                        for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
         raise RuntimeError("fused_recurrent_kda is forward-only (decode): its output carries no gradient. "
