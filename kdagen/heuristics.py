@@ -41,11 +41,12 @@ def default_recurrent_config(plan: Plan) -> RecurrentConfig:
 
 
 def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
-    # Not tuned yet (no GPU sweep of the backward): the forward's default chunking, V tiles of
-    # 32 in the reverse state pass (dS [K, BV] and S [K, BV] both live in registers) and
-    # 32-wide K/V tiles in the intra-chunk gradient launch, whose diagonal sub-tiles are
-    # element-wise [BC, BC, BK] products.
+    # Not timed on a GPU yet.  Chosen by the compiler's resource report (bench/static_report.py
+    # --bwd, sm_90a, bf16, 2026-11-30): 16-wide V tiles in the reverse state pass (dS and S both
+    # live in registers) and 8 warps for the intra-chunk gradients cut the spills at K=V=128
+    # from 724 / 1060 bytes per thread to 52 / 16 (K=V=64: 1572 / 972 -> 512 / 44; K=V=256:
+    # 3632 / 1056 -> 1104 / 16).  The intra launch's diagonal sub-tiles are element-wise.
     return ChunkBwdConfig(
-        chunk_size=32, sub_chunk=16, state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=2,
-        intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4, intra_num_stages=2,
+        chunk_size=32, sub_chunk=16, state_block_v=min(16, plan.BV), state_num_warps=4, state_num_stages=2,
+        intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=8, intra_num_stages=2,
     )
