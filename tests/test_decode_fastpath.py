@@ -3,6 +3,8 @@ validation and planning, stay correct, and any other geometry is validated again
 import pytest
 import torch
 
+from conftest import make_inputs
+
 import kdagen
 import kdagen.ops.recurrent as R
 from kdagen.reference import naive_recurrent_kda
@@ -77,14 +79,9 @@ def test_non_contiguous_steps_are_never_taken_by_the_fast_path():
     """Slicing one token out of a [B, T, ...] tensor gives non-contiguous views; they must
     be copied every time (the fast path would pass their strides to the kernel)."""
     R._FAST.clear()
-    gen = torch.Generator().manual_seed(3)
     B, T, H, K, V = 2, 3, 1, 16, 16
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    g = -5 * torch.rand(B, T, H, K, generator=gen)
-    beta = torch.rand(B, T, H, generator=gen)
-    pool = torch.randn(B, H, K, V, generator=gen)
+    x = make_inputs(B, T, H, H, K, V, seed=3)
+    q, k, v, g, beta, pool = x.q, x.k, x.v, x.g, x.beta, x.h0
     ref, _ = naive_recurrent_kda(q, k, v, g, beta, initial_state=pool.clone())
     idx = torch.arange(B, dtype=torch.int32)
     for t in range(T):

@@ -2,6 +2,8 @@
 powers of two: forward, decode and a gradient, against the float64 reference."""
 import torch
 
+from conftest import make_inputs
+
 import kdagen
 from kdagen.reference import naive_recurrent_kda
 
@@ -11,14 +13,8 @@ def _rel(a, b):
 
 
 def test_k200_v256_forward_decode_and_gradient():
-    gen = torch.Generator().manual_seed(0)
-    B, T, H, K, V = 1, 37, 1, 200, 256
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, V, generator=gen)
-    g = -5 * torch.rand(B, T, H, K, generator=gen)
-    beta = torch.rand(B, T, H, generator=gen)
-    h0 = torch.randn(B, H, K, V, generator=gen)
+    x = make_inputs(1, 37, 1, 1, 200, 256, seed=0)
+    q, k, v, g, beta, h0 = x.q, x.k, x.v, x.g, x.beta, x.h0
     ro, rs = naive_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     o, s = kdagen.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                             safe_gate=True, lower_bound=-5.0)
