@@ -129,3 +129,29 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
     g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
     kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None, None, None,
                *vals, *constexprs.values())
+
+
+_DUMMY: dict[torch.device, torch.Tensor] = {}
+
+
+def dummy_pointer(device) -> torch.Tensor:
+    """A one-element tensor passed for pointer arguments a launch does not use."""
+    t = _DUMMY.get(device)
+    if t is None:
+        t = _DUMMY[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return t
+
+
+@dataclass
+class Launch:
+    """One kernel launch, described: run it, time it, or compile it for another GPU."""
+
+    fn: Any
+    grid: tuple[int, ...]
+    args: dict[str, Any]
+    constexprs: dict[str, Any]
+    num_warps: int
+    num_stages: int
+
+    def __call__(self):
+        launch(self.fn, self.grid, self.args, self.constexprs, self.num_warps, self.num_stages)

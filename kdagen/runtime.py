@@ -15,6 +15,7 @@ from .heuristics import default_chunk_bwd_config, default_chunk_config, default_
 from .kernels import load
 from .lower import Plan, lower
 from .spec import Recurrence
+from .tuned import lookup_winner
 
 
 @dataclass(frozen=True)
@@ -26,20 +27,13 @@ class Built:
 
 
 @lru_cache(maxsize=256)
-def _plan(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kernel: bool) -> Plan:
+def plan_for(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kernel: bool) -> Plan:
+    """:func:`kdagen.lower.lower`, memoised (the ops call it on every call)."""
     return lower(spec, K, V, dtype, form, gate_in_kernel)
-
-
-def plan_for(spec, K, V, dtype, form, gate_in_kernel) -> Plan:
-    return _plan(spec, K, V, dtype, form, gate_in_kernel)
 
 
 def lookup_config(plan: Plan, kernel: str, shape_hint: dict | None = None):
     """Tuned winner for this exact key if cached, else None."""
-    try:
-        from .tuned import lookup_winner
-    except ImportError:  # the tuning cache is optional at run time
-        return None
     return lookup_winner(plan, kernel, shape_hint or {})
 
 

@@ -7,40 +7,14 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 import triton
 
 from ..config import ChunkFwdConfig
-from ..kernels import launch
+from ..kernels import Launch, dummy_pointer
 from ..runtime import chunk_kernels, plan_for
 from ..validate import check_inputs, check_runnable
 from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
-
-_DUMMY: dict[torch.device, torch.Tensor] = {}
-
-
-def _dummy(device) -> torch.Tensor:
-    t = _DUMMY.get(device)
-    if t is None:
-        t = _DUMMY[device] = torch.zeros(1, dtype=torch.float32, device=device)
-    return t
-
-
-@dataclass
-class Launch:
-    fn: Any
-    grid: tuple[int, ...]
-    args: dict[str, Any]
-    constexprs: dict[str, Any]
-    num_warps: int
-    num_stages: int
-
-    def __call__(self):
-        launch(self.fn, self.grid, self.args, self.constexprs, self.num_warps, self.num_stages)
-
 
 def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
     """(number of chunks, chunk_indices [NT,2] int32 or None, chunk_offsets [N] int32 or None).
@@ -80,7 +54,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
     hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=torch.float32, device=dev)
           if return_intermediate_states else None)
-    dummy = _dummy(dev)
+    dummy = dummy_pointer(dev)
     cu = cu_seqlens.to(dev) if cu_seqlens is not None else dummy
     intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
     if plan.gate_has_A:

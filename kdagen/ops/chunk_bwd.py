@@ -107,7 +107,7 @@ class BwdMeta:
 
 
 def _meta(launches, spec, gate_in_kernel: bool, config: ChunkBwdConfig | None) -> BwdMeta:
-    from .chunk import Launch
+    from ..kernels import Launch
 
     intra, state = launches
     a = intra.args
@@ -127,7 +127,7 @@ def _meta(launches, spec, gate_in_kernel: bool, config: ChunkBwdConfig | None) -
 
 def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Recompute qg, kg, W, U, A_qk and G_n with the forward's own intra launch."""
-    from .chunk import Launch
+    from ..kernels import Launch
 
     B, T, HV, K, V, C = meta.B, meta.T, meta.HV, meta.K, meta.V, meta.C
     dev = inputs["q"].device
@@ -147,7 +147,7 @@ def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
                       hs: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool, built=None):
     """Allocate the gradient buffers and describe the two backward launches (run or compile)."""
-    from .chunk import Launch, _dummy
+    from ..kernels import Launch, dummy_pointer
 
     plan, cfg = meta.plan, meta.config
     if built is None:
@@ -159,7 +159,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     NTt = max(meta.NT_total, 1)
     bv = min(cfg.state_block_v, plan.BV)
     NV = triton.cdiv(V, bv)
-    dummy = _dummy(dev)
+    dummy = dummy_pointer(dev)
     du = torch.empty(B, T, HV, V, dtype=f32, device=dev)
     dqg = torch.empty(NV, B, T, HV, K, dtype=f32, device=dev)
     dkg = torch.empty_like(dqg)

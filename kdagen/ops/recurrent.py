@@ -9,34 +9,43 @@ import triton
 from ..config import RecurrentConfig
 from ..runtime import plan_for, recurrent_kernels
 from ..validate import check_inputs, check_runnable
-from ..kernels import launch
-from .chunk import Launch, _dummy
+from ..kernels import Launch, dummy_pointer, launch
 from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
 
 
-def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
-                      state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None):
-    B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
-    cfg: RecurrentConfig = built.config
+def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_state, state_indices, out,
+                      dims, cu_seqlens=None, A_log=None, dt_bias=None):
+    """Allocate o (and the final state) and lay out the kernel's non-constexpr arguments."""
     dev = q.device
-    o = out if out is not None else torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=dev)
     if state_indices is not None:
         ht = initial_state  # the pool, updated in place
     elif output_final_state:
-        ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+        ht = torch.empty(dims.N, dims.HV, dims.K, dims.V, dtype=torch.float32, device=dev)
     else:
         ht = None
-    dummy = _dummy(dev)
+    dummy = dummy_pointer(dev)
     args = dict(q=q, k=k, v=v, g=g, beta=beta)
-    if plan.gate_has_A:
+    if A_log is not None:
         args["A_log"] = A_log
-    if plan.gate_has_bias:
+    if dt_bias is not None:
         args["dt_bias"] = dt_bias
     args.update(o=o, h0=initial_state if initial_state is not None else dummy,
                 ht=ht if ht is not None else dummy,
                 state_indices=state_indices if state_indices is not None else dummy,
                 cu_seqlens=cu_seqlens.to(dev) if cu_seqlens is not None else dummy,
-                T=T, P=initial_state.shape[0] if initial_state is not None else N, scale=float(scale))
+                T=dims.T, P=initial_state.shape[0] if initial_state is not None else dims.N, scale=float(scale))
+    return o, ht, args
+
+
+def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
+                      state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None):
+    H, HV, K, V, N = dims.H, dims.HV, dims.K, dims.V, dims.N
+    cfg: RecurrentConfig = built.config
+    o, ht, args = _outputs_and_args(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        state_indices=state_indices, out=out, dims=dims, cu_seqlens=cu_seqlens,
+        A_log=A_log if plan.gate_has_A else None, dt_bias=dt_bias if plan.gate_has_bias else None)
     bv = min(cfg.block_v, plan.BV)
     launch = Launch(built.fns[0], (triton.cdiv(V, bv), N * HV), args,
                     dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
@@ -140,20 +149,8 @@ def _signature(q, k, v, g, beta, scale, initial_state, output_final_state, state
 
 def _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, state_indices, out):
     fn, grid, constexprs, num_warps, num_stages, scale, dims = hit
-    dev = q.device
-    o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=dev)
-    if state_indices is not None:
-        ht = initial_state
-    elif output_final_state:
-        ht = torch.empty(dims.N, dims.HV, dims.K, dims.V, dtype=torch.float32, device=dev)
-    else:
-        ht = None
-    dummy = _dummy(dev)
-    args = dict(q=q, k=k, v=v, g=g, beta=beta, o=o,
-                h0=initial_state if initial_state is not None else dummy,
-                ht=ht if ht is not None else dummy,
-                state_indices=state_indices if state_indices is not None else dummy,
-                cu_seqlens=dummy, T=dims.T,
-                P=initial_state.shape[0] if initial_state is not None else dims.N, scale=scale)
+    o, ht, args = _outputs_and_args(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                    output_final_state=output_final_state, state_indices=state_indices,
+                                    out=out, dims=dims)
     launch(fn, grid, args, constexprs, num_warps, num_stages)
     return o, (ht if (output_final_state or state_indices is not None) else None)
