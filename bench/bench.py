@@ -32,10 +32,42 @@ RESULTS: dict = {"rows": []}
 LOG = []
 
 
+OUT_DIR = "."
+
+
 def log(*a):
     s = " ".join(str(x) for x in a)
     print(s, flush=True)
     LOG.append(s)
+
+
+def dump():
+    """Write what has been measured so far (a run cut by its time limit still leaves its rows)."""
+    with open(os.path.join(OUT_DIR, "bench.json"), "w") as f:
+        json.dump(RESULTS, f, indent=1)
+    with open(os.path.join(OUT_DIR, "bench.log"), "w") as f:
+        f.write("\n".join(LOG))
+
+
+def profile_top(fn, label, n_iter=3, top=14):
+    """Per-kernel GPU time of one call of ``fn`` (torch.profiler, mean over n_iter calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n_iter):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((t / n_iter / 1e3, e.count // n_iter, e.key[:90]))
+    rows.sort(reverse=True)
+    log(f"  profile {label}: total {sum(r[0] for r in rows):.3f} ms per call")
+    for ms, cnt, name in rows[:top]:
+        log(f"    {ms:8.3f} ms  x{cnt:<3} {name}")
+    return rows
 
 
 def rel(a, b):
@@ -144,6 +176,7 @@ def time_chunk(fchunk, shapes, variants):
                 row[f"v:{name}"] = f"error {type(e).__name__}: {str(e)[:120]}"
         log(json.dumps(row))
         RESULTS["rows"].append(row)
+        dump()
         out.append(row)
         del x
         torch.cuda.empty_cache()
@@ -204,6 +237,7 @@ def time_decode(frec_fwd, batches, copy_gbs):
             pool.copy_(p0)
         log(json.dumps(row))
         RESULTS["rows"].append(row)
+        dump()
         out.append(row)
     return out
 
@@ -247,9 +281,52 @@ def check_bwd(fchunk):
                 row["fla_error"] = repr(e)[:200]
         log(json.dumps(row))
         RESULTS["rows"].append(row)
+        dump()
 
 
-def time_fwd_bwd(fchunk, shapes):
+BWD_VARIANTS = [
+    ("st_bv32w4", dict(state_block_v=32, state_num_warps=4)),
+    ("st_bv32w8", dict(state_block_v=32, state_num_warps=8)),
+    ("st_bv64w8", dict(state_block_v=64, state_num_warps=8)),
+    ("in_bk64w8", dict(intra_block_k=64, intra_num_warps=8)),
+    ("in_bk32w4", dict(intra_block_k=32, intra_num_warps=4)),
+    ("in_bv64w8", dict(intra_block_v=64, intra_num_warps=8)),
+]
+
+
+def bwd_breakdown(x, do, dht, variants=()):
+    """kdagen's forward+backward launch by launch (ms): the forward (intra, state writing the
+    per-chunk states), the recomputed intra, then each backward launch; and backward config
+    variants, launch by launch."""
+    from kdagen.heuristics import default_chunk_bwd_config
+    from kdagen.ops.chunk_bwd import chunk_kda_bwd_launches
+    from kdagen.ops.common import DTYPE_NAMES, select_spec
+    from kdagen.runtime import plan_for
+
+    xd = {n: t.detach() for n, t in x.items()}
+    kw = dict(output_final_state=True, safe_gate=True, lower_bound=LOWER, do=do, dht=dht)
+    fwd, bwd, _ = chunk_kda_bwd_launches(**xd, **kw)
+    for ln in list(fwd) + list(bwd):
+        ln()
+    times = [do_bench(ln, warmup=20, rep=100, return_mode="median") for ln in list(fwd) + list(bwd)]
+    out = {"fwd_intra": times[0], "fwd_state_hs": times[1]}
+    for i, t in enumerate(times[2:]):
+        out[f"bwd_{i}"] = t
+    K, V = x["q"].shape[-1], x["v"].shape[-1]
+    plan = plan_for(select_spec(False, True, LOWER, False, False), K, V, DTYPE_NAMES[x["q"].dtype], "chunk", False)
+    for name, kwcfg in variants:
+        try:
+            cfg = default_chunk_bwd_config(plan).replace(**kwcfg)
+            fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, bwd_config=cfg)
+            for ln in list(fw) + list(bw):  # the backward reads what this forward writes
+                ln()
+            out[f"v:{name}"] = " ".join("%.3f" % do_bench(ln, warmup=10, rep=50, return_mode="median") for ln in bw)
+        except Exception as e:  # noqa: BLE001
+            out[f"v:{name}"] = f"error {type(e).__name__}: {str(e)[:120]}"
+    return out
+
+
+def time_fwd_bwd(fchunk, shapes, variants=()):
     log("\n== chunkwise forward+backward timing (bf16, safe gate -5, grads of q,k,v,g,beta,h0) ==")
     for (B, T, H, K) in shapes:
         x = inputs(B, T, H, K, K)
@@ -271,8 +348,19 @@ def time_fwd_bwd(fchunk, shapes):
         row["kdagen_ms"] = do_bench(kd, warmup=50, rep=300, return_mode="median")
         if "fla_ms" in row:
             row["speedup"] = row["fla_ms"] / row["kdagen_ms"]
+        try:
+            row["kdagen_launches"] = bwd_breakdown(x, do, dht, variants)
+        except Exception as e:  # noqa: BLE001
+            row["kdagen_launches"] = f"error {type(e).__name__}: {str(e)[:200]}"
         log(json.dumps(row))
         RESULTS["rows"].append(row)
+        dump()
+        try:
+            profile_top(kd, f"kdagen fwd+bwd {row['shape']}")
+            if fchunk is not None:
+                profile_top(fl, f"FLA fwd+bwd {row['shape']}")
+        except Exception as e:  # noqa: BLE001
+            log(f"profile failed: {e!r}")
         del x
         torch.cuda.empty_cache()
 
@@ -301,6 +389,7 @@ def decode_variants(batches):
                     row[f"bv{bv}_w{nw}"] = f"err {type(e).__name__}"
         log(json.dumps(row))
         RESULTS["rows"].append(row)
+        dump()
 
 
 CHUNK_VARIANTS = [
@@ -325,6 +414,8 @@ def main():
     ap.add_argument("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128;8,1024,8,64",
                     help="chunk shapes B,T,H,K separated by ';'")
     args = ap.parse_args()
+    global OUT_DIR
+    OUT_DIR = args.out
     suite = set(args.suite.split(","))
     fchunk, frec, frec_fwd, fla_ver = (None, None, None, "not run") if args.no_fla else fla_ops()
     props = torch.cuda.get_device_properties(0)
@@ -343,7 +434,8 @@ def main():
         if "bwd_check" in suite:
             check_bwd(fchunk)
         if "fwdbwd" in suite:
-            time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)])
+            time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)],
+                         BWD_VARIANTS if "bwd_variants" in suite else ())
         if "decode" in suite:
             time_decode(frec_fwd, [1, 64, 256], copy_gbs)
         if "decode_variants" in suite:
@@ -351,10 +443,7 @@ def main():
     except Exception:  # noqa: BLE001
         log(traceback.format_exc())
     finally:
-        with open(os.path.join(args.out, "bench.json"), "w") as f:
-            json.dump(RESULTS, f, indent=1)
-        with open(os.path.join(args.out, "bench.log"), "w") as f:
-            f.write("\n".join(LOG))
+        dump()
     log("\n== summary ==")
     for r in RESULTS["rows"]:
         if r["kind"] == "chunk_fwd":

@@ -4,7 +4,8 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
 
     python bench/static_report.py                      # the heuristic defaults, K=V=128, bf16
     python bench/static_report.py "d.replace(chunk_size=64)" "d.replace(state_num_warps=4)"
-    python bench/static_report.py --bwd                # the backward's two launches
+    python bench/static_report.py --bwd                # the backward's three launches
+    python bench/static_report.py --bwd "d.replace(dqkw_num_warps=8)"   # d: default ChunkBwdConfig
 
 Each argument is a Python expression over ``d`` (the default ChunkFwdConfig) and
 ``ChunkFwdConfig``.  Uses the ptxas shipped in the Triton wheel.
@@ -44,31 +45,40 @@ def report(launch) -> dict:
             f.write(ptx)
         r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", path, "-o", os.path.join(d, "k.cubin")],
                            capture_output=True, text=True)
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
-    return dict(regs=int(regs.group(1)) if regs else None, spill_bytes=int(spill.group(1)) if spill else None,
+    regs = max((int(m) for m in re.findall(r"Used (\d+) registers", r.stderr)), default=None)
+    spill = max((int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=None)
+    return dict(regs=regs, spill_bytes=spill,
                 smem=out.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                 cp_async=ptx.count("cp.async"))
 
 
-def backward_rows():
-    """The backward's two launches (heuristic config) for B=1, T=128, H=HV=1, K=V=128, bf16."""
+def backward_rows(config=None):
+    """The backward's launches (``config`` or the heuristic one) for B=1, T=128, H=HV=1,
+    K=V=128, bf16."""
     from kdagen.ops.chunk_bwd import chunk_kda_bwd_launches
 
     K = V = 128
     x = [torch.zeros(1, 128, 1, n, dtype=torch.bfloat16) for n in (K, K, V)]
     _, bwd, _ = chunk_kda_bwd_launches(*x, torch.zeros(1, 128, 1, K), torch.zeros(1, 128, 1, dtype=torch.bfloat16),
                                        initial_state=torch.zeros(1, 1, K, V), output_final_state=True,
-                                       safe_gate=True, lower_bound=-5.0)
-    return [(name, report(ln)) for name, ln in zip(("bwd_state", "bwd_intra"), bwd)]
+                                       safe_gate=True, lower_bound=-5.0, bwd_config=config)
+    return [(name, report(ln)) for name, ln in zip(("bwd_state", "bwd_dqkw", "bwd_intra"), bwd)]
 
 
 def main(argv):
-    if argv == ["--bwd"]:
-        print(f"{'kernel':<10} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} {'cp.async':>8}")
-        for name, r in backward_rows():
-            print(f"{name:<10} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
-                  f"{r['mma_sync']:>8} {r['cp_async']:>8}")
+    if argv[:1] == ["--bwd"]:
+        from kdagen.config import ChunkBwdConfig
+        from kdagen.heuristics import default_chunk_bwd_config
+
+        plan = lower_for(select_spec(False, True, -5.0, False, False), "chunk_fwd", 128, 128, torch.bfloat16)
+        d = default_chunk_bwd_config(plan)
+        print(f"{'config':<48} {'kernel':<10} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} "
+              f"{'cp.async':>8}")
+        for e in argv[1:] or ["d"]:
+            cfg = eval(e, {"d": d, "ChunkBwdConfig": ChunkBwdConfig})  # noqa: S307 - a developer tool
+            for name, r in backward_rows(cfg):
+                print(f"{e:<48} {name:<10} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
+                      f"{r['mma_sync']:>8} {r['cp_async']:>8}")
         return
     spec = select_spec(False, True, -5.0, False, False)
     plan = lower_for(spec, "chunk_fwd", 128, 128, torch.bfloat16)

@@ -22,6 +22,7 @@ TEMPLATES = {
     "chunk_state": ("chunk_state.py.j2", ChunkFwdConfig),
     "recurrent": ("recurrent.py.j2", RecurrentConfig),
     "chunk_bwd_state": ("chunk_bwd_state.py.j2", ChunkBwdConfig),
+    "chunk_bwd_dqkw": ("chunk_bwd_dqkw.py.j2", ChunkBwdConfig),
     "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
 }
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
@@ -59,6 +60,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["inv_kw"] = f', input_precision="{config.inverse_precision}"'
         # (I - A)(I + A^2)...(I + A^(2^s)) covers powers below 2^(s+1); A^BC = 0
         v["neumann_steps"] = max(0, (config.sub_chunk - 1).bit_length() - 1)
+    if isinstance(config, ChunkBwdConfig):
+        v["BKT"] = min(config.dqkw_block_k, plan.BK)  # the K tile of the chunk-parallel launch
     return v
 
 

@@ -85,9 +85,13 @@ class ChunkFwdConfig(_Config):
             raise ConfigError(f"chunk_fwd: intermediates must be one of {INTERMEDIATE_DTYPES}")
 
 
+STATE_DTYPES = ("input", "fp32")  # storage of the per-chunk states (and their gradients) for the backward
+
+
 @dataclass(frozen=True)
 class ChunkBwdConfig(_Config):
-    """Chunkwise backward: a reverse state pass and an intra-chunk gradient launch.
+    """Chunkwise backward: a reverse state pass, a chunk-parallel launch for the products
+    that contract over V, and an intra-chunk gradient launch.
 
     ``chunk_size`` and ``sub_chunk`` must equal the forward config's (the backward walks the
     same chunks); the op derives them from the forward and keeps the other fields."""
@@ -98,16 +102,22 @@ class ChunkBwdConfig(_Config):
     state_block_v: int = 32  # BV: V tile owned by one reverse-state-pass program
     state_num_warps: int = 4
     state_num_stages: int = 2
+    dqkw_block_k: int = 64  # BK: K tile owned by one program of the chunk-parallel launch
+    dqkw_block_v: int = 32  # BV tile of its V loop
+    dqkw_num_warps: int = 4
+    dqkw_num_stages: int = 2
     intra_block_k: int = 32  # BK tile of the intra-chunk gradient launch
     intra_block_v: int = 32  # BV tile of its V loop (dv, dU V^T)
     intra_num_warps: int = 4
     intra_num_stages: int = 2
     inverse_precision: str = "ieee"  # fp32 dots of the triangular inverse and its gradient
     store_intermediates: bool = False  # keep qg/kg/W/U/A_qk/G_n from the forward (else recompute)
+    state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
 
     def __post_init__(self):
-        for name in ("chunk_size", "sub_chunk", "state_block_v", "intra_block_k", "intra_block_v",
-                     "state_num_warps", "intra_num_warps"):
+        for name in ("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
+                     "intra_block_v",
+                     "state_num_warps", "dqkw_num_warps", "intra_num_warps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v):
                 raise ConfigError(f"chunk_bwd: {name} must be a power of two, got {v!r}")
@@ -117,14 +127,16 @@ class ChunkBwdConfig(_Config):
                 f"(got sub_chunk={self.sub_chunk}, chunk_size={self.chunk_size})")
         if self.chunk_size > 128:
             raise ConfigError(f"chunk_bwd: chunk_size must be <= 128, got {self.chunk_size}")
-        for name in ("state_block_v", "intra_block_k", "intra_block_v"):
+        for name in ("state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k", "intra_block_v"):
             if getattr(self, name) < 16:
                 raise ConfigError(f"chunk_bwd: {name} must be >= 16 (the smallest tl.dot tile)")
-        for name in ("state_num_stages", "intra_num_stages"):
+        for name in ("state_num_stages", "dqkw_num_stages", "intra_num_stages"):
             if getattr(self, name) not in (1, 2, 3, 4):
                 raise ConfigError(f"chunk_bwd: {name} must be in 1..4, got {getattr(self, name)!r}")
         if self.inverse_precision not in PRECISIONS:
             raise ConfigError(f"chunk_bwd: inverse_precision must be one of {PRECISIONS}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ConfigError(f"chunk_bwd: state_dtype must be one of {STATE_DTYPES}, got {self.state_dtype!r}")
         if not isinstance(self.store_intermediates, bool):
             raise ConfigError(f"chunk_bwd: store_intermediates must be a bool, got {self.store_intermediates!r}")
 

@@ -41,12 +41,14 @@ def default_recurrent_config(plan: Plan) -> RecurrentConfig:
 
 
 def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
-    # Not timed on a GPU yet.  Chosen by the compiler's resource report (bench/static_report.py
-    # --bwd, sm_90a, bf16, 2026-11-30): 16-wide V tiles in the reverse state pass (dS and S both
-    # live in registers) and 8 warps for the intra-chunk gradients cut the spills at K=V=128
-    # from 724 / 1060 bytes per thread to 52 / 16 (K=V=64: 1572 / 972 -> 512 / 44; K=V=256:
-    # 3632 / 1056 -> 1104 / 16).  The intra launch's diagonal sub-tiles are element-wise.
+    # Not timed on a GPU yet.  The reverse state pass holds only dS [K, BV] (fp32) and does
+    # three dots per chunk; the chunk-parallel launch holds three [C, K] fp32 accumulators.
+    # Intra-chunk gradients on 8 warps: the compiler's resource report (bench/static_report.py
+    # --bwd, sm_90a, bf16, 2026-11-30) showed 1060 -> 16 bytes of spill at K=V=128 going
+    # from 4 to 8 warps.  fp16 keeps the per-chunk states in fp32 (its range is 6.5e4).
     return ChunkBwdConfig(
-        chunk_size=32, sub_chunk=16, state_block_v=min(16, plan.BV), state_num_warps=4, state_num_stages=2,
+        chunk_size=32, sub_chunk=16, state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=2,
+        dqkw_block_k=min(64, plan.BK), dqkw_block_v=min(32, plan.BV), dqkw_num_warps=4, dqkw_num_stages=2,
         intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=8, intra_num_stages=2,
+        state_dtype="fp32" if plan.dtype == "float16" else "input",
     )

@@ -62,7 +62,7 @@ def recurrent_kernels(plan: Plan, config: RecurrentConfig | None, shape_hint: di
 
 
 # --- backward ------------------------------------------------------------------------
-CHUNK_BWD_KINDS = ("chunk_bwd_state", "chunk_bwd_intra")
+CHUNK_BWD_KINDS = ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra")
 
 
 @lru_cache(maxsize=256)
@@ -72,7 +72,8 @@ def _build_chunk_bwd(plan: Plan, config: ChunkBwdConfig, gate_grads: tuple[tuple
 
 
 def chunk_bwd_kernels(plan: Plan, config: ChunkBwdConfig | None, gate_grads: dict[str, str] | None = None) -> Built:
-    """The two backward kernels (reverse state pass, intra-chunk gradients).  No tuned
+    """The three backward kernels (reverse state pass, chunk-parallel products over V,
+    intra-chunk gradients).  No tuned
     winners exist for the backward yet: an explicit config, else the heuristic default."""
     if config is None:
         config = default_chunk_bwd_config(plan)

@@ -79,7 +79,9 @@ CASES = [
     Case("no-final-state", 1, 45, 1, 1, 32, 32, final_state=False),
     Case("C16-safe", 1, 45, 1, 1, 32, 32, C=16),
     Case("C64-free-K40V24-tiles16", 1, 70, 1, 1, 40, 24, gate="free", C=64,
-         bwd=dict(state_block_v=16, intra_block_k=16, intra_block_v=16)),
+         bwd=dict(state_block_v=16, dqkw_block_v=16, intra_block_k=16, intra_block_v=16)),
+    Case("K24V40-dqkw-tiles16-state-fp32", 1, 53, 1, 2, 24, 40, cu=VARLEN,
+         bwd=dict(dqkw_block_k=16, dqkw_block_v=16, state_block_v=16, dqkw_num_warps=2, state_dtype="fp32")),
     Case("C64-BC32-safe-lb2", 1, 100, 1, 1, 32, 48, C=64, BC=32, lb=-2.0, g_lo=-2.0),
     Case("gik-lowerbound-gva", 1, 45, 1, 2, 32, 32, gate="gik_lb"),
     Case("gik-softplus-varlen", 1, 53, 1, 2, 24, 32, gate="gik_sp", cu=VARLEN),
@@ -88,8 +90,9 @@ CASES = [
     Case("fp16-safe-g-at-lb", 1, 45, 1, 1, 32, 32, dtype=F16),
     Case("fp16-gik-lowerbound-C64", 1, 70, 1, 2, 32, 32, dtype=F16, gate="gik_lb", C=64),
     Case("fp16-gik-softplus", 1, 45, 1, 2, 32, 32, dtype=F16, gate="gik_sp"),
+    Case("fp16-states-in-fp16", 1, 70, 1, 2, 32, 40, dtype=F16, bwd=dict(state_dtype="input")),
     # longer sequences: several chunks per sequence in the reverse state pass
-    Case("T130-K64V64-safe-B2-gva2x4", 2, 130, 2, 4, 64, 64),
+    Case("T130-K64V64-safe-B2-gva2x4", 2, 130, 2, 4, 64, 64, bwd=dict(dqkw_block_k=32)),
     Case("fp16-T130-free-K96V16", 1, 130, 1, 1, 96, 16, dtype=F16, gate="free"),
 ]
 
@@ -219,9 +222,9 @@ def test_host_preprocessing_is_differentiated():
 
 @pytest.mark.parametrize("gate", ["safe", "gik_lb"])
 def test_backward_writes_every_element(gate):
-    """Every buffer the backward launches write -- gradients and the per-V-tile partials
-    between them -- is filled with NaN first: nothing may stay unwritten, and no masked-off
-    element may be read.  Varlen with a length-1 sequence, K/V not powers of two, two V
+    """Every buffer the backward launches write -- gradients, the per-chunk state gradients
+    and the products between the launches -- is filled with NaN first: nothing may stay
+    unwritten, and no masked-off element may be read.  Varlen with a length-1 sequence, K/V not powers of two, two V
     tiles, GVA; the outputs are reduced by hand and checked against the reference."""
     case = Case("poison", 1, 53, 1, 2, 24, 40, gate=gate, cu=VARLEN)
     leaves, kw, cu = _inputs(case)
@@ -230,13 +233,18 @@ def test_backward_writes_every_element(gate):
     fwd, bwd, out = chunk_kda_bwd_launches(
         leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], initial_state=leaves["initial_state"],
         output_final_state=True, cu_seqlens=cu, A_log=leaves.get("A_log"), dt_bias=leaves.get("dt_bias"),
-        do=do, dht=dht, bwd_config=ChunkBwdConfig(state_block_v=32), **kw)
+        do=do, dht=dht, bwd_config=ChunkBwdConfig(state_block_v=32, dqkw_block_k=16), **kw)
+    poison(fwd[1].args["vn"])  # V', written by the forward's state pass for the backward
     for launch in fwd:
         launch()
-    state, intra = bwd
+    state, dqkw, intra = bwd
     assert state.grid[0] == 2, "two V tiles expected"
-    for name in ("du", "dqg", "dkg", "dw", "daqk", "dgn", "dh0"):
+    assert dqkw.constexprs["BV"] == 32 and dqkw.constexprs["V"] == 40, "two V tiles in the dqkw loop expected"
+    assert dqkw.grid[2] == 2, "two K tiles of the dqkw launch expected (K=24, BK=16)"
+    for name in ("du", "dhs", "dh0"):
         poison(state.args[name])
+    for name in ("dqg", "dkg", "dw", "daqk", "dgn"):
+        poison(dqkw.args[name])
     for name in ("dq", "dk", "dv", "dg", "dbeta", "dA_part", "dbias_part"):
         if name in intra.args:
             poison(intra.args[name])
@@ -251,6 +259,19 @@ def test_backward_writes_every_element(gate):
     assert set(got) == set(ref)
     for n, t in got.items():
         assert_close(t, ref[n], TOL[F32], f"d{n}")
+
+
+@pytest.mark.parametrize("dtype,state_dtype,expect", [(F32, "input", F32), (F16, "input", F16),
+                                                      (F16, "fp32", F32), (F16, None, F32)])
+def test_state_storage_dtype(dtype, state_dtype, expect):
+    """The per-chunk states the training forward keeps, and their gradients, are stored in
+    ChunkBwdConfig.state_dtype (default: the input dtype, but float32 for fp16 inputs)."""
+    leaves, kw, cu = _inputs(Case("sdt", 1, 40, 1, 1, 32, 32, dtype=dtype))
+    cfg = None if state_dtype is None else ChunkBwdConfig(state_dtype=state_dtype)
+    fwd, bwd, _ = chunk_kda_bwd_launches(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                                         initial_state=leaves["initial_state"], bwd_config=cfg, **kw)
+    assert fwd[1].args["hs"].dtype == expect
+    assert bwd[0].args["dhs"].dtype == expect and bwd[1].args["hs"] is fwd[1].args["hs"]
 
 
 # ------------------------------------------------------------------ the forward without grad
@@ -359,8 +380,8 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
     cid, dtype, K, V, gate, cfg = case
     res = compiled_bwd[cid]
     assert not isinstance(res, dict), f"build/compile failed:\n{res.get('error')}"
-    assert len(res) == 2
-    for r, kind in zip(res, ("chunk_bwd_state", "chunk_bwd_intra")):
+    assert len(res) == 3
+    for r, kind in zip(res, ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra")):
         assert kind in r["name"] and r["name"] == r["fn"] and r["target"] == "cuda:90"
         assert 0 < r["shared"] <= SMEM_LIMIT, f"{kind}: {r['shared']} bytes of shared memory (limit {SMEM_LIMIT})"
         assert (r["K"], r["V"]) == (K, V)

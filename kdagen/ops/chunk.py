@@ -36,8 +36,12 @@ def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
 
 def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkFwdConfig, built, A_log=None, dt_bias=None,
-                      return_intermediate_states=False):
-    """Allocate outputs and describe both launches (used for running and compile-only)."""
+                      return_intermediate_states=False, state_dtype=torch.float32, store_vn=False):
+    """Allocate outputs and describe both launches (used for running and compile-only).
+    ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
+    forward may keep them in the input dtype for its backward).  ``store_vn``: the state
+    pass also writes V' = U - W S (the backward's, in the intermediates' dtype) to the
+    state launch's ``vn`` argument."""
     B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
     C = config.chunk_size
     dev = q.device
@@ -52,8 +56,9 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=torch.float32, device=dev)
+    hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=state_dtype, device=dev)
           if return_intermediate_states else None)
+    vn = torch.empty(B, T, HV, V, dtype=inter, device=dev) if store_vn else None
     dummy = dummy_pointer(dev)
     cu = cu_seqlens.to(dev) if cu_seqlens is not None else dummy
     intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
@@ -73,11 +78,12 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, o=o,
                       h0=initial_state if initial_state is not None else dummy,
                       ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
+                      vn=vn if vn is not None else dummy,
                       cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
                       T=T, NT=NT)
     state = Launch(built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
-                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states,
+                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
                         IS_VARLEN=cu_seqlens is not None),
                    config.state_num_warps, config.state_num_stages)
     return (intra, state), (o, ht, hs)
@@ -86,9 +92,12 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
 def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                        allow_neg_eigval=False, safe_gate=False, lower_bound=None, return_intermediate_states=False,
-                       cu_seqlens=None, A_log=None, dt_bias=None, config=None):
+                       cu_seqlens=None, A_log=None, dt_bias=None, config=None, state_dtype=torch.float32,
+                       store_vn=False):
     """Validate, lower, generate and describe the launches of chunk_kda without running them
-    (the op runs them; the benchmark times them one by one; compile-only checks compile them)."""
+    (the op runs them; the benchmark times them one by one; compile-only checks compile them).
+    ``state_dtype``: dtype of the per-chunk states of ``return_intermediate_states``;
+    ``store_vn``: also write V' for the backward (see prepare_chunk_fwd)."""
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                  cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
                                  gate_in_kernel=use_gate_in_kernel)
@@ -106,7 +115,8 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
     return prepare_chunk_fwd(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, seqlens=seqlens, dims=dims, plan=plan, config=built.config, built=built,
-        A_log=A_log, dt_bias=dt_bias, return_intermediate_states=return_intermediate_states)
+        A_log=A_log, dt_bias=dt_bias, return_intermediate_states=return_intermediate_states,
+        state_dtype=state_dtype, store_vn=store_vn)
 
 
 class _ChunkKDAFunction(torch.autograd.Function):

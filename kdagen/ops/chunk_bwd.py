@@ -1,18 +1,21 @@
-"""The backward of `chunk_kda`: two launches after the forward's intermediates are at hand.
+"""The backward of `chunk_kda`: three launches after the forward's intermediates are at hand.
 
 0. (``store_intermediates=False``, the default) the forward's intra launch is re-run to
    rebuild qg, kg, W, U, A_qk and G_n; with ``store_intermediates=True`` the forward keeps them.
 1. reverse state pass (grid: V tiles x sequences x value heads) walks the chunks of each
-   sequence last to first with dS in registers, reading the per-chunk states the forward
-   stored; writes dU, dh0 and per-V-tile partials of dqg, dkg, dW, dA_qk and dgamma_n.
-2. intra-chunk gradients (grid: chunks x value heads) recompute G, A_kk, (I + A_kk)^-1 from
-   q, k, g, beta, sum the partials over V tiles and write dq, dk (per value head), dv,
-   dbeta and dg (dz for an in-kernel gate, plus per-chunk partials of dA_log / ddt_bias).
+   sequence last to first with dS in registers; writes dU, dh0 and dS per chunk (dhs).
+2. chunk-parallel products over V (grid: chunks x value heads x K tiles) from the stored
+   states, dhs and V' (which the forward's state pass also writes when training): dqg, dkg,
+   dW, dA_qk and dgamma_n, written once.
+3. intra-chunk gradients (grid: chunks x value heads) recompute G, A_kk, (I + A_kk)^-1 from
+   q, k, g, beta and write dq, dk (per value head), dv, dbeta and dg (dz for an in-kernel
+   gate, plus per-chunk partials of dA_log / ddt_bias).
 
-What is left to torch: the GVA sum of dq/dk over the value heads sharing a q/k head, the
-sums of the gate-parameter partials, and dtype casts.  The forward saves its inputs (after
-the host pre-processing, which autograd differentiates) and the float32 state entering every
-chunk, [NT_total, HV, K, V].
+Only the sequential recurrence is in launch 1 (three dots per chunk); everything that can
+run per chunk is in 2 and 3.  What is left to torch: the GVA sum of dq/dk over the value
+heads sharing a q/k head, the sums of the gate-parameter partials, and dtype casts.  The
+forward saves its inputs (after the host pre-processing, which autograd differentiates) and
+the state entering every chunk, [NT_total, HV, K, V], in ``ChunkBwdConfig.state_dtype``.
 """
 from __future__ import annotations
 
@@ -62,6 +65,13 @@ def bwd_config_for(plan: Plan, chunk_size: int, sub_chunk: int,
     if (config.chunk_size, config.sub_chunk) != (chunk_size, sub_chunk):
         config = config.replace(chunk_size=chunk_size, sub_chunk=sub_chunk)
     return config
+
+
+def state_storage_dtype(plan: Plan, config: ChunkBwdConfig | None, input_dtype: torch.dtype) -> torch.dtype:
+    """dtype of the per-chunk states the training forward keeps (and of their gradients)."""
+    if config is None:
+        config = _OVERRIDE[-1] if _OVERRIDE else default_chunk_bwd_config(plan)
+    return input_dtype if config.state_dtype == "input" else torch.float32
 
 
 # ------------------------------------------------------------------------------ gate
@@ -145,8 +155,9 @@ def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[
 
 
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
-                      hs: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool, built=None):
-    """Allocate the gradient buffers and describe the two backward launches (run or compile)."""
+                      hs: torch.Tensor, vn: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool,
+                      built=None):
+    """Allocate the gradient buffers and describe the three backward launches (run or compile)."""
     from ..kernels import Launch, dummy_pointer
 
     plan, cfg = meta.plan, meta.config
@@ -161,22 +172,27 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     NV = triton.cdiv(V, bv)
     dummy = dummy_pointer(dev)
     du = torch.empty(B, T, HV, V, dtype=f32, device=dev)
-    dqg = torch.empty(NV, B, T, HV, K, dtype=f32, device=dev)
-    dkg = torch.empty_like(dqg)
-    dw = torch.empty_like(dqg)
-    daqk = torch.empty(NV, B, T, HV, C, dtype=f32, device=dev)
-    dgn = torch.empty(NV, NTt, HV, K, dtype=f32, device=dev)
+    dhs = torch.empty(NTt, HV, K, V, dtype=hs.dtype, device=dev)
     dh0 = torch.empty(N, HV, K, V, dtype=f32, device=dev) if need_dh0 else None
-    s_k, s_a, s_g = B * T * HV * K, B * T * HV * C, NTt * HV * K
-    state_args = dict(qg=inter["qg"], kg=inter["kg"], w=inter["w"], u=inter["u"], aqk=inter["aqk"], gn=inter["gn"],
-                      hs=hs, do=do, dht=dht if dht is not None else dummy,
-                      du=du, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn, dh0=dh0 if dh0 is not None else dummy,
-                      cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets,
-                      T=T, NT=meta.NT, s_k=s_k, s_a=s_a, s_g=s_g)
+    state_args = dict(qg=inter["qg"], kg=inter["kg"], w=inter["w"], aqk=inter["aqk"], gn=inter["gn"],
+                      do=do, dht=dht if dht is not None else dummy,
+                      du=du, dhs=dhs, dh0=dh0 if dh0 is not None else dummy,
+                      cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
     state = Launch(built.fns[0], (NV, N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
                         STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen),
                    cfg.state_num_warps, cfg.state_num_stages)
+    dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
+    dkg = torch.empty_like(dqg)
+    dw = torch.empty_like(dqg)
+    daqk = torch.empty(B, T, HV, C, dtype=f32, device=dev)
+    dgn = torch.empty(NTt, HV, K, dtype=f32, device=dev)
+    dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn,
+                     cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT)
+    bk = min(cfg.dqkw_block_k, plan.BK)
+    dqkw = Launch(built.fns[1], (meta.NT_total, HV, triton.cdiv(K, bk)), dqkw_args,
+                  dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen),
+                  cfg.dqkw_num_warps, cfg.dqkw_num_stages)
     dq = torch.empty(B, T, HV, K, dtype=f32, device=dev)
     dk = torch.empty_like(dq)
     dg = torch.empty_like(dq)
@@ -195,13 +211,13 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     if dbias_part is not None:
         intra_args["dbias_part"] = dbias_part
     intra_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
-                      scale=float(meta.scale), NV=NV, s_k=s_k, s_a=s_a, s_g=s_g)
-    intra = Launch(built.fns[1], (meta.NT_total, HV), intra_args,
+                      scale=float(meta.scale))
+    intra = Launch(built.fns[2], (meta.NT_total, HV), intra_args,
                    dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
                         BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen),
                    cfg.intra_num_warps, cfg.intra_num_stages)
     outputs = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
-    return (state, intra), outputs
+    return (state, dqkw, intra), outputs
 
 
 def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -216,11 +232,13 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     in the outputs are per value head (not yet summed over GVA groups)."""
     from .chunk import chunk_kda_launches
 
+    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
+    plan = plan_for(spec, q.shape[-1], v.shape[-1], DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
     fwd, (o, ht, hs) = chunk_kda_launches(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
-        return_intermediate_states=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config)
-    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
+        return_intermediate_states=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config,
+        state_dtype=state_storage_dtype(plan, bwd_config, q.dtype), store_vn=True)
     meta = _meta(fwd, spec, use_gate_in_kernel, bwd_config)
     a = fwd[0].args
     inputs = {n: a.get(n) for n in _INPUT_NAMES}
@@ -229,8 +247,8 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
         do = torch.zeros_like(o)
     if dht is None and output_final_state:
         dht = torch.zeros_like(ht)
-    bwd, outs = prepare_chunk_bwd(meta, inputs, inter, hs, do.contiguous(), None if dht is None else dht.contiguous(),
-                                  initial_state is not None)
+    bwd, outs = prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do.contiguous(),
+                                  None if dht is None else dht.contiguous(), initial_state is not None)
     return fwd, bwd, outs
 
 
@@ -266,21 +284,24 @@ def chunk_kda_with_grad(q, k, v, g, beta, *, scale, initial_state, output_final_
 
 
 def fwd_for_grad(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: _Opts):
-    """Forward of the autograd Function: the forward launches, also writing the per-chunk states."""
+    """Forward of the autograd Function: the forward launches, also writing the per-chunk states
+    (in the backward config's ``state_dtype``)."""
     from .chunk import chunk_kda_launches
 
+    spec = select_spec(opts.use_gate_in_kernel, opts.safe_gate, opts.lower_bound, A_log is not None,
+                       dt_bias is not None)
+    plan = plan_for(spec, q.shape[-1], v.shape[-1], DTYPE_NAMES[q.dtype], "chunk", opts.use_gate_in_kernel)
     launches, (o, ht, hs) = chunk_kda_launches(
         q, k, v, g, beta, scale=opts.scale, initial_state=initial_state, output_final_state=opts.output_final_state,
         use_gate_in_kernel=opts.use_gate_in_kernel, safe_gate=opts.safe_gate, lower_bound=opts.lower_bound,
         return_intermediate_states=True, cu_seqlens=opts.cu_seqlens, A_log=A_log, dt_bias=dt_bias,
-        config=opts.config)
+        config=opts.config, state_dtype=state_storage_dtype(plan, None, q.dtype), store_vn=True)
     for launch in launches:
         launch()
-    spec = select_spec(opts.use_gate_in_kernel, opts.safe_gate, opts.lower_bound, A_log is not None,
-                       dt_bias is not None)
     meta = _meta(launches, spec, opts.use_gate_in_kernel, None)
     a = launches[0].args
-    saved = [a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state, a.get("A_log"), a.get("dt_bias"), hs]
+    saved = [a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state, a.get("A_log"), a.get("dt_bias"), hs,
+             launches[1].args["vn"]]
     if meta.config.store_intermediates:
         saved += [a[n] for n in INTERMEDIATES]
     ctx.save_for_backward(*saved)
@@ -295,17 +316,17 @@ def bwd_for_grad(ctx, do, dht):
     """Backward of the autograd Function: grads of (q, k, v, g, beta, initial_state, A_log, dt_bias)."""
     meta: BwdMeta = ctx.meta
     saved = ctx.saved_tensors
-    q, k, v, g, beta, h0, A_log, dt_bias, hs = saved[:9]
+    q, k, v, g, beta, h0, A_log, dt_bias, hs, vn = saved[:10]
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
     if meta.config.store_intermediates:
-        inter = dict(zip(INTERMEDIATES, saved[9:]))
+        inter = dict(zip(INTERMEDIATES, saved[10:]))
     else:
         inter = rerun_forward_intra(meta, inputs)
     if do is None:
         do = torch.zeros(meta.B, meta.T, meta.HV, meta.V, dtype=v.dtype, device=v.device)
     need = ctx.needs_input_grad
     need_dh0 = h0 is not None and need[5]
-    launches, out = prepare_chunk_bwd(meta, inputs, inter, hs, do.contiguous(),
+    launches, out = prepare_chunk_bwd(meta, inputs, inter, hs, vn, do.contiguous(),
                                       None if dht is None else dht.contiguous(), need_dh0)
     for launch in launches:
         launch()
