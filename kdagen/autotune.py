@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import ChunkFwdConfig, RecurrentConfig
+from .config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
 from .gpus import GpuProfile, triton_target
-from .heuristics import default_chunk_config, default_recurrent_config
+from .heuristics import default_chunk_bwd_config, default_chunk_config, default_recurrent_config
 from .kernels import compile_for_target
 from .lower import Plan, lower
 from .search_space import SearchSpace, load_space
@@ -28,7 +28,7 @@ from .structure import safe_sub_chunk
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 TOLERANCE = {torch.bfloat16: 6e-3, torch.float16: 2e-3, torch.float32: 1e-4}
-FAMILIES = ("chunk_fwd", "recurrent")
+FAMILIES = ("chunk_fwd", "chunk_bwd", "recurrent")
 
 
 def _progress(msg: str, enabled: bool = True):
@@ -40,6 +40,16 @@ def space_context(plan: Plan, spec: Recurrence, gpu: GpuProfile, elem_bytes: int
     bound = safe_sub_chunk(spec)
     return dict(K=plan.K, V=plan.V, safe_sub_chunk=bound.length or 0,
                 smem_limit=gpu.smem_per_block_bytes, elem_bytes=elem_bytes)
+
+
+def default_for(family: str, plan: Plan, shape_hint: dict | None = None, fwd_config: ChunkFwdConfig | None = None):
+    """The heuristic config of a family; the backward's takes the forward's chunk lengths."""
+    if family == "chunk_fwd":
+        return default_chunk_config(plan, shape_hint)
+    if family == "chunk_bwd":
+        fwd = fwd_config or default_chunk_config(plan, shape_hint)
+        return default_chunk_bwd_config(plan).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
+    return default_recurrent_config(plan)
 
 
 def stage_candidates(space: SearchSpace, context: dict, stage: str | None, default) -> list:
@@ -80,6 +90,13 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict):
     if isinstance(config, ChunkFwdConfig):
         launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **spec_args)
         return launches
+    if isinstance(config, ChunkBwdConfig):
+        from .ops.chunk_bwd import chunk_kda_bwd_launches
+
+        fwd_cfg = default_chunk_config(plan).replace(chunk_size=config.chunk_size, sub_chunk=config.sub_chunk)
+        _, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
+                                           **spec_args)
+        return bwd
     built = build(plan, config)
     dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,
                            initial_state=x["initial_state"], cu_seqlens=None)
@@ -136,7 +153,7 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     compiles in that many worker processes (Triton compiles one kernel per thread)."""
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
-    default = default_chunk_config(plan) if family == "chunk_fwd" else default_recurrent_config(plan)
+    default = default_for(family, plan)
     stages = list(space.stages) if space.stages else [None]
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
@@ -195,78 +212,221 @@ def _inputs(B, T, H, HV, K, V, dtype, device, seed):
     return dict(q=cast(q), k=cast(k), v=cast(v), g=g.to(device), beta=cast(beta), initial_state=h0.to(device))
 
 
+CHECK_T_MAX = 1024  # tokens of the correctness check (the timed shape's heads, one sequence)
+
+
+def check_heads(H: int, HV: int) -> list[int]:
+    """Value heads the float64 reference checks: the first and the last, from different q/k
+    head groups when there are several groups (heads are independent in KDA)."""
+    return sorted({0, HV - 1}) if H > 1 or HV == 1 else [0]
+
+
 class KernelCandidate:
-    """build / check / time of one family (and stage) for :func:`kdagen.tune.tune`."""
+    """build / check / time of one family (and stage) for :func:`kdagen.tune.tune`.
+
+    ``build`` and ``check`` run at the check shape: one sequence of ``min(T, 1024)`` tokens
+    with the timed shape's heads, so Triton specialises (H, HV and the divisibility of T and
+    of the chunk count) exactly as for the timed shape and each candidate compiles once.
+    The float64 reference sees only :func:`check_heads` (the recurrence is per value head),
+    which keeps it fast on the CPU for any head count."""
 
     def __init__(self, family: str, stage: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
-                 shape: tuple[int, int, int, int], device="cuda"):
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
         self.family, self.stage, self.plan, self.spec_args = family, stage, plan, spec_args
         self.dtype, self.shape, self.device = dtype, shape, device
+        self.fwd_config = fwd_config
         self.tolerance = TOLERANCE[dtype]
         B, T, H, HV = shape
-        self._x = _inputs(B, T, H, HV, plan.K, plan.V, dtype, device, seed=1234)
+        self.check_shape = (B, 1, H, HV) if family == "recurrent" else (1, min(T, CHECK_T_MAX), H, HV)
+        self._x = None  # the timed shape's inputs, made on first use
         self._seed = 0
 
-    def _run(self, config, x, **kw):
+    @property
+    def timed_inputs(self):
+        if self._x is None:
+            B, T, H, HV = self.shape
+            self._x = _inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=1234)
+        return self._x
+
+    def _fwd(self, config, x, **kw):
         import kdagen
 
-        if self.family == "chunk_fwd":
-            return kdagen.chunk_kda(**x, output_final_state=True, config=config, **self.spec_args, **kw)
-        return kdagen.fused_recurrent_kda(**x, output_final_state=True, config=config, **self.spec_args, **kw)
+        if self.family == "recurrent":  # (fused_recurrent_kda takes no safe_gate, as in FLA)
+            args = {n: a for n, a in self.spec_args.items() if n != "safe_gate"}
+            return kdagen.fused_recurrent_kda(**x, output_final_state=True, config=config, **args, **kw)
+        fcfg = config if self.family == "chunk_fwd" else self.fwd_config
+        return kdagen.chunk_kda(**x, output_final_state=True, config=fcfg, **self.spec_args, **kw)
+
+    def _fwd_bwd(self, config, x, do, dht):
+        from .ops.chunk_bwd import chunk_bwd_config
+
+        leaves = {n: x[n].detach().requires_grad_(True) for n in GRAD_INPUTS}
+        with chunk_bwd_config(config):
+            o, s = self._fwd(None, {**x, **leaves})
+        grads = torch.autograd.grad((o, s), [leaves[n] for n in GRAD_INPUTS], (do, dht))
+        return dict(zip(GRAD_INPUTS, grads))
+
+    def _check_inputs(self, seed):
+        B, T, H, HV = self.check_shape
+        return _inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=seed)
 
     def build(self, config):
-        x = _inputs(1, 64, 1, 1, self.plan.K, self.plan.V, self.dtype, self.device, seed=0)
-        self._run(config, x)  # compiles (Triton JIT) and launches once
-        torch.cuda.synchronize()
+        x = self._check_inputs(seed=0)
+        if self.family == "chunk_bwd":
+            gen = torch.Generator(device="cpu").manual_seed(1)
+            do = torch.randn(x["v"].shape, generator=gen).to(self.device, self.dtype)
+            self._fwd_bwd(config, x, do, torch.zeros_like(x["initial_state"]))
+        else:
+            self._fwd(config, x)  # compiles (Triton JIT) and launches once
+        if self.device == "cuda":
+            torch.cuda.synchronize()
         return config
 
     def check(self, config) -> float:
-        """Relative error against the float64 recurrence on fresh random inputs."""
+        """Relative error against the float64 recurrence on fresh random inputs (the largest
+        over the outputs -- or, for the backward, every gradient -- of the checked heads)."""
         from .reference import naive_recurrent_kda
 
         self._seed += 1
-        T = 300 if self.family == "chunk_fwd" else 3
-        x = _inputs(2, T, 2, 2, self.plan.K, self.plan.V, self.dtype, self.device, seed=10_000 + self._seed)
-        o, s = self._run(config, x)
-        ref_o, ref_s = naive_recurrent_kda(*(x[n].cpu() for n in ("q", "k", "v", "g", "beta")),
-                                           initial_state=x["initial_state"].cpu(), output_final_state=True)
-        err = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()  # noqa: E731
-        e = max(err(o, ref_o), err(s, ref_s))
+        x = self._check_inputs(seed=10_000 + self._seed)
+        B, T, H, HV = self.check_shape
+        sel = check_heads(H, HV)
+        qk_sel = [hv // (HV // H) for hv in sel]
+        err = lambda a, b: ((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-300)).item()  # noqa: E731
+
+        def ref_inputs():
+            r = dict(q=x["q"][:, :, qk_sel], k=x["k"][:, :, qk_sel], v=x["v"][:, :, sel], g=x["g"][:, :, sel],
+                     beta=x["beta"][:, :, sel], initial_state=x["initial_state"][:, sel])
+            return {n: t.detach().cpu().double() for n, t in r.items()}
+
+        if self.family != "chunk_bwd":
+            o, s = self._fwd(config, x)
+            r = ref_inputs()
+            ref_o, ref_s = naive_recurrent_kda(r["q"], r["k"], r["v"], r["g"], r["beta"],
+                                               initial_state=r["initial_state"], output_final_state=True)
+            e = max(err(o[:, :, sel], ref_o), err(s[:, sel], ref_s))
+            return float("nan") if e != e else e
+        # backward: upstream gradients only on the checked value heads, so the q/k gradient of
+        # a checked head's group is that head's alone
+        gen = torch.Generator(device="cpu").manual_seed(20_000 + self._seed)
+        do = torch.zeros(x["v"].shape)
+        dht = torch.zeros(x["initial_state"].shape)
+        do[:, :, sel] = torch.randn(do[:, :, sel].shape, generator=gen)
+        dht[:, sel] = torch.randn(dht[:, sel].shape, generator=gen)
+        do, dht = do.to(self.device, self.dtype), dht.to(self.device)
+        got = self._fwd_bwd(config, x, do, dht)
+        r = {n: t.requires_grad_(True) for n, t in ref_inputs().items()}
+        ref_o, ref_s = naive_recurrent_kda(r["q"], r["k"], r["v"], r["g"], r["beta"],
+                                           initial_state=r["initial_state"], output_final_state=True)
+        ref = torch.autograd.grad((ref_o, ref_s), [r[n] for n in GRAD_INPUTS],
+                                  (do[:, :, sel].cpu().double(), dht[:, sel].cpu().double()))
+        e = 0.0
+        for n, gr in zip(GRAD_INPUTS, ref):
+            t = got[n]
+            t = t[:, :, qk_sel] if n in ("q", "k") else t[:, sel] if n == "initial_state" else t[:, :, sel]
+            e = max(e, err(t, gr))
         return float("nan") if e != e else e
 
     def time(self, config) -> float:
         from triton.testing import do_bench
 
+        x = self.timed_inputs
         if self.family == "chunk_fwd":
             from .ops.chunk import chunk_kda_launches
 
-            launches, _ = chunk_kda_launches(**self._x, output_final_state=True, config=config, **self.spec_args)
+            launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **self.spec_args)
             which = {"intra": [0], "state": [1], None: [0, 1]}[self.stage]
+            if self.stage == "state":
+                launches[0]()  # the state pass reads what the intra launch writes
             fn = lambda: [launches[i]() for i in which]  # noqa: E731
+        elif self.family == "chunk_bwd":
+            from .ops.chunk_bwd import chunk_kda_bwd_launches
+
+            do = torch.ones_like(x["v"])
+            fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=self.fwd_config,
+                                                 bwd_config=config, do=do, **self.spec_args)
+            which = {"state": [0], "dqkw": [1], "intra": [2], None: [0, 1, 2]}[self.stage]
+            for ln in list(fwd) + list(bwd)[:which[0]]:  # what the timed launch reads
+                ln()
+            fn = lambda: [bwd[i]() for i in which]  # noqa: E731
         else:
-            fn = lambda: self._run(config, self._x)  # noqa: E731
+            fn = lambda: self._fwd(config, x)  # noqa: E731
         return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+GRAD_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def _precompile_one(family: str, stage: str | None, K: int, V: int, dtype_name: str, spec_args: tuple,
+                    config: dict, shape: tuple, fwd_config: dict | None) -> str | None:
+    """In a worker process with the GPU: build (JIT-compile and run once) one candidate at
+    the check shape, so that Triton's on-disk cache holds it when the tuner builds it."""
+    from .config import config_from_dict
+    from .ops.common import select_spec
+
+    args = dict(spec_args)
+    spec = select_spec(False, args.get("safe_gate", False), args.get("lower_bound"), False, False)
+    dtype = DTYPES[dtype_name]
+    plan = lower_for(spec, family, K, V, dtype)
+    try:
+        fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
+        cand = KernelCandidate(family, stage, plan, args, dtype, shape, fwd_config=fcfg)
+        cand.build(config_from_dict(family, config))
+    except Exception as e:  # noqa: BLE001 - the tuner's own build records the failure
+        return f"{type(e).__name__}: {str(e)[:160]}"
+    return None
+
+
+def precompile(family: str, stage: str | None, plan: Plan, spec_args: dict, dtype, shape, configs: list,
+               jobs: int, fwd_config: ChunkFwdConfig | None = None, progress: bool = True) -> float:
+    """Compile every candidate in ``jobs`` GPU worker processes before the (sequential)
+    timed search; returns the seconds it took.  Failures are left for the tuner to record."""
+    if jobs <= 1 or len(configs) < 2:
+        return 0.0
+    t0 = time.time()
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    common = (family, stage, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
+    fdict = None if fwd_config is None else fwd_config.to_dict()
+    label = f"{family}{'/' + stage if stage else ''}"
+    with ProcessPoolExecutor(max_workers=min(jobs, len(configs)),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futs = [pool.submit(_precompile_one, *common, c.to_dict(), tuple(shape), fdict) for c in configs]
+        for n, _ in enumerate(as_completed(futs), 1):
+            if n == len(futs) or n % 8 == 0:
+                _progress(f"  [{label} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
+    return time.time() - t0
 
 
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
-                progress: bool = True, candidates_by_stage: dict | None = None):
-    """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results)."""
+                progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
+                fwd_config: ChunkFwdConfig | None = None):
+    """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results).
+
+    ``jobs`` > 1 compiles the candidates in that many GPU worker processes first.
+    ``fwd_config``: for ``chunk_bwd``, the forward config at this shape (its chunk lengths
+    are the backward's; default: the forward's heuristic)."""
     from .paths import studies_dir
     from .tune import tune
 
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
-    default = (default_chunk_config(plan, {"N": shape[0], "HV": shape[3]}) if family == "chunk_fwd"
-               else default_recurrent_config(plan))
+    hint = {"N": shape[0], "HV": shape[3]}
+    if family == "chunk_bwd" and fwd_config is None:
+        fwd_config = default_chunk_config(plan, hint)
+    default = default_for(family, plan, hint, fwd_config)
     stages = list(space.stages) if space.stages else [None]
     results = {}
     studies_dir().mkdir(parents=True, exist_ok=True)
     for stage in stages:
         cands = (candidates_by_stage or {}).get(stage) or stage_candidates(space, ctx, stage, default)
+        if family == "chunk_bwd":  # the forward's chunk lengths
+            cands = [c.replace(chunk_size=default.chunk_size, sub_chunk=default.sub_chunk) for c in cands]
         name = (f"{family}-{stage or 'all'}-{plan.spec_hash}-K{plan.K}-V{plan.V}-{plan.dtype}-"
-                f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}")
-        cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape)
+                f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
+                f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}")
+        precompile(family, stage, plan, spec_args, dtype, shape, cands + [default], jobs, fwd_config, progress)
+        cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, fwd_config=fwd_config)
         results[stage] = tune(cands, cand, study_name=name, storage_path=studies_dir() / f"{name}.journal",
                               default_config=default, seed=seed, progress=progress)
     if stages == [None]:
@@ -314,4 +474,5 @@ def _ok_configs(result):
 def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype: torch.dtype, gate_in_kernel: bool = False) -> Plan:
     from .ops.common import DTYPE_NAMES
 
-    return lower(spec, K, V, DTYPE_NAMES[dtype], "chunk" if family == "chunk_fwd" else "recurrent", gate_in_kernel)
+    form = "recurrent" if family == "recurrent" else "chunk"
+    return lower(spec, K, V, DTYPE_NAMES[dtype], form, gate_in_kernel)

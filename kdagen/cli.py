@@ -191,7 +191,7 @@ def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, confi
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
 @click.option("--lower-bound", type=float, default=-5.0, show_default=True,
               help="the gate's lower bound the kernels may assume (sets the safe sub-chunk)")
-@click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "recurrent"]),
+@click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]),
               help="kernel families (default: all)")
 @click.option("--space", "space_path", default=None, help="a search-space JSON file of your own (one family)")
 @click.option("--compile-only", is_flag=True, help="never tune, even on a matching GPU")
@@ -219,7 +219,8 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
     dt = DTYPES[dtype]
     spec = select_spec(False, lower_bound is not None, lower_bound, False, False)
     spec_args = _spec_args(lower_bound)
-    families = list(families) or ["chunk_fwd", "recurrent"]
+    families = [f for f in ("chunk_fwd", "chunk_bwd", "recurrent") if f in families] if families else \
+        ["chunk_fwd", "chunk_bwd", "recurrent"]  # the backward is tuned after the forward (its chunk length)
     user_space = None
     if space_path:
         try:
@@ -260,18 +261,22 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
         click.echo("error: some kernels have no config that compiles for this GPU", err=True)
         sys.exit(1)
     if will_tune:
-        _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet)
+        _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
+                        jobs or default_jobs())
+    click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 
-def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet):
+def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, jobs=1):
     from .autotune import tune_family
     from .cache import TuningCache, make_entry
+    from .config import ChunkFwdConfig
     from .tuned import cache_key
 
     cache = TuningCache(gpu.name)
+    fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
     for (K, V, fam), (plan, surveys) in surveys_all.items():
         by_stage = {s.stage: s.survivors for s in surveys}
-        if fam == "chunk_fwd":
+        if fam in ("chunk_fwd", "chunk_bwd"):
             todo = []
             for sh in shapes.split(";"):
                 B, T, H, Ks = (int(x) for x in sh.split(","))
@@ -281,8 +286,16 @@ def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batche
             todo = [((int(b), 1, 32, 32), dict(T=1, B=int(b), N=int(b))) for b in decode_batches.split(",")]
         for shape, hint in todo:
             t0 = time.time()
+            if fam == "chunk_bwd":  # the compile survey ran at the default chunk length
+                fwd = fwd_winners.get((K, V, shape))
+                if fwd is not None:
+                    by_stage = {st: [c.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk) for c in cs]
+                                for st, cs in by_stage.items()}
             winner, ms, default_ms, _ = tune_family(fam, plan, spec, spec_args, gpu, dt, shape, space=user_space,
-                                                    seed=seed, progress=not quiet, candidates_by_stage=by_stage)
+                                                    seed=seed, progress=not quiet, candidates_by_stage=by_stage,
+                                                    jobs=jobs, fwd_config=fwd_winners.get((K, V, shape)))
+            if fam == "chunk_fwd" and winner is not None:
+                fwd_winners[(K, V, shape)] = winner
             if winner is None:
                 click.echo(f"  {fam} K={K} V={V} shape {shape}: no candidate passed the correctness gate", err=True)
                 continue
@@ -302,7 +315,7 @@ def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batche
 @click.option("--head-dim", "head_dim", default="128", show_default=True)
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
 @click.option("--lower-bound", type=float, default=-5.0, show_default=True)
-@click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "recurrent"]))
+@click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]))
 @click.option("--space", "space_path", default=None)
 @click.option("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128", show_default=True)
 @click.option("--decode-batches", default="1,64,256", show_default=True)

@@ -73,8 +73,8 @@ def _build_chunk_bwd(plan: Plan, config: ChunkBwdConfig, gate_grads: tuple[tuple
 
 def chunk_bwd_kernels(plan: Plan, config: ChunkBwdConfig | None, gate_grads: dict[str, str] | None = None) -> Built:
     """The three backward kernels (reverse state pass, chunk-parallel products over V,
-    intra-chunk gradients).  No tuned
-    winners exist for the backward yet: an explicit config, else the heuristic default."""
+    intra-chunk gradients) for ``config`` (the op resolves tuned winners; here: the heuristic
+    when None)."""
     if config is None:
         config = default_chunk_bwd_config(plan)
     return _build_chunk_bwd(plan, config, tuple(sorted((gate_grads or {}).items())))

@@ -183,6 +183,12 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
 
     The estimate is the larger of the two.  ``recurrent`` keeps its state in registers and
     only stages the q/k vectors and a v slice: ``(2*K + block_v)*e``.
+
+    ``chunk_bwd``, the largest of: the reverse state pass, per stage, the ``C*K`` tiles of
+    qg, kg and W, the ``C*C`` Aqk and a ``C*BV`` dO tile; the chunk-parallel launch, per
+    stage, the ``BK*BV`` tiles of S and dS and three ``C*BV`` tiles (V', dU in fp32, dO);
+    the intra launch, per stage, four ``C*BK`` tiles and two ``C*BV`` tiles, plus its fp32
+    ``C*C`` matrices (E, dT, M: ``12*C*C`` bytes).
     """
     e = int(elem_bytes)
     if kernel == "chunk_fwd":
@@ -194,6 +200,15 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
         return int(max(intra, state))
     if kernel == "recurrent":
         return int((2 * K + config.block_v) * e)
+    if kernel == "chunk_bwd":
+        C = config.chunk_size
+        bv = min(config.state_block_v, V)
+        state = config.state_num_stages * ((3 * C * K + C * C + C * bv) * e)
+        bk, bv2 = min(config.dqkw_block_k, K), min(config.dqkw_block_v, V)
+        dqkw = config.dqkw_num_stages * (2 * bk * bv2 * e + C * bv2 * (2 * e + 4))
+        bki, bvi = min(config.intra_block_k, K), min(config.intra_block_v, V)
+        intra = config.intra_num_stages * (4 * C * bki * e + 2 * C * bvi * e) + 12 * C * C
+        return int(max(state, dqkw, intra))
     raise ValueError(f"estimate_smem: unknown kernel {kernel!r}")
 
 

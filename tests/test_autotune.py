@@ -23,7 +23,7 @@ class FakeCandidate:
 
     tolerance = 1e-3
 
-    def __init__(self, family, stage, plan, spec_args, dtype, shape, device="cuda"):
+    def __init__(self, family, stage, plan, spec_args, dtype, shape, device="cuda", fwd_config=None):
         self.stage = stage
 
     def build(self, config):
@@ -62,3 +62,67 @@ def test_tune_family_combines_the_best_stage_per_chunk_length(tmp_path, monkeypa
     assert (winner.chunk_size, winner.intra_block_k, winner.state_block_v) == (64, 64, 16)
     assert abs(ms - 2.7) < 1e-9
     assert results["intra"].n_rejected >= 1
+
+
+# ------------------------------------------------------------- the real candidate, on CPU
+
+import pytest  # noqa: E402
+
+from kdagen.config import ChunkBwdConfig, RecurrentConfig  # noqa: E402
+
+
+@pytest.mark.parametrize("family,stage,shape", [("chunk_fwd", "state", (2, 40, 2, 4)),
+                                                ("chunk_bwd", "dqkw", (1, 40, 1, 2)),
+                                                ("chunk_bwd", "intra", (2, 40, 2, 4)),
+                                                ("recurrent", None, (3, 1, 2, 2))])
+def test_kernel_candidate_checks_the_timed_heads_against_float64(family, stage, shape):
+    """build/check of the real candidate (Triton interpreter, fp32): the check shape keeps the
+    timed shape's heads (so Triton specialises alike), the default config passes the gate,
+    and a wrong answer on a checked head -- only there -- fails it."""
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, family, 16, 16, torch.float32)
+    cand = A.KernelCandidate(family, stage, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32, shape,
+                             device="cpu")
+    B, T, H, HV = shape
+    assert cand.check_shape[2:] == (H, HV) and cand.check_shape[1] == min(T, A.CHECK_T_MAX)
+    default = A.default_for(family, plan, {"N": B, "HV": HV})
+    assert cand.check(cand.build(default)) < cand.tolerance
+    sel = A.check_heads(H, HV)
+    unchecked = [h for h in range(HV) if h not in sel]
+
+    def perturb(heads):
+        if family == "chunk_bwd":
+            real = cand._fwd_bwd
+
+            def wrong(config, x, do, dht):
+                got = real(config, x, do, dht)
+                got["v"] = got["v"].clone()
+                got["v"][:, :, heads] += 1.0
+                return got
+            return "_fwd_bwd", wrong
+        real = cand._fwd
+
+        def wrong(config, x, **kw):
+            o, s = real(config, x, **kw)
+            o = o.clone()
+            o[:, :, heads] += 1.0
+            return o, s
+        return "_fwd", wrong
+
+    name, fn = perturb(sel[-1:])
+    setattr(cand, name, fn)
+    assert cand.check(default) > 10 * cand.tolerance
+    delattr(cand, name)  # back to the real method
+    if unchecked:
+        name, fn = perturb(unchecked)
+        setattr(cand, name, fn)
+        assert cand.check(default) < cand.tolerance
+
+
+def test_default_for_backward_takes_the_forward_chunk_lengths():
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, "chunk_bwd", 64, 64, torch.float32)
+    fwd = default_chunk_config(plan).replace(chunk_size=64)
+    d = A.default_for("chunk_bwd", plan, None, fwd)
+    assert isinstance(d, ChunkBwdConfig) and (d.chunk_size, d.sub_chunk) == (64, fwd.sub_chunk)
+    assert isinstance(A.default_for("recurrent", plan), RecurrentConfig)

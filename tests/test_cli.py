@@ -88,6 +88,23 @@ def test_build_h800_compile_only_end_to_end(runner, tmp_path):
     assert "chunk_fwd/state K=64 V=64: 2/2 candidate configs compiled for h800" in r.stdout
 
 
+def test_build_backward_compile_only(runner, tmp_path):
+    """The backward family: each of its three launches surveyed for the GPU's architecture;
+    a V tile larger than V is cut by the space's constraint before compiling."""
+    space = tmp_path / "bwd.json"
+    space.write_text(json.dumps({
+        "kernel": "chunk_bwd", "version": 1,
+        "params": {"state_block_v": [16, 128], "dqkw_block_k": [32], "dqkw_block_v": [32],
+                   "intra_block_k": [32], "intra_num_warps": [8]},
+        "stages": {"state": ["state_block_v"], "dqkw": ["dqkw_block_k", "dqkw_block_v"],
+                   "intra": ["intra_block_k", "intra_num_warps"]},
+        "constraints": ["state_block_v <= max(16, V)", "smem_estimate <= smem_limit"]}))
+    r = _kdagen(["build", "--gpu", "h100", "--head-dim", "64", "--space", str(space), "--quiet"], tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for stage in ("state", "dqkw", "intra"):
+        assert f"chunk_bwd/{stage} K=64 V=64: 1/1 candidate configs compiled for h100" in r.stdout
+
+
 def test_build_recurrent_compile_only(runner, tmp_path):
     space = tmp_path / "rec.json"
     space.write_text(json.dumps({"kernel": "recurrent", "params": {"block_v": [16, 32, 64], "num_warps": [4]}}))

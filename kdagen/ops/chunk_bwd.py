@@ -31,7 +31,7 @@ from .. import spec as S
 from ..config import ChunkBwdConfig, ChunkFwdConfig
 from ..heuristics import default_chunk_bwd_config
 from ..lower import GATE_NAMES, Plan
-from ..runtime import chunk_bwd_kernels, plan_for
+from ..runtime import chunk_bwd_kernels, lookup_config, plan_for
 from ..triton_printer import to_triton
 from ..validate import check_inputs
 from .common import DTYPE_NAMES, preprocess, select_spec
@@ -58,20 +58,36 @@ def chunk_bwd_config(config: ChunkBwdConfig):
         _OVERRIDE.pop()
 
 
-def bwd_config_for(plan: Plan, chunk_size: int, sub_chunk: int,
-                   config: ChunkBwdConfig | None = None) -> ChunkBwdConfig:
-    if config is None:
-        config = _OVERRIDE[-1] if _OVERRIDE else default_chunk_bwd_config(plan)
+def resolve_bwd_config(plan: Plan, config: ChunkBwdConfig | None = None,
+                       shape_hint: dict | None = None) -> ChunkBwdConfig:
+    """An explicit config, else the innermost ``chunk_bwd_config`` block's, else the tuned
+    winner cached for this GPU and shape, else the heuristic."""
+    if config is not None:
+        return config
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    return lookup_config(plan, "chunk_bwd", shape_hint) or default_chunk_bwd_config(plan)
+
+
+def bwd_config_for(plan: Plan, chunk_size: int, sub_chunk: int, config: ChunkBwdConfig | None = None,
+                   shape_hint: dict | None = None) -> ChunkBwdConfig:
+    config = resolve_bwd_config(plan, config, shape_hint)
     if (config.chunk_size, config.sub_chunk) != (chunk_size, sub_chunk):
         config = config.replace(chunk_size=chunk_size, sub_chunk=sub_chunk)
     return config
 
 
-def state_storage_dtype(plan: Plan, config: ChunkBwdConfig | None, input_dtype: torch.dtype) -> torch.dtype:
+def state_storage_dtype(plan: Plan, config: ChunkBwdConfig | None, input_dtype: torch.dtype,
+                        shape_hint: dict | None = None) -> torch.dtype:
     """dtype of the per-chunk states the training forward keeps (and of their gradients)."""
-    if config is None:
-        config = _OVERRIDE[-1] if _OVERRIDE else default_chunk_bwd_config(plan)
+    config = resolve_bwd_config(plan, config, shape_hint)
     return input_dtype if config.state_dtype == "input" else torch.float32
+
+
+def _shape_hint(q: torch.Tensor, v: torch.Tensor, cu_seqlens) -> dict:
+    B, T = q.shape[0], q.shape[1]
+    N = B if cu_seqlens is None else len(cu_seqlens) - 1
+    return {"T": T, "B": B, "N": N, "HV": v.shape[2]}
 
 
 # ------------------------------------------------------------------------------ gate
@@ -129,7 +145,8 @@ def _meta(launches, spec, gate_in_kernel: bool, config: ChunkBwdConfig | None) -
     return BwdMeta(
         B=B, T=T, H=H, HV=HV, K=K, V=V, N=state.grid[1] // HV, NT=a["NT"], NT_total=intra.grid[0], C=C,
         scale=a["scale"], plan=plan, gate_grads=gate_grad_exprs(spec, plan),
-        config=bwd_config_for(plan, C, BC, config), is_varlen=intra.constexprs["IS_VARLEN"],
+        config=bwd_config_for(plan, C, BC, config, {"T": T, "B": B, "N": state.grid[1] // HV, "HV": HV}),
+        is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
         fwd_intra=Launch(intra.fn, intra.grid, stripped, intra.constexprs, intra.num_warps, intra.num_stages),
         inter_dtype=a["qg"].dtype)
@@ -238,7 +255,7 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
         return_intermediate_states=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config,
-        state_dtype=state_storage_dtype(plan, bwd_config, q.dtype), store_vn=True)
+        state_dtype=state_storage_dtype(plan, bwd_config, q.dtype, _shape_hint(q, v, cu_seqlens)), store_vn=True)
     meta = _meta(fwd, spec, use_gate_in_kernel, bwd_config)
     a = fwd[0].args
     inputs = {n: a.get(n) for n in _INPUT_NAMES}
@@ -295,7 +312,8 @@ def fwd_for_grad(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: _Op
         q, k, v, g, beta, scale=opts.scale, initial_state=initial_state, output_final_state=opts.output_final_state,
         use_gate_in_kernel=opts.use_gate_in_kernel, safe_gate=opts.safe_gate, lower_bound=opts.lower_bound,
         return_intermediate_states=True, cu_seqlens=opts.cu_seqlens, A_log=A_log, dt_bias=dt_bias,
-        config=opts.config, state_dtype=state_storage_dtype(plan, None, q.dtype), store_vn=True)
+        config=opts.config, state_dtype=state_storage_dtype(plan, None, q.dtype, _shape_hint(q, v, opts.cu_seqlens)),
+        store_vn=True)
     for launch in launches:
         launch()
     meta = _meta(launches, spec, opts.use_gate_in_kernel, None)
