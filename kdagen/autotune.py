@@ -19,6 +19,7 @@ import torch
 from .config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
 from .gpus import GpuProfile, triton_target
 from .heuristics import default_chunk_bwd_config, default_chunk_config, default_recurrent_config
+from .isolation import IsolatedCandidate
 from .kernels import compile_for_target
 from .lower import Plan, lower
 from .search_space import SearchSpace, load_space
@@ -201,15 +202,16 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
 # --- on a GPU: correctness-gated timing -------------------------------------------------
 
 def _inputs(B, T, H, HV, K, V, dtype, device, seed):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, HV, V, generator=gen)
-    g = -5.0 * torch.sigmoid(torch.randn(B, T, HV, K, generator=gen) + 2.0)
-    beta = torch.sigmoid(torch.randn(B, T, HV, generator=gen))
-    h0 = 0.1 * torch.randn(B, HV, K, V, generator=gen)
-    cast = lambda x: x.to(device=device, dtype=dtype)  # noqa: E731
-    return dict(q=cast(q), k=cast(k), v=cast(v), g=g.to(device), beta=cast(beta), initial_state=h0.to(device))
+    """Random KDA inputs drawn on ``device`` (fast at the timed shapes), gate in [-5, 0)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, device=device)  # noqa: E731
+    q = rnd(B, T, H, K)
+    k = torch.nn.functional.normalize(rnd(B, T, H, K), dim=-1)
+    v = rnd(B, T, HV, V)
+    g = -5.0 * torch.sigmoid(rnd(B, T, HV, K) + 2.0)
+    beta = torch.sigmoid(rnd(B, T, HV))
+    h0 = 0.1 * rnd(B, HV, K, V)
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta.to(dtype), initial_state=h0)
 
 
 CHECK_T_MAX = 1024  # tokens of the correctness check (the timed shape's heads, one sequence)
@@ -227,8 +229,9 @@ class KernelCandidate:
     ``build`` and ``check`` run at the check shape: one sequence of ``min(T, 1024)`` tokens
     with the timed shape's heads, so Triton specialises (H, HV and the divisibility of T and
     of the chunk count) exactly as for the timed shape and each candidate compiles once.
-    The float64 reference sees only :func:`check_heads` (the recurrence is per value head),
-    which keeps it fast on the CPU for any head count."""
+    The float64 reference (kdagen's chunkwise one, which the tests hold to the token-by-token
+    recurrence within 1e-10) sees only :func:`check_heads` (the recurrence is per value
+    head), which keeps it fast on the CPU for any head count."""
 
     def __init__(self, family: str, stage: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
                  shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
@@ -285,10 +288,11 @@ class KernelCandidate:
     def check(self, config) -> float:
         """Relative error against the float64 recurrence on fresh random inputs (the largest
         over the outputs -- or, for the backward, every gradient -- of the checked heads)."""
-        from .reference import naive_recurrent_kda
+        from .reference import naive_chunk_kda, naive_recurrent_kda
 
         self._seed += 1
         x = self._check_inputs(seed=10_000 + self._seed)
+        ref_fn = naive_recurrent_kda if self.family == "recurrent" else naive_chunk_kda
         B, T, H, HV = self.check_shape
         sel = check_heads(H, HV)
         qk_sel = [hv // (HV // H) for hv in sel]
@@ -302,8 +306,8 @@ class KernelCandidate:
         if self.family != "chunk_bwd":
             o, s = self._fwd(config, x)
             r = ref_inputs()
-            ref_o, ref_s = naive_recurrent_kda(r["q"], r["k"], r["v"], r["g"], r["beta"],
-                                               initial_state=r["initial_state"], output_final_state=True)
+            ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
+                                  initial_state=r["initial_state"], output_final_state=True)
             e = max(err(o[:, :, sel], ref_o), err(s[:, sel], ref_s))
             return float("nan") if e != e else e
         # backward: upstream gradients only on the checked value heads, so the q/k gradient of
@@ -316,8 +320,8 @@ class KernelCandidate:
         do, dht = do.to(self.device, self.dtype), dht.to(self.device)
         got = self._fwd_bwd(config, x, do, dht)
         r = {n: t.requires_grad_(True) for n, t in ref_inputs().items()}
-        ref_o, ref_s = naive_recurrent_kda(r["q"], r["k"], r["v"], r["g"], r["beta"],
-                                           initial_state=r["initial_state"], output_final_state=True)
+        ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
+                              initial_state=r["initial_state"], output_final_state=True)
         ref = torch.autograd.grad((ref_o, ref_s), [r[n] for n in GRAD_INPUTS],
                                   (do[:, :, sel].cpu().double(), dht[:, sel].cpu().double()))
         e = 0.0
@@ -400,10 +404,12 @@ def precompile(family: str, stage: str | None, plan: Plan, spec_args: dict, dtyp
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
                 progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
-                fwd_config: ChunkFwdConfig | None = None):
+                fwd_config: ChunkFwdConfig | None = None, isolate: bool = False):
     """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results).
 
     ``jobs`` > 1 compiles the candidates in that many GPU worker processes first.
+    ``isolate``: build, check and time the candidates in a worker process
+    (:mod:`kdagen.isolation`), so a config that faults the GPU is one failed trial.
     ``fwd_config``: for ``chunk_bwd``, the forward config at this shape (its chunk lengths
     are the backward's; default: the forward's heuristic)."""
     from .paths import studies_dir
@@ -426,9 +432,17 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
                 f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
                 f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}")
         precompile(family, stage, plan, spec_args, dtype, shape, cands + [default], jobs, fwd_config, progress)
-        cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, fwd_config=fwd_config)
-        results[stage] = tune(cands, cand, study_name=name, storage_path=studies_dir() / f"{name}.journal",
-                              default_config=default, seed=seed, progress=progress)
+        if isolate:
+            cand = IsolatedCandidate(KernelCandidate, family, stage, plan, spec_args, dtype, shape,
+                                     fwd_config=fwd_config, tolerance=TOLERANCE[dtype])
+        else:
+            cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, fwd_config=fwd_config)
+        try:
+            results[stage] = tune(cands, cand, study_name=name, storage_path=studies_dir() / f"{name}.journal",
+                                  default_config=default, seed=seed, progress=progress)
+        finally:
+            if isolate:
+                cand.close()
     if stages == [None]:
         r = results[None]
         return r.winner, r.winner_time_ms, r.default_time_ms, results

@@ -293,7 +293,8 @@ def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batche
                                 for st, cs in by_stage.items()}
             winner, ms, default_ms, _ = tune_family(fam, plan, spec, spec_args, gpu, dt, shape, space=user_space,
                                                     seed=seed, progress=not quiet, candidates_by_stage=by_stage,
-                                                    jobs=jobs, fwd_config=fwd_winners.get((K, V, shape)))
+                                                    jobs=jobs, fwd_config=fwd_winners.get((K, V, shape)),
+                                                    isolate=True)
             if fam == "chunk_fwd" and winner is not None:
                 fwd_winners[(K, V, shape)] = winner
             if winner is None:

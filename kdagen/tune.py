@@ -29,6 +29,7 @@ import math
 import random
 import statistics
 import sys
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,11 +240,12 @@ class _Progress:
         self.enabled = enabled
         self.total = total
         self.tty = enabled and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+        self.t0 = time.monotonic()
 
     def update(self, done: int, best: TrialRecord | None, last: TrialRecord) -> None:
         if not self.enabled:
             return
-        head = f"[{done}/{self.total}]"
+        head = f"[{done}/{self.total} {time.monotonic() - self.t0:.0f}s]"
         best_s = f"best {best.time_ms:.4g} ms {_short(best.config)}" if best else "best -"
         line = f"{head} {best_s}"
         if not last.ok:

@@ -1,0 +1,93 @@
+"""Candidates measured in a worker process (kdagen.isolation): a config that faults the GPU,
+crashes or hangs is one failed trial, and the next config gets a fresh worker.  A fake
+candidate stands in for the GPU (its 'CUDA error' is the message a real fault raises)."""
+import os
+import time
+
+import pytest
+
+from kdagen.isolation import CandidateError, IsolatedCandidate, is_fatal
+from kdagen.tune import tune
+
+FAULT = "CUDA error: an illegal memory access was encountered"
+
+
+class Flaky:
+    """build(cfg) misbehaves by name; time() answers with the worker's pid."""
+
+    tolerance = 1e-3
+
+    def __init__(self, base: float = 1.0):
+        self.base = base
+
+    def build(self, cfg):
+        if cfg == "fault":
+            raise RuntimeError(FAULT)
+        if cfg == "crash":
+            os._exit(3)
+        if cfg == "hang":
+            time.sleep(120)
+        if cfg == "oom":
+            raise ValueError("out of resources: shared memory")
+        return cfg
+
+    def check(self, cfg):
+        return 0.0
+
+    def time(self, cfg):
+        return {"a": 2.0, "b": 1.0}.get(cfg, float(os.getpid())) * self.base
+
+
+class Broken:
+    def __init__(self):
+        raise RuntimeError("no GPU here")
+
+
+def test_answers_come_from_a_worker_that_is_reused():
+    with IsolatedCandidate(Flaky, 1.0) as c:
+        assert c.build("x") == "x" and c.check("x") == 0.0
+        pid = c.time("x")
+        assert pid != os.getpid() and c.time("y") == pid and c.tolerance == Flaky.tolerance
+
+
+def test_an_ordinary_error_fails_the_call_and_keeps_the_worker():
+    with IsolatedCandidate(Flaky) as c:
+        pid = c.time("x")
+        with pytest.raises(CandidateError, match="ValueError: out of resources"):
+            c.build("oom")
+        assert c.time("x") == pid and c.restarts == 0
+
+
+@pytest.mark.parametrize("bad,match", [("fault", "illegal memory access.*worker restarted"),
+                                       ("crash", "worker died"), ("hang", "no answer")])
+def test_a_fault_crash_or_hang_gets_a_fresh_worker(bad, match):
+    with IsolatedCandidate(Flaky, timeout_s=5.0) as c:
+        pid = c.time("x")
+        with pytest.raises(CandidateError, match=match):
+            c.build(bad)
+        assert c.restarts == 1
+        assert c.build("x") == "x" and c.time("x") != pid  # a new process answers
+
+
+def test_a_candidate_that_cannot_be_made_is_an_error():
+    with IsolatedCandidate(Broken) as c:
+        with pytest.raises(CandidateError, match="no GPU here"):
+            c.build("x")
+
+
+def test_fatal_markers():
+    assert is_fatal("AcceleratorError", "anything") and is_fatal("RuntimeError", FAULT)
+    assert not is_fatal("OutOfResources", "out of resource: shared memory")
+
+
+def test_a_faulting_config_does_not_poison_the_study(tmp_path):
+    """The failure mode seen on an H200 (bench/RESULTS.md, run 8): one faulting config made
+    every later trial in the process fail.  Isolated, only that trial fails."""
+    with IsolatedCandidate(Flaky, timeout_s=30.0) as c:
+        res = tune(["fault", "a", "crash", "b"], c, study_name="iso", storage_path=tmp_path / "j.log",
+                   seed=0, progress=False)
+    by = {r.config: r for r in res.trials}
+    assert by["fault"].status == "failed" and "illegal memory access" in by["fault"].reason
+    assert by["crash"].status == "failed" and "died" in by["crash"].reason
+    assert by["a"].status == by["b"].status == "ok"
+    assert res.winner == "b" and res.n_failed == 2
