@@ -243,9 +243,12 @@ class KernelCandidate:
         self.check_shape = (B, 1, H, HV) if family == "recurrent" else (1, min(T, CHECK_T_MAX), H, HV)
         self._x = None  # the timed shape's inputs, made on first use
         self._seed = 0
+        self.shared_inputs_from = None  # another stage's candidate whose timed inputs to use
 
     @property
     def timed_inputs(self):
+        if self.shared_inputs_from is not None and self.shared_inputs_from is not self:
+            return self.shared_inputs_from.timed_inputs
         if self._x is None:
             B, T, H, HV = self.shape
             self._x = _inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=1234)
@@ -355,13 +358,60 @@ class KernelCandidate:
             fn = lambda: [bwd[i]() for i in which]  # noqa: E731
         else:
             fn = lambda: self._fwd(config, x)  # noqa: E731
+        if self.device == "cpu":  # the Triton interpreter: exercises the search, times nothing real
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
         return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
 
 
 GRAD_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
 
 
-def _precompile_one(family: str, stage: str | None, K: int, V: int, dtype_name: str, spec_args: tuple,
+class StagedCandidates:
+    """The candidates of every stage of a family at one shape, sharing the timed inputs; its
+    methods take ``(stage, config)``.  What an isolated worker holds for a whole family."""
+
+    def __init__(self, family: str, stages: tuple, plan: Plan, spec_args: dict, dtype: torch.dtype,
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
+        self.by_stage = {st: KernelCandidate(family, st, plan, spec_args, dtype, shape, device, fwd_config)
+                         for st in stages}
+        first = next(iter(self.by_stage.values()))
+        for c in self.by_stage.values():
+            c.shared_inputs_from = first
+
+    def build(self, arg):
+        stage, config = arg
+        return self.by_stage[stage].build(config)
+
+    def check(self, arg):
+        stage, config = arg
+        return self.by_stage[stage].check(config)
+
+    def time(self, arg):
+        stage, config = arg
+        return self.by_stage[stage].time(config)
+
+
+class StageView:
+    """One stage of a :class:`StagedCandidates` living behind an
+    :class:`~kdagen.isolation.IsolatedCandidate`, as the tuner's candidate protocol."""
+
+    def __init__(self, isolated: IsolatedCandidate, stage: str | None, tolerance: float):
+        self.isolated, self.stage, self.tolerance = isolated, stage, tolerance
+
+    def build(self, config):
+        return self.isolated.build((self.stage, config))
+
+    def check(self, built) -> float:
+        return self.isolated.check((self.stage, built))
+
+    def time(self, built) -> float:
+        return self.isolated.time((self.stage, built))
+
+
+def _precompile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, stage: str | None,
                     config: dict, shape: tuple, fwd_config: dict | None) -> str | None:
     """In a worker process with the GPU: build (JIT-compile and run once) one candidate at
     the check shape, so that Triton's on-disk cache holds it when the tuner builds it."""
@@ -381,30 +431,30 @@ def _precompile_one(family: str, stage: str | None, K: int, V: int, dtype_name: 
     return None
 
 
-def precompile(family: str, stage: str | None, plan: Plan, spec_args: dict, dtype, shape, configs: list,
-               jobs: int, fwd_config: ChunkFwdConfig | None = None, progress: bool = True) -> float:
-    """Compile every candidate in ``jobs`` GPU worker processes before the (sequential)
-    timed search; returns the seconds it took.  Failures are left for the tuner to record."""
-    if jobs <= 1 or len(configs) < 2:
+def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: list, jobs: int,
+               fwd_config: ChunkFwdConfig | None = None, progress: bool = True) -> float:
+    """Compile every ``(stage, config)`` in ``jobs`` GPU worker processes before the
+    (sequential) timed search; returns the seconds it took.  Failures are left for the
+    tuner to record (a GPU fault in a worker ends only that worker)."""
+    if jobs <= 1 or len(staged) < 2:
         return 0.0
     t0 = time.time()
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
-    common = (family, stage, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
+    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
     fdict = None if fwd_config is None else fwd_config.to_dict()
-    label = f"{family}{'/' + stage if stage else ''}"
-    with ProcessPoolExecutor(max_workers=min(jobs, len(configs)),
+    with ProcessPoolExecutor(max_workers=min(jobs, len(staged)),
                              mp_context=multiprocessing.get_context("spawn")) as pool:
-        futs = [pool.submit(_precompile_one, *common, c.to_dict(), tuple(shape), fdict) for c in configs]
+        futs = [pool.submit(_precompile_one, *common, st, c.to_dict(), tuple(shape), fdict) for st, c in staged]
         for n, _ in enumerate(as_completed(futs), 1):
             if n == len(futs) or n % 8 == 0:
-                _progress(f"  [{label} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
+                _progress(f"  [{family} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
     return time.time() - t0
 
 
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
                 progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
-                fwd_config: ChunkFwdConfig | None = None, isolate: bool = False):
+                fwd_config: ChunkFwdConfig | None = None, isolate: bool = False, device: str = "cuda"):
     """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results).
 
     ``jobs`` > 1 compiles the candidates in that many GPU worker processes first.
@@ -424,25 +474,32 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     stages = list(space.stages) if space.stages else [None]
     results = {}
     studies_dir().mkdir(parents=True, exist_ok=True)
+    cands_by_stage = {}
     for stage in stages:
         cands = (candidates_by_stage or {}).get(stage) or stage_candidates(space, ctx, stage, default)
         if family == "chunk_bwd":  # the forward's chunk lengths
             cands = [c.replace(chunk_size=default.chunk_size, sub_chunk=default.sub_chunk) for c in cands]
-        name = (f"{family}-{stage or 'all'}-{plan.spec_hash}-K{plan.K}-V{plan.V}-{plan.dtype}-"
-                f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
-                f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}")
-        precompile(family, stage, plan, spec_args, dtype, shape, cands + [default], jobs, fwd_config, progress)
-        if isolate:
-            cand = IsolatedCandidate(KernelCandidate, family, stage, plan, spec_args, dtype, shape,
-                                     fwd_config=fwd_config, tolerance=TOLERANCE[dtype])
-        else:
-            cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, fwd_config=fwd_config)
-        try:
-            results[stage] = tune(cands, cand, study_name=name, storage_path=studies_dir() / f"{name}.journal",
+        cands_by_stage[stage] = cands
+    # every stage's candidates compiled at once, then one worker measures them all
+    todo = {(st, c.canonical()): (st, c) for st, cs in cands_by_stage.items() for c in cs + [default]}
+    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, fwd_config, progress)
+    isolated = (IsolatedCandidate(StagedCandidates, family, tuple(stages), plan, spec_args, dtype, shape,
+                                  device=device, fwd_config=fwd_config) if isolate else None)
+    try:
+        for stage in stages:
+            name = (f"{family}-{stage or 'all'}-{plan.spec_hash}-K{plan.K}-V{plan.V}-{plan.dtype}-"
+                    f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
+                    f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}")
+            if isolated is not None:
+                cand = StageView(isolated, stage, TOLERANCE[dtype])
+            else:
+                cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, device, fwd_config)
+            results[stage] = tune(cands_by_stage[stage], cand, study_name=name,
+                                  storage_path=studies_dir() / f"{name}.journal",
                                   default_config=default, seed=seed, progress=progress)
-        finally:
-            if isolate:
-                cand.close()
+    finally:
+        if isolated is not None:
+            isolated.close()
     if stages == [None]:
         r = results[None]
         return r.winner, r.winner_time_ms, r.default_time_ms, results

@@ -126,3 +126,23 @@ def test_default_for_backward_takes_the_forward_chunk_lengths():
     d = A.default_for("chunk_bwd", plan, None, fwd)
     assert isinstance(d, ChunkBwdConfig) and (d.chunk_size, d.sub_chunk) == (64, fwd.sub_chunk)
     assert isinstance(A.default_for("recurrent", plan), RecurrentConfig)
+
+
+def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
+    """tune_family as `kdagen build` runs it (every stage measured in one worker process),
+    on the interpreter: the backward's three stages are built, checked against float64 and
+    'timed', and a winner comes back at the forward's chunk length."""
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, "chunk_bwd", 16, 16, torch.float32)
+    space = SearchSpace.from_dict({"kernel": "chunk_bwd", "params": {"dqkw_block_k": [16]},
+                                   "stages": {"state": ["state_block_v"], "dqkw": ["dqkw_block_k"],
+                                              "intra": ["intra_block_k"]}})
+    fwd = default_chunk_config(plan).replace(chunk_size=16)
+    winner, ms, default_ms, results = A.tune_family(
+        "chunk_bwd", plan, spec, dict(safe_gate=True, lower_bound=-5.0), get_profile("h200"), torch.float32,
+        (1, 40, 1, 2), space=space, progress=False, isolate=True, device="cpu", fwd_config=fwd)
+    assert isinstance(winner, ChunkBwdConfig) and winner.chunk_size == 16 and winner.dqkw_block_k == 16
+    assert set(results) == {"state", "dqkw", "intra"} and ms > 0 and default_ms > 0
+    for r in results.values():
+        assert r.n_failed == 0 and r.n_rejected == 0 and all(t.error < 1e-4 for t in r.trials)
