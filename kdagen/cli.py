@@ -128,21 +128,24 @@ def list_cmd(gpu):
 @click.option("--spec", "spec_name", default="kda", show_default=True)
 @click.option("--head-dim", "head_dim", default="128", show_default=True, help="K or K,V")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
-@click.option("--form", default="chunk", show_default=True, type=click.Choice(["chunk", "recurrent"]))
+@click.option("--form", default="chunk", show_default=True, type=click.Choice(["chunk", "chunk_bwd", "recurrent"]),
+              help="chunk (forward), chunk_bwd (its backward) or recurrent (decode)")
 @click.option("--lower-bound", type=float, default=None, help="the gate's lower bound (enables factorised tiles)")
 @click.option("--gate-in-kernel", type=click.Choice(["none", "lower_bound", "softplus"]), default="none",
               show_default=True, help="print the in-kernel gate variant")
-@click.option("--config", "config_json", default=None, help="config as JSON (default: cached winner or heuristic)")
-@click.option("--kernel", default=None, help="only this kernel: chunk_intra, chunk_state or recurrent")
+@click.option("--config", "config_json", default=None, help="config as JSON (default: the heuristic config)")
+@click.option("--kernel", default=None, help="only this kernel (chunk_intra, chunk_state, chunk_bwd_state, "
+                                             "chunk_bwd_dqkw, chunk_bwd_intra or recurrent)")
 @click.option("--plan-only", is_flag=True, help="print the plan and config, not the source")
 def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, config_json, kernel, plan_only):
     """Print the plan, the config and the generated Triton source for a key."""
     from .autotune import DTYPES
     from .codegen import render
     from .config import config_from_dict
-    from .heuristics import default_chunk_config, default_recurrent_config
+    from .heuristics import default_chunk_bwd_config, default_chunk_config, default_recurrent_config
     from .lower import LoweringError, lower
     from .ops.common import DTYPE_NAMES, select_spec
+    from .runtime import CHUNK_BWD_KINDS
     from .spec import get_spec
 
     (K, V), = _head_dims(head_dim)
@@ -155,28 +158,36 @@ def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, confi
             if gate_in_kernel == "lower_bound" and lb is None:
                 lb = -5.0
             spec = select_spec(gik, lb is not None and not gik, lb, True, True)
-        plan = lower(spec, K, V, DTYPE_NAMES[DTYPES[dtype]], form, gate_in_kernel != "none")
+        plan = lower(spec, K, V, DTYPE_NAMES[DTYPES[dtype]], "recurrent" if form == "recurrent" else "chunk",
+                     gate_in_kernel != "none")
     except (ValueError, LoweringError) as e:
         raise click.UsageError(str(e)) from None
-    family = "chunk_fwd" if form == "chunk" else "recurrent"
+    family = {"chunk": "chunk_fwd", "chunk_bwd": "chunk_bwd", "recurrent": "recurrent"}[form]
     if config_json:
         try:
             config = config_from_dict(family, json.loads(config_json))
         except (ValueError, TypeError) as e:
             raise click.BadParameter(str(e), param_hint="--config") from None
     else:
-        config = default_chunk_config(plan) if form == "chunk" else default_recurrent_config(plan)
+        config = {"chunk_fwd": default_chunk_config, "chunk_bwd": default_chunk_bwd_config,
+                  "recurrent": default_recurrent_config}[family](plan)
     click.echo(f"# plan  : {json.dumps(plan.to_dict(), sort_keys=True)}")
     click.echo(f"# config: {config.canonical()}")
     if plan_only:
         return
-    kinds = ("chunk_intra", "chunk_state") if form == "chunk" else ("recurrent",)
+    kinds = {"chunk_fwd": ("chunk_intra", "chunk_state"), "chunk_bwd": CHUNK_BWD_KINDS,
+             "recurrent": ("recurrent",)}[family]
+    extra = None
+    if family == "chunk_bwd":  # the in-kernel gate's printed derivatives
+        from .ops.chunk_bwd import gate_grad_exprs
+
+        extra = gate_grad_exprs(spec, plan)
     if kernel:
         if kernel not in kinds:
             raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form ({', '.join(kinds)})")
         kinds = (kernel,)
     for kind in kinds:
-        src = render(kind, plan, config)
+        src = render(kind, plan, config, extra)
         click.echo(f"# ---- {src.name}.py (sha256 {src.source_hash[:16]})")
         click.echo(src.text)
 

@@ -149,6 +149,17 @@ def test_inspect_prints_generated_source(runner):
     assert r.exit_code == 2 and "outside the supported range" in r.output
 
 
+def test_inspect_backward_kernels(runner):
+    """The backward's three kernels, with the in-kernel gate's sympy derivative printed in."""
+    r = runner.invoke(main, ["inspect", "--form", "chunk_bwd", "--head-dim", "64", "--gate-in-kernel", "lower_bound"])
+    assert r.exit_code == 0, r.output
+    for kind in ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"):
+        assert f"kda_{kind}_" in r.output
+    assert '"dqkw_block_k"' in r.output and "b_dAacc" in r.output
+    r = runner.invoke(main, ["inspect", "--form", "chunk_bwd", "--kernel", "chunk_intra"])
+    assert r.exit_code == 2 and "chunk_bwd_dqkw" in r.output
+
+
 def test_list_shows_specs_and_cache(runner):
     r = runner.invoke(main, ["list"])
     assert r.exit_code == 0
