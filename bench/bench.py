@@ -298,6 +298,7 @@ BWD_VARIANTS = [
     ("dq_bk128w8", dict(dqkw_block_k=128, dqkw_num_warps=8)),
     ("dq_bk32w4", dict(dqkw_block_k=32)),
     ("in_bk64w8", dict(intra_block_k=64, intra_num_warps=8)),
+    ("in_bk32w4", dict(intra_num_warps=4)),  # 28 B of spill, but two programs per SM
     ("states_fp32", dict(state_dtype="fp32")),
 ]
 
