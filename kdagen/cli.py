@@ -317,6 +317,10 @@ def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batche
             sp = f" (x{default_ms / ms:.2f} vs default {default_ms:.3f} ms)" if default_ms else ""
             click.echo(f"  tuned {fam} K={K} V={V} shape {shape}: {ms:.3f} ms{sp} in {time.time() - t0:.0f}s "
                        f"-> {winner.short()}")
+            if default_ms is None:  # what users run untuned failed here: say so
+                click.echo(f"  warning: {fam} K={K} V={V} shape {shape}: the heuristic default config failed to "
+                           f"build, check or time at this shape (see the trials' reasons above); the stored winner "
+                           f"was not compared with it", err=True)
     click.echo(f"winners stored in {cache.path}")
 
 

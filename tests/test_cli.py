@@ -164,3 +164,47 @@ def test_list_shows_specs_and_cache(runner):
     r = runner.invoke(main, ["list"])
     assert r.exit_code == 0
     assert "kda" in r.output and "gdn" in r.output and "tuning cache" in r.output and "empty" in r.output
+
+
+def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monkeypatch, capsys):
+    """The tuning half of `kdagen build` (GPU work faked): the backward is tuned at the
+    forward winner's chunk length, winners land in the cache, and a default config that could
+    not be measured is reported rather than silently compared with nothing."""
+    import torch
+
+    import kdagen.autotune as A
+    from kdagen import cli
+    from kdagen.cache import TuningCache
+    from kdagen.config import ChunkBwdConfig, ChunkFwdConfig
+    from kdagen.gpus import get_profile
+    from kdagen.ops.common import select_spec
+
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
+    spec = select_spec(False, True, -5.0, False, False)
+    calls = []
+    fwd_win = ChunkFwdConfig(chunk_size=64)
+
+    def fake_tune_family(fam, plan, spec_, spec_args, gpu, dt, shape, space=None, seed=0, progress=True,
+                         candidates_by_stage=None, jobs=1, fwd_config=None, isolate=False):
+        calls.append((fam, shape, fwd_config, candidates_by_stage, isolate))
+        if fam == "chunk_fwd":
+            return fwd_win, 2.0, 2.5, {}
+        return ChunkBwdConfig(chunk_size=fwd_config.chunk_size), 5.0, None, {}
+
+    monkeypatch.setattr(A, "tune_family", fake_tune_family)
+    surveys = {}
+    for fam in ("chunk_fwd", "chunk_bwd"):
+        plan = A.lower_for(spec, fam, 64, 64, torch.bfloat16)
+        stages = ("intra", "state") if fam == "chunk_fwd" else ("state", "dqkw", "intra")
+        default = A.default_for(fam, plan)
+        surveys[(64, 64, fam)] = (plan, [A.CompileSurvey(fam, st, 1, [default]) for st in stages])
+    cli._tune_and_store(get_profile("h200"), spec, {"safe_gate": True, "lower_bound": -5.0}, torch.bfloat16,
+                        surveys, "1,512,4,64", "1", None, 0, True, jobs=3)
+    (f_fam, f_shape, f_fwd, _, f_iso), (b_fam, b_shape, b_fwd, b_cands, b_iso) = calls
+    assert (f_fam, b_fam) == ("chunk_fwd", "chunk_bwd") and f_shape == b_shape == (1, 512, 4, 4)
+    assert f_fwd is None and b_fwd == fwd_win and f_iso and b_iso
+    assert all(c.chunk_size == 64 for cs in b_cands.values() for c in cs)  # the forward winner's C
+    err = capsys.readouterr().err
+    assert "warning: chunk_bwd" in err and "default config failed" in err and "chunk_fwd K=64" not in err
+    entries = TuningCache("h200", cache_dir=tmp_path).entries()
+    assert sorted(k.split("-")[0] for k in entries) == ["chunk_bwd", "chunk_fwd"]
