@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One call on the device machine: install the shipped wheels, restore FLA's Triton autotune
+# results from an earlier call, run one step under a time limit that leaves room to save what
+# it measured, and save it (logs, JSON, tuning cache and studies, FLA's autotune results) under
+# $OUT.  Run from the repository root with `.whl` and `.tcache` carried:
+#
+#   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: bwd errors, fwd+bwd, variants (~1-2 min)
+#   bash bench/gpu_session.sh fla [seconds]     # kdagen and FLA in one process, fwd and fwd+bwd
+#   bash bench/gpu_session.sh build [seconds]   # kdagen build --gpu auto --head-dim 128 --jobs 16
+#
+# Copy $OUT/autotune.tgz back into .tcache/ after a call: FLA's first-use autotuning of its
+# backward takes minutes per shape (bench/RESULTS.md, run 7) and is then skipped.
+set -u
+OUT=${OUT:?OUT must name the folder whose files come back}
+budget=${2:-540}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+export PYTHONPATH=/tmp/site:. TRITON_CACHE_DIR=/tmp/tc KDAGEN_CACHE_DIR=/tmp/kdc PYTHONUNBUFFERED=1
+mkdir -p /tmp/tc /tmp/kdc
+if [ -f .tcache/autotune.tgz ]; then tar xzf .tcache/autotune.tgz -C /tmp/tc; fi
+shapes="1,8192,96,128;2,16384,16,128"
+start=$(date +%s)
+case "${1:-}" in
+  bench)
+    timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" --no-fla \
+        --suite fwd,bwd_check,fwdbwd,bwd_variants --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+  fla)
+    timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" \
+        --suite fwd,fwdbwd,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+  build)
+    timeout -k 10 -s INT "$budget" python3 -m kdagen.cli build --gpu auto --head-dim 128 --jobs 16 \
+        > "$OUT/build.log" 2>&1
+    cp /tmp/kdc/*.json "$OUT/" 2>/dev/null
+    if [ -d /tmp/kdc/studies ]; then tar czf "$OUT/studies.tgz" -C /tmp/kdc studies; fi ;;
+  *)
+    echo "usage: bash bench/gpu_session.sh bench|fla|build [seconds]"; exit 2 ;;
+esac
+rc=$?
+echo "step ${1} rc=${rc} in $(( $(date +%s) - start ))s"
+(cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/autotune.tgz" -T -)
+tail -25 "$OUT"/*.log
