@@ -442,12 +442,18 @@ def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: l
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
     fdict = None if fwd_config is None else fwd_config.to_dict()
+    lost = []
     with ProcessPoolExecutor(max_workers=min(jobs, len(staged)),
                              mp_context=multiprocessing.get_context("spawn")) as pool:
         futs = [pool.submit(_precompile_one, *common, st, c.to_dict(), tuple(shape), fdict) for st, c in staged]
-        for n, _ in enumerate(as_completed(futs), 1):
+        for n, fut in enumerate(as_completed(futs), 1):
+            if fut.exception() is not None:  # the worker died (BrokenProcessPool): not a compile error
+                lost.append(fut.exception())
             if n == len(futs) or n % 8 == 0:
                 _progress(f"  [{family} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
+    if lost:
+        _progress(f"  [{family} precompile] {len(lost)} of {len(futs)} not compiled, a worker died "
+                  f"({type(lost[0]).__name__}); the tuner compiles them itself", progress)
     return time.time() - t0
 
 

@@ -146,3 +146,19 @@ def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
     assert set(results) == {"state", "dqkw", "intra"} and ms > 0 and default_ms > 0
     for r in results.values():
         assert r.n_failed == 0 and r.n_rejected == 0 and all(t.error < 1e-4 for t in r.trials)
+
+
+def _die(*args):
+    import os
+    os._exit(5)
+
+
+def test_precompile_survives_a_dying_worker(monkeypatch, capsys):
+    """A precompile worker that dies (not a Python error: the process ends) stops the
+    precompile pool, not the tuning run."""
+    monkeypatch.setattr(A, "_precompile_one", _die)
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
+    d = default_chunk_config(plan)
+    secs = A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d), ("state", d)], jobs=2)
+    assert secs >= 0 and "a worker died" in capsys.readouterr().err
