@@ -1,7 +1,7 @@
 """One script that checks and times kdagen against flash-linear-attention (FLA) in one
 process, on the same inputs.  Run on a GPU machine:
 
-    PYTHONPATH=. python bench/bench.py --out "$OUT" [--suite check,fwd,variants,bwd_check,fwdbwd,decode,decode_variants]
+    PYTHONPATH=. python bench/bench.py --out "$OUT" [--suite check,fwd,variants,bwd_check,fwdbwd,bwd_variants,decode,decode_variants] [--no-fla]
 
 Prints a short table last and writes the full log and a JSON of every number to --out.
 Absolute times only mean something on a GPU; report ratios.

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
-from .gpus import GpuProfile, triton_target
+from .config import ChunkBwdConfig, ChunkFwdConfig
+from .gpus import GpuProfile
 from .heuristics import default_chunk_bwd_config, default_chunk_config, default_recurrent_config
 from .isolation import IsolatedCandidate
 from .kernels import compile_for_target

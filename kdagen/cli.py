@@ -350,7 +350,8 @@ def tune(ctx, spec_name, head_dim, dtype, lower_bound, families, space_path, sha
 @click.option("--shape", default="1,8192,96,128", show_default=True, help="B,T,H,K for the chunkwise form")
 @click.option("--decode-batch", type=int, default=64, show_default=True)
 def bench(shape, decode_batch):
-    """Time kdagen's chunkwise forward and one decode step on the current GPU.
+    """Time kdagen's chunkwise forward, its forward+backward, and one decode step on the
+    current GPU.
 
     The side-by-side comparison with flash-linear-attention lives in the repository's
     bench/bench.py (it needs FLA installed)."""
@@ -369,6 +370,15 @@ def bench(shape, decode_batch):
     ms = do_bench(lambda: kdagen.chunk_kda(**x, output_final_state=True, safe_gate=True, lower_bound=-5.0),
                   warmup=50, rep=200, return_mode="median")
     click.echo(f"chunk_kda {shape}: {ms:.3f} ms")
+    leaves = {n: t.detach().requires_grad_(True) for n, t in x.items()}
+    do = torch.randn_like(x["v"])
+
+    def fwd_bwd():
+        o, _ = kdagen.chunk_kda(**leaves, output_final_state=True, safe_gate=True, lower_bound=-5.0)
+        torch.autograd.grad(o, list(leaves.values()), do)
+
+    ms = do_bench(fwd_bwd, warmup=20, rep=100, return_mode="median")
+    click.echo(f"chunk_kda {shape} forward+backward: {ms:.3f} ms")
     x = _inputs(decode_batch, 1, 32, 32, 128, 128, torch.bfloat16, "cuda", 0)
     us = 1e3 * do_bench(lambda: kdagen.fused_recurrent_kda(**x, output_final_state=True),
                         warmup=50, rep=200, return_mode="median")
