@@ -188,7 +188,9 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     bv = min(cfg.state_block_v, plan.BV)
     NV = triton.cdiv(V, bv)
     dummy = dummy_pointer(dev)
-    du = torch.empty(B, T, HV, V, dtype=f32, device=dev)
+    # dU in the dot dtype: both launches that read it cast it to that dtype on load, so storing
+    # it rounded is bit-identical for them and halves its traffic
+    du = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
     dhs = torch.empty(NTt, HV, K, V, dtype=hs.dtype, device=dev)
     dh0 = torch.empty(N, HV, K, V, dtype=f32, device=dev) if need_dh0 else None
     state_args = dict(qg=inter["qg"], kg=inter["kg"], w=inter["w"], aqk=inter["aqk"], gn=inter["gn"],
