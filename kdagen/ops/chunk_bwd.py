@@ -203,7 +203,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                    cfg.state_num_warps, cfg.state_num_stages)
     dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
     dkg = torch.empty_like(dqg)
-    dw = torch.empty_like(dqg)
+    dw = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev)  # a dot operand only, like dU
     daqk = torch.empty(B, T, HV, C, dtype=f32, device=dev)
     dgn = torch.empty(NTt, HV, K, dtype=f32, device=dev)
     dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn,
