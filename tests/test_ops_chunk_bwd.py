@@ -300,6 +300,28 @@ def test_forward_without_grad_is_unchanged(monkeypatch):
     assert torch.equal(o0, o1.detach()) and torch.equal(h0, h1.detach())
 
 
+def test_backward_launch_sequence(monkeypatch):
+    """Forward (intra writing U, state writing the per-chunk states and V'), then the
+    backward: the intra launch re-run without U, the reverse state pass, the chunk-parallel
+    products, the intra-chunk gradients -- six launches, nothing else."""
+    seen = []
+    real_call = chunk_mod.Launch.__call__
+
+    def spy(self):
+        seen.append((self.fn.__name__.split("_", 1)[1].rsplit("_", 1)[0], dict(self.constexprs)))
+        return real_call(self)
+
+    monkeypatch.setattr(chunk_mod.Launch, "__call__", spy)
+    leaves, kw, cu = _inputs(Case("seq", 1, 45, 1, 1, 32, 32))
+    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    o, ht = kdagen.chunk_kda(**leaves, output_final_state=True, **kw)
+    (o.sum() + ht.sum()).backward()
+    assert [k for k, _ in seen] == ["chunk_intra", "chunk_state", "chunk_intra", "chunk_bwd_state",
+                                    "chunk_bwd_dqkw", "chunk_bwd_intra"]
+    assert seen[0][1]["STORE_U"] is True and seen[2][1]["STORE_U"] is False
+    assert seen[1][1]["STORE_HS"] is True and seen[1][1]["STORE_VN"] is True
+
+
 def test_intermediate_states_with_grad_is_refused(no_launch):
     leaves, kw, cu = _inputs(Case("refuse", 1, 20, 1, 1, 32, 32))
     q = leaves["q"].clone().requires_grad_(True)

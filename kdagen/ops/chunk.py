@@ -72,7 +72,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     bk = min(config.intra_block_k, plan.BK)
     intra = Launch(built.fns[0], (NT_total, HV), intra_args,
                    dict(H=H, HV=HV, K=K, V=V, BT=C, BC=config.sub_chunk, BK=bk,
-                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None),
+                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=True),
                    config.intra_num_warps, config.intra_num_stages)
     bv = min(config.state_block_v, plan.BV)
     state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, o=o,

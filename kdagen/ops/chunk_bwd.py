@@ -36,7 +36,8 @@ from ..triton_printer import to_triton
 from ..validate import check_inputs
 from .common import DTYPE_NAMES, preprocess, select_spec
 
-INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")
+INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
+KEPT_INTERMEDIATES = ("qg", "kg", "w", "aqk", "gn")  # what the backward reads (V' replaces U)
 _INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 
 # ------------------------------------------------------------------------------ config
@@ -153,21 +154,21 @@ def _meta(launches, spec, gate_in_kernel: bool, config: ChunkBwdConfig | None) -
 
 
 def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Recompute qg, kg, W, U, A_qk and G_n with the forward's own intra launch."""
-    from ..kernels import Launch
+    """Recompute qg, kg, W, A_qk and G_n with the forward's own intra launch.  U is not
+    rebuilt (``STORE_U=False``): the backward reads V', which the forward's state pass kept."""
+    from ..kernels import Launch, dummy_pointer
 
-    B, T, HV, K, V, C = meta.B, meta.T, meta.HV, meta.K, meta.V, meta.C
+    B, T, HV, K, C = meta.B, meta.T, meta.HV, meta.K, meta.C
     dev = inputs["q"].device
     qg = torch.empty(B, T, HV, K, dtype=meta.inter_dtype, device=dev)
-    inter = dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg),
-                 u=torch.empty(B, T, HV, V, dtype=meta.inter_dtype, device=dev),
+    inter = dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg), u=dummy_pointer(dev),
                  aqk=torch.empty(B, T, HV, C, dtype=meta.inter_dtype, device=dev),
                  gn=torch.empty(max(meta.NT_total, 1), HV, K, dtype=torch.float32, device=dev))
     fi = meta.fwd_intra
     args = {}
     for n, x in fi.args.items():  # the forward's argument order
         args[n] = inputs[n] if n in _INPUT_NAMES else inter[n] if n in INTERMEDIATES else x
-    Launch(fi.fn, fi.grid, args, fi.constexprs, fi.num_warps, fi.num_stages)()
+    Launch(fi.fn, fi.grid, args, {**fi.constexprs, "STORE_U": False}, fi.num_warps, fi.num_stages)()
     return inter
 
 
@@ -323,7 +324,7 @@ def fwd_for_grad(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: _Op
     saved = [a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state, a.get("A_log"), a.get("dt_bias"), hs,
              launches[1].args["vn"]]
     if meta.config.store_intermediates:
-        saved += [a[n] for n in INTERMEDIATES]
+        saved += [a[n] for n in KEPT_INTERMEDIATES]
     ctx.save_for_backward(*saved)
     ctx.meta = meta
     ctx.shapes = dict(A_log=None if A_log is None else (A_log.shape, A_log.dtype),
@@ -339,7 +340,7 @@ def bwd_for_grad(ctx, do, dht):
     q, k, v, g, beta, h0, A_log, dt_bias, hs, vn = saved[:10]
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
     if meta.config.store_intermediates:
-        inter = dict(zip(INTERMEDIATES, saved[10:]))
+        inter = dict(zip(KEPT_INTERMEDIATES, saved[10:]))
     else:
         inter = rerun_forward_intra(meta, inputs)
     if do is None:
