@@ -412,6 +412,8 @@ CHUNK_VARIANTS = [
     ("c32_bv32w2", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=2)),
     ("c32_bv32w4", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=4)),
     ("c64_tf32inv", ChunkFwdConfig(inverse_precision="tf32")),
+    ("c32_default_cumsum_dot", ChunkFwdConfig(chunk_size=32, intra_block_k=128, state_block_v=32, state_num_warps=2,
+                                              cumsum="dot")),
 ]
 
 

@@ -4,7 +4,7 @@
 # it measured, and save it (logs, JSON, tuning cache and studies, FLA's autotune results) under
 # $OUT.  Run from the repository root with `.whl` and `.tcache` carried:
 #
-#   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: bwd errors, fwd+bwd, variants (~1-2 min)
+#   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: fwd and bwd variants, bwd errors, fwd+bwd (~2-3 min)
 #   bash bench/gpu_session.sh fla [seconds]     # kdagen and FLA in one process, fwd and fwd+bwd
 #   bash bench/gpu_session.sh build [seconds]   # kdagen build --gpu auto --head-dim 128 --jobs 16
 #
@@ -23,7 +23,7 @@ start=$(date +%s)
 case "${1:-}" in
   bench)
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" --no-fla \
-        --suite fwd,bwd_check,fwdbwd,bwd_variants --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+        --suite fwd,variants,bwd_check,fwdbwd,bwd_variants --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
   fla)
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" \
         --suite fwd,fwdbwd,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;

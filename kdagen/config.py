@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 PRECISIONS = ("ieee", "tf32")  # precision of fp32 operands of tl.dot (A, inverse)
 INTERMEDIATE_DTYPES = ("input", "fp32")  # dtype of W/U/qg/kg/Aqk between launches
+CUMSUM_MODES = ("scan", "dot")  # how the intra launch sums the gate within a sub-tile
 
 
 class ConfigError(ValueError):
@@ -63,6 +64,7 @@ class ChunkFwdConfig(_Config):
     state_num_stages: int = 2
     inverse_precision: str = "ieee"  # fp32 dots of the triangular inverse
     intermediates: str = "input"  # dtype of W, U, qg, kg and Aqk between the launches
+    cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
 
     def __post_init__(self):
         for name in ("chunk_size", "sub_chunk", "intra_block_k", "state_block_v",
@@ -83,6 +85,8 @@ class ChunkFwdConfig(_Config):
             raise ConfigError(f"chunk_fwd: inverse_precision must be one of {PRECISIONS}")
         if self.intermediates not in INTERMEDIATE_DTYPES:
             raise ConfigError(f"chunk_fwd: intermediates must be one of {INTERMEDIATE_DTYPES}")
+        if self.cumsum not in CUMSUM_MODES:
+            raise ConfigError(f"chunk_fwd: cumsum must be one of {CUMSUM_MODES}, got {self.cumsum!r}")
 
 
 STATE_DTYPES = ("input", "fp32")  # storage of the per-chunk states (and their gradients) for the backward

@@ -47,6 +47,9 @@ CHUNK_CASES = [
     ("bf16-K256V256-C64-BV64", "bfloat16", 256, 256, "safe",
      dict(chunk_size=64, intra_block_k=128, state_block_v=64, state_num_warps=8), {}),
     ("bf16-varlen-intermediate-states", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True)),
+    ("bf16-C32-cumsum-dot", "bfloat16", 128, 128, "safe", dict(chunk_size=32, intra_block_k=128, state_block_v=32, cumsum="dot"), {}),
+    ("fp16-K96V192-cumsum-dot-elementwise", "float16", 96, 192, "free",
+     dict(chunk_size=32, intra_block_k=32, state_block_v=32, cumsum="dot"), {}),
 ]
 
 # recurrent: (id, dtype, K, V, gate, block_v or None for the default config, extra)

@@ -40,6 +40,7 @@ class Case:
     g_lo: float = -5.0  # random gates lie in [g_lo, 0)
     beta: str = "random"  # random | zero | one
     C: Optional[int] = None  # chunk size via config (None: the op's default config)
+    cfg: Optional[dict] = None  # other ChunkFwdConfig fields (with C, or C=32)
     seed: int = 0
 
     @property
@@ -86,12 +87,17 @@ CASES = [
     Case("C32-free-T130", 1, 130, 1, 2, 64, 64, gate="free", C=32),
     Case("C64-safe-T130", 1, 130, 1, 1, 64, 64, gate="safe", C=64),
     Case("C64-free-T130-K96", 1, 130, 1, 1, 96, 96, gate="free", C=64),
+    # the gate's in-sub-tile sums by fp32 dots instead of scans
+    Case("cumsum-dot-safe-g-at-lb-T130", 1, 130, 1, 1, 64, 64, gate="safe", g_mode="lb", cfg=dict(cumsum="dot")),
+    Case("cumsum-dot-gik-varlen-C64", 1, 105, 1, 2, 96, 16, gate="gik_lb", cu=VARLEN, C=64,
+         cfg=dict(cumsum="dot")),
     # --- fp16 inputs (g and state float32)
     Case("fp16-T1-safe-B2", 2, 1, 1, 1, 64, 64, dtype=F16, gate="safe"),
     Case("fp16-T64-safe", 1, 64, 1, 1, 64, 64, dtype=F16, gate="safe"),
     Case("fp16-T130-free-K96V16", 1, 130, 1, 1, 96, 16, dtype=F16, gate="free"),
     Case("fp16-varlen-free-gva2x4", 1, 105, 2, 4, 64, 64, dtype=F16, gate="free", cu=VARLEN),
     Case("fp16-T17-free-K16V96-C64", 1, 17, 1, 1, 16, 96, dtype=F16, gate="free", C=64),
+    Case("fp16-cumsum-dot-safe", 1, 64, 1, 1, 64, 64, dtype=F16, gate="safe", cfg=dict(cumsum="dot")),
 ]
 
 
@@ -124,7 +130,9 @@ def _reference(case: Case, x, g64):
 
 
 def _config(case: Case):
-    return None if case.C is None else ChunkFwdConfig(chunk_size=case.C, sub_chunk=16)
+    if case.C is None and not case.cfg:
+        return None
+    return ChunkFwdConfig(chunk_size=case.C or 32, sub_chunk=16, **(case.cfg or {}))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -13,11 +13,11 @@ CTX = dict(K=128, V=128, safe_sub_chunk=32, smem_limit=H100_SMEM)
 
 def test_default_chunk_fwd_space():
     space = load_space("chunk_fwd")
-    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 3 * 3 * 2
+    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 3 * 3 * 2 * 2  # ... x cumsum
     cands = space.candidates(CTX)
     assert cands and all(isinstance(c, ChunkFwdConfig) for c in cands)
     assert all(c.intra_num_stages == ChunkFwdConfig().intra_num_stages for c in cands)  # default
-    assert {c.sub_chunk for c in cands} == {16, 32}
+    assert {c.sub_chunk for c in cands} == {16, 32} and {c.cumsum for c in cands} == {"scan", "dot"}
     assert all(c.chunk_size % c.sub_chunk == 0 for c in cands)
     assert cands == space.candidates(dict(CTX))  # deterministic order
     assert len(set(cands)) == len(cands)
