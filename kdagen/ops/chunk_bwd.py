@@ -70,21 +70,6 @@ def resolve_bwd_config(plan: Plan, config: ChunkBwdConfig | None = None,
     return lookup_config(plan, "chunk_bwd", shape_hint) or default_chunk_bwd_config(plan)
 
 
-def bwd_config_for(plan: Plan, chunk_size: int, sub_chunk: int, config: ChunkBwdConfig | None = None,
-                   shape_hint: dict | None = None) -> ChunkBwdConfig:
-    config = resolve_bwd_config(plan, config, shape_hint)
-    if (config.chunk_size, config.sub_chunk) != (chunk_size, sub_chunk):
-        config = config.replace(chunk_size=chunk_size, sub_chunk=sub_chunk)
-    return config
-
-
-def state_storage_dtype(plan: Plan, config: ChunkBwdConfig | None, input_dtype: torch.dtype,
-                        shape_hint: dict | None = None) -> torch.dtype:
-    """dtype of the per-chunk states the training forward keeps (and of their gradients)."""
-    config = resolve_bwd_config(plan, config, shape_hint)
-    return input_dtype if config.state_dtype == "input" else torch.float32
-
-
 def _shape_hint(q: torch.Tensor, v: torch.Tensor, cu_seqlens) -> dict:
     B, T = q.shape[0], q.shape[1]
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -133,20 +118,22 @@ class BwdMeta:
     inter_dtype: torch.dtype
 
 
-def _meta(launches, spec, gate_in_kernel: bool, config: ChunkBwdConfig | None) -> BwdMeta:
+def _meta(launches, spec, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
+    """What the backward needs from the forward's launches; ``config`` takes the forward's
+    chunk lengths."""
     from ..kernels import Launch
 
     intra, state = launches
     a = intra.args
     B, T, H, K = a["q"].shape
     HV, V = a["v"].shape[2], a["v"].shape[3]
-    plan = plan_for(spec, K, V, DTYPE_NAMES[a["q"].dtype], "chunk", gate_in_kernel)
     C, BC = intra.constexprs["BT"], intra.constexprs["BC"]
+    if (config.chunk_size, config.sub_chunk) != (C, BC):
+        config = config.replace(chunk_size=C, sub_chunk=BC)
     stripped = {n: (None if n in _INPUT_NAMES or n in INTERMEDIATES else x) for n, x in a.items()}
     return BwdMeta(
         B=B, T=T, H=H, HV=HV, K=K, V=V, N=state.grid[1] // HV, NT=a["NT"], NT_total=intra.grid[0], C=C,
-        scale=a["scale"], plan=plan, gate_grads=gate_grad_exprs(spec, plan),
-        config=bwd_config_for(plan, C, BC, config, {"T": T, "B": B, "N": state.grid[1] // HV, "HV": HV}),
+        scale=a["scale"], plan=plan, gate_grads=gate_grad_exprs(spec, plan), config=config,
         is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
         fwd_intra=Launch(intra.fn, intra.grid, stripped, intra.constexprs, intra.num_warps, intra.num_stages),
@@ -240,6 +227,25 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     return (state, dqkw, intra), outputs
 
 
+def training_forward_launches(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_gate_in_kernel,
+                              safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, config, bwd_config):
+    """The forward launches of a training call -- also writing the per-chunk states (in the
+    backward config's ``state_dtype``) and V' -- with the backward's ``BwdMeta``.  The backward
+    config is resolved once here: explicit, else a ``chunk_bwd_config`` block's, else the
+    cached winner for this GPU and shape, else the heuristic."""
+    from .chunk import chunk_kda_launches
+
+    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
+    plan = plan_for(spec, q.shape[-1], v.shape[-1], DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
+    bwd_config = resolve_bwd_config(plan, bwd_config, _shape_hint(q, v, cu_seqlens))
+    launches, outs = chunk_kda_launches(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
+        return_intermediate_states=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config,
+        state_dtype=q.dtype if bwd_config.state_dtype == "input" else torch.float32, store_vn=True)
+    return launches, outs, _meta(launches, spec, plan, bwd_config)
+
+
 def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                            use_gate_in_kernel=False, safe_gate=False, lower_bound=None, cu_seqlens=None,
                            A_log=None, dt_bias=None, config: ChunkFwdConfig | None = None,
@@ -250,16 +256,10 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     The backward reads the intermediates and per-chunk states the forward launches write
     (run those first); ``do`` / ``dht`` default to zeros.  No host pre-processing, and dq/dk
     in the outputs are per value head (not yet summed over GVA groups)."""
-    from .chunk import chunk_kda_launches
-
-    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    plan = plan_for(spec, q.shape[-1], v.shape[-1], DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
-    fwd, (o, ht, hs) = chunk_kda_launches(
+    fwd, (o, ht, hs), meta = training_forward_launches(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
-        return_intermediate_states=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config,
-        state_dtype=state_storage_dtype(plan, bwd_config, q.dtype, _shape_hint(q, v, cu_seqlens)), store_vn=True)
-    meta = _meta(fwd, spec, use_gate_in_kernel, bwd_config)
+        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
+        A_log=A_log, dt_bias=dt_bias, config=config, bwd_config=bwd_config)
     a = fwd[0].args
     inputs = {n: a.get(n) for n in _INPUT_NAMES}
     inter = {n: a[n] for n in INTERMEDIATES}
@@ -306,20 +306,12 @@ def chunk_kda_with_grad(q, k, v, g, beta, *, scale, initial_state, output_final_
 def fwd_for_grad(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: _Opts):
     """Forward of the autograd Function: the forward launches, also writing the per-chunk states
     (in the backward config's ``state_dtype``)."""
-    from .chunk import chunk_kda_launches
-
-    spec = select_spec(opts.use_gate_in_kernel, opts.safe_gate, opts.lower_bound, A_log is not None,
-                       dt_bias is not None)
-    plan = plan_for(spec, q.shape[-1], v.shape[-1], DTYPE_NAMES[q.dtype], "chunk", opts.use_gate_in_kernel)
-    launches, (o, ht, hs) = chunk_kda_launches(
+    launches, (o, ht, hs), meta = training_forward_launches(
         q, k, v, g, beta, scale=opts.scale, initial_state=initial_state, output_final_state=opts.output_final_state,
         use_gate_in_kernel=opts.use_gate_in_kernel, safe_gate=opts.safe_gate, lower_bound=opts.lower_bound,
-        return_intermediate_states=True, cu_seqlens=opts.cu_seqlens, A_log=A_log, dt_bias=dt_bias,
-        config=opts.config, state_dtype=state_storage_dtype(plan, None, q.dtype, _shape_hint(q, v, opts.cu_seqlens)),
-        store_vn=True)
+        cu_seqlens=opts.cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=opts.config, bwd_config=None)
     for launch in launches:
         launch()
-    meta = _meta(launches, spec, opts.use_gate_in_kernel, None)
     a = launches[0].args
     saved = [a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state, a.get("A_log"), a.get("dt_bias"), hs,
              launches[1].args["vn"]]
