@@ -28,6 +28,7 @@ from .structure import safe_sub_chunk
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+DTYPE_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # worker arguments
 TOLERANCE = {torch.bfloat16: 6e-3, torch.float16: 2e-3, torch.float32: 1e-4}
 FAMILIES = ("chunk_fwd", "chunk_bwd", "recurrent")
 
@@ -116,18 +117,24 @@ class CompileSurvey:
     failures: list = field(default_factory=list)  # (config, reason)
 
 
+def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple):
+    """(op arguments, dtype, plan) rebuilt in a worker process from plain arguments."""
+    from .ops.common import select_spec
+
+    args = dict(spec_args)
+    spec = select_spec(False, args.get("safe_gate", False), args.get("lower_bound"), False, False)
+    dtype = DTYPES[dtype_name]
+    return args, dtype, lower_for(spec, family, K, V, dtype)
+
+
 def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, config: dict,
                  which: int | None, arch: int, smem_limit: int, gpu_name: str) -> str | None:
     """Compile one candidate's kernel(s) for ``arch``; None if it fits, else why it was dropped.
     A top-level function of plain arguments, so a worker process can run it."""
     from .config import config_from_dict
-    from .ops.common import select_spec
     from triton.backends.compiler import GPUTarget
 
-    args = dict(spec_args)
-    spec = select_spec(False, args.get("safe_gate", False), args.get("lower_bound"), False, False)
-    dtype = DTYPES[dtype_name]
-    plan = lower_for(spec, family, K, V, dtype)
+    args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
     cfg = config_from_dict(family, config)
     try:
         launches = launches_for(plan, cfg, dtype, args)
@@ -156,7 +163,7 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
     default = default_for(family, plan)
     stages = list(space.stages) if space.stages else [None]
-    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    dtype_name = DTYPE_SHORT[dtype]
     common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
     gpu_args = (gpu.arch, gpu.smem_per_block_bytes, gpu.name)
     surveys = []
@@ -416,12 +423,8 @@ def _precompile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tup
     """In a worker process with the GPU: build (JIT-compile and run once) one candidate at
     the check shape, so that Triton's on-disk cache holds it when the tuner builds it."""
     from .config import config_from_dict
-    from .ops.common import select_spec
 
-    args = dict(spec_args)
-    spec = select_spec(False, args.get("safe_gate", False), args.get("lower_bound"), False, False)
-    dtype = DTYPES[dtype_name]
-    plan = lower_for(spec, family, K, V, dtype)
+    args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
     try:
         fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
         cand = KernelCandidate(family, stage, plan, args, dtype, shape, fwd_config=fcfg)
@@ -439,7 +442,7 @@ def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: l
     if jobs <= 1 or len(staged) < 2:
         return 0.0
     t0 = time.time()
-    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    dtype_name = DTYPE_SHORT[dtype]
     common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
     fdict = None if fwd_config is None else fwd_config.to_dict()
     lost = []

@@ -44,6 +44,31 @@ class _Config:
     def short(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.to_dict().items())
 
+    # -- validation shared by the config families (messages start with the family's name)
+    def _check_pow2(self, *names: str) -> None:
+        for name in names:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v):
+                raise ConfigError(f"{self.kernel}: {name} must be a power of two, got {v!r}")
+
+    def _check_stages(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) not in (1, 2, 3, 4):
+                raise ConfigError(f"{self.kernel}: {name} must be in 1..4, got {getattr(self, name)!r}")
+
+    def _check_choice(self, name: str, choices: tuple) -> None:
+        if getattr(self, name) not in choices:
+            raise ConfigError(f"{self.kernel}: {name} must be one of {choices}, got {getattr(self, name)!r}")
+
+    def _check_chunking(self) -> None:
+        """chunk_size / sub_chunk of the chunk forms (the fields are powers of two already)."""
+        if self.sub_chunk < 16 or self.chunk_size % self.sub_chunk:
+            raise ConfigError(
+                f"{self.kernel}: sub_chunk must be >= 16 and divide chunk_size "
+                f"(got sub_chunk={self.sub_chunk}, chunk_size={self.chunk_size})")
+        if self.chunk_size > 128:
+            raise ConfigError(f"{self.kernel}: chunk_size must be <= 128, got {self.chunk_size}")
+
 
 def _pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
@@ -67,26 +92,13 @@ class ChunkFwdConfig(_Config):
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
 
     def __post_init__(self):
-        for name in ("chunk_size", "sub_chunk", "intra_block_k", "state_block_v",
-                     "intra_num_warps", "state_num_warps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or not _pow2(v):
-                raise ConfigError(f"chunk_fwd: {name} must be a power of two, got {v!r}")
-        if self.sub_chunk < 16 or self.chunk_size % self.sub_chunk:
-            raise ConfigError(
-                f"chunk_fwd: sub_chunk must be >= 16 and divide chunk_size "
-                f"(got sub_chunk={self.sub_chunk}, chunk_size={self.chunk_size})")
-        if self.chunk_size > 128:
-            raise ConfigError(f"chunk_fwd: chunk_size must be <= 128, got {self.chunk_size}")
-        for name in ("intra_num_stages", "state_num_stages"):
-            if getattr(self, name) not in (1, 2, 3, 4):
-                raise ConfigError(f"chunk_fwd: {name} must be in 1..4, got {getattr(self, name)!r}")
-        if self.inverse_precision not in PRECISIONS:
-            raise ConfigError(f"chunk_fwd: inverse_precision must be one of {PRECISIONS}")
-        if self.intermediates not in INTERMEDIATE_DTYPES:
-            raise ConfigError(f"chunk_fwd: intermediates must be one of {INTERMEDIATE_DTYPES}")
-        if self.cumsum not in CUMSUM_MODES:
-            raise ConfigError(f"chunk_fwd: cumsum must be one of {CUMSUM_MODES}, got {self.cumsum!r}")
+        self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
+                         "state_num_warps")
+        self._check_chunking()
+        self._check_stages("intra_num_stages", "state_num_stages")
+        self._check_choice("inverse_precision", PRECISIONS)
+        self._check_choice("intermediates", INTERMEDIATE_DTYPES)
+        self._check_choice("cumsum", CUMSUM_MODES)
 
 
 STATE_DTYPES = ("input", "fp32")  # storage of the per-chunk states (and their gradients) for the backward
@@ -119,28 +131,15 @@ class ChunkBwdConfig(_Config):
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
 
     def __post_init__(self):
-        for name in ("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
-                     "intra_block_v",
-                     "state_num_warps", "dqkw_num_warps", "intra_num_warps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or not _pow2(v):
-                raise ConfigError(f"chunk_bwd: {name} must be a power of two, got {v!r}")
-        if self.sub_chunk < 16 or self.chunk_size % self.sub_chunk:
-            raise ConfigError(
-                f"chunk_bwd: sub_chunk must be >= 16 and divide chunk_size "
-                f"(got sub_chunk={self.sub_chunk}, chunk_size={self.chunk_size})")
-        if self.chunk_size > 128:
-            raise ConfigError(f"chunk_bwd: chunk_size must be <= 128, got {self.chunk_size}")
+        self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
+                         "intra_block_v", "state_num_warps", "dqkw_num_warps", "intra_num_warps")
+        self._check_chunking()
         for name in ("state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k", "intra_block_v"):
             if getattr(self, name) < 16:
                 raise ConfigError(f"chunk_bwd: {name} must be >= 16 (the smallest tl.dot tile)")
-        for name in ("state_num_stages", "dqkw_num_stages", "intra_num_stages"):
-            if getattr(self, name) not in (1, 2, 3, 4):
-                raise ConfigError(f"chunk_bwd: {name} must be in 1..4, got {getattr(self, name)!r}")
-        if self.inverse_precision not in PRECISIONS:
-            raise ConfigError(f"chunk_bwd: inverse_precision must be one of {PRECISIONS}")
-        if self.state_dtype not in STATE_DTYPES:
-            raise ConfigError(f"chunk_bwd: state_dtype must be one of {STATE_DTYPES}, got {self.state_dtype!r}")
+        self._check_stages("state_num_stages", "dqkw_num_stages", "intra_num_stages")
+        self._check_choice("inverse_precision", PRECISIONS)
+        self._check_choice("state_dtype", STATE_DTYPES)
         if not isinstance(self.store_intermediates, bool):
             raise ConfigError(f"chunk_bwd: store_intermediates must be a bool, got {self.store_intermediates!r}")
 
@@ -155,10 +154,8 @@ class RecurrentConfig(_Config):
     num_stages: int = 1
 
     def __post_init__(self):
-        if not _pow2(self.block_v) or not _pow2(self.num_warps):
-            raise ConfigError("recurrent: block_v and num_warps must be powers of two")
-        if self.num_stages not in (1, 2, 3, 4):
-            raise ConfigError(f"recurrent: num_stages must be in 1..4, got {self.num_stages!r}")
+        self._check_pow2("block_v", "num_warps")
+        self._check_stages("num_stages")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, RecurrentConfig, ChunkBwdConfig)}
