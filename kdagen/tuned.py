@@ -12,8 +12,8 @@ from .lower import Plan
 from .resources import templates_dir
 
 # kernel family -> templates its generated source comes from
-FAMILY_TEMPLATES = {"chunk_fwd": ("_header.py.j2", "chunk_intra.py.j2", "chunk_state.py.j2"),
-                    "chunk_bwd": ("_header.py.j2", "chunk_bwd_state.py.j2", "chunk_bwd_dqkw.py.j2",
+FAMILY_TEMPLATES = {"chunk_fwd": ("_header.py.j2", "_program.py.j2", "chunk_intra.py.j2", "chunk_state.py.j2"),
+                    "chunk_bwd": ("_header.py.j2", "_program.py.j2", "chunk_bwd_state.py.j2", "chunk_bwd_dqkw.py.j2",
                                   "chunk_bwd_intra.py.j2"),
                     "recurrent": ("_header.py.j2", "recurrent.py.j2")}
 
