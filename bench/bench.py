@@ -151,6 +151,22 @@ def check(fchunk, frec):
         log(json.dumps(row))
 
 
+def used_configs(B, T, H, K):
+    """The forward and backward configs kdagen's op picks at this shape (a tuned winner from
+    KDAGEN_CACHE_DIR, else the heuristic), so that each timing names what it timed."""
+    from kdagen.heuristics import default_chunk_config
+    from kdagen.ops.chunk_bwd import resolve_bwd_config
+    from kdagen.ops.common import DTYPE_NAMES, select_spec
+    from kdagen.runtime import lookup_config, plan_for
+
+    plan = plan_for(select_spec(False, True, LOWER, False, False), K, K, DTYPE_NAMES[torch.bfloat16], "chunk", False)
+    hint = {"T": T, "B": B, "N": B, "HV": H}
+    tuned_f = lookup_config(plan, "chunk_fwd", hint)
+    tuned_b = lookup_config(plan, "chunk_bwd", hint)
+    return dict(fwd_config=("tuned " if tuned_f else "default ") + repr(tuned_f or default_chunk_config(plan, hint)),
+                bwd_config=("tuned " if tuned_b else "default ") + repr(resolve_bwd_config(plan, None, hint)))
+
+
 def time_chunk(fchunk, shapes, variants):
     log("\n== chunkwise forward timing (bf16, safe gate -5, h0 fp32, output_final_state) ==")
     out = []
@@ -159,7 +175,7 @@ def time_chunk(fchunk, shapes, variants):
         kd = lambda cfg=None: kdagen.chunk_kda(**x, output_final_state=True, safe_gate=True,  # noqa: E731
                                                lower_bound=LOWER, config=cfg)
         o, s = kd()
-        row = dict(kind="chunk_fwd", shape=f"{B},{T},{H},{K}")
+        row = dict(kind="chunk_fwd", shape=f"{B},{T},{H},{K}", **used_configs(B, T, H, K))
         if fchunk is not None:
             fl = lambda: fchunk(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER)  # noqa: E731
             fo, fs = fl()
@@ -298,7 +314,10 @@ BWD_VARIANTS = [
     ("dq_bk128w8", dict(dqkw_block_k=128, dqkw_num_warps=8)),
     ("dq_bk32w4", dict(dqkw_block_k=32)),
     ("in_bk64w8", dict(intra_block_k=64, intra_num_warps=8)),
-    ("in_bk32w4", dict(intra_num_warps=4)),  # 28 B of spill, but two programs per SM
+    ("in_bk32w8", dict(intra_num_warps=8)),  # the default before run 9
+    ("in_bk64w4", dict(intra_block_k=64)),
+    ("in_bk16w4", dict(intra_block_k=16)),
+    ("stored", dict(store_intermediates=True)),  # no re-run of the forward intra launch
     ("states_fp32", dict(state_dtype="fp32")),
 ]
 
@@ -345,7 +364,7 @@ def time_fwd_bwd(fchunk, shapes, variants=()):
         dht = torch.randn(B, H, K, K, device="cuda")
         kd = lambda: _grads(lambda d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True,  # noqa: E731
                                                        lower_bound=LOWER), x, do, dht)
-        row = dict(kind="chunk_fwd_bwd", shape=f"{B},{T},{H},{K}")
+        row = dict(kind="chunk_fwd_bwd", shape=f"{B},{T},{H},{K}", **used_configs(B, T, H, K))
         kd()
         if fchunk is not None:
             fl = lambda: _grads(lambda d: fchunk(**d, output_final_state=True, safe_gate=True,  # noqa: E731

@@ -6,9 +6,12 @@
 #
 #   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: fwd and bwd variants, bwd errors, fwd+bwd (~2-3 min)
 #   bash bench/gpu_session.sh fla [seconds]     # kdagen and FLA in one process, fwd and fwd+bwd
+#                                               # (FLA's candidates compiled in parallel first)
 #   bash bench/gpu_session.sh build [seconds]   # kdagen build --gpu auto --head-dim 128 --jobs 16
 #
-# Copy $OUT/autotune.tgz back into .tcache/ after a call: FLA's first-use autotuning of its
+# A `build` call's $OUT/*.json (the tuning cache) copied into .tcache/kdagen/ is restored into
+# KDAGEN_CACHE_DIR by later calls, so `bench`/`fla` time the tuned winners (each row names its
+# configs).  Copy $OUT/autotune.tgz back into .tcache/ after a call: FLA's first-use autotuning of its
 # backward takes minutes per shape (bench/RESULTS.md, run 7) and is then skipped.
 set -u
 OUT=${OUT:?OUT must name the folder whose files come back}
@@ -18,6 +21,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:. TRITON_CACHE_DIR=/tmp/tc KDAGEN_CACHE_DIR=/tmp/kdc PYTHONUNBUFFERED=1
 mkdir -p /tmp/tc /tmp/kdc
 if [ -f .tcache/autotune.tgz ]; then tar xzf .tcache/autotune.tgz -C /tmp/tc; fi
+# a tuning cache from an earlier `build` call (its $OUT/*.json): the ops then use its winners
+if ls .tcache/kdagen/*.json >/dev/null 2>&1; then cp .tcache/kdagen/*.json /tmp/kdc/; fi
 shapes="1,8192,96,128;2,16384,16,128"
 start=$(date +%s)
 case "${1:-}" in
@@ -25,6 +30,11 @@ case "${1:-}" in
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" --no-fla \
         --suite fwd,variants,bwd_check,fwdbwd,bwd_variants --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
   fla)
+    # compile FLA's autotuning candidates in parallel first (bench/fla_warm.py); at most a third
+    # of the budget, the rest for the measuring process
+    timeout -k 10 -s INT $(( budget / 3 )) python3 bench/fla_warm.py --workers 14 > "$OUT/fla_warm.log" 2>&1
+    echo "fla_warm rc=$? after $(( $(date +%s) - start ))s" >> "$OUT/fla_warm.log"
+    budget=$(( budget - ($(date +%s) - start) ))
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" \
         --suite fwd,fwdbwd,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
   build)

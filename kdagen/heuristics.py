@@ -43,12 +43,14 @@ def default_recurrent_config(plan: Plan) -> RecurrentConfig:
 def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
     # Not timed on a GPU yet.  The reverse state pass holds only dS [K, BV] (fp32) and does
     # three dots per chunk; the chunk-parallel launch holds three [C, K] fp32 accumulators.
-    # Intra-chunk gradients on 8 warps: the compiler's resource report (bench/static_report.py
-    # --bwd, sm_90a, bf16, 2026-11-30) showed 1060 -> 16 bytes of spill at K=V=128 going
-    # from 4 to 8 warps.  fp16 keeps the per-chunk states in fp32 (its range is 6.5e4).
+    # Intra-chunk gradients on 4 warps: on the H200 (bench/RESULTS.md, run 9, bf16,
+    # K=V=128) 4 warps took 4.29 / 2.84 ms against 8 warps' 7.91 / 5.24 ms at
+    # (1, 8192, 96, 128) / (2, 16384, 16, 128), despite 32 bytes of spill against none
+    # (two programs per SM instead of one).  fp16 keeps the per-chunk states in fp32 (its
+    # range is 6.5e4).
     return ChunkBwdConfig(
         chunk_size=32, sub_chunk=16, state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=2,
         dqkw_block_k=min(64, plan.BK), dqkw_block_v=min(32, plan.BV), dqkw_num_warps=4, dqkw_num_stages=2,
-        intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=8, intra_num_stages=2,
+        intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4, intra_num_stages=2,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
     )
