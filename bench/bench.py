@@ -151,6 +151,25 @@ def check(fchunk, frec):
         log(json.dumps(row))
 
 
+def peak_gib(fn):
+    """Peak device memory of one call beyond what is allocated before it (GiB)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 30
+
+
+def resolved_bwd_config(B, T, H, K):
+    from kdagen.ops.chunk_bwd import resolve_bwd_config
+    from kdagen.ops.common import DTYPE_NAMES, select_spec
+    from kdagen.runtime import plan_for
+
+    plan = plan_for(select_spec(False, True, LOWER, False, False), K, K, DTYPE_NAMES[torch.bfloat16], "chunk", False)
+    return resolve_bwd_config(plan, None, {"T": T, "B": B, "N": B, "HV": H})
+
+
 def used_configs(B, T, H, K):
     """The forward and backward configs kdagen's op picks at this shape (a tuned winner from
     KDAGEN_CACHE_DIR, else the heuristic), so that each timing names what it timed."""
@@ -376,6 +395,17 @@ def time_fwd_bwd(fchunk, shapes, variants=()):
         row["kdagen_ms"] = do_bench(kd, warmup=50, rep=300, return_mode="median")
         if "fla_ms" in row:
             row["speedup"] = row["fla_ms"] / row["kdagen_ms"]
+        row["kdagen_peak_gib"] = peak_gib(kd)
+        if fchunk is not None:
+            row["fla_peak_gib"] = peak_gib(fl)
+        try:  # the same config keeping the forward's intermediates (no re-run of the intra launch)
+            from kdagen.ops.chunk_bwd import chunk_bwd_config
+            with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(store_intermediates=True)):
+                kd()
+                row["kdagen_stored_ms"] = do_bench(kd, warmup=50, rep=300, return_mode="median")
+                row["kdagen_stored_peak_gib"] = peak_gib(kd)
+        except Exception as e:  # noqa: BLE001
+            row["kdagen_stored_ms"] = f"error {type(e).__name__}: {str(e)[:200]}"
         try:
             row["kdagen_launches"] = bwd_breakdown(x, do, dht, variants)
         except Exception as e:  # noqa: BLE001
@@ -483,7 +513,9 @@ def main():
                 f"x{r.get('speedup', float('nan')):.2f}  diff {r.get('diff_vs_fla_o', float('nan')):.1e}")
         if r["kind"] == "chunk_fwd_bwd":
             log(f"fwd+bwd {r['shape']:>14}  kdagen {r['kdagen_ms']:.3f} ms  fla {r.get('fla_ms', float('nan')):.3f} ms  "
-                f"x{r.get('speedup', float('nan')):.2f}")
+                f"x{r.get('speedup', float('nan')):.2f}  | stored intermediates {r.get('kdagen_stored_ms')} ms; "
+                f"peak GiB kdagen {r.get('kdagen_peak_gib', float('nan')):.2f} "
+                f"stored {r.get('kdagen_stored_peak_gib', float('nan')):.2f} fla {r.get('fla_peak_gib', float('nan')):.2f}")
         if r["kind"] == "decode":
             log(f"decode B={r['B']:>3}  kdagen graph {r['kdagen_graph_us']:.1f} us ({r['kdagen_pct_copy']:.0f}% copy) "
                 f"eager {r['kdagen_eager_us']:.1f} us | fla graph {r.get('fla_graph_us', float('nan')):.1f} us "

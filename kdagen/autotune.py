@@ -29,6 +29,8 @@ from .structure import safe_sub_chunk
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
 DTYPE_SHORT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}  # worker arguments
+FINALISTS = 3  # configs re-timed interleaved at the end of each stage
+
 TOLERANCE = {torch.bfloat16: 6e-3, torch.float16: 2e-3, torch.float32: 1e-4}
 FAMILIES = ("chunk_fwd", "chunk_bwd", "recurrent")
 
@@ -472,7 +474,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     ``fwd_config``: for ``chunk_bwd``, the forward config at this shape (its chunk lengths
     are the backward's; default: the forward's heuristic)."""
     from .paths import studies_dir
-    from .tune import tune
+    from .tune import recorded_results, tune
 
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
@@ -489,23 +491,33 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
         if family == "chunk_bwd":  # the forward's chunk lengths
             cands = [c.replace(chunk_size=default.chunk_size, sub_chunk=default.sub_chunk) for c in cands]
         cands_by_stage[stage] = cands
-    # every stage's candidates compiled at once, then one worker measures them all
-    todo = {(st, c.canonical()): (st, c) for st, cs in cands_by_stage.items() for c in cs + [default]}
+    names = {stage: (f"{family}-{stage or 'all'}-{plan.spec_hash}-K{plan.K}-V{plan.V}-{plan.dtype}-"
+                     f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
+                     f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}") for stage in stages}
+    # every stage's candidates compiled at once, then one worker measures them all; a resumed
+    # study needs only its unmeasured candidates, the default and its fastest few (re-timed)
+    todo = {}
+    for st, cs in cands_by_stage.items():
+        done = recorded_results(names[st], studies_dir() / f"{names[st]}.journal")
+        fastest = sorted((t, c) for c, t in done.items() if t is not None)[:FINALISTS]
+        keep = {c for _, c in fastest}
+        for c in cs + [default]:
+            canon = c.canonical()
+            if canon not in done or canon in keep or c is default:
+                todo[(st, canon)] = (st, c)
     precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, fwd_config, progress)
     isolated = (IsolatedCandidate(StagedCandidates, family, tuple(stages), plan, spec_args, dtype, shape,
                                   device=device, fwd_config=fwd_config) if isolate else None)
     try:
         for stage in stages:
-            name = (f"{family}-{stage or 'all'}-{plan.spec_hash}-K{plan.K}-V{plan.V}-{plan.dtype}-"
-                    f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
-                    f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}")
+            name = names[stage]
             if isolated is not None:
                 cand = StageView(isolated, stage, TOLERANCE[dtype])
             else:
                 cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, device, fwd_config)
             results[stage] = tune(cands_by_stage[stage], cand, study_name=name,
                                   storage_path=studies_dir() / f"{name}.journal",
-                                  default_config=default, seed=seed, progress=progress)
+                                  default_config=default, seed=seed, progress=progress, finalists=FINALISTS)
     finally:
         if isolated is not None:
             isolated.close()

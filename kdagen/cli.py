@@ -272,8 +272,17 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
         click.echo("error: some kernels have no config that compiles for this GPU", err=True)
         sys.exit(1)
     if will_tune:
-        _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
-                        jobs or default_jobs())
+        try:
+            _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
+                            jobs or default_jobs())
+        except (KeyboardInterrupt, RuntimeError) as e:
+            # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
+            if not (isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)):
+                raise
+            from .paths import studies_dir
+            click.echo(f"\ninterrupted after {time.time() - t_start:.0f}s: the winners tuned so far are in the "
+                       f"cache and every measured trial is in {studies_dir()}; the same command resumes", err=True)
+            sys.exit(130)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 

@@ -289,6 +289,39 @@ def _records_from_study(study: Any, index_of: dict[str, int], configs: list[Any]
     return out
 
 
+def recorded_results(study_name: str, storage_path: str | Path) -> dict[str, float | None]:
+    """What a study already holds, without creating it: canonical config -> its time (ms)
+    for a measured trial, None for a failed or rejected one ({} when there is no study).
+    Used to compile ahead only what a resumed run will still build."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage_path = Path(storage_path)
+    if not storage_path.exists():
+        return {}
+    old = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(storage_path)))
+        try:
+            study = optuna.load_study(study_name=study_name, storage=storage)
+        except KeyError:
+            return {}
+        out: dict[str, float | None] = {}
+        for t in study.get_trials(deepcopy=False):
+            ua = t.user_attrs
+            canon = ua.get("canonical")
+            if canon is None or ua.get("duplicate") or canon in out:
+                continue
+            if t.state == TrialState.COMPLETE:
+                out[canon] = float(t.value)
+            elif t.state == TrialState.FAIL and ua.get("status") in ("failed", "rejected"):
+                out[canon] = None
+        return out
+    finally:
+        optuna.logging.set_verbosity(old)
+
+
 def _make_sampler(n: int, seed: int) -> tuple[Any, str]:
     import optuna
 

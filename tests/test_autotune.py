@@ -162,3 +162,29 @@ def test_precompile_survives_a_dying_worker(monkeypatch, capsys):
     d = default_chunk_config(plan)
     secs = A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d), ("state", d)], jobs=2)
     assert secs >= 0 and "a worker died" in capsys.readouterr().err
+
+
+def test_resumed_study_precompiles_only_what_it_will_build(tmp_path, monkeypatch):
+    """A second run of the same studies measures nothing again, so it compiles ahead only
+    the default and the fastest configs it re-times, and comes to the same winner."""
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(A, "KernelCandidate", FakeCandidate)
+    monkeypatch.setattr(A, "FINALISTS", 1)
+    compiled = []
+    monkeypatch.setattr(A, "precompile", lambda fam, plan, sa, dt, shape, todo, *a, **k: compiled.append(todo))
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
+    run = lambda: A.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),  # noqa: E731
+                                torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)
+    first = run()
+    second = run()
+    assert first[0] == second[0] and abs(first[1] - second[1]) < 1e-9
+    assert all(r.n_resumed == len(r.trials) for r in second[3].values())
+    d = default_chunk_config(plan, {"N": 1, "HV": 1})
+    assert len(compiled[0]) == 8  # 4 + 4 candidates (the default is one of each stage's)
+    by_stage = {}
+    for stage, cfg in compiled[1]:
+        by_stage.setdefault(stage, set()).add((cfg.chunk_size, cfg.intra_block_k, cfg.state_block_v))
+    # intra: the fastest valid (C=32, BK=64: 2.0) and the default; state: the fastest (C=64, BV=16) and the default
+    dk = (d.chunk_size, d.intra_block_k, d.state_block_v)
+    assert by_stage == {"intra": {(32, 64, d.state_block_v), dk}, "state": {(64, d.intra_block_k, 16), dk}}

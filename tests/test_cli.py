@@ -208,3 +208,39 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     assert "warning: chunk_bwd" in err and "default config failed" in err and "chunk_fwd K=64" not in err
     entries = TuningCache("h200", cache_dir=tmp_path).entries()
     assert sorted(k.split("-")[0] for k in entries) == ["chunk_bwd", "chunk_fwd"]
+
+
+@pytest.mark.parametrize("how", ["keyboard", "lock"])
+def test_build_interrupted_while_tuning_says_how_to_resume(runner, monkeypatch, how):
+    """Ctrl-C (or a timeout's SIGINT) during tuning: exit 130 with where the work is kept, not
+    a traceback.  Inside concurrent.futures' wait the interrupt can surface as a RuntimeError
+    raised while handling it ("release unlocked lock", seen on the H200); an unrelated
+    RuntimeError still propagates."""
+    import kdagen.autotune as A
+    import kdagen.cli as cli
+    import kdagen.gpus
+    from kdagen.gpus import get_profile
+
+    monkeypatch.setattr(kdagen.gpus, "detect_current", lambda *a, **k: get_profile("h200"))
+    monkeypatch.setattr(A, "compile_check", lambda fam, plan, *a, **k: [A.CompileSurvey(fam, None, 1, [A.default_for(fam, plan)])])
+
+    def interrupted(*a, **k):
+        if how == "keyboard":
+            raise KeyboardInterrupt
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")
+
+    monkeypatch.setattr(cli, "_tune_and_store", interrupted)
+    res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "64", "--family", "recurrent"])
+    assert res.exit_code == 130, res.output
+    assert "interrupted after" in res.output and "the same command resumes" in res.output
+    assert "Traceback" not in res.output
+
+    def broken(*a, **k):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(cli, "_tune_and_store", broken)
+    res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "64", "--family", "recurrent"])
+    assert res.exit_code != 130 and isinstance(res.exception, RuntimeError) and "something else" in str(res.exception)
