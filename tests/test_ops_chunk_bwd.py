@@ -274,6 +274,19 @@ def test_state_storage_dtype(dtype, state_dtype, expect):
     assert bwd[0].args["dhs"].dtype == expect and bwd[1].args["hs"] is fwd[1].args["hs"]
 
 
+@pytest.mark.parametrize("HV", [1, 2])
+def test_gradients_are_written_in_the_inputs_dtypes(HV):
+    """dq, dk and dbeta leave the kernel in the inputs' dtypes (no conversion pass after it);
+    with GVA, dq and dk stay float32 until the sum over each q/k head's value heads."""
+    leaves, kw, cu = _inputs(Case("odt", 1, 40, 1, HV, 32, 32, dtype=F16))
+    fwd, bwd, outs = chunk_kda_bwd_launches(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                                            initial_state=leaves["initial_state"], **kw)
+    expect = F16 if HV == 1 else F32
+    assert outs["dq"].dtype == outs["dk"].dtype == expect
+    assert outs["dbeta"].dtype == F16 and outs["dv"].dtype == F16 and outs["dg"].dtype == F32
+    assert bwd[2].args["dq"] is outs["dq"] and bwd[2].args["dbeta"] is outs["dbeta"]
+
+
 # ------------------------------------------------------------------ the forward without grad
 
 
