@@ -188,3 +188,19 @@ def test_resumed_study_precompiles_only_what_it_will_build(tmp_path, monkeypatch
     # intra: the fastest valid (C=32, BK=64: 2.0) and the default; state: the fastest (C=64, BV=16) and the default
     dk = (d.chunk_size, d.intra_block_k, d.state_block_v)
     assert by_stage == {"intra": {(32, 64, d.state_block_v), dk}, "state": {(64, d.intra_block_k, 16), dk}}
+
+
+def test_decode_is_timed_as_the_ops_launch_not_the_eager_op(monkeypatch):
+    """The recurrent candidate times the op's one launch (under CUDA-graph replay on a GPU),
+    not the eager op, whose Python work hid the configs' differences (run 10)."""
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, "recurrent", 16, 16, torch.float32)
+    cand = A.KernelCandidate("recurrent", None, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32,
+                             (2, 1, 1, 2), device="cpu")
+    default = A.default_for("recurrent", plan)
+
+    def no_eager(*a, **k):
+        raise AssertionError("timed through the eager op")
+
+    monkeypatch.setattr(cand, "_fwd", no_eager)
+    assert cand.time(default) > 0

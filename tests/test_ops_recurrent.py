@@ -228,3 +228,26 @@ def test_decode_loop_repeated_calls():
     ro, rh = _ref(x, h0=s0)
     assert_close(torch.cat(outs, dim=1), ro, TOL[F32], "chained o")
     assert_close(state, rh, TOL[F32], "chained state")
+
+
+def test_launch_description_matches_the_op():
+    """fused_recurrent_kda_launch (what the tuner times) computes what the op returns, and a
+    second launch() rewrites the same outputs with the same values."""
+    from kdagen.config import RecurrentConfig
+    from kdagen.ops.recurrent import fused_recurrent_kda_launch
+
+    torch.manual_seed(0)
+    B, H, HV, K, V = 3, 1, 2, 16, 24
+    q, k = torch.randn(B, 1, H, K), torch.nn.functional.normalize(torch.randn(B, 1, H, K), dim=-1)
+    v, g = torch.randn(B, 1, HV, V), -torch.rand(B, 1, HV, K)
+    beta, h0 = torch.rand(B, 1, HV), torch.randn(B, HV, K, V)
+    cfg = RecurrentConfig(block_v=8, num_warps=2, num_stages=1)
+    o_ref, h_ref = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                              config=cfg)
+    launch, (o, h), (scale, dims) = fused_recurrent_kda_launch(q, k, v, g, beta, initial_state=h0,
+                                                               output_final_state=True, config=cfg)
+    assert scale == K ** -0.5 and (dims.B, dims.HV, dims.V) == (B, HV, V)
+    launch()
+    assert torch.equal(o, o_ref) and torch.equal(h, h_ref)
+    launch()
+    assert torch.equal(o, o_ref) and torch.equal(h, h_ref)

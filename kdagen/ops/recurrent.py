@@ -100,6 +100,28 @@ def fused_recurrent_kda(
         hit = _FAST.get(sig)
         if hit is not None:
             return _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, ssm_state_indices, out)
+    launch, (o, ht), (scale, dims) = fused_recurrent_kda_launch(
+        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+        allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
+        ssm_state_indices=ssm_state_indices, out=out, config=config)
+    launch()
+    if simple and all(x.is_contiguous() for x in (q, k, v, g, beta)):  # the fast path passes the caller's tensors as they are
+        _FAST[sig] = (launch.fn, launch.grid, launch.constexprs, launch.num_warps, launch.num_stages,
+                      float(scale), dims)
+    return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
+
+
+def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, scale=None, initial_state=None,
+                               output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
+                               use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
+                               cu_seqlens=None, ssm_state_indices=None, out=None,
+                               config: RecurrentConfig | None = None):
+    """Validate, plan, build and describe the one launch of :func:`fused_recurrent_kda`
+    (nothing runs): ``(launch, (o, final_state), (scale, dims))``.  Calling ``launch()``
+    again rewrites the same outputs; the tuner times it this way, without the op's Python
+    work, and under CUDA-graph replay as a decode loop runs it."""
     dims, _ = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                            state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                            gate_in_kernel=use_gate_in_kernel)
@@ -116,17 +138,12 @@ def fused_recurrent_kda(
     built = recurrent_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N})
     if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device):
         raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}")
-    contiguous = all(x.is_contiguous() for x in (q, k, v, g, beta))
     q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
     launch, (o, ht) = prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
         A_log=A_log, dt_bias=dt_bias, out=out)
-    launch()
-    if simple and contiguous:  # the fast path passes the caller's tensors as they are
-        _FAST[sig] = (launch.fn, launch.grid, launch.constexprs, launch.num_warps, launch.num_stages,
-                      float(scale), dims)
-    return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
+    return launch, (o, ht if (output_final_state or ssm_state_indices is not None) else None), (scale, dims)
 
 
 # --- the per-token fast path -------------------------------------------------------------
