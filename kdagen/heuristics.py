@@ -41,8 +41,10 @@ def default_recurrent_config(plan: Plan) -> RecurrentConfig:
 
 
 def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
-    # Not timed on a GPU yet.  The reverse state pass holds only dS [K, BV] (fp32) and does
-    # three dots per chunk; the chunk-parallel launch holds three [C, K] fp32 accumulators.
+    # The reverse state pass holds only dS [K, BV] (fp32) and does three dots per chunk; the
+    # chunk-parallel launch holds three [C, K] fp32 accumulators.  The tuner's H200 winners
+    # (run 10) differ in those two launches' tiles and gain 6-14% on the backward; these
+    # defaults stay hand-set.
     # Intra-chunk gradients on 4 warps: on the H200 (bench/RESULTS.md, run 9, bf16,
     # K=V=128) 4 warps took 4.29 / 2.84 ms against 8 warps' 7.91 / 5.24 ms at
     # (1, 8192, 96, 128) / (2, 16384, 16, 128), despite 32 bytes of spill against none

@@ -266,26 +266,42 @@ class _Progress:
         self.tty = False
 
 
-def _records_from_study(study: Any, index_of: dict[str, int], configs: list[Any]) -> dict[str, TrialRecord]:
+def _finished_trials(study: Any):
+    """(canonical config, status, trial) of each trial with a result, first occurrence only:
+    status "ok" (measured), or "failed" / "rejected".  Replays of a known config, and trials
+    that were interrupted, killed or never ran, are skipped: they hold no result."""
     from optuna.trial import TrialState
 
-    out: dict[str, TrialRecord] = {}
+    seen = set()
     for t in study.get_trials(deepcopy=False):
         ua = t.user_attrs
         canon = ua.get("canonical")
-        if ua.get("duplicate") or canon not in index_of or canon in out:
+        if canon is None or ua.get("duplicate") or canon in seen:
+            continue
+        if t.state == TrialState.COMPLETE:
+            status = "ok"
+        elif t.state == TrialState.FAIL and ua.get("status") in ("failed", "rejected"):
+            status = ua["status"]
+        else:
+            continue
+        seen.add(canon)
+        yield canon, status, t
+
+
+def _records_from_study(study: Any, index_of: dict[str, int], configs: list[Any]) -> dict[str, TrialRecord]:
+    out: dict[str, TrialRecord] = {}
+    for canon, status, t in _finished_trials(study):
+        if canon not in index_of:
             continue
         idx = index_of[canon]
-        err = ua.get("error")
+        err = t.user_attrs.get("error")
         err = float(err) if isinstance(err, (int, float, str)) else None
-        if t.state == TrialState.COMPLETE:
+        if status == "ok":
             out[canon] = TrialRecord(idx, configs[idx], "ok", time_ms=t.value, error=err,
                                      trial_number=t.number, resumed=True)
-        elif t.state == TrialState.FAIL and ua.get("status") in ("failed", "rejected"):
-            out[canon] = TrialRecord(idx, configs[idx], ua["status"], error=err,
-                                     stage=ua.get("stage"), reason=ua.get("reason"),
-                                     trial_number=t.number, resumed=True)
-        # FAIL without a status (interrupted), RUNNING (killed), WAITING: not done
+        else:
+            out[canon] = TrialRecord(idx, configs[idx], status, error=err, stage=t.user_attrs.get("stage"),
+                                     reason=t.user_attrs.get("reason"), trial_number=t.number, resumed=True)
     return out
 
 
@@ -294,7 +310,6 @@ def recorded_results(study_name: str, storage_path: str | Path) -> dict[str, flo
     for a measured trial, None for a failed or rejected one ({} when there is no study).
     Used to compile ahead only what a resumed run will still build."""
     import optuna
-    from optuna.trial import TrialState
 
     storage_path = Path(storage_path)
     if not storage_path.exists():
@@ -308,15 +323,8 @@ def recorded_results(study_name: str, storage_path: str | Path) -> dict[str, flo
         except KeyError:
             return {}
         out: dict[str, float | None] = {}
-        for t in study.get_trials(deepcopy=False):
-            ua = t.user_attrs
-            canon = ua.get("canonical")
-            if canon is None or ua.get("duplicate") or canon in out:
-                continue
-            if t.state == TrialState.COMPLETE:
-                out[canon] = float(t.value)
-            elif t.state == TrialState.FAIL and ua.get("status") in ("failed", "rejected"):
-                out[canon] = None
+        for canon, status, t in _finished_trials(study):
+            out[canon] = float(t.value) if status == "ok" else None
         return out
     finally:
         optuna.logging.set_verbosity(old)

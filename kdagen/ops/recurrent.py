@@ -107,7 +107,8 @@ def fused_recurrent_kda(
         allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
         ssm_state_indices=ssm_state_indices, out=out, config=config)
     launch()
-    if simple and all(x.is_contiguous() for x in (q, k, v, g, beta)):  # the fast path passes the caller's tensors as they are
+    # the fast path passes the caller's tensors as they are, so only contiguous ones qualify
+    if simple and all(x.is_contiguous() for x in (q, k, v, g, beta)):
         _FAST[sig] = (launch.fn, launch.grid, launch.constexprs, launch.num_warps, launch.num_stages,
                       float(scale), dims)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
