@@ -23,6 +23,8 @@ mkdir -p /tmp/tc /tmp/kdc
 if [ -f .tcache/autotune.tgz ]; then tar xzf .tcache/autotune.tgz -C /tmp/tc; fi
 # a tuning cache from an earlier `build` call (its $OUT/*.json): the ops then use its winners
 if ls .tcache/kdagen/*.json >/dev/null 2>&1; then cp .tcache/kdagen/*.json /tmp/kdc/; fi
+# an earlier `build` call's Optuna studies ($OUT/studies.tgz copied into .tcache/): `build` resumes them
+if [ -f .tcache/studies.tgz ]; then tar xzf .tcache/studies.tgz -C /tmp/kdc; fi
 shapes="1,8192,96,128;2,16384,16,128"
 start=$(date +%s)
 case "${1:-}" in
@@ -48,4 +50,4 @@ esac
 rc=$?
 echo "step ${1} rc=${rc} in $(( $(date +%s) - start ))s"
 (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/autotune.tgz" -T -)
-tail -25 "$OUT"/*.log
+tail -n 25 "$OUT"/*.log
