@@ -485,6 +485,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     are the backward's; default: the forward's heuristic)."""
     from .paths import studies_dir
     from .tune import recorded_results, tune
+    from .tuned import source_hash
 
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
@@ -501,8 +502,9 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
         if family == "chunk_bwd":  # the forward's chunk lengths
             cands = [c.replace(chunk_size=default.chunk_size, sub_chunk=default.sub_chunk) for c in cands]
         cands_by_stage[stage] = cands
-    names = {stage: (f"{family}-{stage or 'all'}-{plan.spec_hash}-K{plan.K}-V{plan.V}-{plan.dtype}-"
-                     f"{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
+    # the templates' hash is in the name: a study measured on other kernels is not resumed
+    names = {stage: (f"{family}-{stage or 'all'}-{plan.spec_hash}-{source_hash(family)}-K{plan.K}-V{plan.V}-"
+                     f"{plan.dtype}-{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
                      f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}") for stage in stages}
     # every stage's candidates compiled at once, then one worker measures them all; a resumed
     # study needs only its unmeasured candidates, the default and its fastest few (re-timed)

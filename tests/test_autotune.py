@@ -204,3 +204,21 @@ def test_decode_is_timed_as_the_ops_launch_not_the_eager_op(monkeypatch):
 
     monkeypatch.setattr(cand, "_fwd", no_eager)
     assert cand.time(default) > 0
+
+
+def test_a_study_of_other_kernels_is_not_resumed(tmp_path, monkeypatch):
+    """Editing a family's templates changes its source hash, and with it the study: trials
+    measured on the old kernels are not replayed as if they were the new ones'."""
+    import kdagen.tuned as T
+
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(A, "KernelCandidate", FakeCandidate)
+    monkeypatch.setattr(A, "precompile", lambda *a, **k: None)
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
+    run = lambda: A.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),  # noqa: E731
+                                torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)[3]
+    run()
+    assert all(r.n_resumed == len(r.trials) for r in run().values())  # same kernels: resumed
+    monkeypatch.setattr(T, "source_hash", lambda family: "0123456789abcdef")
+    assert all(r.n_resumed == 0 for r in run().values())  # edited templates: measured again
