@@ -161,29 +161,33 @@ def peak_gib(fn):
     return (torch.cuda.max_memory_allocated() - base) / 2 ** 30
 
 
-def resolved_bwd_config(B, T, H, K):
-    from kdagen.ops.chunk_bwd import resolve_bwd_config
+def bench_plan(K, V, dtype=torch.bfloat16):
+    """The chunk-form plan of the benchmark's op calls (safe gate, lower bound LOWER)."""
     from kdagen.ops.common import DTYPE_NAMES, select_spec
     from kdagen.runtime import plan_for
 
-    plan = plan_for(select_spec(False, True, LOWER, False, False), K, K, DTYPE_NAMES[torch.bfloat16], "chunk", False)
-    return resolve_bwd_config(plan, None, {"T": T, "B": B, "N": B, "HV": H})
+    return plan_for(select_spec(False, True, LOWER, False, False), K, V, DTYPE_NAMES[dtype], "chunk", False)
+
+
+def resolved_bwd_config(B, T, H, K):
+    """The backward config kdagen's op resolves at this shape (tuned winner, else heuristic)."""
+    from kdagen.ops.chunk_bwd import resolve_bwd_config
+
+    return resolve_bwd_config(bench_plan(K, K), None, {"T": T, "B": B, "N": B, "HV": H})
 
 
 def used_configs(B, T, H, K):
     """The forward and backward configs kdagen's op picks at this shape (a tuned winner from
     KDAGEN_CACHE_DIR, else the heuristic), so that each timing names what it timed."""
     from kdagen.heuristics import default_chunk_config
-    from kdagen.ops.chunk_bwd import resolve_bwd_config
-    from kdagen.ops.common import DTYPE_NAMES, select_spec
-    from kdagen.runtime import lookup_config, plan_for
+    from kdagen.runtime import lookup_config
 
-    plan = plan_for(select_spec(False, True, LOWER, False, False), K, K, DTYPE_NAMES[torch.bfloat16], "chunk", False)
+    plan = bench_plan(K, K)
     hint = {"T": T, "B": B, "N": B, "HV": H}
     tuned_f = lookup_config(plan, "chunk_fwd", hint)
     tuned_b = lookup_config(plan, "chunk_bwd", hint)
     return dict(fwd_config=("tuned " if tuned_f else "default ") + repr(tuned_f or default_chunk_config(plan, hint)),
-                bwd_config=("tuned " if tuned_b else "default ") + repr(resolve_bwd_config(plan, None, hint)))
+                bwd_config=("tuned " if tuned_b else "default ") + repr(resolved_bwd_config(B, T, H, K)))
 
 
 def time_chunk(fchunk, shapes, variants):
@@ -347,8 +351,6 @@ def bwd_breakdown(x, do, dht, variants=()):
     variants, launch by launch."""
     from kdagen.heuristics import default_chunk_bwd_config
     from kdagen.ops.chunk_bwd import chunk_kda_bwd_launches
-    from kdagen.ops.common import DTYPE_NAMES, select_spec
-    from kdagen.runtime import plan_for
 
     xd = {n: t.detach() for n, t in x.items()}
     kw = dict(output_final_state=True, safe_gate=True, lower_bound=LOWER, do=do, dht=dht)
@@ -360,7 +362,7 @@ def bwd_breakdown(x, do, dht, variants=()):
     for i, t in enumerate(times[2:]):
         out[f"bwd_{i}"] = t
     K, V = x["q"].shape[-1], x["v"].shape[-1]
-    plan = plan_for(select_spec(False, True, LOWER, False, False), K, V, DTYPE_NAMES[x["q"].dtype], "chunk", False)
+    plan = bench_plan(K, V, x["q"].dtype)
     for name, kwcfg in variants:
         try:
             cfg = default_chunk_bwd_config(plan).replace(**kwcfg)

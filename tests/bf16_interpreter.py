@@ -9,8 +9,8 @@ the dot dtype set to float64 (a marker), and the interpreter's float32 -> float6
 bf16's mantissa (round to nearest even) while keeping float32's range.  So every operand the
 templates cast to the dot dtype is rounded exactly as a bf16 operand is on the GPU; the dots
 multiply and add in float64 and their results are cast to float32, like the GPU's fp32
-accumulator (whose own error is 2^16 times smaller than the operand rounding).  What it does not model: bf16 storage of inputs, intermediates and
-outputs (the intermediates stay float32 here).
+accumulator (whose own error is 2^16 times smaller than the operand rounding).  What it does
+not model: bf16 storage of inputs, intermediates and outputs (they stay float32 here).
 
     python tests/bf16_interpreter.py CASE [CASE ...]     # prints {case: {output: rel. error}}
 
