@@ -1,9 +1,11 @@
-"""Float64 CPU reference implementations for Kimi Delta Attention and the DPLR family.
+"""Float64 reference implementations for Kimi Delta Attention and the DPLR family.
 
-Everything here is plain, differentiable PyTorch evaluated in ``float64`` on the CPU.  These
-functions are the ground truth the generated Triton kernels are tested against, so they favour
-clarity over speed: the recurrent forms loop over tokens, the chunkwise forms loop over chunks
-and spell out every formula with explicit ``exp(G_i - G_j)`` factors.
+Everything here is plain, differentiable PyTorch evaluated in ``float64`` on the device of the
+inputs: ``q``'s device (``g_raw``'s for :func:`kda_gate`), to which the other tensor arguments
+are moved and on which the results are returned (CPU inputs compute on the CPU, CUDA inputs on
+their GPU).  These functions are the ground truth the generated Triton kernels are tested
+against, so they favour clarity over speed: the recurrent forms loop over tokens, the chunkwise
+forms loop over chunks and spell out every formula with explicit ``exp(G_i - G_j)`` factors.
 
 Conventions (flash-linear-attention layout), per head with state ``S`` in ``R^{K x V}``::
 
@@ -22,7 +24,7 @@ must be a multiple of ``H`` and value head ``hv`` reads q/k head ``hv // (HV // 
 ``initial_state`` and the returned final state are ``[N, HV, K, V]`` where ``N = B`` or, with
 ``cu_seqlens`` (int64 ``[N + 1]``, only with ``B == 1``), the number of packed sequences.
 Every function returns ``(o, final_state)`` with ``o: [B, T, HV, V]`` in float64 and
-``final_state`` ``None`` unless ``output_final_state=True``.
+``final_state`` ``None`` unless ``output_final_state=True``, both on ``q``'s device.
 
 Invalid arguments raise :class:`ValueError` with a message naming the function and argument.
 """
@@ -50,7 +52,6 @@ __all__ = [
 
 Tensor = torch.Tensor
 _F64 = torch.float64
-_CPU = torch.device("cpu")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -58,11 +59,11 @@ _CPU = torch.device("cpu")
 # ----------------------------------------------------------------------------------------------
 
 
-def _f64(x: Optional[Tensor]) -> Optional[Tensor]:
-    """Differentiable upcast to float64 on the CPU (``None`` passes through)."""
+def _f64(x: Optional[Tensor], device: torch.device) -> Optional[Tensor]:
+    """Differentiable upcast to float64 on ``device`` (``None`` passes through)."""
     if x is None:
         return None
-    return x.to(device=_CPU, dtype=_F64)
+    return x.to(device=device, dtype=_F64)
 
 
 def _need_tensor(fn: str, name: str, x, ndim: int, what: str) -> Tensor:
@@ -188,16 +189,18 @@ def _per_sequence(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Runs ``core(tensors, S0) -> (o, S)`` per batch (or per packed sequence with cu_seqlens).
 
-    ``tensors`` are [B, T, ...]; the core receives [N', T', ...] slices and a [N', HV, K, V] state.
+    ``tensors`` are [B, T, ...] float64 with ``tensors[0]`` the query; the core receives
+    [N', T', ...] slices and a [N', HV, K, V] state, all on the query's device.
     """
-    h0 = _f64(initial_state)
+    device = tensors[0].device
+    h0 = _f64(initial_state, device)
     if bounds is None:
-        S0 = h0 if h0 is not None else torch.zeros(d.B, d.HV, d.K, d.V, dtype=_F64)
+        S0 = h0 if h0 is not None else torch.zeros(d.B, d.HV, d.K, d.V, dtype=_F64, device=device)
         o, S = core(tensors, S0)
     else:
         outs, states = [], []
         for i, (bos, eos) in enumerate(bounds):
-            S0 = h0[i : i + 1] if h0 is not None else torch.zeros(1, d.HV, d.K, d.V, dtype=_F64)
+            S0 = h0[i : i + 1] if h0 is not None else torch.zeros(1, d.HV, d.K, d.V, dtype=_F64, device=device)
             sl = [None if t is None else t[:, bos:eos] for t in tensors]
             o_i, S_i = core(sl, S0)
             outs.append(o_i)
@@ -261,7 +264,8 @@ def dplr_recurrence(
         output_final_state: return the final state ``[N, HV, K, V]`` (else ``None``).
         cu_seqlens: int64 ``[N + 1]`` boundaries of packed sequences (requires ``B == 1``).
 
-    Returns ``(o [B, T, HV, V], final_state or None)``, float64 on the CPU.
+    Returns ``(o [B, T, HV, V], final_state or None)``, float64 on ``q``'s device (the other
+    tensor arguments are moved there).
     """
     fn = "dplr_recurrence"
     d = _check_qkv(fn, q, k, v)
@@ -276,10 +280,11 @@ def dplr_recurrence(
     s = _check_scale(fn, scale, d.K)
     bounds = _check_state_and_seqlens(fn, d, initial_state, cu_seqlens)
 
-    qe, ke = _expand_heads(_f64(q), d.HV), _expand_heads(_f64(k), d.HV)
-    ae, be = _expand_heads(_f64(a), d.HV), _expand_heads(_f64(b), d.HV)
-    we = _expand_heads(_f64(write_key), d.HV) if write_key is not None else ke
-    tensors = [qe, ke, _f64(v), _f64(log_decay), ae, be, we]
+    dev = q.device
+    qe, ke = _expand_heads(_f64(q, dev), d.HV), _expand_heads(_f64(k, dev), d.HV)
+    ae, be = _expand_heads(_f64(a, dev), d.HV), _expand_heads(_f64(b, dev), d.HV)
+    we = _expand_heads(_f64(write_key, dev), d.HV) if write_key is not None else ke
+    tensors = [qe, ke, _f64(v, dev), _f64(log_decay, dev), ae, be, we]
     return _per_sequence(_recurrence_core(s), tensors, d, initial_state, bounds, output_final_state)
 
 
@@ -289,8 +294,9 @@ def dplr_recurrence(
 
 
 def _kda_via_dplr(q, k, v, g, beta, d, scale, initial_state, output_final_state, cu_seqlens):
-    ke = _expand_heads(_f64(k), d.HV)
-    g64, beta64 = _f64(g), _f64(beta)
+    dev = q.device
+    ke = _expand_heads(_f64(k, dev), d.HV)
+    g64, beta64 = _f64(g, dev), _f64(beta, dev)
     bk = beta64.unsqueeze(-1) * ke
     return dplr_recurrence(
         q, k, v, g64,
@@ -346,7 +352,7 @@ def naive_recurrent_gdn(
     _check_shape(fn, "beta", beta, (d.B, d.T, d.HV), "[B, T, HV]")
     _check_scale(fn, scale, d.K)
     _check_state_and_seqlens(fn, d, initial_state, cu_seqlens)
-    gk = _f64(g).unsqueeze(-1).expand(d.B, d.T, d.HV, d.K)
+    gk = _f64(g, q.device).unsqueeze(-1).expand(d.B, d.T, d.HV, d.K)
     return _kda_via_dplr(q, k, v, gk, beta, d, scale, initial_state, output_final_state, cu_seqlens)
 
 
@@ -366,7 +372,7 @@ def naive_recurrent_deltanet(
     _check_shape(fn, "beta", beta, (d.B, d.T, d.HV), "[B, T, HV]")
     _check_scale(fn, scale, d.K)
     _check_state_and_seqlens(fn, d, initial_state, cu_seqlens)
-    g0 = torch.zeros(d.B, d.T, d.HV, d.K, dtype=_F64)
+    g0 = torch.zeros(d.B, d.T, d.HV, d.K, dtype=_F64, device=q.device)
     return _kda_via_dplr(q, k, v, g0, beta, d, scale, initial_state, output_final_state, cu_seqlens)
 
 
@@ -449,21 +455,21 @@ def _chunk_core(scale: float, chunk_size: int, delta: bool):
             qc, kc, vc, gc = q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], g[:, :, s:e]
             G = gc.cumsum(dim=-2)  # inclusive cumsum within the chunk, per channel
             Gamma = torch.exp(G)
-            idx = torch.arange(n)
+            idx = torch.arange(n, device=q.device)
             lower_incl = idx[:, None] >= idx[None, :]  # j <= i
             lower_strict = idx[:, None] > idx[None, :]  # j < i
             # exp(G_id - G_jd) for j <= i; entries above the diagonal are masked *before* exp so
             # they can neither overflow nor leak NaN gradients.
             dG = G.unsqueeze(-2) - G.unsqueeze(-3)  # [N, HV, n(i), n(j), K]
-            decay = torch.exp(torch.where(lower_incl[..., None], dG, torch.zeros((), dtype=dG.dtype)))
-            zero = torch.zeros((), dtype=q.dtype)
+            zero = torch.zeros((), dtype=q.dtype, device=q.device)
+            decay = torch.exp(torch.where(lower_incl[..., None], dG, zero))
             A_qk = scale * torch.einsum("nhid,nhjd,nhijd->nhij", qc, kc, decay)
             A_qk = torch.where(lower_incl, A_qk, zero)
             if delta:
                 bc = beta[:, :, s:e]
                 A_kk = bc.unsqueeze(-1) * torch.einsum("nhid,nhjd,nhijd->nhij", kc, kc, decay)
                 A_kk = torch.where(lower_strict, A_kk, zero)
-                eye = torch.eye(n, dtype=q.dtype)
+                eye = torch.eye(n, dtype=q.dtype, device=q.device)
                 # T = (I + A_kk)^{-1} Diag(beta)
                 Tm = torch.linalg.solve_triangular(eye + A_kk, torch.diag_embed(bc), upper=False, unitriangular=True)
                 W = Tm @ (Gamma * kc)
@@ -513,12 +519,13 @@ def naive_chunk_kda(
     C = _check_chunk_size(fn, chunk_size)
     s = _check_scale(fn, scale, d.K)
     bounds = _check_state_and_seqlens(fn, d, initial_state, cu_seqlens)
+    dev = q.device
     tensors = [
-        _expand_heads(_f64(q), d.HV),
-        _expand_heads(_f64(k), d.HV),
-        _f64(v),
-        _f64(g),
-        _f64(beta),
+        _expand_heads(_f64(q, dev), d.HV),
+        _expand_heads(_f64(k, dev), d.HV),
+        _f64(v, dev),
+        _f64(g, dev),
+        _f64(beta, dev),
     ]
     return _per_sequence(_chunk_core(s, C, delta=True), tensors, d, initial_state, bounds, output_final_state)
 
@@ -540,7 +547,7 @@ def naive_chunk_gdn(
     d = _check_qkv(fn, q, k, v)
     _check_shape(fn, "g", g, (d.B, d.T, d.HV), "[B, T, HV]")
     _check_shape(fn, "beta", beta, (d.B, d.T, d.HV), "[B, T, HV]")
-    gk = _f64(g).unsqueeze(-1).expand(d.B, d.T, d.HV, d.K)
+    gk = _f64(g, q.device).unsqueeze(-1).expand(d.B, d.T, d.HV, d.K)
     return naive_chunk_kda(q, k, v, gk, beta, chunk_size, scale, initial_state, output_final_state, cu_seqlens)
 
 
@@ -559,7 +566,7 @@ def naive_chunk_deltanet(
     fn = "naive_chunk_deltanet"
     d = _check_qkv(fn, q, k, v)
     _check_shape(fn, "beta", beta, (d.B, d.T, d.HV), "[B, T, HV]")
-    g0 = torch.zeros(d.B, d.T, d.HV, d.K, dtype=_F64)
+    g0 = torch.zeros(d.B, d.T, d.HV, d.K, dtype=_F64, device=q.device)
     return naive_chunk_kda(q, k, v, g0, beta, chunk_size, scale, initial_state, output_final_state, cu_seqlens)
 
 
@@ -582,11 +589,12 @@ def naive_chunk_gla(
     C = _check_chunk_size(fn, chunk_size)
     s = _check_scale(fn, scale, d.K)
     bounds = _check_state_and_seqlens(fn, d, initial_state, cu_seqlens)
+    dev = q.device
     tensors = [
-        _expand_heads(_f64(q), d.HV),
-        _expand_heads(_f64(k), d.HV),
-        _f64(v),
-        _f64(g),
+        _expand_heads(_f64(q, dev), d.HV),
+        _expand_heads(_f64(k, dev), d.HV),
+        _f64(v, dev),
+        _f64(g, dev),
         None,
     ]
     return _per_sequence(_chunk_core(s, C, delta=False), tensors, d, initial_state, bounds, output_final_state)
@@ -603,7 +611,7 @@ def kda_gate(
     dt_bias: Optional[Tensor] = None,
     lower_bound: Optional[float] = None,
 ) -> Tensor:
-    """KDA's gate (FLA's fused in-kernel form), float64 ``[B, T, HV, K]``.
+    """KDA's gate (FLA's fused in-kernel form), float64 ``[B, T, HV, K]`` on ``g_raw``'s device.
 
     * with ``lower_bound`` (a negative float): ``g = lower_bound * sigmoid(exp(A_log[h]) * (g_raw + dt_bias))``,
       which lies in ``[lower_bound, 0)``;
@@ -626,11 +634,12 @@ def kda_gate(
         if not (math.isfinite(float(lower_bound)) and float(lower_bound) < 0):
             raise ValueError(f"{fn}: lower_bound must be a finite negative float, got {lower_bound!r}")
 
-    x = _f64(g_raw)
+    dev = g_raw.device
+    x = _f64(g_raw, dev)
     if dt_bias is not None:
-        x = x + _f64(dt_bias).reshape(HV, K)
-    A = torch.exp(_f64(A_log)).reshape(HV, 1)
+        x = x + _f64(dt_bias, dev).reshape(HV, K)
+    A = torch.exp(_f64(A_log, dev)).reshape(HV, 1)
     if lower_bound is not None:
         return float(lower_bound) * torch.sigmoid(A * x)
     # softplus(x) = log(1 + e^x) = logaddexp(x, 0), exact in float64 (no linear cut-off)
-    return -A * torch.logaddexp(x, torch.zeros((), dtype=_F64))
+    return -A * torch.logaddexp(x, torch.zeros((), dtype=_F64, device=dev))
