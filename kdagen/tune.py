@@ -92,6 +92,7 @@ class TrialRecord:
     reason: str | None = None
     trial_number: int | None = None
     resumed: bool = False  # result read back from the journal of an earlier run
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of build / check / time
 
     @property
     def ok(self) -> bool:
@@ -130,10 +131,22 @@ class TuneResult:
     tolerance: float
     trials: list[TrialRecord]
     finalists: list[Finalist]
+    search_seconds: float = 0.0  # measuring the configs without a result
+    final_seconds: float = 0.0  # the default's measurement and the interleaved re-timing
 
     @property
     def ok(self) -> bool:
         return self.winner is not None
+
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        """Wall time of this call's measurements by phase (build, check, time)."""
+        out = {"build": 0.0, "check": 0.0, "time": 0.0}
+        for t in self.trials:
+            if not t.resumed:
+                for k, v in t.seconds.items():
+                    out[k] += v
+        return out
 
     @property
     def speedup(self) -> float | None:
@@ -148,9 +161,11 @@ class TuneResult:
             head = f"winner {self.winner_time_ms:.4g} ms {_short(self.winner)}"
             if self.default_time_ms:
                 head += f" (default {self.default_time_ms:.4g} ms, x{self.speedup:.2f})"
+        ph = self.phase_seconds
         return (f"{head}; tried {self.n_tried}/{self.n_candidates} (measured {self.n_measured}, "
                 f"resumed {self.n_resumed}), failed {self.n_failed}, rejected {self.n_rejected}, "
-                f"sampler {self.sampler}, seed {self.seed}")
+                f"sampler {self.sampler}, seed {self.seed}; search {self.search_seconds:.1f}s (build "
+                f"{ph['build']:.1f}, check {ph['check']:.1f}, time {ph['time']:.1f}), final {self.final_seconds:.1f}s")
 
 
 class _TrialFailed(Exception):
@@ -208,13 +223,21 @@ def _measure(candidate: Candidate, cfg: Any, index: int, tolerance: float,
     as KeyboardInterrupt goes through)."""
     seed_everything(_derived_seed(seed, _canonical(cfg)))
     rec = TrialRecord(index=index, config=cfg, status="failed")
+
+    def timed(phase: str, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            rec.seconds[phase] = time.perf_counter() - t0
+
     try:
-        built = candidate.build(cfg)
+        built = timed("build", candidate.build, cfg)
     except Exception as e:
         rec.stage, rec.reason = "build", _describe(e)
         return rec, None
     try:
-        err = float(candidate.check(built))
+        err = float(timed("check", candidate.check, built))
     except Exception as e:
         rec.stage, rec.reason = "check", _describe(e)
         return rec, None
@@ -224,7 +247,7 @@ def _measure(candidate: Candidate, cfg: Any, index: int, tolerance: float,
         rec.reason = f"relative error {err:.3g} > tolerance {tolerance:.3g}"
         return rec, None
     try:
-        t = float(candidate.time(built))
+        t = float(timed("time", candidate.time, built))
     except Exception as e:
         rec.stage, rec.reason = "time", _describe(e)
         return rec, None
@@ -463,6 +486,7 @@ def tune(candidates: list[Any], candidate: Any, *, study_name: str,
             elif state["dup"]:
                 enqueue_untried()  # guarantees progress even when the sampler repeats itself
 
+        t_search = time.perf_counter()
         stalls = 0
         while state["measured"] < budget and len(records) < n:
             before = state["measured"]
@@ -479,7 +503,9 @@ def tune(candidates: list[Any], candidate: Any, *, study_name: str,
             else:
                 stalls = 0
 
+        search_seconds = time.perf_counter() - t_search
         # ------------------------------------------------------------ final re-timing
+        t_final = time.perf_counter()
         ranking = best_ok()
         contenders: list[tuple[Finalist, Any, str]] = []
         for r in ranking[:keep]:
@@ -548,6 +574,7 @@ def tune(candidates: list[Any], candidate: Any, *, study_name: str,
             elif f.is_default and default_reason is None:
                 default_reason = f.dropped
 
+        final_seconds = time.perf_counter() - t_final
         all_records = sorted(records.values(), key=lambda r: (r.trial_number is None, r.trial_number or 0))
         result = TuneResult(
             winner=winner, winner_time_ms=winner_time, winner_error=winner_error,
@@ -558,7 +585,8 @@ def tune(candidates: list[Any], candidate: Any, *, study_name: str,
             n_measured=state["measured"], n_resumed=n_resumed, complete=len(records) >= n,
             seed=seed, sampler=sampler_name, study_name=study_name,
             storage_path=str(storage_path), tolerance=tolerance, trials=all_records,
-            finalists=[f for f, _, _ in contenders])
+            finalists=[f for f, _, _ in contenders], search_seconds=search_seconds,
+            final_seconds=final_seconds)
         bar.message(result.summary())
         return result
     finally:

@@ -255,3 +255,25 @@ def test_tpe_covers_the_whole_list_without_remeasuring(tmp_path):
     dups = [t for t in study.trials if t.user_attrs.get("duplicate")]
     assert len(study.trials) == len(cands) + len(dups)
     assert len(dups) <= len(cands)  # each replayed duplicate is followed by an untried config
+
+
+def test_where_the_time_went_is_reported(tmp_path, capsys):
+    """Each measured trial records the wall time of its build, check and time phases; the
+    result sums them (this call's measurements only, not resumed ones) and the summary says
+    so: the tuning run's wall time must be explainable from its log."""
+    import time
+
+    class Slow(Fake):
+        def check(self, built):
+            time.sleep(0.02)
+            return super().check(built)
+
+    cands = recurrent_configs()[:4]
+    res = run(tmp_path, Slow(), cands=cands, progress=True)
+    ph = res.phase_seconds
+    assert all(set(t.seconds) == {"build", "check", "time"} for t in res.trials)
+    assert 4 * 0.02 <= ph["check"] < res.search_seconds and ph["build"] < ph["check"]
+    assert re.search(r"search \d+\.\ds \(build \d+\.\d, check \d+\.\d, time \d+\.\d\), final \d+\.\ds",
+                     capsys.readouterr().err)
+    again = run(tmp_path, Slow(), cands=cands)
+    assert again.n_resumed == 4 and again.phase_seconds == {"build": 0.0, "check": 0.0, "time": 0.0}
