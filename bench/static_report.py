@@ -21,23 +21,21 @@ import tempfile
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kdagen.autotune import launches_for, lower_for  # noqa: E402
 from kdagen.config import ChunkFwdConfig  # noqa: E402
 from kdagen.heuristics import default_chunk_config  # noqa: E402
-from kdagen.kernels import signature_of  # noqa: E402
+from kdagen.kernels import jit_source  # noqa: E402
 from kdagen.ops.common import select_spec  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
 def report(launch) -> dict:
-    src = ASTSource(fn=launch.fn, signature=signature_of(launch.args, launch.constexprs),
-                    constexprs=dict(launch.constexprs))
-    out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+    target = GPUTarget("cuda", 90, 32)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages)
+    out = triton.compile(src, target=target, options=options)
     ptx = out.asm["ptx"]
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")

@@ -75,22 +75,37 @@ def stage_candidates(space: SearchSpace, context: dict, stage: str | None, defau
 
 # --- compile-only ---------------------------------------------------------------------
 
-def _dummy_inputs(plan: Plan, dtype: torch.dtype, T: int = 64):
+CHECK_T_MAX = 1024  # tokens of the correctness check (the timed shape's heads, one sequence)
+COMPILE_SHAPE = (1, 64, 1, 1)  # (B, T, H, HV) compiled for when no tuning shape is given
+
+
+def check_shape(family: str, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """The shape a candidate is built and checked at for a timed ``shape`` (B, T, H, HV): one
+    sequence of ``min(T, CHECK_T_MAX)`` tokens with the timed heads (decode: the timed batch,
+    one token).  Triton specialises its kernels alike for both, so each compiles once."""
+    B, T, H, HV = shape
+    return (B, 1, H, HV) if family == "recurrent" else (1, min(T, CHECK_T_MAX), H, HV)
+
+
+def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, int]):
+    """Zero inputs of ``shape`` (B, T, H, HV) on the CPU, dtypes as the tuner's inputs."""
+    B, T, H, HV = shape
     K, V = plan.K, plan.V
-    q = torch.zeros(1, T, 1, K, dtype=dtype)
-    v = torch.zeros(1, T, 1, V, dtype=dtype)
-    return dict(q=q, k=q.clone(), v=v, g=torch.zeros(1, T, 1, K), beta=torch.zeros(1, T, 1, dtype=dtype),
-                initial_state=torch.zeros(1, 1, K, V))
+    q = torch.zeros(B, T, H, K, dtype=dtype)
+    return dict(q=q, k=q.clone(), v=torch.zeros(B, T, HV, V, dtype=dtype), g=torch.zeros(B, T, HV, K),
+                beta=torch.zeros(B, T, HV, dtype=dtype), initial_state=torch.zeros(B, HV, K, V))
 
 
-def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict):
-    """The launches (kernels + arguments) a config produces, on small CPU tensors."""
+def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
+                 shape: tuple[int, int, int, int] = COMPILE_SHAPE):
+    """The launches (kernels + arguments) a config produces for inputs of ``shape`` (B, T, H,
+    HV), on CPU tensors."""
     from .ops.chunk import chunk_kda_launches
     from .ops.recurrent import prepare_recurrent
     from .runtime import build
     from .validate import check_inputs
 
-    x = _dummy_inputs(plan, dtype)
+    x = _dummy_inputs(plan, dtype, shape)
     if isinstance(config, ChunkFwdConfig):
         launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **spec_args)
         return launches
@@ -119,27 +134,37 @@ class CompileSurvey:
     failures: list = field(default_factory=list)  # (config, reason)
 
 
-def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple):
-    """(op arguments, dtype, plan) rebuilt in a worker process from plain arguments."""
+def family_spec(family: str, spec_args: dict) -> Recurrence:
+    """The spec a family's op builds its kernels for, given the op arguments (g given
+    directly) that tuning passes: ``chunk_kda`` takes ``safe_gate`` and ``lower_bound``;
+    ``fused_recurrent_kda`` has no ``safe_gate`` (FLA's signature), so its kernel is the
+    direct gate's whatever the bound.  Plans, cache keys and studies are made from this spec,
+    so a stored winner has the key the op looks up."""
     from .ops.common import select_spec
 
+    safe = bool(spec_args.get("safe_gate", False)) and family != "recurrent"
+    return select_spec(False, safe, spec_args.get("lower_bound"), False, False)
+
+
+def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple):
+    """(op arguments, dtype, plan) rebuilt in a worker process from plain arguments."""
     args = dict(spec_args)
-    spec = select_spec(False, args.get("safe_gate", False), args.get("lower_bound"), False, False)
     dtype = DTYPES[dtype_name]
-    return args, dtype, lower_for(spec, family, K, V, dtype)
+    return args, dtype, lower_for(family_spec(family, args), family, K, V, dtype)
 
 
-def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, config: dict,
+def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,
                  which: int | None, arch: int, smem_limit: int, gpu_name: str) -> str | None:
-    """Compile one candidate's kernel(s) for ``arch``; None if it fits, else why it was dropped.
-    A top-level function of plain arguments, so a worker process can run it."""
+    """Compile one candidate's kernel(s) for ``arch``, specialised for inputs of ``shape``;
+    None if it fits, else why it was dropped.  A top-level function of plain arguments, so a
+    worker process can run it."""
     from .config import config_from_dict
     from triton.backends.compiler import GPUTarget
 
     args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
     cfg = config_from_dict(family, config)
     try:
-        launches = launches_for(plan, cfg, dtype, args)
+        launches = launches_for(plan, cfg, dtype, args, tuple(shape))
         for ln in (launches if which is None else [launches[which]]):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
                                      ln.num_warps, ln.num_stages)
@@ -157,16 +182,22 @@ def default_jobs() -> int:
 
 def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
                   dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True,
-                  jobs: int = 1) -> list[CompileSurvey]:
+                  jobs: int = 1, shape: tuple[int, int, int, int] | None = None) -> list[CompileSurvey]:
     """Compile every candidate's kernels for ``gpu``'s architecture (no GPU needed); drop the
     ones that fail to compile or exceed the GPU's shared memory per block.  ``jobs`` > 1
-    compiles in that many worker processes (Triton compiles one kernel per thread)."""
+    compiles in that many worker processes (Triton compiles one kernel per thread).
+
+    ``shape``: a tuning shape (B, T, H, HV).  The kernels are specialised as Triton's JIT
+    specialises them at that shape's check shape (:func:`check_shape`,
+    :func:`kdagen.kernels.jit_source`), so on that GPU the tuner finds them in Triton's cache
+    and does not compile them again."""
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
     default = default_for(family, plan)
     stages = list(space.stages) if space.stages else [None]
     dtype_name = DTYPE_SHORT[dtype]
-    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
+    cshape = check_shape(family, shape) if shape is not None else COMPILE_SHAPE
+    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())), cshape)
     gpu_args = (gpu.arch, gpu.smem_per_block_bytes, gpu.name)
     surveys = []
     pool = None
@@ -223,9 +254,6 @@ def _inputs(B, T, H, HV, K, V, dtype, device, seed):
     return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta.to(dtype), initial_state=h0)
 
 
-CHECK_T_MAX = 1024  # tokens of the correctness check (the timed shape's heads, one sequence)
-
-
 def check_heads(H: int, HV: int) -> list[int]:
     """Value heads the float64 reference checks: the first and the last, from different q/k
     head groups when there are several groups (heads are independent in KDA)."""
@@ -240,7 +268,9 @@ class KernelCandidate:
     of the chunk count) exactly as for the timed shape and each candidate compiles once.
     The float64 reference (kdagen's chunkwise one, which the tests hold to the token-by-token
     recurrence within 1e-10) sees only :func:`check_heads` (the recurrence is per value
-    head), which keeps it fast on the CPU for any head count."""
+    head), which keeps it cheap for any head count; it runs in float64 on the candidate's
+    device (on a CPU the backward's reference and its gradients take about 1.1 s at
+    K = V = 128, two heads and 1024 tokens: per candidate, per shape)."""
 
     def __init__(self, family: str, stage: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
                  shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
@@ -248,8 +278,7 @@ class KernelCandidate:
         self.dtype, self.shape, self.device = dtype, shape, device
         self.fwd_config = fwd_config
         self.tolerance = TOLERANCE[dtype]
-        B, T, H, HV = shape
-        self.check_shape = (B, 1, H, HV) if family == "recurrent" else (1, min(T, CHECK_T_MAX), H, HV)
+        self.check_shape = check_shape(family, shape)
         self._x = None  # the timed shape's inputs, made on first use
         self._seed = 0
         self.shared_inputs_from = None  # another stage's candidate whose timed inputs to use
@@ -308,12 +337,12 @@ class KernelCandidate:
         B, T, H, HV = self.check_shape
         sel = check_heads(H, HV)
         qk_sel = [hv // (HV // H) for hv in sel]
-        err = lambda a, b: ((a.double().cpu() - b).norm() / b.norm().clamp_min(1e-300)).item()  # noqa: E731
+        err = lambda a, b: ((a.double() - b).norm() / b.norm().clamp_min(1e-300)).item()  # noqa: E731
 
-        def ref_inputs():
+        def ref_inputs():  # float64 where the candidate runs: on a GPU the reference runs there too
             r = dict(q=x["q"][:, :, qk_sel], k=x["k"][:, :, qk_sel], v=x["v"][:, :, sel], g=x["g"][:, :, sel],
                      beta=x["beta"][:, :, sel], initial_state=x["initial_state"][:, sel])
-            return {n: t.detach().cpu().double() for n, t in r.items()}
+            return {n: t.detach().double() for n, t in r.items()}
 
         if self.family != "chunk_bwd":
             o, s = self._fwd(config, x)
@@ -335,7 +364,7 @@ class KernelCandidate:
         ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
                               initial_state=r["initial_state"], output_final_state=True)
         ref = torch.autograd.grad((ref_o, ref_s), [r[n] for n in GRAD_INPUTS],
-                                  (do[:, :, sel].cpu().double(), dht[:, sel].cpu().double()))
+                                  (do[:, :, sel].double(), dht[:, sel].double()))
         e = 0.0
         for n, gr in zip(GRAD_INPUTS, ref):
             t = got[n]

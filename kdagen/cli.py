@@ -157,7 +157,8 @@ def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, confi
             lb = lower_bound if (gate_in_kernel != "softplus") else None
             if gate_in_kernel == "lower_bound" and lb is None:
                 lb = -5.0
-            spec = select_spec(gik, lb is not None and not gik, lb, True, True)
+            # fused_recurrent_kda has no safe_gate: with g given its kernel is the direct gate's
+            spec = select_spec(gik, lb is not None and not gik and form != "recurrent", lb, True, True)
         plan = lower(spec, K, V, DTYPE_NAMES[DTYPES[dtype]], "recurrent" if form == "recurrent" else "chunk",
                      gate_in_kernel != "none")
     except (ValueError, LoweringError) as e:
@@ -218,7 +219,7 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
     for the GPU's architecture (no GPU needed), and -- when the current GPU is that GPU --
     tune them and store the winners in the cache.
     """
-    from .autotune import DTYPES, compile_check, default_jobs, lower_for
+    from .autotune import DTYPES, compile_check, default_jobs, family_spec, lower_for
     from .gpus import detect_current
     from .lower import LoweringError
     from .ops.common import select_spec
@@ -252,12 +253,15 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
     t_start = time.time()
     for K, V in _head_dims(head_dim):
         for fam in families:
+            fspec = family_spec(fam, spec_args)  # the decode op's kernel has no gate bound
             try:
-                plan = lower_for(spec, fam, K, V, dt)
+                plan = lower_for(fspec, fam, K, V, dt)
             except (ValueError, LoweringError) as e:
                 raise click.UsageError(str(e)) from None
-            surveys = compile_check(fam, plan, spec, spec_args, gpu, dt, space=user_space, progress=not quiet,
-                                    jobs=jobs or default_jobs())
+            # specialised as the tuner's first shape will run them: on that GPU it loads these binaries
+            first = _tuning_shapes(fam, K, shapes, decode_batches)[:1]
+            surveys = compile_check(fam, plan, fspec, spec_args, gpu, dt, space=user_space, progress=not quiet,
+                                    jobs=jobs or default_jobs(), shape=first[0][0] if first else None)
             for s in surveys:
                 label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
                 click.echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
@@ -266,14 +270,14 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
                     click.echo(f"      dropped {cfg.short()}: {why}")
                 if not s.survivors:
                     total_fail += 1
-            surveys_all[(K, V, fam)] = (plan, surveys)
+            surveys_all[(K, V, fam)] = (plan, fspec, surveys)
     click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
     if total_fail:
         click.echo("error: some kernels have no config that compiles for this GPU", err=True)
         sys.exit(1)
     if will_tune:
         try:
-            _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
+            _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
                             jobs or default_jobs())
         except (KeyboardInterrupt, RuntimeError) as e:
             # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
@@ -286,7 +290,25 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
     click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 
-def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, jobs=1):
+def _tuning_shapes(fam: str, K: int, shapes: str, decode_batches: str) -> list[tuple[tuple, dict]]:
+    """((B, T, H, HV), shape hint) of each shape a family is tuned at for head dim K: the
+    chunk forms at ``--shapes`` entries with that K, decode at ``--decode-batches`` with 32 heads."""
+    if fam == "recurrent":
+        return [((int(b), 1, 32, 32), dict(T=1, B=int(b), N=int(b))) for b in decode_batches.split(",") if b.strip()]
+    out = []
+    for sh in shapes.split(";"):
+        if not sh.strip():
+            continue
+        try:
+            B, T, H, Ks = (int(x) for x in sh.split(","))
+        except ValueError:
+            raise click.BadParameter(f"{sh!r}: expected B,T,H,K", param_hint="--shapes") from None
+        if Ks == K:
+            out.append(((B, T, H, H), dict(T=T, B=B, N=B)))
+    return out
+
+
+def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, jobs=1):
     from .autotune import tune_family
     from .cache import TuningCache, make_entry
     from .config import ChunkFwdConfig
@@ -294,17 +316,9 @@ def _tune_and_store(gpu, spec, spec_args, dt, surveys_all, shapes, decode_batche
 
     cache = TuningCache(gpu.name)
     fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
-    for (K, V, fam), (plan, surveys) in surveys_all.items():
+    for (K, V, fam), (plan, spec, surveys) in surveys_all.items():
         by_stage = {s.stage: s.survivors for s in surveys}
-        if fam in ("chunk_fwd", "chunk_bwd"):
-            todo = []
-            for sh in shapes.split(";"):
-                B, T, H, Ks = (int(x) for x in sh.split(","))
-                if Ks == K:
-                    todo.append(((B, T, H, H), dict(T=T, B=B, N=B)))
-        else:
-            todo = [((int(b), 1, 32, 32), dict(T=1, B=int(b), N=int(b))) for b in decode_batches.split(",")]
-        for shape, hint in todo:
+        for shape, hint in _tuning_shapes(fam, K, shapes, decode_batches):
             t0 = time.time()
             if fam == "chunk_bwd":  # the compile survey ran at the default chunk length
                 fwd = fwd_winners.get((K, V, shape))

@@ -16,9 +16,6 @@ from .paths import generated_dir
 
 _LOADED: dict[str, Any] = {}
 
-_PTR_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
-              torch.int32: "*i32", torch.int64: "*i64"}
-
 
 def write_source(src: GeneratedSource) -> str:
     """Write the source under the cache directory (atomically, once) and return its path."""
@@ -56,40 +53,44 @@ class CompileReport:
     num_warps: int
     n_regs: int | None
     n_spills: int | None
+    cache_key: str = ""  # Triton's on-disk cache key of the binary
 
 
-def signature_of(args: dict[str, Any], constexprs: dict[str, Any]) -> dict[str, str]:
-    sig = {}
-    for name, val in args.items():
-        if isinstance(val, torch.Tensor):
-            sig[name] = _PTR_TYPES[val.dtype]
-        elif val is None:
-            sig[name] = "*i8"  # an unused pointer argument
-        elif isinstance(val, bool):
-            sig[name] = "i1"
-        elif isinstance(val, int):
-            sig[name] = "i64" if abs(val) >= 2 ** 31 else "i32"
-        elif isinstance(val, float):
-            sig[name] = "fp32"
-        else:
-            raise TypeError(f"cannot type kernel argument {name}={val!r}")
-    for name in constexprs:
-        sig[name] = "constexpr"
-    return sig
+def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int, num_stages: int):
+    """``(ASTSource, options)`` exactly as Triton's JIT builds them when ``fn[grid](**args,
+    **constexprs, num_warps=..., num_stages=...)`` runs on a ``target`` GPU: the same
+    specialisation of every argument (16-byte alignment of pointers, divisibility by 16 of
+    integers, integers equal to 1 made constant) and the same options.  A kernel compiled
+    from it therefore has the on-disk cache key of the JIT's own compile, and the device
+    loads it instead of compiling again.  No GPU is needed (the binder is Triton's, built for
+    ``target``'s backend); this follows Triton 3.6's ``JITFunction.run``."""
+    from triton import knobs
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(target)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages}
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    bound_args, specialization, options = binder(**kwargs)
+    options, signature, consts, attrs = fn._pack_args(backend, kwargs, bound_args, specialization, options)
+    return ASTSource(fn, signature, consts, attrs), options.__dict__
 
 
 def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int,
                        num_stages: int) -> CompileReport:
-    """Compile a jitted kernel for ``target`` (a triton GPUTarget) with no GPU present."""
+    """Compile a jitted kernel for ``target`` (a triton GPUTarget) with no GPU present, as the
+    JIT would on that GPU for these arguments (:func:`jit_source`)."""
     import triton
-    from triton.compiler import ASTSource
 
-    src = ASTSource(fn=fn, signature=signature_of(args, constexprs), constexprs=dict(constexprs))
-    out = triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+    src, options = jit_source(fn, args, constexprs, target, num_warps, num_stages)
+    out = triton.compile(src, target=target, options=options)
     md = out.metadata
     return CompileReport(name=fn.__name__, target=f"{target.backend}:{target.arch}",
                          shared_bytes=int(getattr(md, "shared", 0)), num_warps=num_warps,
-                         n_regs=getattr(out, "n_regs", None), n_spills=getattr(out, "n_spills", None))
+                         n_regs=getattr(out, "n_regs", None), n_spills=getattr(out, "n_spills", None),
+                         cache_key=out.hash)
 
 
 # --- launching ------------------------------------------------------------------------

@@ -197,8 +197,8 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
         plan = A.lower_for(spec, fam, 64, 64, torch.bfloat16)
         stages = ("intra", "state") if fam == "chunk_fwd" else ("state", "dqkw", "intra")
         default = A.default_for(fam, plan)
-        surveys[(64, 64, fam)] = (plan, [A.CompileSurvey(fam, st, 1, [default]) for st in stages])
-    cli._tune_and_store(get_profile("h200"), spec, {"safe_gate": True, "lower_bound": -5.0}, torch.bfloat16,
+        surveys[(64, 64, fam)] = (plan, spec, [A.CompileSurvey(fam, st, 1, [default]) for st in stages])
+    cli._tune_and_store(get_profile("h200"), {"safe_gate": True, "lower_bound": -5.0}, torch.bfloat16,
                         surveys, "1,512,4,64", "1", None, 0, True, jobs=3)
     (f_fam, f_shape, f_fwd, _, f_iso), (b_fam, b_shape, b_fwd, b_cands, b_iso) = calls
     assert (f_fam, b_fam) == ("chunk_fwd", "chunk_bwd") and f_shape == b_shape == (1, 512, 4, 4)
@@ -208,6 +208,64 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     assert "warning: chunk_bwd" in err and "default config failed" in err and "chunk_fwd K=64" not in err
     entries = TuningCache("h200", cache_dir=tmp_path).entries()
     assert sorted(k.split("-")[0] for k in entries) == ["chunk_bwd", "chunk_fwd"]
+
+
+def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
+    """`kdagen build` on the matching GPU (tuning faked: each family's winner differs from its
+    default in one field) stores winners under the keys the ops look up: chunk_kda with the
+    bound the build assumed, its backward, and fused_recurrent_kda -- whose kernel has no
+    gate bound (it takes no safe_gate), so its winner must not be keyed by the bounded spec."""
+    import kdagen
+    import kdagen.autotune as A
+    import kdagen.gpus
+    import kdagen.runtime as RT
+    import kdagen.tuned as TU
+    from kdagen.gpus import get_profile
+
+    h200 = get_profile("h200")
+    monkeypatch.setattr(kdagen.gpus, "detect_current", lambda *a, **k: h200)
+    monkeypatch.setattr(TU, "_current_gpu", lambda: h200)
+    monkeypatch.setattr(TU, "_MEMO", {})
+    TU._cache_for.cache_clear()
+    monkeypatch.setattr(A, "compile_check",
+                        lambda fam, plan, *a, **k: [A.CompileSurvey(fam, None, 1, [A.default_for(fam, plan)])])
+    tuned = {"chunk_fwd": dict(state_num_warps=8), "chunk_bwd": dict(intra_num_warps=8), "recurrent": dict(num_warps=2)}
+
+    def fake_tune_family(fam, plan, spec, spec_args, gpu, dt, shape, fwd_config=None, **kw):
+        d = A.default_for(fam, plan, {"N": shape[0], "HV": shape[3]}, fwd_config)
+        return d.replace(**tuned[fam]), 1.0, 2.0, {}
+
+    monkeypatch.setattr(A, "tune_family", fake_tune_family)
+    res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "16", "--dtype", "fp32",
+                               "--shapes", "1,64,2,16", "--decode-batches", "2"])
+    assert res.exit_code == 0, res.output
+    assert res.output.count("tuned ") == 3
+
+    used = []
+    real_build, real_bwd = RT.build, RT._build_chunk_bwd
+    monkeypatch.setattr(RT, "build", lambda plan, config: used.append(config) or real_build(plan, config))
+    monkeypatch.setattr(RT, "_build_chunk_bwd",
+                        lambda plan, config, gg: used.append(config) or real_bwd(plan, config, gg))
+    g = torch.Generator().manual_seed(0)
+    x = {n: torch.randn(*s, generator=g) for n, s in
+         dict(q=(1, 64, 2, 16), k=(1, 64, 2, 16), v=(1, 64, 2, 16), g=(1, 64, 2, 16), beta=(1, 64, 2)).items()}
+    x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
+    x["g"] = -torch.rand(1, 64, 2, 16, generator=g)
+    x["beta"] = torch.sigmoid(x["beta"])
+    leaves = {n: t.requires_grad_(True) for n, t in x.items()}
+    o, _ = kdagen.chunk_kda(**leaves, safe_gate=True, lower_bound=-5.0)
+    o.sum().backward()
+    with torch.no_grad():
+        step = {n: t.detach()[:1, :1].expand(2, 1, *t.shape[2:]).contiguous() for n, t in x.items()}
+        kdagen.fused_recurrent_kda(**step)
+        kdagen.fused_recurrent_kda(**step, lower_bound=-5.0)
+    kinds = [type(c).__name__ for c in used]
+    assert kinds.count("RecurrentConfig") == 2 and "ChunkFwdConfig" in kinds and "ChunkBwdConfig" in kinds
+    for c in used:
+        fam = {"ChunkFwdConfig": "chunk_fwd", "ChunkBwdConfig": "chunk_bwd", "RecurrentConfig": "recurrent"}[
+            type(c).__name__]
+        field, value = next(iter(tuned[fam].items()))
+        assert getattr(c, field) == value, (fam, c)
 
 
 @pytest.mark.parametrize("how", ["keyboard", "lock"])

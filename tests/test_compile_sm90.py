@@ -45,7 +45,13 @@ CHUNK_CASES = [
                                                         state_num_warps=4), {}),
     ("bf16-C32-BV64", "bfloat16", 128, 128, "safe", dict(chunk_size=32, intra_block_k=128, state_block_v=64), {}),
     ("bf16-K256V256-C64-BV64", "bfloat16", 256, 256, "safe",
-     dict(chunk_size=64, intra_block_k=128, state_block_v=64, state_num_warps=8), {}),
+     dict(chunk_size=64, intra_block_k=128, state_block_v=64, state_num_warps=8, state_num_stages=1), {}),
+    # compiled as the JIT specialises it (16-byte aligned pointers, sizes divisible by 16),
+    # the two-stage pipeline of this state tile needs 248 KiB: over the limit, so the
+    # compile-check must drop it (the unspecialised compile reported less, and passed it)
+    ("bf16-K256V256-C64-BV64-2stages", "bfloat16", 256, 256, "safe",
+     dict(chunk_size=64, intra_block_k=128, state_block_v=64, state_num_warps=8, state_num_stages=2),
+     dict(over_smem="chunk_state")),
     ("bf16-varlen-intermediate-states", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True)),
     ("bf16-C32-cumsum-dot", "bfloat16", 128, 128, "safe", dict(chunk_size=32, intra_block_k=128, state_block_v=32, cumsum="dot"), {}),
     ("fp16-K96V192-cumsum-dot-elementwise", "float16", 96, 192, "free",
@@ -205,6 +211,9 @@ def test_chunk_kernels_compile_for_sm90(case, compiled):
     assert [e["kind"] for e in entries] == ["chunk_intra", "chunk_state"], entries
     for e in entries:
         _check_ok(e)
+        if extra.get("over_smem") == e["kind"]:
+            assert e["shared_bytes"] > SMEM_LIMIT, e["shared_bytes"]
+            continue
         assert 0 < e["shared_bytes"] <= SMEM_LIMIT, (
             f"{e['kind']}: {e['shared_bytes']} bytes of shared memory (limit {SMEM_LIMIT})")
     intra, state = (e["constexprs"] for e in entries)

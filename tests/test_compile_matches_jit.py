@@ -1,0 +1,95 @@
+"""The compile-check builds the binaries the device will load.
+
+`kdagen build` compiles every candidate for the named GPU without that GPU; on the matching
+GPU the tuner then builds each candidate through Triton's JIT.  Both must produce the same
+kernel -- the same specialisation of every argument and the same options, hence the same
+on-disk cache key -- or every kernel is compiled twice (run 10 spent 81 s compile-checking and
+then compiled again on the device).  Checked here without a GPU:
+
+1. :func:`kdagen.kernels.compile_for_target` and Triton's own JIT (``JITFunction.warmup``
+   under a stand-in driver that reports an sm_90 device) give the same cache key;
+2. the kernels a tuning candidate's build launches at its check shape (the op's code path,
+   launches recorded instead of run) are among those the compile-check compiles for that shape.
+
+Runs in a subprocess without ``TRITON_INTERPRET`` (the conftest sets it for this process).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPT = r'''
+import json, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+import kdagen.autotune as A
+import kdagen.kernels as KN
+import kdagen.ops.chunk as OC
+import kdagen.ops.recurrent as OR
+from kdagen.kernels import compile_for_target, jit_source
+
+target = GPUTarget("cuda", 90, 32)
+sa = {"safe_gate": True, "lower_bound": -5.0}
+out = {"jit": [], "build": {}}
+
+# 1. compile_for_target's cache key is the JIT's
+class StandInDriver:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return target
+
+plan = A.lower_for(A.family_spec("recurrent", sa), "recurrent", 16, 16, torch.float16)
+shape = A.check_shape("recurrent", (4, 1, 2, 2))
+(ln,) = A.launches_for(plan, A.default_for("recurrent", plan), torch.float16, sa, shape)
+rep = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
+driver.set_active(StandInDriver())
+kern = ln.fn.warmup(**ln.args, **ln.constexprs, grid=ln.grid, num_warps=ln.num_warps, num_stages=ln.num_stages)
+# (the stand-in stays: nothing below launches)
+out["jit"] = [rep.cache_key, kern.hash]
+
+# 2. what a candidate's build launches at its check shape is what compile_check compiles for it
+ran = []
+def record(fn, grid, args, constexprs, num_warps, num_stages):
+    src, opts = jit_source(fn, args, constexprs, target, num_warps, num_stages)
+    ran.append([fn.__name__, src.hash(), sorted(opts.items())])
+KN.launch = OR.launch = record
+OC.check_runnable = OR.check_runnable = lambda q: None
+for fam, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2)), ("recurrent", (64, 1, 4, 4))]:
+    plan = A.lower_for(A.family_spec(fam, sa), fam, 32, 32, torch.bfloat16)
+    hint = {"N": shape[0], "HV": shape[3]}
+    fwd = A.default_for("chunk_fwd", plan, hint) if fam == "chunk_bwd" else None
+    cfg = A.default_for(fam, plan, hint, fwd)
+    ran.clear()
+    A.KernelCandidate(fam, None, plan, sa, torch.bfloat16, shape, device="cpu", fwd_config=fwd).build(cfg)
+    compiled = []
+    for ln in A.launches_for(plan, cfg, torch.bfloat16, sa, A.check_shape(fam, shape)):
+        src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
+        compiled.append([ln.fn.__name__, src.hash(), sorted(opts.items())])
+    out["build"][fam] = {"ran": ran[:], "compiled": compiled}
+print(json.dumps(out))
+'''
+
+
+def test_compile_check_builds_what_the_device_jit_loads(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["KDAGEN_CACHE_DIR"] = str(tmp_path)
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    ours, jits = out["jit"]
+    assert ours and ours == jits
+    for fam, d in out["build"].items():
+        compiled = {json.dumps(c) for c in d["compiled"]}
+        ran_names = {c[0] for c in d["ran"]}
+        # the family's own kernels (the backward's build also runs the training forward)
+        own = [c for c in d["ran"] if c[0] in {x[0] for x in d["compiled"]}]
+        assert own and len(d["compiled"]) == {"chunk_fwd": 2, "chunk_bwd": 3, "recurrent": 1}[fam]
+        assert {c[0] for c in d["compiled"]} <= ran_names, fam
+        assert all(json.dumps(c) in compiled for c in own), fam
