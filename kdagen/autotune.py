@@ -7,6 +7,7 @@ The generic Optuna engine is :mod:`kdagen.tune`; this module supplies what it se
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import sys
@@ -146,8 +147,10 @@ def family_spec(family: str, spec_args: dict) -> Recurrence:
     return select_spec(False, safe, spec_args.get("lower_bound"), False, False)
 
 
+@functools.lru_cache(maxsize=64)
 def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple):
-    """(op arguments, dtype, plan) rebuilt in a worker process from plain arguments."""
+    """(op arguments, dtype, plan) rebuilt in a worker process from plain arguments (once per
+    process: lowering runs sympy)."""
     args = dict(spec_args)
     dtype = DTYPES[dtype_name]
     return args, dtype, lower_for(family_spec(family, args), family, K, V, dtype)
@@ -475,26 +478,69 @@ def _precompile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tup
     return None
 
 
+class GpuWorkerPool:
+    """Spawned worker processes kept for a series of :func:`precompile` calls (`kdagen build`:
+    every shape of every family), so that each worker's start-up -- importing torch, Triton
+    and kdagen, a CUDA context -- is paid once, not per shape.  A pool whose worker died is
+    replaced on the next use."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self._pool = None
+        self.replaced = 0
+
+    def get(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def discard(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            self.replaced += 1
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: list, jobs: int,
-               fwd_config: ChunkFwdConfig | None = None, progress: bool = True) -> float:
-    """Compile every ``(stage, config)`` in ``jobs`` GPU worker processes before the
-    (sequential) timed search; returns the seconds it took.  Failures are left for the
-    tuner to record (a GPU fault in a worker ends only that worker)."""
+               fwd_config: ChunkFwdConfig | None = None, progress: bool = True,
+               pool: GpuWorkerPool | None = None) -> float:
+    """Compile every ``(stage, config)`` in ``jobs`` GPU worker processes (those of ``pool``
+    when given) before the (sequential) timed search; returns the seconds it took.  Failures
+    are left for the tuner to record (a GPU fault in a worker ends only that worker)."""
     if jobs <= 1 or len(staged) < 2:
         return 0.0
     t0 = time.time()
     dtype_name = DTYPE_SHORT[dtype]
     common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
     fdict = None if fwd_config is None else fwd_config.to_dict()
+    own = pool is None
+    if own:
+        pool = GpuWorkerPool(min(jobs, len(staged)))
     lost = []
-    with ProcessPoolExecutor(max_workers=min(jobs, len(staged)),
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
-        futs = [pool.submit(_precompile_one, *common, st, c.to_dict(), tuple(shape), fdict) for st, c in staged]
+    try:
+        ex = pool.get()
+        futs = [ex.submit(_precompile_one, *common, st, c.to_dict(), tuple(shape), fdict) for st, c in staged]
         for n, fut in enumerate(as_completed(futs), 1):
             if fut.exception() is not None:  # the worker died (BrokenProcessPool): not a compile error
                 lost.append(fut.exception())
             if n == len(futs) or n % 8 == 0:
                 _progress(f"  [{family} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
+    finally:
+        if own:
+            pool.close()
+        elif lost:
+            pool.discard()
     if lost:
         _progress(f"  [{family} precompile] {len(lost)} of {len(futs)} not compiled, a worker died "
                   f"({type(lost[0]).__name__}); the tuner compiles them itself", progress)
@@ -504,12 +550,14 @@ def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: l
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
                 progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
-                fwd_config: ChunkFwdConfig | None = None, isolate: bool = False, device: str = "cuda"):
+                fwd_config: ChunkFwdConfig | None = None, isolate: bool = False, device: str = "cuda",
+                worker: IsolatedCandidate | None = None, pool: GpuWorkerPool | None = None):
     """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results).
 
-    ``jobs`` > 1 compiles the candidates in that many GPU worker processes first.
-    ``isolate``: build, check and time the candidates in a worker process
-    (:mod:`kdagen.isolation`), so a config that faults the GPU is one failed trial.
+    ``jobs`` > 1 compiles the candidates in that many GPU worker processes first (``pool``'s,
+    when given).  ``isolate``: build, check and time the candidates in a worker process
+    (:mod:`kdagen.isolation`), so a config that faults the GPU is one failed trial; ``worker``:
+    the isolated worker to use (it is remade with this shape's candidates and left open).
     ``fwd_config``: for ``chunk_bwd``, the forward config at this shape (its chunk lengths
     are the backward's; default: the forward's heuristic)."""
     from .paths import studies_dir
@@ -546,9 +594,14 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
             canon = c.canonical()
             if canon not in done or canon in keep or c is default:
                 todo[(st, canon)] = (st, c)
-    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, fwd_config, progress)
-    isolated = (IsolatedCandidate(StagedCandidates, family, tuple(stages), plan, spec_args, dtype, shape,
-                                  device=device, fwd_config=fwd_config) if isolate else None)
+    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, fwd_config, progress, pool)
+    make = (StagedCandidates, family, tuple(stages), plan, spec_args, dtype, shape)
+    isolated = None
+    if worker is not None:
+        worker.remake(*make, device=device, fwd_config=fwd_config)
+        isolated = worker
+    elif isolate:
+        isolated = IsolatedCandidate(*make, device=device, fwd_config=fwd_config)
     try:
         for stage in stages:
             name = names[stage]
@@ -560,7 +613,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
                                   storage_path=studies_dir() / f"{name}.journal",
                                   default_config=default, seed=seed, progress=progress, finalists=FINALISTS)
     finally:
-        if isolated is not None:
+        if isolated is not None and isolated is not worker:
             isolated.close()
     if stages == [None]:
         r = results[None]

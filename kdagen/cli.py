@@ -309,41 +309,46 @@ def _tuning_shapes(fam: str, K: int, shapes: str, decode_batches: str) -> list[t
 
 
 def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, jobs=1):
-    from .autotune import tune_family
+    from .autotune import GpuWorkerPool, StagedCandidates, tune_family
     from .cache import TuningCache, make_entry
     from .config import ChunkFwdConfig
+    from .isolation import IsolatedCandidate
     from .tuned import cache_key
 
     cache = TuningCache(gpu.name)
     fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
-    for (K, V, fam), (plan, spec, surveys) in surveys_all.items():
-        by_stage = {s.stage: s.survivors for s in surveys}
-        for shape, hint in _tuning_shapes(fam, K, shapes, decode_batches):
-            t0 = time.time()
-            if fam == "chunk_bwd":  # the compile survey ran at the default chunk length
-                fwd = fwd_winners.get((K, V, shape))
-                if fwd is not None:
-                    by_stage = {st: [c.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk) for c in cs]
-                                for st, cs in by_stage.items()}
-            winner, ms, default_ms, _ = tune_family(fam, plan, spec, spec_args, gpu, dt, shape, space=user_space,
-                                                    seed=seed, progress=not quiet, candidates_by_stage=by_stage,
-                                                    jobs=jobs, fwd_config=fwd_winners.get((K, V, shape)),
-                                                    isolate=True)
-            if fam == "chunk_fwd" and winner is not None:
-                fwd_winners[(K, V, shape)] = winner
-            if winner is None:
-                click.echo(f"  {fam} K={K} V={V} shape {shape}: no candidate passed the correctness gate", err=True)
-                continue
-            key = cache_key(plan, fam, hint, gpu)
-            cache.store(key, make_entry(config=winner.to_dict(), kernel=fam, time_ms=ms, error=0.0,
-                                        default_time_ms=default_ms))
-            sp = f" (x{default_ms / ms:.2f} vs default {default_ms:.3f} ms)" if default_ms else ""
-            click.echo(f"  tuned {fam} K={K} V={V} shape {shape}: {ms:.3f} ms{sp} in {time.time() - t0:.0f}s "
-                       f"-> {winner.short()}")
-            if default_ms is None:  # what users run untuned failed here: say so
-                click.echo(f"  warning: {fam} K={K} V={V} shape {shape}: the heuristic default config failed to "
-                           f"build, check or time at this shape (see the trials' reasons above); the stored winner "
-                           f"was not compared with it", err=True)
+    # one GPU worker pool (compiling ahead) and one isolated worker (measuring) serve every
+    # family and shape: their start-up is paid once
+    with GpuWorkerPool(jobs) as pool, IsolatedCandidate(StagedCandidates) as worker:
+        for (K, V, fam), (plan, spec, surveys) in surveys_all.items():
+            by_stage = {s.stage: s.survivors for s in surveys}
+            for shape, hint in _tuning_shapes(fam, K, shapes, decode_batches):
+                t0 = time.time()
+                if fam == "chunk_bwd":  # the compile survey ran at the default chunk length
+                    fwd = fwd_winners.get((K, V, shape))
+                    if fwd is not None:
+                        by_stage = {st: [c.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
+                                         for c in cs] for st, cs in by_stage.items()}
+                winner, ms, default_ms, _ = tune_family(
+                    fam, plan, spec, spec_args, gpu, dt, shape, space=user_space, seed=seed, progress=not quiet,
+                    candidates_by_stage=by_stage, jobs=jobs, fwd_config=fwd_winners.get((K, V, shape)),
+                    isolate=True, worker=worker, pool=pool)
+                if fam == "chunk_fwd" and winner is not None:
+                    fwd_winners[(K, V, shape)] = winner
+                if winner is None:
+                    click.echo(f"  {fam} K={K} V={V} shape {shape}: no candidate passed the correctness gate",
+                               err=True)
+                    continue
+                key = cache_key(plan, fam, hint, gpu)
+                cache.store(key, make_entry(config=winner.to_dict(), kernel=fam, time_ms=ms, error=0.0,
+                                            default_time_ms=default_ms))
+                sp = f" (x{default_ms / ms:.2f} vs default {default_ms:.3f} ms)" if default_ms else ""
+                click.echo(f"  tuned {fam} K={K} V={V} shape {shape}: {ms:.3f} ms{sp} in {time.time() - t0:.0f}s "
+                           f"-> {winner.short()}")
+                if default_ms is None:  # what users run untuned failed here: say so
+                    click.echo(f"  warning: {fam} K={K} V={V} shape {shape}: the heuristic default config failed "
+                               f"to build, check or time at this shape (see the trials' reasons above); the stored "
+                               f"winner was not compared with it", err=True)
     click.echo(f"winners stored in {cache.path}")
 
 

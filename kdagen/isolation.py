@@ -14,6 +14,7 @@ import multiprocessing
 import traceback
 from typing import Any
 
+REMAKE = "__remake__"  # the message that swaps the worker's candidate
 FATAL_MARKERS = ("CUDA error", "AcceleratorError", "cudaError", "device-side assert", "illegal memory access")
 
 
@@ -43,6 +44,16 @@ def _worker(conn, factory, args: tuple, kwargs: dict) -> None:
         if msg is None:
             return
         method, config = msg
+        if method == REMAKE:  # another candidate for the same worker (its process, CUDA context, imports)
+            cand = None
+            try:
+                factory, args, kwargs = config
+                cand = factory(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                conn.send(("err", type(e).__name__, str(e)[:2000], True))
+                return
+            conn.send(("ok", None))
+            continue
         try:
             conn.send(("ok", getattr(cand, method)(config)))
         except Exception as e:  # noqa: BLE001 - reported to the parent as a failed trial
@@ -116,6 +127,26 @@ class IsolatedCandidate:
         if fatal:
             self._discard()
         raise CandidateError(f"{type_name}: {message}" + (" (worker restarted)" if fatal else ""))
+
+    def remake(self, factory, *args, **kwargs) -> None:
+        """Hold another candidate, ``factory(*args, **kwargs)``, from now on.  A live worker
+        makes it in place, so its start-up (imports, CUDA context) is paid once for a series of
+        candidates (kdagen build: every shape of every family); otherwise the next call starts
+        a worker with it.  A candidate that cannot be made raises :class:`CandidateError`."""
+        self.factory, self.args, self.kwargs = factory, args, kwargs
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self._discard()
+            return
+        try:
+            self._conn.send((REMAKE, (factory, args, kwargs)))
+        except (BrokenPipeError, OSError):
+            self._discard()
+            return
+        reply = self._recv("remake")
+        if reply[0] != "ok":
+            self._discard()
+            raise CandidateError(f"candidate could not be made in the worker: {reply[1]}: {reply[2]}")
 
     # -- the candidate protocol
     def build(self, config: Any) -> Any:

@@ -164,6 +164,40 @@ def test_precompile_survives_a_dying_worker(monkeypatch, capsys):
     assert secs >= 0 and "a worker died" in capsys.readouterr().err
 
 
+def _record_pid(*args):
+    import os
+    from pathlib import Path
+
+    (Path(os.environ["KDAGEN_TEST_PIDS"]) / f"{os.getpid()}-{args[6]['chunk_size']}").touch()
+
+
+def test_a_shared_pool_compiles_every_shape_in_the_same_workers(tmp_path, monkeypatch):
+    """`kdagen build` passes one GpuWorkerPool to every shape's precompile: the same worker
+    processes serve them all (their start-up is paid once); when a worker dies the pool is
+    replaced and the next precompile runs in new workers."""
+    monkeypatch.setenv("KDAGEN_TEST_PIDS", str(tmp_path))
+    monkeypatch.setattr(A, "_precompile_one", _record_pid)
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = A.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
+    d = default_chunk_config(plan)
+
+    def pids(C):
+        A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d.replace(chunk_size=C))] * 6,
+                     jobs=2, pool=pool, progress=False)
+        return {f.name.split("-")[0] for f in tmp_path.glob(f"*-{C}")}
+
+    with A.GpuWorkerPool(2) as pool:
+        first, second = pids(16), pids(32)
+        assert first and first == second and len(first) <= 2
+        monkeypatch.setattr(A, "_precompile_one", _die)
+        A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d)] * 2, jobs=2, pool=pool,
+                     progress=False)
+        assert pool.replaced == 1
+        monkeypatch.setattr(A, "_precompile_one", _record_pid)
+        third = pids(64)
+        assert third and not third & first
+
+
 def test_resumed_study_precompiles_only_what_it_will_build(tmp_path, monkeypatch):
     """A second run of the same studies measures nothing again, so it compiles ahead only
     the default and the fastest configs it re-times, and comes to the same winner."""

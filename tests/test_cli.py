@@ -185,8 +185,8 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     fwd_win = ChunkFwdConfig(chunk_size=64)
 
     def fake_tune_family(fam, plan, spec_, spec_args, gpu, dt, shape, space=None, seed=0, progress=True,
-                         candidates_by_stage=None, jobs=1, fwd_config=None, isolate=False):
-        calls.append((fam, shape, fwd_config, candidates_by_stage, isolate))
+                         candidates_by_stage=None, jobs=1, fwd_config=None, isolate=False, worker=None, pool=None):
+        calls.append((fam, shape, fwd_config, candidates_by_stage, isolate and worker is not None and pool is not None))
         if fam == "chunk_fwd":
             return fwd_win, 2.0, 2.5, {}
         return ChunkBwdConfig(chunk_size=fwd_config.chunk_size), 5.0, None, {}

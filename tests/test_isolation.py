@@ -91,3 +91,27 @@ def test_a_faulting_config_does_not_poison_the_study(tmp_path):
     assert by["crash"].status == "failed" and "died" in by["crash"].reason
     assert by["a"].status == by["b"].status == "ok"
     assert res.winner == "b" and res.n_failed == 2
+
+
+def test_remake_swaps_the_candidate_in_the_same_worker():
+    """`kdagen build` measures every shape of every family through one worker: remake gives
+    it the next candidate without a new process; a candidate that cannot be made is an
+    error and the following one starts a fresh worker."""
+    with IsolatedCandidate(Flaky, 1.0) as c:
+        pid = c.time("x")
+        c.remake(Flaky, 2.0)
+        assert c.time("x") == 2.0 * pid and c.restarts == 0  # same process, new candidate
+        with pytest.raises(CandidateError, match="no GPU here"):
+            c.remake(Broken)
+        assert c.restarts == 1
+        c.remake(Flaky, 3.0)  # no live worker: the next call starts one with this candidate
+        new_pid = c.time("x") / 3.0
+        assert new_pid != pid and c.time("a") == 6.0
+
+
+def test_remake_after_a_fault_starts_with_the_new_candidate():
+    with IsolatedCandidate(Flaky, timeout_s=5.0) as c:
+        with pytest.raises(CandidateError, match="illegal memory access"):
+            c.build("fault")
+        c.remake(Flaky, 0.5)
+        assert c.time("b") == 0.5
