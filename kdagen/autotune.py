@@ -98,9 +98,12 @@ def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, in
 
 
 def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
-                 shape: tuple[int, int, int, int] = COMPILE_SHAPE):
+                 shape: tuple[int, int, int, int] = COMPILE_SHAPE, fwd_config: ChunkFwdConfig | None = None,
+                 with_forward: bool = False):
     """The launches (kernels + arguments) a config produces for inputs of ``shape`` (B, T, H,
-    HV), on CPU tensors."""
+    HV), on CPU tensors.  A backward config: its three launches, after (``with_forward``)
+    the training forward's and the backward's re-run of the intra launch (``fwd_config``'s,
+    default: the heuristic at the backward's chunk lengths)."""
     from .ops.chunk import chunk_kda_launches
     from .ops.recurrent import prepare_recurrent
     from .runtime import build
@@ -113,10 +116,11 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
     if isinstance(config, ChunkBwdConfig):
         from .ops.chunk_bwd import chunk_kda_bwd_launches
 
-        fwd_cfg = default_chunk_config(plan).replace(chunk_size=config.chunk_size, sub_chunk=config.sub_chunk)
-        _, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
-                                           **spec_args)
-        return bwd
+        fwd_cfg = (fwd_config or default_chunk_config(plan)).replace(chunk_size=config.chunk_size,
+                                                                     sub_chunk=config.sub_chunk)
+        fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
+                                             with_rerun=with_forward, **spec_args)
+        return list(fwd) + list(bwd) if with_forward else bwd
     built = build(plan, config)
     dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,
                            initial_state=x["initial_state"], cu_seqlens=None)
@@ -157,17 +161,20 @@ def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple)
 
 
 def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,
-                 which: int | None, arch: int, smem_limit: int, gpu_name: str) -> str | None:
+                 which: int | None, arch: int, smem_limit: int, gpu_name: str,
+                 fwd_config: dict | None = None) -> str | None:
     """Compile one candidate's kernel(s) for ``arch``, specialised for inputs of ``shape``;
-    None if it fits, else why it was dropped.  A top-level function of plain arguments, so a
-    worker process can run it."""
+    None if it fits, else why it was dropped.  ``which``: one launch's index (None: every
+    launch -- for a backward config with the training forward of ``fwd_config``).  A
+    top-level function of plain arguments, so a worker process can run it."""
     from .config import config_from_dict
     from triton.backends.compiler import GPUTarget
 
     args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
     cfg = config_from_dict(family, config)
+    fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
     try:
-        launches = launches_for(plan, cfg, dtype, args, tuple(shape))
+        launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None)
         for ln in (launches if which is None else [launches[which]]):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
                                      ln.num_warps, ln.num_stages)
@@ -183,9 +190,45 @@ def default_jobs() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+class CompilePool:
+    """Spawned compile processes kept for a series of compile-checks and precompiles (`kdagen
+    build`: every family and shape), so each worker imports torch, Triton and kdagen and
+    lowers its plans once.  No worker touches a GPU: kernels are compiled for a target
+    (:func:`kdagen.kernels.compile_for_target`), so no candidate can fault one.  A pool whose
+    worker died is replaced on the next use."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self._pool = None
+        self.replaced = 0
+
+    def get(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def discard(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            self.replaced += 1
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
                   dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True,
-                  jobs: int = 1, shape: tuple[int, int, int, int] | None = None) -> list[CompileSurvey]:
+                  jobs: int = 1, shape: tuple[int, int, int, int] | None = None,
+                  pool: CompilePool | None = None) -> list[CompileSurvey]:
     """Compile every candidate's kernels for ``gpu``'s architecture (no GPU needed); drop the
     ones that fail to compile or exceed the GPU's shared memory per block.  ``jobs`` > 1
     compiles in that many worker processes (Triton compiles one kernel per thread).
@@ -193,7 +236,7 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     ``shape``: a tuning shape (B, T, H, HV).  The kernels are specialised as Triton's JIT
     specialises them at that shape's check shape (:func:`check_shape`,
     :func:`kdagen.kernels.jit_source`), so on that GPU the tuner finds them in Triton's cache
-    and does not compile them again."""
+    and does not compile them again.  ``pool``: the compile processes to use (default: its own)."""
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
     default = default_for(family, plan)
@@ -203,7 +246,9 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())), cshape)
     gpu_args = (gpu.arch, gpu.smem_per_block_bytes, gpu.name)
     surveys = []
-    pool = None
+    own = pool is None
+    if own:
+        pool = CompilePool(jobs)
     try:
         for s_idx, stage in enumerate(stages):
             cands = stage_candidates(space, ctx, stage, default)
@@ -219,9 +264,8 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
                           f"({time.time() - t0:.0f}s)", progress)
 
             if jobs > 1 and len(cands) > 2:
-                if pool is None:
-                    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-                futs = {pool.submit(_compile_one, *common, c.to_dict(), which, *gpu_args): i
+                ex = pool.get()
+                futs = {ex.submit(_compile_one, *common, c.to_dict(), which, *gpu_args): i
                         for i, c in enumerate(cands)}
                 for fut in as_completed(futs):
                     reasons[futs[fut]] = fut.result()
@@ -237,9 +281,47 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
                     survey.failures.append((c, reasons[i]))
             surveys.append(survey)
     finally:
-        if pool is not None:
-            pool.shutdown()
+        if own:
+            pool.close()
     return surveys
+
+
+def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: list, jobs: int,
+               gpu: GpuProfile, fwd_config: ChunkFwdConfig | None = None, progress: bool = True,
+               pool: CompilePool | None = None) -> float:
+    """Compile every ``(stage, config)``'s launches (a backward config's with the training
+    forward of ``fwd_config``) for ``gpu``, specialised at ``shape``'s check shape, in
+    ``jobs`` compile processes (``pool``'s when given), before the sequential timed search:
+    the tuner's builds then load them from Triton's cache.  Returns the seconds it took.
+    A config that does not compile is left for the tuner to record as a failed trial."""
+    if jobs <= 1 or len(staged) < 2:
+        return 0.0
+    t0 = time.time()
+    dtype_name = DTYPE_SHORT[dtype]
+    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())), check_shape(family, shape))
+    gpu_args = (gpu.arch, gpu.smem_per_block_bytes, gpu.name)
+    fdict = None if fwd_config is None else fwd_config.to_dict()
+    own = pool is None
+    if own:
+        pool = CompilePool(min(jobs, len(staged)))
+    lost = []
+    try:
+        ex = pool.get()
+        futs = [ex.submit(_compile_one, *common, c.to_dict(), None, *gpu_args, fdict) for _, c in staged]
+        for n, fut in enumerate(as_completed(futs), 1):
+            if fut.exception() is not None:  # the worker died (BrokenProcessPool): not a compile error
+                lost.append(fut.exception())
+            if n == len(futs) or n % 8 == 0:
+                _progress(f"  [{family} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
+    finally:
+        if own:
+            pool.close()
+        elif lost:
+            pool.discard()
+    if lost:
+        _progress(f"  [{family} precompile] {len(lost)} of {len(futs)} not compiled, a worker died "
+                  f"({type(lost[0]).__name__}); the tuner compiles them itself", progress)
+    return time.time() - t0
 
 
 # --- on a GPU: correctness-gated timing -------------------------------------------------
@@ -462,99 +544,14 @@ class StageView:
         return self.isolated.time((self.stage, built))
 
 
-def _precompile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, stage: str | None,
-                    config: dict, shape: tuple, fwd_config: dict | None) -> str | None:
-    """In a worker process with the GPU: build (JIT-compile and run once) one candidate at
-    the check shape, so that Triton's on-disk cache holds it when the tuner builds it."""
-    from .config import config_from_dict
-
-    args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
-    try:
-        fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
-        cand = KernelCandidate(family, stage, plan, args, dtype, shape, fwd_config=fcfg)
-        cand.build(config_from_dict(family, config))
-    except Exception as e:  # noqa: BLE001 - the tuner's own build records the failure
-        return f"{type(e).__name__}: {str(e)[:160]}"
-    return None
-
-
-class GpuWorkerPool:
-    """Spawned worker processes kept for a series of :func:`precompile` calls (`kdagen build`:
-    every shape of every family), so that each worker's start-up -- importing torch, Triton
-    and kdagen, a CUDA context -- is paid once, not per shape.  A pool whose worker died is
-    replaced on the next use."""
-
-    def __init__(self, jobs: int):
-        self.jobs = jobs
-        self._pool = None
-        self.replaced = 0
-
-    def get(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
-        return self._pool
-
-    def discard(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-            self.replaced += 1
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: list, jobs: int,
-               fwd_config: ChunkFwdConfig | None = None, progress: bool = True,
-               pool: GpuWorkerPool | None = None) -> float:
-    """Compile every ``(stage, config)`` in ``jobs`` GPU worker processes (those of ``pool``
-    when given) before the (sequential) timed search; returns the seconds it took.  Failures
-    are left for the tuner to record (a GPU fault in a worker ends only that worker)."""
-    if jobs <= 1 or len(staged) < 2:
-        return 0.0
-    t0 = time.time()
-    dtype_name = DTYPE_SHORT[dtype]
-    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())))
-    fdict = None if fwd_config is None else fwd_config.to_dict()
-    own = pool is None
-    if own:
-        pool = GpuWorkerPool(min(jobs, len(staged)))
-    lost = []
-    try:
-        ex = pool.get()
-        futs = [ex.submit(_precompile_one, *common, st, c.to_dict(), tuple(shape), fdict) for st, c in staged]
-        for n, fut in enumerate(as_completed(futs), 1):
-            if fut.exception() is not None:  # the worker died (BrokenProcessPool): not a compile error
-                lost.append(fut.exception())
-            if n == len(futs) or n % 8 == 0:
-                _progress(f"  [{family} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
-    finally:
-        if own:
-            pool.close()
-        elif lost:
-            pool.discard()
-    if lost:
-        _progress(f"  [{family} precompile] {len(lost)} of {len(futs)} not compiled, a worker died "
-                  f"({type(lost[0]).__name__}); the tuner compiles them itself", progress)
-    return time.time() - t0
-
-
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
                 progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
                 fwd_config: ChunkFwdConfig | None = None, isolate: bool = False, device: str = "cuda",
-                worker: IsolatedCandidate | None = None, pool: GpuWorkerPool | None = None):
+                worker: IsolatedCandidate | None = None, pool: CompilePool | None = None):
     """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results).
 
-    ``jobs`` > 1 compiles the candidates in that many GPU worker processes first (``pool``'s,
+    ``jobs`` > 1 compiles the candidates for ``gpu`` in that many processes first (``pool``'s,
     when given).  ``isolate``: build, check and time the candidates in a worker process
     (:mod:`kdagen.isolation`), so a config that faults the GPU is one failed trial; ``worker``:
     the isolated worker to use (it is remade with this shape's candidates and left open).
@@ -594,7 +591,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
             canon = c.canonical()
             if canon not in done or canon in keep or c is default:
                 todo[(st, canon)] = (st, c)
-    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, fwd_config, progress, pool)
+    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, gpu, fwd_config, progress, pool)
     make = (StagedCandidates, family, tuple(stages), plan, spec_args, dtype, shape)
     isolated = None
     if worker is not None:

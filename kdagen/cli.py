@@ -219,7 +219,7 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
     for the GPU's architecture (no GPU needed), and -- when the current GPU is that GPU --
     tune them and store the winners in the cache.
     """
-    from .autotune import DTYPES, compile_check, default_jobs, family_spec, lower_for
+    from .autotune import DTYPES, CompilePool, compile_check, default_jobs, family_spec, lower_for
     from .gpus import detect_current
     from .lower import LoweringError
     from .ops.common import select_spec
@@ -248,45 +248,47 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
     if not will_tune and not compile_only:
         here = current.name if current else "no CUDA GPU"
         click.echo(f"  (not tuning: this machine has {here}, not {gpu.name})")
-    total_fail = 0
-    surveys_all = {}
-    t_start = time.time()
-    for K, V in _head_dims(head_dim):
-        for fam in families:
-            fspec = family_spec(fam, spec_args)  # the decode op's kernel has no gate bound
+    # one set of compile processes for the compile-check and the tuner's compiles ahead
+    with CompilePool(jobs or default_jobs()) as pool:
+        total_fail = 0
+        surveys_all = {}
+        t_start = time.time()
+        for K, V in _head_dims(head_dim):
+            for fam in families:
+                fspec = family_spec(fam, spec_args)  # the decode op's kernel has no gate bound
+                try:
+                    plan = lower_for(fspec, fam, K, V, dt)
+                except (ValueError, LoweringError) as e:
+                    raise click.UsageError(str(e)) from None
+                # specialised as the tuner's first shape will run them: on that GPU it loads these binaries
+                first = _tuning_shapes(fam, K, shapes, decode_batches)[:1]
+                surveys = compile_check(fam, plan, fspec, spec_args, gpu, dt, space=user_space, progress=not quiet,
+                                        jobs=pool.jobs, shape=first[0][0] if first else None, pool=pool)
+                for s in surveys:
+                    label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
+                    click.echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
+                               f"{gpu.name}; {len(s.failures)} dropped")
+                    for cfg, why in s.failures[:5]:
+                        click.echo(f"      dropped {cfg.short()}: {why}")
+                    if not s.survivors:
+                        total_fail += 1
+                surveys_all[(K, V, fam)] = (plan, fspec, surveys)
+        click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
+        if total_fail:
+            click.echo("error: some kernels have no config that compiles for this GPU", err=True)
+            sys.exit(1)
+        if will_tune:
             try:
-                plan = lower_for(fspec, fam, K, V, dt)
-            except (ValueError, LoweringError) as e:
-                raise click.UsageError(str(e)) from None
-            # specialised as the tuner's first shape will run them: on that GPU it loads these binaries
-            first = _tuning_shapes(fam, K, shapes, decode_batches)[:1]
-            surveys = compile_check(fam, plan, fspec, spec_args, gpu, dt, space=user_space, progress=not quiet,
-                                    jobs=jobs or default_jobs(), shape=first[0][0] if first else None)
-            for s in surveys:
-                label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
-                click.echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
-                           f"{gpu.name}; {len(s.failures)} dropped")
-                for cfg, why in s.failures[:5]:
-                    click.echo(f"      dropped {cfg.short()}: {why}")
-                if not s.survivors:
-                    total_fail += 1
-            surveys_all[(K, V, fam)] = (plan, fspec, surveys)
-    click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
-    if total_fail:
-        click.echo("error: some kernels have no config that compiles for this GPU", err=True)
-        sys.exit(1)
-    if will_tune:
-        try:
-            _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
-                            jobs or default_jobs())
-        except (KeyboardInterrupt, RuntimeError) as e:
-            # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
-            if not (isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)):
-                raise
-            from .paths import studies_dir
-            click.echo(f"\ninterrupted after {time.time() - t_start:.0f}s: the winners tuned so far are in the "
-                       f"cache and every measured trial is in {studies_dir()}; the same command resumes", err=True)
-            sys.exit(130)
+                _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
+                                pool.jobs, pool)
+            except (KeyboardInterrupt, RuntimeError) as e:
+                # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
+                if not (isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)):
+                    raise
+                from .paths import studies_dir
+                click.echo(f"\ninterrupted after {time.time() - t_start:.0f}s: the winners tuned so far are in the "
+                           f"cache and every measured trial is in {studies_dir()}; the same command resumes", err=True)
+                sys.exit(130)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 
@@ -308,8 +310,11 @@ def _tuning_shapes(fam: str, K: int, shapes: str, decode_batches: str) -> list[t
     return out
 
 
-def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, jobs=1):
-    from .autotune import GpuWorkerPool, StagedCandidates, tune_family
+def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, jobs=1,
+                    pool=None):
+    """Tune every compile-checked family at its shapes on this GPU and store the winners.
+    ``pool``: the compile processes (a CompilePool) for the compiles ahead of each search."""
+    from .autotune import StagedCandidates, tune_family
     from .cache import TuningCache, make_entry
     from .config import ChunkFwdConfig
     from .isolation import IsolatedCandidate
@@ -317,9 +322,8 @@ def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, use
 
     cache = TuningCache(gpu.name)
     fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
-    # one GPU worker pool (compiling ahead) and one isolated worker (measuring) serve every
-    # family and shape: their start-up is paid once
-    with GpuWorkerPool(jobs) as pool, IsolatedCandidate(StagedCandidates) as worker:
+    # one isolated worker measures every family and shape: its start-up is paid once
+    with IsolatedCandidate(StagedCandidates) as worker:
         for (K, V, fam), (plan, spec, surveys) in surveys_all.items():
             by_stage = {s.stage: s.survivors for s in surveys}
             for shape, hint in _tuning_shapes(fam, K, shapes, decode_batches):

@@ -26,6 +26,7 @@ TEMPLATES = {
     "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
 }
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
+_CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 _TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 
@@ -47,36 +48,75 @@ def _env() -> jinja2.Environment:
     )
 
 
+def _check_config(plan: Plan, config: _Config) -> None:
+    if isinstance(config, ChunkFwdConfig) and plan.diag_mode == "factorised" and config.sub_chunk > plan.safe_sub_chunk:
+        raise ConfigError(
+            f"chunk_fwd: sub_chunk={config.sub_chunk} exceeds the {plan.safe_sub_chunk}-token sub-tile the "
+            f"gate's lower bound {plan.lower_bound} makes safe for {plan.dtype} (exp would overflow)")
+
+
 def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
+    """Variables decided in Python, each only for the kernel whose template uses it (what a
+    variable reads from the config is part of that kernel's source)."""
     dot_dtype = _TL_DTYPES[plan.dtype]
-    v = {"dot_dtype": dot_dtype, "loop_kw": "", "dot_kw": "", "inv_kw": ""}
+    v = {"dot_dtype": dot_dtype, "dot_kw": ""}
     if plan.dtype == "float32":
         v["dot_kw"] = ', input_precision="ieee"'
-    if isinstance(config, ChunkFwdConfig):
-        if plan.diag_mode == "factorised" and config.sub_chunk > plan.safe_sub_chunk:
-            raise ConfigError(
-                f"chunk_fwd: sub_chunk={config.sub_chunk} exceeds the {plan.safe_sub_chunk}-token sub-tile the "
-                f"gate's lower bound {plan.lower_bound} makes safe for {plan.dtype} (exp would overflow)")
+    if kernel == "chunk_intra":
         v["inv_kw"] = f', input_precision="{config.inverse_precision}"'
         # (I - A)(I + A^2)...(I + A^(2^s)) covers powers below 2^(s+1); A^BC = 0
         v["neumann_steps"] = max(0, (config.sub_chunk - 1).bit_length() - 1)
-    if isinstance(config, ChunkBwdConfig):
+    if kernel == "chunk_bwd_dqkw":
         v["BKT"] = min(config.dqkw_block_k, plan.BK)  # the K tile of the chunk-parallel launch
     return v
 
 
+class _FieldsRead:
+    """A config that notes which of its fields are read (``isinstance`` still sees the config's
+    class): what a kernel's source depends on, for its header line."""
+
+    def __init__(self, config: _Config):
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "read", set())
+
+    @property
+    def __class__(self):  # noqa: D105 - isinstance() checks in _template_vars see the real class
+        return type(self._config)
+
+    def __getattr__(self, name: str):
+        value = getattr(self._config, name)
+        if not callable(value):
+            self.read.add(name)
+        return value
+
+
+def _config_line(config: _Config, read: set[str]) -> str:
+    fields = [f"{k}={v}" for k, v in config.to_dict().items() if k in read]
+    tail = "the other fields are launch parameters"
+    return f"{' '.join(fields)} ({tail})" if fields else f"none read by this source ({tail})"
+
+
 def render(kernel: str, plan: Plan, config: _Config, extra: dict[str, str] | None = None) -> GeneratedSource:
     """Render one kernel.  ``extra``: further template variables decided in Python (e.g. the
-    backward's printed gate derivatives); they are part of the rendered text, so of the hash."""
+    backward's printed gate derivatives); they are part of the rendered text, so of the hash.
+
+    The text depends only on the config fields the template (or its Python-side variables)
+    reads; tiles, warps and stages reach the kernel as launch parameters.  Two configs that
+    differ only there render the same kernel, under the same name, so Triton compiles it once
+    (the header once printed the whole config, and every combination of the forward's intra
+    and state fields was a separate kernel to compile)."""
     try:
         template, cfg_type = TEMPLATES[kernel]
     except KeyError:
         raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(TEMPLATES)}") from None
     if not isinstance(config, cfg_type):
         raise TypeError(f"kernel {kernel!r} takes a {cfg_type.__name__}, got {type(config).__name__}")
+    _check_config(plan, config)
+    seen = _FieldsRead(config)
     text = _env().get_template(template).render(
-        name=_PLACEHOLDER, kernel=kernel, plan=plan, config=config, version=__version__,
-        **_template_vars(kernel, plan, config), **(extra or {}))
+        name=_PLACEHOLDER, kernel=kernel, plan=plan, config=seen, version=__version__, config_line=_CONFIG_LINE,
+        **_template_vars(kernel, plan, seen), **(extra or {}))
+    text = text.replace(_CONFIG_LINE, _config_line(config, seen.read))
     digest = hashlib.sha256(text.encode()).hexdigest()
     name = f"{plan.spec_name}_{kernel}_{digest[:12]}"
     return GeneratedSource(kernel, name, text.replace(_PLACEHOLDER, name), digest)

@@ -156,11 +156,12 @@ def _die(*args):
 def test_precompile_survives_a_dying_worker(monkeypatch, capsys):
     """A precompile worker that dies (not a Python error: the process ends) stops the
     precompile pool, not the tuning run."""
-    monkeypatch.setattr(A, "_precompile_one", _die)
+    monkeypatch.setattr(A, "_compile_one", _die)
     spec = select_spec(False, True, -5.0, False, False)
     plan = A.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
     d = default_chunk_config(plan)
-    secs = A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d), ("state", d)], jobs=2)
+    secs = A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d), ("state", d)], jobs=2,
+                        gpu=get_profile("h200"))
     assert secs >= 0 and "a worker died" in capsys.readouterr().err
 
 
@@ -172,28 +173,29 @@ def _record_pid(*args):
 
 
 def test_a_shared_pool_compiles_every_shape_in_the_same_workers(tmp_path, monkeypatch):
-    """`kdagen build` passes one GpuWorkerPool to every shape's precompile: the same worker
-    processes serve them all (their start-up is paid once); when a worker dies the pool is
-    replaced and the next precompile runs in new workers."""
+    """`kdagen build` passes one CompilePool to its compile-check and every shape's precompile:
+    the same worker processes serve them all (their start-up is paid once); when a worker dies
+    the pool is replaced and the next precompile runs in new workers."""
     monkeypatch.setenv("KDAGEN_TEST_PIDS", str(tmp_path))
-    monkeypatch.setattr(A, "_precompile_one", _record_pid)
+    monkeypatch.setattr(A, "_compile_one", _record_pid)
     spec = select_spec(False, True, -5.0, False, False)
     plan = A.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
     d = default_chunk_config(plan)
+    h200 = get_profile("h200")
 
     def pids(C):
         A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d.replace(chunk_size=C))] * 6,
-                     jobs=2, pool=pool, progress=False)
+                     jobs=2, gpu=h200, pool=pool, progress=False)
         return {f.name.split("-")[0] for f in tmp_path.glob(f"*-{C}")}
 
-    with A.GpuWorkerPool(2) as pool:
+    with A.CompilePool(2) as pool:
         first, second = pids(16), pids(32)
         assert first and first == second and len(first) <= 2
-        monkeypatch.setattr(A, "_precompile_one", _die)
-        A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d)] * 2, jobs=2, pool=pool,
-                     progress=False)
+        monkeypatch.setattr(A, "_compile_one", _die)
+        A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d)] * 2, jobs=2, gpu=h200,
+                     pool=pool, progress=False)
         assert pool.replaced == 1
-        monkeypatch.setattr(A, "_precompile_one", _record_pid)
+        monkeypatch.setattr(A, "_compile_one", _record_pid)
         third = pids(64)
         assert third and not third & first
 

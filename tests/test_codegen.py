@@ -51,8 +51,9 @@ def test_render_is_deterministic_and_named_by_content():
     assert a.text == b.text and a.name == b.name
     assert a.name.startswith("kda_chunk_intra_") and a.source_hash[:12] in a.name
     assert f"def {a.name}(" in a.text
-    # another config or another plan -> other bytes and another name
-    other = render("chunk_intra", p, c.replace(intra_num_warps=8))
+    # another value of a field the source reads, or another plan -> other bytes and another name
+    # (launch parameters such as num_warps do not reach the source: see the test below)
+    other = render("chunk_intra", p, c.replace(intra_block_k=64))
     assert other.text != a.text and other.name != a.name
     p2 = lower(select_spec(False, True, -5.0, False, False), 96, 128, "bfloat16", "chunk", False)
     assert render("chunk_intra", p2, c).name != a.name
@@ -77,8 +78,35 @@ def test_header_names_spec_config_and_version():
     head = "\n".join(text.splitlines()[:8])
     assert f"kdagen {__version__}" in head
     assert f"spec   : kda (hash {p.spec_hash})" in head
-    assert f"config : {c.short()}" in head
+    assert "config : none read by this source (the other fields are launch parameters)" in head
+    intra = render("chunk_intra", p, c).text.splitlines()[5]
+    assert intra == (f"# config : chunk_size={c.chunk_size} sub_chunk={c.sub_chunk} intra_block_k={c.intra_block_k} "
+                     f"inverse_precision={c.inverse_precision} cumsum={c.cumsum} (the other fields are launch "
+                     f"parameters)")
     compile(text, "<generated>", "exec")  # valid Python
+
+
+@pytest.mark.parametrize("kernel,same,other", [
+    ("chunk_intra", dict(state_block_v=16, state_num_warps=8, intra_num_warps=8, intra_num_stages=1),
+     dict(intra_block_k=64)),
+    ("chunk_state", dict(intra_block_k=64, chunk_size=64, state_block_v=64, cumsum="dot"), None),
+    ("recurrent", dict(block_v=16, num_warps=1), None),
+])
+def test_a_kernel_is_the_same_source_for_configs_that_differ_only_in_launch_parameters(kernel, same, other):
+    """What reaches a kernel only as a launch parameter (tiles, warps, stages, and the other
+    launch's fields) must not change its source: each distinct source is a kernel Triton
+    compiles.  (The header once printed the whole config; run 15 compiled every intra
+    candidate again for each shape's default state tile.)  A field the source reads does
+    change it."""
+    from kdagen.heuristics import default_recurrent_config
+
+    p = _plan() if kernel != "recurrent" else lower(select_spec(False, False, None, False, False), 128, 128,
+                                                     "bfloat16", "recurrent", False)
+    c = default_chunk_config(p) if kernel != "recurrent" else default_recurrent_config(p)
+    a, b = render(kernel, p, c), render(kernel, p, c.replace(**same))
+    assert a.text == b.text and a.name == b.name
+    if other:
+        assert render(kernel, p, c.replace(**other)).name != a.name
 
 
 def test_generated_source_is_unrolled_per_sub_tile():

@@ -143,6 +143,13 @@ def _meta(launches, spec, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
 def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Recompute qg, kg, W, A_qk and G_n with the forward's own intra launch.  U is not
     rebuilt (``STORE_U=False``): the backward reads V', which the forward's state pass kept."""
+    launch, inter = rerun_intra_launch(meta, inputs)
+    launch()
+    return inter
+
+
+def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
+    """(the launch, the intermediates it writes) of :func:`rerun_forward_intra`, not run."""
     from ..kernels import Launch, dummy_pointer
 
     B, T, HV, K, C = meta.B, meta.T, meta.HV, meta.K, meta.C
@@ -155,8 +162,7 @@ def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[
     args = {}
     for n, x in fi.args.items():  # the forward's argument order
         args[n] = inputs[n] if n in _INPUT_NAMES else inter[n] if n in INTERMEDIATES else x
-    Launch(fi.fn, fi.grid, args, {**fi.constexprs, "STORE_U": False}, fi.num_warps, fi.num_stages)()
-    return inter
+    return Launch(fi.fn, fi.grid, args, {**fi.constexprs, "STORE_U": False}, fi.num_warps, fi.num_stages), inter
 
 
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
@@ -254,13 +260,16 @@ def training_forward_launches(q, k, v, g, beta, *, scale, initial_state, output_
 def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                            use_gate_in_kernel=False, safe_gate=False, lower_bound=None, cu_seqlens=None,
                            A_log=None, dt_bias=None, config: ChunkFwdConfig | None = None,
-                           bwd_config: ChunkBwdConfig | None = None, do=None, dht=None):
+                           bwd_config: ChunkBwdConfig | None = None, do=None, dht=None, with_rerun=False):
     """Describe the forward launches and the backward launches of chunk_kda (nothing runs;
     for compile-only checks, tests and the benchmark): (fwd_launches, bwd_launches, bwd_outputs).
 
     The backward reads the intermediates and per-chunk states the forward launches write
     (run those first); ``do`` / ``dht`` default to zeros.  No host pre-processing, and dq/dk
-    in the outputs are per value head (not yet summed over GVA groups)."""
+    in the outputs are per value head (not yet summed over GVA groups).  ``with_rerun``: the
+    forward launches end with the backward's re-run of the intra launch (when the config
+    recomputes rather than stores the intermediates), for compiling everything a training
+    step runs."""
     fwd, (o, ht, hs), meta = training_forward_launches(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
@@ -274,6 +283,8 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
         dht = torch.zeros_like(ht)
     bwd, outs = prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do.contiguous(),
                                   None if dht is None else dht.contiguous(), initial_state is not None)
+    if with_rerun and not meta.config.store_intermediates:
+        fwd = list(fwd) + [rerun_intra_launch(meta, inputs)[0]]
     return fwd, bwd, outs
 
 
