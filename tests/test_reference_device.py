@@ -1,4 +1,4 @@
-"""kdagen.reference computes on the device of its inputs (q, or g_raw for R.kda_gate).
+"""kdagen.reference computes on the device of its inputs (q, or g_raw for kda_gate).
 
 There is no GPU in CI, so device-genericity is checked on the ``meta`` device: every op runs its
 shape / dtype / device checks without computing values, so a tensor accidentally created on (or
