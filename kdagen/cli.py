@@ -10,6 +10,11 @@ import click
 from . import __version__
 
 
+def _duration(ms: float) -> str:
+    """A kernel time for people: microseconds below 0.1 ms (decode steps), else milliseconds."""
+    return f"{ms * 1e3:.2f} us" if ms < 0.1 else f"{ms:.3f} ms"
+
+
 def _head_dims(value: str) -> list[tuple[int, int]]:
     out = []
     for part in value.split(";"):
@@ -119,7 +124,7 @@ def list_cmd(gpu):
         for key, e in sorted(entries.items()):
             dflt = e.get("default_time_ms")
             speed = f"  x{dflt / e['time_ms']:.2f} vs default" if dflt else ""
-            click.echo(f"    {key}: {e['time_ms']:.3f} ms{speed}  {json.dumps(e['config'], sort_keys=True)}")
+            click.echo(f"    {key}: {_duration(e['time_ms'])}{speed}  {json.dumps(e['config'], sort_keys=True)}")
 
 
 # --- inspect ----------------------------------------------------------------------------
@@ -346,8 +351,8 @@ def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, use
                 key = cache_key(plan, fam, hint, gpu)
                 cache.store(key, make_entry(config=winner.to_dict(), kernel=fam, time_ms=ms, error=0.0,
                                             default_time_ms=default_ms))
-                sp = f" (x{default_ms / ms:.2f} vs default {default_ms:.3f} ms)" if default_ms else ""
-                click.echo(f"  tuned {fam} K={K} V={V} shape {shape}: {ms:.3f} ms{sp} in {time.time() - t0:.0f}s "
+                sp = f" (x{default_ms / ms:.2f} vs default {_duration(default_ms)})" if default_ms else ""
+                click.echo(f"  tuned {fam} K={K} V={V} shape {shape}: {_duration(ms)}{sp} in {time.time() - t0:.0f}s "
                            f"-> {winner.short()}")
                 if default_ms is None:  # what users run untuned failed here: say so
                     click.echo(f"  warning: {fam} K={K} V={V} shape {shape}: the heuristic default config failed "

@@ -233,13 +233,17 @@ def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
 
     def fake_tune_family(fam, plan, spec, spec_args, gpu, dt, shape, fwd_config=None, **kw):
         d = A.default_for(fam, plan, {"N": shape[0], "HV": shape[3]}, fwd_config)
+        if fam == "recurrent":  # a decode step: listed in microseconds
+            return d.replace(**tuned[fam]), 0.00265, 0.0031, {}
         return d.replace(**tuned[fam]), 1.0, 2.0, {}
 
     monkeypatch.setattr(A, "tune_family", fake_tune_family)
     res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "16", "--dtype", "fp32",
                                "--shapes", "1,64,2,16", "--decode-batches", "2"])
     assert res.exit_code == 0, res.output
-    assert res.output.count("tuned ") == 3
+    assert res.output.count("tuned ") == 3 and "2.65 us (x1.17 vs default 3.10 us)" in res.output
+    listed = runner.invoke(main, ["list"]).output
+    assert "h200: 3 winner(s)" in listed and "2.65 us  x1.17 vs default" in listed and "1.000 ms  x2.00" in listed
 
     used = []
     real_build, real_bwd = RT.build, RT._build_chunk_bwd
