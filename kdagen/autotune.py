@@ -225,6 +225,12 @@ class CompilePool:
         self.close()
 
 
+def _compile_args(family: str, plan: Plan, dtype, spec_args: dict, cshape: tuple, gpu: GpuProfile):
+    """The plain arguments of :func:`_compile_one` around a config: (those before it, those after)."""
+    return ((family, plan.K, plan.V, DTYPE_SHORT[dtype], tuple(sorted(spec_args.items())), cshape),
+            (gpu.arch, gpu.smem_per_block_bytes, gpu.name))
+
+
 def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
                   dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True,
                   jobs: int = 1, shape: tuple[int, int, int, int] | None = None,
@@ -241,10 +247,8 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     ctx = space_context(plan, spec, gpu, torch.tensor([], dtype=dtype).element_size())
     default = default_for(family, plan)
     stages = list(space.stages) if space.stages else [None]
-    dtype_name = DTYPE_SHORT[dtype]
-    cshape = check_shape(family, shape) if shape is not None else COMPILE_SHAPE
-    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())), cshape)
-    gpu_args = (gpu.arch, gpu.smem_per_block_bytes, gpu.name)
+    common, gpu_args = _compile_args(family, plan, dtype, spec_args,
+                                     check_shape(family, shape) if shape is not None else COMPILE_SHAPE, gpu)
     surveys = []
     own = pool is None
     if own:
@@ -297,9 +301,7 @@ def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: l
     if jobs <= 1 or len(staged) < 2:
         return 0.0
     t0 = time.time()
-    dtype_name = DTYPE_SHORT[dtype]
-    common = (family, plan.K, plan.V, dtype_name, tuple(sorted(spec_args.items())), check_shape(family, shape))
-    gpu_args = (gpu.arch, gpu.smem_per_block_bytes, gpu.name)
+    common, gpu_args = _compile_args(family, plan, dtype, spec_args, check_shape(family, shape), gpu)
     fdict = None if fwd_config is None else fwd_config.to_dict()
     own = pool is None
     if own:
@@ -580,11 +582,12 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     names = {stage: (f"{family}-{stage or 'all'}-{plan.spec_hash}-{source_hash(family)}-K{plan.K}-V{plan.V}-"
                      f"{plan.dtype}-{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
                      f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}") for stage in stages}
+    journals = {stage: studies_dir() / f"{name}.journal" for stage, name in names.items()}
     # every stage's candidates compiled at once, then one worker measures them all; a resumed
     # study needs only its unmeasured candidates, the default and its fastest few (re-timed)
     todo = {}
     for st, cs in cands_by_stage.items():
-        done = recorded_results(names[st], studies_dir() / f"{names[st]}.journal")
+        done = recorded_results(names[st], journals[st])
         fastest = sorted((t, c) for c, t in done.items() if t is not None)[:FINALISTS]
         keep = {c for _, c in fastest}
         for c in cs + [default]:
@@ -606,8 +609,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
                 cand = StageView(isolated, stage, TOLERANCE[dtype])
             else:
                 cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, device, fwd_config)
-            results[stage] = tune(cands_by_stage[stage], cand, study_name=name,
-                                  storage_path=studies_dir() / f"{name}.journal",
+            results[stage] = tune(cands_by_stage[stage], cand, study_name=name, storage_path=journals[stage],
                                   default_config=default, seed=seed, progress=progress, finalists=FINALISTS)
     finally:
         if isolated is not None and isolated is not worker:

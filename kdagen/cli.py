@@ -285,7 +285,7 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
         if will_tune:
             try:
                 _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
-                                pool.jobs, pool)
+                                pool)
             except (KeyboardInterrupt, RuntimeError) as e:
                 # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
                 if not (isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)):
@@ -315,10 +315,10 @@ def _tuning_shapes(fam: str, K: int, shapes: str, decode_batches: str) -> list[t
     return out
 
 
-def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, jobs=1,
-                    pool=None):
+def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, pool=None):
     """Tune every compile-checked family at its shapes on this GPU and store the winners.
-    ``pool``: the compile processes (a CompilePool) for the compiles ahead of each search."""
+    ``pool``: the compile processes (a CompilePool) for the compiles ahead of each search
+    (none: nothing is compiled ahead)."""
     from .autotune import StagedCandidates, tune_family
     from .cache import TuningCache, make_entry
     from .config import ChunkFwdConfig
@@ -340,8 +340,8 @@ def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, use
                                          for c in cs] for st, cs in by_stage.items()}
                 winner, ms, default_ms, _ = tune_family(
                     fam, plan, spec, spec_args, gpu, dt, shape, space=user_space, seed=seed, progress=not quiet,
-                    candidates_by_stage=by_stage, jobs=jobs, fwd_config=fwd_winners.get((K, V, shape)),
-                    isolate=True, worker=worker, pool=pool)
+                    candidates_by_stage=by_stage, jobs=pool.jobs if pool else 1,
+                    fwd_config=fwd_winners.get((K, V, shape)), isolate=True, worker=worker, pool=pool)
                 if fam == "chunk_fwd" and winner is not None:
                     fwd_winners[(K, V, shape)] = winner
                 if winner is None:

@@ -186,12 +186,14 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
 
     def fake_tune_family(fam, plan, spec_, spec_args, gpu, dt, shape, space=None, seed=0, progress=True,
                          candidates_by_stage=None, jobs=1, fwd_config=None, isolate=False, worker=None, pool=None):
-        calls.append((fam, shape, fwd_config, candidates_by_stage, isolate and worker is not None and pool == "pool"))
+        calls.append((fam, shape, fwd_config, candidates_by_stage,
+                      isolate and worker is not None and pool is compile_pool and jobs == 3))
         if fam == "chunk_fwd":
             return fwd_win, 2.0, 2.5, {}
         return ChunkBwdConfig(chunk_size=fwd_config.chunk_size), 5.0, None, {}
 
     monkeypatch.setattr(A, "tune_family", fake_tune_family)
+    compile_pool = A.CompilePool(3)  # passed through, never started by the fake
     surveys = {}
     for fam in ("chunk_fwd", "chunk_bwd"):
         plan = A.lower_for(spec, fam, 64, 64, torch.bfloat16)
@@ -199,7 +201,7 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
         default = A.default_for(fam, plan)
         surveys[(64, 64, fam)] = (plan, spec, [A.CompileSurvey(fam, st, 1, [default]) for st in stages])
     cli._tune_and_store(get_profile("h200"), {"safe_gate": True, "lower_bound": -5.0}, torch.bfloat16,
-                        surveys, "1,512,4,64", "1", None, 0, True, jobs=3, pool="pool")
+                        surveys, "1,512,4,64", "1", None, 0, True, pool=compile_pool)
     (f_fam, f_shape, f_fwd, _, f_iso), (b_fam, b_shape, b_fwd, b_cands, b_iso) = calls
     assert (f_fam, b_fam) == ("chunk_fwd", "chunk_bwd") and f_shape == b_shape == (1, 512, 4, 4)
     assert f_fwd is None and b_fwd == fwd_win and f_iso and b_iso
