@@ -24,7 +24,7 @@ from triton.testing import do_bench
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kdagen  # noqa: E402
 from kdagen.config import ChunkFwdConfig, RecurrentConfig  # noqa: E402
-from kdagen.reference import naive_recurrent_kda  # noqa: E402
+from kdagen.spec.reference import naive_recurrent_kda  # noqa: E402
 from kdagen.ops.chunk import chunk_kda_launches  # noqa: E402
 
 LOWER = -5.0
@@ -163,31 +163,25 @@ def peak_gib(fn):
 
 def bench_plan(K, V, dtype=torch.bfloat16):
     """The chunk-form plan of the benchmark's op calls (safe gate, lower bound LOWER)."""
-    from kdagen.ops.common import DTYPE_NAMES, select_spec
-    from kdagen.runtime import plan_for
+    from kdagen.codegen.lower import lower
+    from kdagen.dtypes import dtype as as_dtype
+    from kdagen.ops.inputs import select_spec
 
-    return plan_for(select_spec(False, True, LOWER, False, False), K, V, DTYPE_NAMES[dtype], "chunk", False)
-
-
-def resolved_bwd_config(B, T, H, K):
-    """The backward config kdagen's op resolves at this shape (tuned winner, else heuristic)."""
-    from kdagen.ops.chunk_bwd import resolve_bwd_config
-
-    return resolve_bwd_config(bench_plan(K, K), None, {"T": T, "B": B, "N": B, "HV": H})
+    return lower(select_spec(False, True, LOWER, False, False), K, V, as_dtype(dtype).name, "chunk", False)
 
 
 def used_configs(B, T, H, K):
     """The forward and backward configs kdagen's op picks at this shape (a tuned winner from
     KDAGEN_CACHE_DIR, else the heuristic), so that each timing names what it timed."""
-    from kdagen.heuristics import default_chunk_config
-    from kdagen.runtime import lookup_config
+    from kdagen.cache.lookup import lookup_winner, resolve
 
     plan = bench_plan(K, K)
     hint = {"T": T, "B": B, "N": B, "HV": H}
-    tuned_f = lookup_config(plan, "chunk_fwd", hint)
-    tuned_b = lookup_config(plan, "chunk_bwd", hint)
-    return dict(fwd_config=("tuned " if tuned_f else "default ") + repr(tuned_f or default_chunk_config(plan, hint)),
-                bwd_config=("tuned " if tuned_b else "default ") + repr(resolved_bwd_config(B, T, H, K)))
+    out = {}
+    for fam, name in (("chunk_fwd", "fwd_config"), ("chunk_bwd", "bwd_config")):
+        tuned = lookup_winner(plan, fam, hint)
+        out[name] = ("tuned " if tuned else "default ") + repr(resolve(fam, plan, None, hint))
+    return out
 
 
 def time_chunk(fchunk, shapes, variants):
@@ -349,8 +343,8 @@ def bwd_breakdown(x, do, dht, variants=()):
     """kdagen's forward+backward launch by launch (ms): the forward (intra, state writing the
     per-chunk states), the recomputed intra, then each backward launch; and backward config
     variants, launch by launch."""
-    from kdagen.heuristics import default_chunk_bwd_config
-    from kdagen.ops.chunk_bwd import chunk_kda_bwd_launches
+    from kdagen.cache.heuristics import default_chunk_bwd_config
+    from kdagen.ops.chunk import chunk_kda_bwd_launches
 
     xd = {n: t.detach() for n, t in x.items()}
     kw = dict(output_final_state=True, safe_gate=True, lower_bound=LOWER, do=do, dht=dht)
@@ -401,7 +395,7 @@ def time_fwd_bwd(fchunk, shapes, variants=()):
         if fchunk is not None:
             row["fla_peak_gib"] = peak_gib(fl)
         try:  # the same config keeping the forward's intermediates (no re-run of the intra launch)
-            from kdagen.ops.chunk_bwd import chunk_bwd_config
+            from kdagen.ops.chunk import chunk_bwd_config
             with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(store_intermediates=True)):
                 kd()
                 row["kdagen_stored_ms"] = do_bench(kd, warmup=50, rep=300, return_mode="median")

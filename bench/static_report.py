@@ -23,11 +23,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from kdagen.autotune import launches_for, lower_for  # noqa: E402
+from kdagen.cache.heuristics import default_chunk_config  # noqa: E402
 from kdagen.config import ChunkFwdConfig  # noqa: E402
-from kdagen.heuristics import default_chunk_config  # noqa: E402
 from kdagen.kernels import jit_source  # noqa: E402
-from kdagen.ops.common import select_spec  # noqa: E402
+from kdagen.ops.inputs import select_spec  # noqa: E402
+from kdagen.tuning.compile_pool import launches_for  # noqa: E402
+from kdagen.tuning.families import lower_for  # noqa: E402
 
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
@@ -53,7 +54,7 @@ def report(launch) -> dict:
 def backward_rows(config=None):
     """The backward's launches (``config`` or the heuristic one) for B=1, T=128, H=HV=1,
     K=V=128, bf16."""
-    from kdagen.ops.chunk_bwd import chunk_kda_bwd_launches
+    from kdagen.ops.chunk import chunk_kda_bwd_launches
 
     K = V = 128
     x = [torch.zeros(1, 128, 1, n, dtype=torch.bfloat16) for n in (K, K, V)]
@@ -66,7 +67,7 @@ def backward_rows(config=None):
 def main(argv):
     if argv[:1] == ["--bwd"]:
         from kdagen.config import ChunkBwdConfig
-        from kdagen.heuristics import default_chunk_bwd_config
+        from kdagen.cache.heuristics import default_chunk_bwd_config
 
         plan = lower_for(select_spec(False, True, -5.0, False, False), "chunk_fwd", 128, 128, torch.bfloat16)
         d = default_chunk_bwd_config(plan)

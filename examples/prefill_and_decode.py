@@ -9,7 +9,7 @@ import os
 import torch
 
 import kdagen
-from kdagen.reference import naive_recurrent_kda
+from kdagen.spec.reference import naive_recurrent_kda
 
 on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import kdagen
-from kdagen.reference import kda_gate, naive_recurrent_kda
+from kdagen.spec.reference import kda_gate, naive_recurrent_kda
 
 on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 device, dtype = ("cuda", torch.bfloat16) if on_gpu else ("cpu", torch.float32)

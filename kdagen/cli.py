@@ -7,12 +7,8 @@ import time
 
 import click
 
-from . import __version__
-
-
-def _duration(ms: float) -> str:
-    """A kernel time for people: microseconds below 0.1 ms (decode steps), else milliseconds."""
-    return f"{ms * 1e3:.2f} us" if ms < 0.1 else f"{ms:.3f} ms"
+from .dtypes import SHORT_NAMES, dtype
+from .version import __version__
 
 
 def _head_dims(value: str) -> list[tuple[int, int]]:
@@ -31,6 +27,27 @@ def _head_dims(value: str) -> list[tuple[int, int]]:
     return out
 
 
+def _shapes(value: str) -> list[tuple[int, int, int, int]]:
+    out = []
+    for sh in value.split(";"):
+        if not sh.strip():
+            continue
+        try:
+            B, T, H, K = (int(x) for x in sh.split(","))
+        except ValueError:
+            raise click.BadParameter(f"{sh!r}: expected B,T,H,K", param_hint="--shapes") from None
+        out.append((B, T, H, K))
+    return out
+
+
+def _batches(value: str) -> list[int]:
+    try:
+        return [int(b) for b in value.split(",") if b.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected batch sizes separated by ','",
+                                 param_hint="--decode-batches") from None
+
+
 def _spec_args(lower_bound: float | None) -> dict:
     """The op arguments of the gate the kernels are built for: g given directly, bounded
     below by ``lower_bound`` when one is given.  (An in-kernel gate changes only the
@@ -39,7 +56,7 @@ def _spec_args(lower_bound: float | None) -> dict:
 
 
 def _resolve_gpu(name: str):
-    from .gpus import detect_current, get_profile, known_names
+    from .cache.gpus import detect_current, get_profile, known_names
 
     if name == "auto":
         prof = detect_current()
@@ -83,7 +100,7 @@ def verify(spec_name, gate, lower_bound, seed):
     GVA); the degenerate members; and an exact sympy check of the chunkwise form.
     Exits 1 if any check fails.
     """
-    from .verify import run_verify
+    from .spec.verify import run_verify
 
     ok = run_verify(spec_name, gate, lower_bound, seed=seed, echo=click.echo)
     sys.exit(0 if ok else 1)
@@ -95,10 +112,12 @@ def verify(spec_name, gate, lower_bound, seed):
 @click.option("--gpu", default=None, help="only this GPU's cache")
 def list_cmd(gpu):
     """List the specs and gates kdagen knows, the GPU profiles, and the cached tuned winners."""
-    from .cache import TuningCache, cache_dir
-    from .gpus import PROFILES
+    from .cache.gpus import PROFILES
+    from .cache.paths import cache_dir
+    from .cache.store import TuningCache
     from .spec import GATES, MEMBERS, get_spec
-    from .structure import analyze_structure
+    from .spec.structure import analyze_structure
+    from .tuning.driver import duration
 
     click.echo("specs:")
     for name in MEMBERS:
@@ -124,7 +143,7 @@ def list_cmd(gpu):
         for key, e in sorted(entries.items()):
             dflt = e.get("default_time_ms")
             speed = f"  x{dflt / e['time_ms']:.2f} vs default" if dflt else ""
-            click.echo(f"    {key}: {_duration(e['time_ms'])}{speed}  {json.dumps(e['config'], sort_keys=True)}")
+            click.echo(f"    {key}: {duration(e['time_ms'])}{speed}  {json.dumps(e['config'], sort_keys=True)}")
 
 
 # --- inspect ----------------------------------------------------------------------------
@@ -132,7 +151,7 @@ def list_cmd(gpu):
 @main.command()
 @click.option("--spec", "spec_name", default="kda", show_default=True)
 @click.option("--head-dim", "head_dim", default="128", show_default=True, help="K or K,V")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
+@click.option("--dtype", "dtype_name", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
 @click.option("--form", default="chunk", show_default=True, type=click.Choice(["chunk", "chunk_bwd", "recurrent"]),
               help="chunk (forward), chunk_bwd (its backward) or recurrent (decode)")
 @click.option("--lower-bound", type=float, default=None, help="the gate's lower bound (enables factorised tiles)")
@@ -142,15 +161,13 @@ def list_cmd(gpu):
 @click.option("--kernel", default=None, help="only this kernel (chunk_intra, chunk_state, chunk_bwd_state, "
                                              "chunk_bwd_dqkw, chunk_bwd_intra or recurrent)")
 @click.option("--plan-only", is_flag=True, help="print the plan and config, not the source")
-def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, config_json, kernel, plan_only):
+def inspect(spec_name, head_dim, dtype_name, form, lower_bound, gate_in_kernel, config_json, kernel, plan_only):
     """Print the plan, the config and the generated Triton source for a key."""
-    from .autotune import DTYPES
-    from .codegen import render
+    from .cache.heuristics import default_config
+    from .codegen.lower import LoweringError, lower
+    from .codegen.render import FAMILY_KERNELS, render
     from .config import config_from_dict
-    from .heuristics import default_chunk_bwd_config, default_chunk_config, default_recurrent_config
-    from .lower import LoweringError, lower
-    from .ops.common import DTYPE_NAMES, select_spec
-    from .runtime import CHUNK_BWD_KINDS
+    from .ops.inputs import select_spec
     from .spec import get_spec
 
     (K, V), = _head_dims(head_dim)
@@ -164,7 +181,7 @@ def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, confi
                 lb = -5.0
             # fused_recurrent_kda has no safe_gate: with g given its kernel is the direct gate's
             spec = select_spec(gik, lb is not None and not gik and form != "recurrent", lb, True, True)
-        plan = lower(spec, K, V, DTYPE_NAMES[DTYPES[dtype]], "recurrent" if form == "recurrent" else "chunk",
+        plan = lower(spec, K, V, dtype(dtype_name).name, "recurrent" if form == "recurrent" else "chunk",
                      gate_in_kernel != "none")
     except (ValueError, LoweringError) as e:
         raise click.UsageError(str(e)) from None
@@ -175,25 +192,18 @@ def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, confi
         except (ValueError, TypeError) as e:
             raise click.BadParameter(str(e), param_hint="--config") from None
     else:
-        config = {"chunk_fwd": default_chunk_config, "chunk_bwd": default_chunk_bwd_config,
-                  "recurrent": default_recurrent_config}[family](plan)
+        config = default_config(family, plan)
     click.echo(f"# plan  : {json.dumps(plan.to_dict(), sort_keys=True)}")
     click.echo(f"# config: {config.canonical()}")
     if plan_only:
         return
-    kinds = {"chunk_fwd": ("chunk_intra", "chunk_state"), "chunk_bwd": CHUNK_BWD_KINDS,
-             "recurrent": ("recurrent",)}[family]
-    extra = None
-    if family == "chunk_bwd":  # the in-kernel gate's printed derivatives
-        from .ops.chunk_bwd import gate_grad_exprs
-
-        extra = gate_grad_exprs(spec, plan)
+    kinds = FAMILY_KERNELS[family]
     if kernel:
         if kernel not in kinds:
             raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form ({', '.join(kinds)})")
         kinds = (kernel,)
     for kind in kinds:
-        src = render(kind, plan, config, extra)
+        src = render(kind, plan, config)
         click.echo(f"# ---- {src.name}.py (sha256 {src.source_hash[:16]})")
         click.echo(src.text)
 
@@ -205,7 +215,7 @@ def inspect(spec_name, head_dim, dtype, form, lower_bound, gate_in_kernel, confi
 @click.option("--spec", "spec_name", default="kda", show_default=True)
 @click.option("--head-dim", "head_dim", default="128", show_default=True,
               help="K or K,V; several separated by ';' (e.g. '128;96,192')")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
 @click.option("--lower-bound", type=float, default=-5.0, show_default=True,
               help="the gate's lower bound the kernels may assume (sets the safe sub-chunk)")
 @click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]),
@@ -224,17 +234,17 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
     for the GPU's architecture (no GPU needed), and -- when the current GPU is that GPU --
     tune them and store the winners in the cache.
     """
-    from .autotune import DTYPES, CompilePool, compile_check, default_jobs, family_spec, lower_for
-    from .gpus import detect_current
-    from .lower import LoweringError
-    from .ops.common import select_spec
-    from .search_space import SearchSpaceError, load_space
+    from .cache.gpus import detect_current
+    from .cache.paths import studies_dir
+    from .codegen.lower import LoweringError
+    from .tuning import driver
+    from .tuning.compile_pool import CompilePool, default_jobs
+    from .tuning.space import SearchSpaceError, load_space
 
     if spec_name != "kda":
         raise click.UsageError(f"kdagen generates kernels for the KDA structure; {spec_name!r} is not generated yet")
     gpu = _resolve_gpu(gpu_name)
-    dt = DTYPES[dtype]
-    spec = select_spec(False, lower_bound is not None, lower_bound, False, False)
+    head_dims, shapes, batches = _head_dims(head_dim), _shapes(shapes), _batches(decode_batches)
     spec_args = _spec_args(lower_bound)
     families = [f for f in ("chunk_fwd", "chunk_bwd", "recurrent") if f in families] if families else \
         ["chunk_fwd", "chunk_bwd", "recurrent"]  # the backward is tuned after the forward (its chunk length)
@@ -247,6 +257,7 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
         families = [user_space.kernel]
     current = None if compile_only else detect_current()
     will_tune = current is not None and current.name == gpu.name
+    spec = driver.family_spec("chunk_fwd", spec_args)
     click.echo(f"kdagen {__version__}: build for {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}, "
                f"{gpu.sm_count} SMs, {gpu.smem_per_block_bytes // 1024} KiB smem/block); spec {spec.name} "
                f"hash {spec.hash}; {'compile-check and tune' if will_tune else 'compile-check only'}")
@@ -255,110 +266,28 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
         click.echo(f"  (not tuning: this machine has {here}, not {gpu.name})")
     # one set of compile processes for the compile-check and the tuner's compiles ahead
     with CompilePool(jobs or default_jobs()) as pool:
-        total_fail = 0
-        surveys_all = {}
         t_start = time.time()
-        for K, V in _head_dims(head_dim):
-            for fam in families:
-                fspec = family_spec(fam, spec_args)  # the decode op's kernel has no gate bound
-                try:
-                    plan = lower_for(fspec, fam, K, V, dt)
-                except (ValueError, LoweringError) as e:
-                    raise click.UsageError(str(e)) from None
-                # specialised as the tuner's first shape will run them: on that GPU it loads these binaries
-                first = _tuning_shapes(fam, K, shapes, decode_batches)[:1]
-                surveys = compile_check(fam, plan, fspec, spec_args, gpu, dt, space=user_space, progress=not quiet,
-                                        jobs=pool.jobs, shape=first[0][0] if first else None, pool=pool)
-                for s in surveys:
-                    label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
-                    click.echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
-                               f"{gpu.name}; {len(s.failures)} dropped")
-                    for cfg, why in s.failures[:5]:
-                        click.echo(f"      dropped {cfg.short()}: {why}")
-                    if not s.survivors:
-                        total_fail += 1
-                surveys_all[(K, V, fam)] = (plan, fspec, surveys)
+        try:
+            surveys, n_empty = driver.compile_all(gpu, spec_args, dtype, head_dims, families, shapes, batches, pool,
+                                                  space=user_space, quiet=quiet, echo=click.echo)
+        except (ValueError, LoweringError) as e:
+            raise click.UsageError(str(e)) from None
         click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
-        if total_fail:
+        if n_empty:
             click.echo("error: some kernels have no config that compiles for this GPU", err=True)
             sys.exit(1)
         if will_tune:
             try:
-                _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet,
-                                pool)
+                driver.tune_and_store(gpu, spec_args, dtype, surveys, shapes, batches, space=user_space, seed=seed,
+                                      quiet=quiet, pool=pool, echo=click.echo)
             except (KeyboardInterrupt, RuntimeError) as e:
                 # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
                 if not (isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)):
                     raise
-                from .paths import studies_dir
                 click.echo(f"\ninterrupted after {time.time() - t_start:.0f}s: the winners tuned so far are in the "
                            f"cache and every measured trial is in {studies_dir()}; the same command resumes", err=True)
                 sys.exit(130)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
-
-
-def _tuning_shapes(fam: str, K: int, shapes: str, decode_batches: str) -> list[tuple[tuple, dict]]:
-    """((B, T, H, HV), shape hint) of each shape a family is tuned at for head dim K: the
-    chunk forms at ``--shapes`` entries with that K, decode at ``--decode-batches`` with 32 heads."""
-    if fam == "recurrent":
-        return [((int(b), 1, 32, 32), dict(T=1, B=int(b), N=int(b))) for b in decode_batches.split(",") if b.strip()]
-    out = []
-    for sh in shapes.split(";"):
-        if not sh.strip():
-            continue
-        try:
-            B, T, H, Ks = (int(x) for x in sh.split(","))
-        except ValueError:
-            raise click.BadParameter(f"{sh!r}: expected B,T,H,K", param_hint="--shapes") from None
-        if Ks == K:
-            out.append(((B, T, H, H), dict(T=T, B=B, N=B)))
-    return out
-
-
-def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, user_space, seed, quiet, pool=None):
-    """Tune every compile-checked family at its shapes on this GPU and store the winners.
-    ``pool``: the compile processes (a CompilePool) for the compiles ahead of each search
-    (none: nothing is compiled ahead)."""
-    from .autotune import StagedCandidates, tune_family
-    from .cache import TuningCache, make_entry
-    from .config import ChunkFwdConfig
-    from .isolation import IsolatedCandidate
-    from .tuned import cache_key
-
-    cache = TuningCache(gpu.name)
-    fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
-    # one isolated worker measures every family and shape: its start-up is paid once
-    with IsolatedCandidate(StagedCandidates) as worker:
-        for (K, V, fam), (plan, spec, surveys) in surveys_all.items():
-            by_stage = {s.stage: s.survivors for s in surveys}
-            for shape, hint in _tuning_shapes(fam, K, shapes, decode_batches):
-                t0 = time.time()
-                if fam == "chunk_bwd":  # the compile survey ran at the default chunk length
-                    fwd = fwd_winners.get((K, V, shape))
-                    if fwd is not None:
-                        by_stage = {st: [c.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
-                                         for c in cs] for st, cs in by_stage.items()}
-                winner, ms, default_ms, _ = tune_family(
-                    fam, plan, spec, spec_args, gpu, dt, shape, space=user_space, seed=seed, progress=not quiet,
-                    candidates_by_stage=by_stage, jobs=pool.jobs if pool else 1,
-                    fwd_config=fwd_winners.get((K, V, shape)), isolate=True, worker=worker, pool=pool)
-                if fam == "chunk_fwd" and winner is not None:
-                    fwd_winners[(K, V, shape)] = winner
-                if winner is None:
-                    click.echo(f"  {fam} K={K} V={V} shape {shape}: no candidate passed the correctness gate",
-                               err=True)
-                    continue
-                key = cache_key(plan, fam, hint, gpu)
-                cache.store(key, make_entry(config=winner.to_dict(), kernel=fam, time_ms=ms, error=0.0,
-                                            default_time_ms=default_ms))
-                sp = f" (x{default_ms / ms:.2f} vs default {_duration(default_ms)})" if default_ms else ""
-                click.echo(f"  tuned {fam} K={K} V={V} shape {shape}: {_duration(ms)}{sp} in {time.time() - t0:.0f}s "
-                           f"-> {winner.short()}")
-                if default_ms is None:  # what users run untuned failed here: say so
-                    click.echo(f"  warning: {fam} K={K} V={V} shape {shape}: the heuristic default config failed "
-                               f"to build, check or time at this shape (see the trials' reasons above); the stored "
-                               f"winner was not compared with it", err=True)
-    click.echo(f"winners stored in {cache.path}")
 
 
 # --- tune -------------------------------------------------------------------------------
@@ -366,7 +295,7 @@ def _tune_and_store(gpu, spec_args, dt, surveys_all, shapes, decode_batches, use
 @main.command()
 @click.option("--spec", "spec_name", default="kda", show_default=True)
 @click.option("--head-dim", "head_dim", default="128", show_default=True)
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(["bf16", "fp16", "fp32"]))
+@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
 @click.option("--lower-bound", type=float, default=-5.0, show_default=True)
 @click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]))
 @click.option("--space", "space_path", default=None)
@@ -400,10 +329,10 @@ def bench(shape, decode_batch):
     import kdagen
     from triton.testing import do_bench
 
-    from .autotune import _inputs
+    from .tuning.candidates import random_inputs
 
     B, T, H, K = (int(x) for x in shape.split(","))
-    x = _inputs(B, T, H, H, K, K, torch.bfloat16, "cuda", 0)
+    x = random_inputs(B, T, H, H, K, K, torch.bfloat16, "cuda", 0)
     ms = do_bench(lambda: kdagen.chunk_kda(**x, output_final_state=True, safe_gate=True, lower_bound=-5.0),
                   warmup=50, rep=200, return_mode="median")
     click.echo(f"chunk_kda {shape}: {ms:.3f} ms")
@@ -416,7 +345,7 @@ def bench(shape, decode_batch):
 
     ms = do_bench(fwd_bwd, warmup=20, rep=100, return_mode="median")
     click.echo(f"chunk_kda {shape} forward+backward: {ms:.3f} ms")
-    x = _inputs(decode_batch, 1, 32, 32, 128, 128, torch.bfloat16, "cuda", 0)
+    x = random_inputs(decode_batch, 1, 32, 32, 128, 128, torch.bfloat16, "cuda", 0)
     us = 1e3 * do_bench(lambda: kdagen.fused_recurrent_kda(**x, output_final_state=True),
                         warmup=50, rep=200, return_mode="median")
     click.echo(f"fused_recurrent_kda B={decode_batch} H=32 K=V=128: {us:.1f} us")

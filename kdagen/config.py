@@ -2,7 +2,7 @@
 
 A config is a frozen dataclass; ``to_dict``/``from_dict`` give its canonical JSON form
 (used by the tuning cache and by the generated-source header).  Heuristic defaults, used
-when no tuned winner is cached, live in :mod:`kdagen.heuristics`.
+when no tuned winner is cached, live in :mod:`kdagen.cache.heuristics`.
 """
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from .dtypes import STORAGE
+
 PRECISIONS = ("ieee", "tf32")  # precision of fp32 operands of tl.dot (A, inverse)
-INTERMEDIATE_DTYPES = ("input", "fp32")  # dtype of W/U/qg/kg/Aqk between launches
 CUMSUM_MODES = ("scan", "dot")  # how the intra launch sums the gate within a sub-tile
 
 
@@ -97,11 +98,8 @@ class ChunkFwdConfig(_Config):
         self._check_chunking()
         self._check_stages("intra_num_stages", "state_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
-        self._check_choice("intermediates", INTERMEDIATE_DTYPES)
+        self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
-
-
-STATE_DTYPES = ("input", "fp32")  # storage of the per-chunk states (and their gradients) for the backward
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,7 @@ class ChunkBwdConfig(_Config):
                 raise ConfigError(f"chunk_bwd: {name} must be >= 16 (the smallest tl.dot tile)")
         self._check_stages("state_num_stages", "dqkw_num_stages", "intra_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
-        self._check_choice("state_dtype", STATE_DTYPES)
+        self._check_choice("state_dtype", STORAGE)
         if not isinstance(self.store_intermediates, bool):
             raise ConfigError(f"chunk_bwd: store_intermediates must be a bool, got {self.store_intermediates!r}")
 

@@ -1,5 +1,6 @@
-"""Compile stage: turn generated source into a launchable Triton kernel, or compile it for
-a target GPU without that GPU (``compile_for_target``)."""
+"""Compile stage: generated source becomes a loaded ``@triton.jit`` kernel (:func:`build`),
+a kernel is compiled for a target GPU without that GPU (:func:`compile_for_target`), and a
+launch is described and run (:class:`Launch`)."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,12 +8,14 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
 
-from .codegen import GeneratedSource
-from .paths import generated_dir
+from .cache.paths import generated_dir
+from .codegen.lower import Plan
+from .codegen.render import FAMILY_KERNELS, GeneratedSource, render
 
 _LOADED: dict[str, Any] = {}
 
@@ -43,6 +46,23 @@ def load(src: GeneratedSource):
     fn = getattr(mod, src.name)
     _LOADED[src.name] = fn
     return fn
+
+
+@dataclass(frozen=True)
+class Built:
+    """The kernels of one config family, rendered for a plan and a config, and loaded."""
+
+    plan: Plan
+    config: Any
+    sources: tuple[GeneratedSource, ...]
+    fns: tuple[Any, ...]  # in the family's launch order (FAMILY_KERNELS)
+
+
+@lru_cache(maxsize=256)
+def build(plan: Plan, config) -> Built:
+    """Render and load every kernel of ``config``'s family for ``plan``."""
+    srcs = tuple(render(kind, plan, config) for kind in FAMILY_KERNELS[config.kernel])
+    return Built(plan, config, srcs, tuple(load(s) for s in srcs))
 
 
 @dataclass(frozen=True)

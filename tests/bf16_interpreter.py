@@ -31,8 +31,8 @@ import triton.language.semantic as semantic  # noqa: E402
 import triton.runtime.interpreter as interp  # noqa: E402
 
 import kdagen  # noqa: E402
-import kdagen.codegen as codegen  # noqa: E402
-from kdagen.reference import naive_recurrent_kda  # noqa: E402
+import kdagen.codegen.render as codegen  # noqa: E402
+from kdagen.spec.reference import naive_recurrent_kda  # noqa: E402
 
 MARKER = "tl.float64"
 

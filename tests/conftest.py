@@ -180,7 +180,7 @@ def no_launch(monkeypatch):
     def _refuse(self):
         _refuse_fn(self.fn)
 
-    monkeypatch.setattr(chunk_mod.Launch, "__call__", _refuse)
+    monkeypatch.setattr(kernels_mod.Launch, "__call__", _refuse)
     monkeypatch.setattr(kernels_mod, "launch", _refuse_fn)
     for mod in (chunk_mod, recurrent_mod):
         if hasattr(mod, "launch"):

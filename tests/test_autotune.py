@@ -3,12 +3,13 @@ alone, winners combined per chunk length) and the correctness gate, with a fake 
 it runs without a GPU."""
 import torch
 
-import kdagen.autotune as A
+from kdagen.cache.heuristics import default_config
+from kdagen.tuning import candidates as CA, compile_pool as CP, driver as D, families as F
 from kdagen.config import ChunkFwdConfig
-from kdagen.gpus import get_profile
-from kdagen.heuristics import default_chunk_config
-from kdagen.ops.common import select_spec
-from kdagen.search_space import SearchSpace
+from kdagen.cache.gpus import get_profile
+from kdagen.cache.heuristics import default_chunk_config
+from kdagen.ops.inputs import select_spec
+from kdagen.tuning.space import SearchSpace
 
 SPACE = SearchSpace.from_dict({
     "kernel": "chunk_fwd",
@@ -40,21 +41,21 @@ class FakeCandidate:
 
 def test_stage_candidates_vary_only_their_stage(monkeypatch):
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
-    ctx = A.space_context(plan, spec, get_profile("h200"), 4)
+    plan = F.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
+    ctx = F.space_context(plan, spec, get_profile("h200"), 4)
     d = default_chunk_config(plan)
-    intra = A.stage_candidates(SPACE, ctx, "intra", d)
+    intra = F.stage_candidates(SPACE, ctx, "intra", d)
     assert len(intra) == 4 and {c.state_block_v for c in intra} == {d.state_block_v}
-    state = A.stage_candidates(SPACE, ctx, "state", d)
+    state = F.stage_candidates(SPACE, ctx, "state", d)
     assert len(state) == 4 and {c.intra_block_k for c in state} == {d.intra_block_k}
 
 
 def test_tune_family_combines_the_best_stage_per_chunk_length(tmp_path, monkeypatch):
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(A, "KernelCandidate", FakeCandidate)
+    monkeypatch.setattr(D, "KernelCandidate", FakeCandidate)
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
-    winner, ms, default_ms, results = A.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),
+    plan = F.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
+    winner, ms, default_ms, results = D.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),
                                                     torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)
     # C=64: intra best *valid* is BK=64 (2.5; BK=32 is wrong), state best 0.2 -> 2.7
     # C=32: intra 2.0 + state 0.9 -> 2.9; so C=64 wins with the correct intra config
@@ -80,14 +81,14 @@ def test_kernel_candidate_checks_the_timed_heads_against_float64(family, stage, 
     timed shape's heads (so Triton specialises alike), the default config passes the gate,
     and a wrong answer on a checked head -- only there -- fails it."""
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, family, 16, 16, torch.float32)
-    cand = A.KernelCandidate(family, stage, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32, shape,
+    plan = F.lower_for(spec, family, 16, 16, torch.float32)
+    cand = CA.KernelCandidate(family, stage, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32, shape,
                              device="cpu")
     B, T, H, HV = shape
-    assert cand.check_shape[2:] == (H, HV) and cand.check_shape[1] == min(T, A.CHECK_T_MAX)
-    default = A.default_for(family, plan, {"N": B, "HV": HV})
+    assert cand.check_shape[2:] == (H, HV) and cand.check_shape[1] == min(T, F.CHECK_T_MAX)
+    default = default_config(family, plan, {"N": B, "HV": HV})
     assert cand.check(cand.build(default)) < cand.tolerance
-    sel = A.check_heads(H, HV)
+    sel = CA.check_heads(H, HV)
     unchecked = [h for h in range(HV) if h not in sel]
 
     def perturb(heads):
@@ -121,11 +122,11 @@ def test_kernel_candidate_checks_the_timed_heads_against_float64(family, stage, 
 
 def test_default_for_backward_takes_the_forward_chunk_lengths():
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_bwd", 64, 64, torch.float32)
+    plan = F.lower_for(spec, "chunk_bwd", 64, 64, torch.float32)
     fwd = default_chunk_config(plan).replace(chunk_size=64)
-    d = A.default_for("chunk_bwd", plan, None, fwd)
+    d = default_config("chunk_bwd", plan, None, fwd)
     assert isinstance(d, ChunkBwdConfig) and (d.chunk_size, d.sub_chunk) == (64, fwd.sub_chunk)
-    assert isinstance(A.default_for("recurrent", plan), RecurrentConfig)
+    assert isinstance(default_config("recurrent", plan), RecurrentConfig)
 
 
 def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
@@ -134,12 +135,12 @@ def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
     'timed', and a winner comes back at the forward's chunk length."""
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_bwd", 16, 16, torch.float32)
+    plan = F.lower_for(spec, "chunk_bwd", 16, 16, torch.float32)
     space = SearchSpace.from_dict({"kernel": "chunk_bwd", "params": {"dqkw_block_k": [16]},
                                    "stages": {"state": ["state_block_v"], "dqkw": ["dqkw_block_k"],
                                               "intra": ["intra_block_k"]}})
     fwd = default_chunk_config(plan).replace(chunk_size=16)
-    winner, ms, default_ms, results = A.tune_family(
+    winner, ms, default_ms, results = D.tune_family(
         "chunk_bwd", plan, spec, dict(safe_gate=True, lower_bound=-5.0), get_profile("h200"), torch.float32,
         (1, 40, 1, 2), space=space, progress=False, isolate=True, device="cpu", fwd_config=fwd)
     assert isinstance(winner, ChunkBwdConfig) and winner.chunk_size == 16 and winner.dqkw_block_k == 16
@@ -156,11 +157,11 @@ def _die(*args):
 def test_precompile_survives_a_dying_worker(monkeypatch, capsys):
     """A precompile worker that dies (not a Python error: the process ends) stops the
     precompile pool, not the tuning run."""
-    monkeypatch.setattr(A, "_compile_one", _die)
+    monkeypatch.setattr(CP, "_compile_one", _die)
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
+    plan = F.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
     d = default_chunk_config(plan)
-    secs = A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d), ("state", d)], jobs=2,
+    secs = CP.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d), ("state", d)], jobs=2,
                         gpu=get_profile("h200"))
     assert secs >= 0 and "a worker died" in capsys.readouterr().err
 
@@ -177,25 +178,25 @@ def test_a_shared_pool_compiles_every_shape_in_the_same_workers(tmp_path, monkey
     the same worker processes serve them all (their start-up is paid once); when a worker dies
     the pool is replaced and the next precompile runs in new workers."""
     monkeypatch.setenv("KDAGEN_TEST_PIDS", str(tmp_path))
-    monkeypatch.setattr(A, "_compile_one", _record_pid)
+    monkeypatch.setattr(CP, "_compile_one", _record_pid)
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
+    plan = F.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
     d = default_chunk_config(plan)
     h200 = get_profile("h200")
 
     def pids(C):
-        A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d.replace(chunk_size=C))] * 6,
+        CP.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d.replace(chunk_size=C))] * 6,
                      jobs=2, gpu=h200, pool=pool, progress=False)
         return {f.name.split("-")[0] for f in tmp_path.glob(f"*-{C}")}
 
-    with A.CompilePool(2) as pool:
+    with CP.CompilePool(2) as pool:
         first, second = pids(16), pids(32)
         assert first and first == second and len(first) <= 2
-        monkeypatch.setattr(A, "_compile_one", _die)
-        A.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d)] * 2, jobs=2, gpu=h200,
+        monkeypatch.setattr(CP, "_compile_one", _die)
+        CP.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d)] * 2, jobs=2, gpu=h200,
                      pool=pool, progress=False)
         assert pool.replaced == 1
-        monkeypatch.setattr(A, "_compile_one", _record_pid)
+        monkeypatch.setattr(CP, "_compile_one", _record_pid)
         third = pids(64)
         assert third and not third & first
 
@@ -204,13 +205,13 @@ def test_resumed_study_precompiles_only_what_it_will_build(tmp_path, monkeypatch
     """A second run of the same studies measures nothing again, so it compiles ahead only
     the default and the fastest configs it re-times, and comes to the same winner."""
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(A, "KernelCandidate", FakeCandidate)
-    monkeypatch.setattr(A, "FINALISTS", 1)
+    monkeypatch.setattr(D, "KernelCandidate", FakeCandidate)
+    monkeypatch.setattr(D, "FINALISTS", 1)
     compiled = []
-    monkeypatch.setattr(A, "precompile", lambda fam, plan, sa, dt, shape, todo, *a, **k: compiled.append(todo))
+    monkeypatch.setattr(D, "precompile", lambda fam, plan, sa, dt, shape, todo, *a, **k: compiled.append(todo))
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
-    run = lambda: A.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),  # noqa: E731
+    plan = F.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
+    run = lambda: D.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),  # noqa: E731
                                 torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)
     first = run()
     second = run()
@@ -230,10 +231,10 @@ def test_decode_is_timed_as_the_ops_launch_not_the_eager_op(monkeypatch):
     """The recurrent candidate times the op's one launch (under CUDA-graph replay on a GPU),
     not the eager op, whose Python work hid the configs' differences (run 10)."""
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "recurrent", 16, 16, torch.float32)
-    cand = A.KernelCandidate("recurrent", None, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32,
+    plan = F.lower_for(spec, "recurrent", 16, 16, torch.float32)
+    cand = CA.KernelCandidate("recurrent", None, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32,
                              (2, 1, 1, 2), device="cpu")
-    default = A.default_for("recurrent", plan)
+    default = default_config("recurrent", plan)
 
     def no_eager(*a, **k):
         raise AssertionError("timed through the eager op")
@@ -245,16 +246,14 @@ def test_decode_is_timed_as_the_ops_launch_not_the_eager_op(monkeypatch):
 def test_a_study_of_other_kernels_is_not_resumed(tmp_path, monkeypatch):
     """Editing a family's templates changes its source hash, and with it the study: trials
     measured on the old kernels are not replayed as if they were the new ones'."""
-    import kdagen.tuned as T
-
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(A, "KernelCandidate", FakeCandidate)
-    monkeypatch.setattr(A, "precompile", lambda *a, **k: None)
+    monkeypatch.setattr(D, "KernelCandidate", FakeCandidate)
+    monkeypatch.setattr(D, "precompile", lambda *a, **k: None)
     spec = select_spec(False, True, -5.0, False, False)
-    plan = A.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
-    run = lambda: A.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),  # noqa: E731
+    plan = F.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
+    run = lambda: D.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),  # noqa: E731
                                 torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)[3]
     run()
     assert all(r.n_resumed == len(r.trials) for r in run().values())  # same kernels: resumed
-    monkeypatch.setattr(T, "source_hash", lambda family: "0123456789abcdef")
+    monkeypatch.setattr(D, "source_hash", lambda family: "0123456789abcdef")
     assert all(r.n_resumed == 0 for r in run().values())  # edited templates: measured again

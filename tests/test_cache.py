@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kdagen import cache as cache_mod
-from kdagen.cache import CacheError, CacheKey, TuningCache, make_entry, shape_bucket
+from kdagen.cache import paths, store as cache_mod
+from kdagen.cache.keys import CacheKey, shape_bucket
+from kdagen.cache.store import CacheError, TuningCache, make_entry
 
 BASE = dict(kernel="chunk_fwd", spec_hash="spec123", source_hash="src456", K=128, V=128,
             dtype="bfloat16", state_dtype="float32", shape_bucket="t4096_s4", gpu_name="h100",
@@ -47,10 +48,10 @@ def test_changing_any_single_field_changes_the_key_string():
 
 
 def test_same_fields_same_key_in_a_fresh_process():
-    code = ("import json,sys; from kdagen.cache import CacheKey; "
+    code = ("import json,sys; from kdagen.cache.keys import CacheKey; "
             "d=json.loads(sys.argv[1]); print(CacheKey(**d).key_string())")
     d = dict(BASE, compute_capability=[9, 0])
-    pythonpath = os.pathsep.join([str(Path(cache_mod.__file__).parent.parent)] + sys.path)
+    pythonpath = os.pathsep.join([str(Path(cache_mod.__file__).parent.parent.parent)] + sys.path)
     env = dict(os.environ, PYTHONPATH=pythonpath, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(d)], env=env,
                          capture_output=True, text=True, check=True).stdout.strip()
@@ -80,13 +81,13 @@ def test_shape_bucket():
 def test_env_var_overrides_cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "mine"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert cache_mod.cache_dir() == tmp_path / "mine"
+    assert paths.cache_dir() == tmp_path / "mine"
     c = TuningCache("h100")
     assert c.path == tmp_path / "mine" / "h100.json"
     monkeypatch.delenv("KDAGEN_CACHE_DIR")
-    assert cache_mod.cache_dir() == tmp_path / "xdg" / "kdagen"
+    assert paths.cache_dir() == tmp_path / "xdg" / "kdagen"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert cache_mod.cache_dir() == Path.home() / ".cache" / "kdagen"
+    assert paths.cache_dir() == Path.home() / ".cache" / "kdagen"
 
 
 def _entry(t=1.5):

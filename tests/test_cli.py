@@ -41,7 +41,7 @@ def test_verify_prints_a_table_and_passes(runner):
 
 
 def test_verify_reports_failure_with_nonzero_exit(runner, monkeypatch):
-    import kdagen.verify as V
+    import kdagen.spec.verify as V
 
     monkeypatch.setattr(V, "TOL", -1.0)  # nothing can pass a negative tolerance
     r = runner.invoke(main, ["verify", "--spec", "gla"])
@@ -65,9 +65,9 @@ def test_build_refuses_unknown_gpu_with_the_list(runner):
 
 
 def test_build_auto_without_gpu_is_a_usage_error(runner, monkeypatch):
-    import kdagen.gpus
+    import kdagen.cache.gpus
 
-    monkeypatch.setattr(kdagen.gpus, "detect_current", lambda *a, **k: None)  # the same on any machine
+    monkeypatch.setattr(kdagen.cache.gpus, "detect_current", lambda *a, **k: None)  # the same on any machine
     r = runner.invoke(main, ["build", "--gpu", "auto"])
     assert r.exit_code == 2 and "no CUDA GPU" in r.output
 
@@ -118,10 +118,11 @@ def test_build_recurrent_compile_only(runner, tmp_path):
 def test_compile_check_drops_configs_over_shared_memory(tmp_path):
     code = """
 import torch
-from kdagen.autotune import compile_check, lower_for
-from kdagen.gpus import get_profile
-from kdagen.ops.common import select_spec
-from kdagen.search_space import SearchSpace
+from kdagen.tuning.compile_pool import compile_check
+from kdagen.tuning.families import lower_for
+from kdagen.cache.gpus import get_profile
+from kdagen.ops.inputs import select_spec
+from kdagen.tuning.space import SearchSpace
 spec = select_spec(False, True, -5.0, False, False)
 plan = lower_for(spec, "chunk_fwd", 64, 64, torch.bfloat16)
 space = SearchSpace.from_dict({"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
@@ -172,12 +173,13 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     not be measured is reported rather than silently compared with nothing."""
     import torch
 
-    import kdagen.autotune as A
-    from kdagen import cli
-    from kdagen.cache import TuningCache
+    from kdagen.cache.gpus import get_profile
+    from kdagen.cache.heuristics import default_config
+    from kdagen.cache.store import TuningCache
     from kdagen.config import ChunkBwdConfig, ChunkFwdConfig
-    from kdagen.gpus import get_profile
-    from kdagen.ops.common import select_spec
+    from kdagen.tuning import compile_pool as CP, driver as D
+    from kdagen.tuning.families import lower_for
+    from kdagen.ops.inputs import select_spec
 
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
     spec = select_spec(False, True, -5.0, False, False)
@@ -192,16 +194,16 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
             return fwd_win, 2.0, 2.5, {}
         return ChunkBwdConfig(chunk_size=fwd_config.chunk_size), 5.0, None, {}
 
-    monkeypatch.setattr(A, "tune_family", fake_tune_family)
-    compile_pool = A.CompilePool(3)  # passed through, never started by the fake
+    monkeypatch.setattr(D, "tune_family", fake_tune_family)
+    compile_pool = CP.CompilePool(3)  # passed through, never started by the fake
     surveys = {}
     for fam in ("chunk_fwd", "chunk_bwd"):
-        plan = A.lower_for(spec, fam, 64, 64, torch.bfloat16)
+        plan = lower_for(spec, fam, 64, 64, torch.bfloat16)
         stages = ("intra", "state") if fam == "chunk_fwd" else ("state", "dqkw", "intra")
-        default = A.default_for(fam, plan)
-        surveys[(64, 64, fam)] = (plan, spec, [A.CompileSurvey(fam, st, 1, [default]) for st in stages])
-    cli._tune_and_store(get_profile("h200"), {"safe_gate": True, "lower_bound": -5.0}, torch.bfloat16,
-                        surveys, "1,512,4,64", "1", None, 0, True, pool=compile_pool)
+        default = default_config(fam, plan)
+        surveys[(64, 64, fam)] = (plan, spec, [CP.CompileSurvey(fam, st, 1, [default]) for st in stages])
+    D.tune_and_store(get_profile("h200"), {"safe_gate": True, "lower_bound": -5.0}, torch.bfloat16,
+                     surveys, [(1, 512, 4, 64)], [1], None, 0, True, pool=compile_pool)
     (f_fam, f_shape, f_fwd, _, f_iso), (b_fam, b_shape, b_fwd, b_cands, b_iso) = calls
     assert (f_fam, b_fam) == ("chunk_fwd", "chunk_bwd") and f_shape == b_shape == (1, 512, 4, 4)
     assert f_fwd is None and b_fwd == fwd_win and f_iso and b_iso
@@ -218,28 +220,30 @@ def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
     bound the build assumed, its backward, and fused_recurrent_kda -- whose kernel has no
     gate bound (it takes no safe_gate), so its winner must not be keyed by the bounded spec."""
     import kdagen
-    import kdagen.autotune as A
-    import kdagen.gpus
-    import kdagen.runtime as RT
-    import kdagen.tuned as TU
-    from kdagen.gpus import get_profile
+    import kdagen.cache.gpus
+    import kdagen.cache.lookup as TU
+    from kdagen import kernels
+    from kdagen.cache.gpus import get_profile
+    from kdagen.cache.heuristics import default_config
+    from kdagen.ops import chunk as chunk_op, chunk_bwd as chunk_bwd_op, recurrent as recurrent_op
+    from kdagen.tuning import compile_pool as CP, driver as D
 
     h200 = get_profile("h200")
-    monkeypatch.setattr(kdagen.gpus, "detect_current", lambda *a, **k: h200)
+    monkeypatch.setattr(kdagen.cache.gpus, "detect_current", lambda *a, **k: h200)
     monkeypatch.setattr(TU, "_current_gpu", lambda: h200)
     monkeypatch.setattr(TU, "_MEMO", {})
     TU._cache_for.cache_clear()
-    monkeypatch.setattr(A, "compile_check",
-                        lambda fam, plan, *a, **k: [A.CompileSurvey(fam, None, 1, [A.default_for(fam, plan)])])
+    monkeypatch.setattr(D, "compile_check",
+                        lambda fam, plan, *a, **k: [CP.CompileSurvey(fam, None, 1, [default_config(fam, plan)])])
     tuned = {"chunk_fwd": dict(state_num_warps=8), "chunk_bwd": dict(intra_num_warps=8), "recurrent": dict(num_warps=2)}
 
     def fake_tune_family(fam, plan, spec, spec_args, gpu, dt, shape, fwd_config=None, **kw):
-        d = A.default_for(fam, plan, {"N": shape[0], "HV": shape[3]}, fwd_config)
+        d = default_config(fam, plan, {"N": shape[0], "HV": shape[3]}, fwd_config)
         if fam == "recurrent":  # a decode step: listed in microseconds
             return d.replace(**tuned[fam]), 0.00265, 0.0031, {}
         return d.replace(**tuned[fam]), 1.0, 2.0, {}
 
-    monkeypatch.setattr(A, "tune_family", fake_tune_family)
+    monkeypatch.setattr(D, "tune_family", fake_tune_family)
     res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "16", "--dtype", "fp32",
                                "--shapes", "1,64,2,16", "--decode-batches", "2"])
     assert res.exit_code == 0, res.output
@@ -248,10 +252,14 @@ def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
     assert "h200: 3 winner(s)" in listed and "2.65 us  x1.17 vs default" in listed and "1.000 ms  x2.00" in listed
 
     used = []
-    real_build, real_bwd = RT.build, RT._build_chunk_bwd
-    monkeypatch.setattr(RT, "build", lambda plan, config: used.append(config) or real_build(plan, config))
-    monkeypatch.setattr(RT, "_build_chunk_bwd",
-                        lambda plan, config, gg: used.append(config) or real_bwd(plan, config, gg))
+    real_build = kernels.build
+
+    def spy(plan, config):
+        used.append(config)
+        return real_build(plan, config)
+
+    for mod in (chunk_op, chunk_bwd_op, recurrent_op):
+        monkeypatch.setattr(mod, "build", spy)
     g = torch.Generator().manual_seed(0)
     x = {n: torch.randn(*s, generator=g) for n, s in
          dict(q=(1, 64, 2, 16), k=(1, 64, 2, 16), v=(1, 64, 2, 16), g=(1, 64, 2, 16), beta=(1, 64, 2)).items()}
@@ -280,13 +288,14 @@ def test_build_interrupted_while_tuning_says_how_to_resume(runner, monkeypatch, 
     a traceback.  Inside concurrent.futures' wait the interrupt can surface as a RuntimeError
     raised while handling it ("release unlocked lock", seen on the H200); an unrelated
     RuntimeError still propagates."""
-    import kdagen.autotune as A
-    import kdagen.cli as cli
-    import kdagen.gpus
-    from kdagen.gpus import get_profile
+    import kdagen.cache.gpus
+    from kdagen.cache.gpus import get_profile
+    from kdagen.cache.heuristics import default_config
+    from kdagen.tuning import compile_pool as CP, driver as D
 
-    monkeypatch.setattr(kdagen.gpus, "detect_current", lambda *a, **k: get_profile("h200"))
-    monkeypatch.setattr(A, "compile_check", lambda fam, plan, *a, **k: [A.CompileSurvey(fam, None, 1, [A.default_for(fam, plan)])])
+    monkeypatch.setattr(kdagen.cache.gpus, "detect_current", lambda *a, **k: get_profile("h200"))
+    monkeypatch.setattr(D, "compile_check",
+                        lambda fam, plan, *a, **k: [CP.CompileSurvey(fam, None, 1, [default_config(fam, plan)])])
 
     def interrupted(*a, **k):
         if how == "keyboard":
@@ -296,7 +305,7 @@ def test_build_interrupted_while_tuning_says_how_to_resume(runner, monkeypatch, 
         except KeyboardInterrupt:
             raise RuntimeError("release unlocked lock")
 
-    monkeypatch.setattr(cli, "_tune_and_store", interrupted)
+    monkeypatch.setattr(D, "tune_and_store", interrupted)
     res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "64", "--family", "recurrent"])
     assert res.exit_code == 130, res.output
     assert "interrupted after" in res.output and "the same command resumes" in res.output
@@ -305,6 +314,6 @@ def test_build_interrupted_while_tuning_says_how_to_resume(runner, monkeypatch, 
     def broken(*a, **k):
         raise RuntimeError("something else")
 
-    monkeypatch.setattr(cli, "_tune_and_store", broken)
+    monkeypatch.setattr(D, "tune_and_store", broken)
     res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "64", "--family", "recurrent"])
     assert res.exit_code != 130 and isinstance(res.exception, RuntimeError) and "something else" in str(res.exception)

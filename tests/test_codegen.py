@@ -6,11 +6,11 @@ import pytest
 
 from kdagen import __version__
 from kdagen import spec as S
-from kdagen.codegen import render
+from kdagen.codegen.render import render
 from kdagen.config import ChunkFwdConfig, ConfigError, RecurrentConfig
-from kdagen.heuristics import default_chunk_config
-from kdagen.lower import LoweringError, lower
-from kdagen.ops.common import select_spec
+from kdagen.cache.heuristics import default_chunk_config
+from kdagen.codegen.lower import LoweringError, lower
+from kdagen.ops.inputs import select_spec
 from kdagen.resources import search_spaces_dir, templates_dir
 
 
@@ -60,8 +60,8 @@ def test_render_is_deterministic_and_named_by_content():
 
 
 def test_render_is_identical_in_a_fresh_process():
-    code = ("from kdagen.lower import lower; from kdagen.ops.common import select_spec; "
-            "from kdagen.codegen import render; from kdagen.heuristics import default_chunk_config; "
+    code = ("from kdagen.codegen.lower import lower; from kdagen.ops.inputs import select_spec; "
+            "from kdagen.codegen.render import render; from kdagen.cache.heuristics import default_chunk_config; "
             "p = lower(select_spec(False, True, -5.0, False, False), 128, 128, 'bfloat16', 'chunk', False); "
             "import hashlib, sys; s = render('chunk_state', p, default_chunk_config(p)); "
             "sys.stdout.write(hashlib.sha256(s.text.encode()).hexdigest())")
@@ -98,7 +98,7 @@ def test_a_kernel_is_the_same_source_for_configs_that_differ_only_in_launch_para
     compiles.  (The header once printed the whole config; run 15 compiled every intra
     candidate again for each shape's default state tile.)  A field the source reads does
     change it."""
-    from kdagen.heuristics import default_recurrent_config
+    from kdagen.cache.heuristics import default_recurrent_config
 
     p = _plan() if kernel != "recurrent" else lower(select_spec(False, False, None, False, False), 128, 128,
                                                      "bfloat16", "recurrent", False)

@@ -28,7 +28,8 @@ SCRIPT = r'''
 import json, torch
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
-import kdagen.autotune as A
+from kdagen.cache.heuristics import default_config
+from kdagen.tuning import candidates as CA, compile_pool as CP, families as F
 import kdagen.kernels as KN
 import kdagen.ops.chunk as OC
 import kdagen.ops.recurrent as OR
@@ -44,9 +45,9 @@ class StandInDriver:
     def get_current_stream(self, device=None): return 0
     def get_current_target(self): return target
 
-plan = A.lower_for(A.family_spec("recurrent", sa), "recurrent", 16, 16, torch.float16)
-shape = A.check_shape("recurrent", (4, 1, 2, 2))
-(ln,) = A.launches_for(plan, A.default_for("recurrent", plan), torch.float16, sa, shape)
+plan = F.lower_for(F.family_spec("recurrent", sa), "recurrent", 16, 16, torch.float16)
+shape = F.check_shape("recurrent", (4, 1, 2, 2))
+(ln,) = CP.launches_for(plan, default_config("recurrent", plan), torch.float16, sa, shape)
 rep = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
 driver.set_active(StandInDriver())
 kern = ln.fn.warmup(**ln.args, **ln.constexprs, grid=ln.grid, num_warps=ln.num_warps, num_stages=ln.num_stages)
@@ -61,14 +62,14 @@ def record(fn, grid, args, constexprs, num_warps, num_stages):
 KN.launch = OR.launch = record
 OC.check_runnable = OR.check_runnable = lambda q: None
 for fam, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2)), ("recurrent", (64, 1, 4, 4))]:
-    plan = A.lower_for(A.family_spec(fam, sa), fam, 32, 32, torch.bfloat16)
+    plan = F.lower_for(F.family_spec(fam, sa), fam, 32, 32, torch.bfloat16)
     hint = {"N": shape[0], "HV": shape[3]}
-    fwd = A.default_for("chunk_fwd", plan, hint) if fam == "chunk_bwd" else None
-    cfg = A.default_for(fam, plan, hint, fwd)
+    fwd = default_config("chunk_fwd", plan, hint) if fam == "chunk_bwd" else None
+    cfg = default_config(fam, plan, hint, fwd)
     ran.clear()
-    A.KernelCandidate(fam, None, plan, sa, torch.bfloat16, shape, device="cpu", fwd_config=fwd).build(cfg)
+    CA.KernelCandidate(fam, None, plan, sa, torch.bfloat16, shape, device="cpu", fwd_config=fwd).build(cfg)
     compiled = []
-    for ln in A.launches_for(plan, cfg, torch.bfloat16, sa, A.check_shape(fam, shape), fwd, with_forward=True):
+    for ln in CP.launches_for(plan, cfg, torch.bfloat16, sa, F.check_shape(fam, shape), fwd, with_forward=True):
         src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
         compiled.append([ln.fn.__name__, src.hash(), sorted(opts.items())])
     out["build"][fam] = {"ran": ran[:], "compiled": compiled}

@@ -79,10 +79,12 @@ def _worker_compile(jobs):
     from kdagen.config import ChunkFwdConfig, RecurrentConfig
     from kdagen.kernels import CompileReport, compile_for_target
     from kdagen.ops.chunk import chunk_kda_launches
-    from kdagen.ops.common import DTYPE_NAMES, select_spec
+    from kdagen.cache.lookup import resolve
+    from kdagen.codegen.lower import lower
+    from kdagen.dtypes import dtype as as_dtype
+    from kdagen.kernels import build
+    from kdagen.ops.inputs import check_inputs, select_spec
     from kdagen.ops.recurrent import prepare_recurrent
-    from kdagen.runtime import plan_for, recurrent_kernels
-    from kdagen.validate import check_inputs
 
     target = GPUTarget("cuda", 90, 32)
     HV = 2
@@ -148,9 +150,9 @@ def _worker_compile(jobs):
                 dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu,
                                        state_indices=idx, A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik)
                 spec = select_spec(gik, False, kw.get("lower_bound"), A_log is not None, dt_bias is not None)
-                plan = plan_for(spec, K, V, DTYPE_NAMES[q.dtype], "recurrent", gik)
-                built = recurrent_kernels(plan, None if cfg is None else RecurrentConfig(block_v=cfg),
-                                          {"T": dims.T, "B": dims.B, "N": dims.N})
+                plan = lower(spec, K, V, as_dtype(q.dtype).name, "recurrent", gik)
+                built = build(plan, resolve("recurrent", plan, None if cfg is None else RecurrentConfig(block_v=cfg),
+                                            {"T": dims.T, "B": dims.B, "N": dims.N}))
                 launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                               output_final_state=True, cu_seqlens=cu, state_indices=idx,
                                               dims=dims, plan=plan, built=built, A_log=A_log, dt_bias=dt_bias)

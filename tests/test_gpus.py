@@ -2,8 +2,8 @@ import types
 
 import pytest
 
-from kdagen import gpus
-from kdagen.gpus import PROFILES, GpuProfile, detect_current, get_profile, triton_target
+from kdagen.cache import gpus
+from kdagen.cache.gpus import PROFILES, GpuProfile, detect_current, get_profile, triton_target
 
 REQUIRED = ("h100", "h800", "h200", "h20", "a100", "l40s", "rtx4090", "b200")
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from kdagen.isolation import CandidateError, IsolatedCandidate, is_fatal
-from kdagen.tune import tune
+from kdagen.tuning.isolation import CandidateError, IsolatedCandidate, is_fatal
+from kdagen.tuning.engine import tune
 
 FAULT = "CUDA error: an illegal memory access was encountered"
 

@@ -5,7 +5,7 @@ import torch
 from conftest import make_inputs
 
 import kdagen
-from kdagen.reference import naive_recurrent_kda
+from kdagen.spec.reference import naive_recurrent_kda
 
 
 def _rel(a, b):

@@ -18,7 +18,7 @@ from conftest import F64, TOL, assert_close, cdiv, make_inputs, rel_err, run_poi
 import kdagen
 from kdagen.config import ChunkFwdConfig
 from kdagen.ops.chunk import chunk_kda_launches
-from kdagen.reference import kda_gate, naive_recurrent_kda
+from kdagen.spec.reference import kda_gate, naive_recurrent_kda
 
 VARLEN = [0, 1, 40, 41, 105]  # a length-1 sequence, lengths straddling chunk boundaries
 

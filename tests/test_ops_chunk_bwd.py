@@ -27,9 +27,9 @@ from conftest import F64, assert_close, make_inputs, poison
 
 import kdagen
 from kdagen.config import ChunkBwdConfig, ChunkFwdConfig
-from kdagen.ops import chunk as chunk_mod
-from kdagen.ops.chunk_bwd import chunk_bwd_config, chunk_kda_bwd_launches
-from kdagen.reference import kda_gate, naive_recurrent_kda
+from kdagen.kernels import Launch
+from kdagen.ops.chunk import chunk_bwd_config, chunk_kda_bwd_launches
+from kdagen.spec.reference import kda_gate, naive_recurrent_kda
 
 F32, F16 = torch.float32, torch.float16
 # relative Frobenius error of every gradient against the float64 reference
@@ -294,13 +294,13 @@ def test_forward_without_grad_is_unchanged(monkeypatch):
     """No input requires grad: the forward runs its two launches and writes no per-chunk
     states; with grad it writes them (STORE_HS) and o / the final state are bit-identical."""
     seen = []
-    real_call = chunk_mod.Launch.__call__
+    real_call = Launch.__call__
 
     def spy(self):
         seen.append(dict(self.constexprs))
         return real_call(self)
 
-    monkeypatch.setattr(chunk_mod.Launch, "__call__", spy)
+    monkeypatch.setattr(Launch, "__call__", spy)
     leaves, kw, cu = _inputs(Case("nograd", 1, 45, 1, 2, 32, 32))
     o0, h0 = kdagen.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                               initial_state=leaves["initial_state"], output_final_state=True, **kw)
@@ -318,13 +318,13 @@ def test_backward_launch_sequence(monkeypatch):
     backward: the intra launch re-run without U, the reverse state pass, the chunk-parallel
     products, the intra-chunk gradients -- six launches, nothing else."""
     seen = []
-    real_call = chunk_mod.Launch.__call__
+    real_call = Launch.__call__
 
     def spy(self):
         seen.append((self.fn.__name__.split("_", 1)[1].rsplit("_", 1)[0], dict(self.constexprs)))
         return real_call(self)
 
-    monkeypatch.setattr(chunk_mod.Launch, "__call__", spy)
+    monkeypatch.setattr(Launch, "__call__", spy)
     leaves, kw, cu = _inputs(Case("seq", 1, 45, 1, 1, 32, 32))
     leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
     o, ht = kdagen.chunk_kda(**leaves, output_final_state=True, **kw)
@@ -361,7 +361,7 @@ import json, sys, torch
 from triton.backends.compiler import GPUTarget
 from kdagen.config import ChunkFwdConfig
 from kdagen.kernels import compile_for_target
-from kdagen.ops.chunk_bwd import chunk_kda_bwd_launches
+from kdagen.ops.chunk import chunk_kda_bwd_launches
 out = {}
 for cid, dtype, K, V, gate, cfg in json.loads(sys.stdin.read()):
     dt, HV, varlen = getattr(torch, dtype), 2, "varlen" in cid

@@ -9,7 +9,7 @@ import torch
 from conftest import F64, TOL, assert_close, make_inputs, nan_tensor, poison, rel_err
 
 import kdagen
-from kdagen.reference import kda_gate, naive_recurrent_kda
+from kdagen.spec.reference import kda_gate, naive_recurrent_kda
 
 F32, F16 = torch.float32, torch.float16
 VARLEN = [0, 1, 40, 41, 105]

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kdagen.reference import (
+from kdagen.spec.reference import (
     dplr_recurrence,
     kda_gate,
     naive_chunk_deltanet,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdagen import reference as R
+from kdagen.spec import reference as R
 
 F64 = torch.float64
 META = torch.device("meta")

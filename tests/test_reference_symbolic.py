@@ -16,7 +16,7 @@ import pytest
 import sympy as sp
 import torch
 
-from kdagen.reference import naive_chunk_gla, naive_chunk_kda, naive_recurrent_gla, naive_recurrent_kda
+from kdagen.spec.reference import naive_chunk_gla, naive_chunk_kda, naive_recurrent_gla, naive_recurrent_kda
 
 N_TOK = 3
 

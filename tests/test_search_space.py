@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from kdagen import search_space as ss
+from kdagen.tuning import space as ss
 from kdagen.config import ChunkFwdConfig, RecurrentConfig
-from kdagen.search_space import SearchSpaceError, estimate_smem, load_space, safe_eval
+from kdagen.tuning.space import SearchSpaceError, estimate_smem, load_space, safe_eval
 
 H100_SMEM = 232448
 CTX = dict(K=128, V=128, safe_sub_chunk=32, smem_limit=H100_SMEM)
@@ -191,7 +191,7 @@ def test_packaged_lookup_uses_importlib_resources(monkeypatch, tmp_path):
         {"kernel": "recurrent", "params": {"block_v": [64]}}))
     monkeypatch.setattr(ir, "files", lambda name: tmp_path)
     space = load_space("recurrent")
-    assert space.source == "kdagen.search_spaces/recurrent.json" and space.size == 1
+    assert space.source == str(tmp_path / "recurrent.json") and space.size == 1
 
 
 def test_fingerprint_ignores_source_but_not_content(tmp_path):
@@ -204,5 +204,5 @@ def test_fingerprint_ignores_source_but_not_content(tmp_path):
 
 
 def test_packaged_spaces_present_in_repo():
-    root = Path(ss.__file__).resolve().parent.parent / "search_spaces"
+    root = Path(__file__).resolve().parent.parent / "search_spaces"
     assert (root / "chunk_fwd.json").is_file() and (root / "recurrent.json").is_file()

@@ -8,8 +8,8 @@ import pytest
 import sympy as sp
 
 from kdagen import spec as S
-from kdagen.structure import EXP_BUDGET, analyze_structure, safe_sub_chunk
-from kdagen.triton_printer import to_triton
+from kdagen.spec.structure import EXP_BUDGET, analyze_structure, safe_sub_chunk
+from kdagen.codegen.triton_printer import to_triton
 
 
 @pytest.mark.parametrize("name,kind", [("kda", "kda"), ("gdn", "kda"), ("deltanet", "kda"),

@@ -6,8 +6,8 @@ import optuna
 import pytest
 
 from kdagen.config import RecurrentConfig
-from kdagen.search_space import load_space
-from kdagen.tune import TuneError, tune
+from kdagen.tuning.space import load_space
+from kdagen.tuning.engine import TuneError, tune
 
 TOL = 1e-3
 

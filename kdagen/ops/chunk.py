@@ -1,141 +1,131 @@
-"""`chunk_kda`: the chunkwise form (prefill and training) -- two launches.
+"""`chunk_kda`: the chunkwise form (prefill and training) -- the public op, its autograd
+Function, and the block that sets the backward's config.
 
-1. intra  (grid: chunks x value heads)   -> qg, kg, W, U, A_qk, G_n
-2. state  (grid: V tiles x sequences x value heads) walks the chunks of each sequence,
-   fusing V' = U - W S, O and the state update; per-chunk states are not written unless
-   ``return_intermediate_states=True``.
+A call is validated and pre-processed once (:func:`_prepare`); its forward config and, when
+some input requires grad, its backward config are resolved together (:func:`_configs`: the
+caller's, a ``chunk_bwd_config`` block's, the tuned winner for this GPU and shape, or the
+heuristic).  The forward launches are described by :mod:`kdagen.ops.chunk_fwd`, the backward
+launches by :mod:`kdagen.ops.chunk_bwd`; neither imports this module.
 """
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import torch
-import triton
 
-from ..config import ChunkFwdConfig
-from ..kernels import Launch, dummy_pointer
-from ..runtime import chunk_kernels, plan_for
-from ..validate import check_inputs, check_runnable
-from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
+from ..cache.lookup import resolve
+from ..codegen.lower import Plan, lower
+from ..config import ChunkBwdConfig, ChunkFwdConfig
+from ..dtypes import dtype, storage
+from ..kernels import build
+from . import chunk_bwd as bwd
+from .chunk_fwd import prepare_chunk_fwd
+from .inputs import Dims, check_inputs, check_kwargs, check_runnable, preprocess, select_spec
 
-def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
-    """(number of chunks, chunk_indices [NT,2] int32 or None, chunk_offsets [N] int32 or None).
-
-    chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
-    global index of sequence n's first chunk.  Built with tensor ops on the host (a packed
-    batch can hold thousands of sequences) and copied to the device once."""
-    if seqlens is None:
-        return B * triton.cdiv(T, C), None, None
-    cu = torch.tensor(seqlens, dtype=torch.int64)
-    nchunks = (cu[1:] - cu[:-1] + C - 1) // C
-    offsets = torch.cumsum(nchunks, 0) - nchunks
-    total = int(nchunks.sum())
-    seq = torch.repeat_interleave(torch.arange(len(nchunks)), nchunks)
-    within = torch.arange(total) - torch.repeat_interleave(offsets, nchunks)
-    idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
-    return total, idx.to(device=device, dtype=torch.int32), offsets.to(device=device, dtype=torch.int32)
+_BWD_OVERRIDE: list[ChunkBwdConfig] = []
 
 
-def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
-                      seqlens, dims, plan, config: ChunkFwdConfig, built, A_log=None, dt_bias=None,
-                      return_intermediate_states=False, state_dtype=torch.float32, store_vn=False):
-    """Allocate outputs and describe both launches (used for running and compile-only).
-    ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
-    forward may keep them in the input dtype for its backward).  ``store_vn``: the state
-    pass also writes V' = U - W S (the backward's, in the intermediates' dtype) to the
-    state launch's ``vn`` argument."""
-    B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
-    C = config.chunk_size
-    dev = q.device
-    NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
-    NT = triton.cdiv(T, C)
-    inter = q.dtype if config.intermediates == "input" else torch.float32
-    qg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
-    kg = torch.empty_like(qg)
-    w = torch.empty_like(qg)
-    u = torch.empty(B, T, HV, V, dtype=inter, device=dev)
-    aqk = torch.empty(B, T, HV, C, dtype=inter, device=dev)
-    gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
-    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=state_dtype, device=dev)
-          if return_intermediate_states else None)
-    vn = torch.empty(B, T, HV, V, dtype=inter, device=dev) if store_vn else None
-    dummy = dummy_pointer(dev)
-    cu = cu_seqlens.to(dev) if cu_seqlens is not None else dummy
-    intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
-    if plan.gate_has_A:
-        intra_args["A_log"] = A_log
-    if plan.gate_has_bias:
-        intra_args["dt_bias"] = dt_bias
-    intra_args.update(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, cu_seqlens=cu,
-                      chunk_indices=chunk_indices if chunk_indices is not None else dummy,
-                      T=T, NT=NT, scale=float(scale))
-    bk = min(config.intra_block_k, plan.BK)
-    intra = Launch(built.fns[0], (NT_total, HV), intra_args,
-                   dict(H=H, HV=HV, K=K, V=V, BT=C, BC=config.sub_chunk, BK=bk,
-                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=True),
-                   config.intra_num_warps, config.intra_num_stages)
-    bv = min(config.state_block_v, plan.BV)
-    state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, o=o,
-                      h0=initial_state if initial_state is not None else dummy,
-                      ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
-                      vn=vn if vn is not None else dummy,
-                      cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
-                      T=T, NT=NT)
-    state = Launch(built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
-                   dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
-                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
-                        IS_VARLEN=cu_seqlens is not None),
-                   config.state_num_warps, config.state_num_stages)
-    return (intra, state), (o, ht, hs)
+@contextlib.contextmanager
+def chunk_bwd_config(config: ChunkBwdConfig):
+    """Use ``config`` for the backward of every chunk_kda called (forward) inside the block.
+
+    chunk_kda's signature has no backward config; its ``chunk_size``/``sub_chunk`` are
+    always replaced by the forward's."""
+    if not isinstance(config, ChunkBwdConfig):
+        raise TypeError(f"chunk_bwd_config takes a ChunkBwdConfig, got {type(config).__name__}")
+    _BWD_OVERRIDE.append(config)
+    try:
+        yield config
+    finally:
+        _BWD_OVERRIDE.pop()
 
 
-def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-                       allow_neg_eigval=False, safe_gate=False, lower_bound=None, return_intermediate_states=False,
-                       cu_seqlens=None, A_log=None, dt_bias=None, config=None, state_dtype=torch.float32,
-                       store_vn=False):
-    """Validate, lower, generate and describe the launches of chunk_kda without running them
-    (the op runs them; the benchmark times them one by one; compile-only checks compile them).
-    ``state_dtype``: dtype of the per-chunk states of ``return_intermediate_states``;
-    ``store_vn``: also write V' for the backward (see prepare_chunk_fwd)."""
-    dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                 cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias,
-                                 gate_in_kernel=use_gate_in_kernel)
+@dataclass(frozen=True)
+class _Call:
+    """A validated call: what it computes (the tensors are passed alongside, see :func:`_prepare`)."""
+
+    dims: Dims
+    seqlens: list[int] | None
+    plan: Plan
+    scale: float
+    cu_seqlens: torch.Tensor | None
+
+    @property
+    def shape(self) -> dict:
+        """The call's shape as the config look-up reads it."""
+        d = self.dims
+        return {"T": d.T, "B": d.B, "N": d.N, "HV": d.HV}
+
+
+def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
+             use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+             allow_neg_eigval=False, safe_gate=False, lower_bound=None) -> tuple[_Call, dict]:
+    """Validate the arguments, choose the spec and plan, and pre-process the inputs with torch ops
+    (autograd differentiates them): the call and its contiguous inputs by name."""
+    dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                 A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel)
     spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    if scale is None:
-        scale = dims.K ** -0.5
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    plan = plan_for(spec, dims.K, dims.V, DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
-    built = chunk_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N, "HV": dims.HV})
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    if A_log is not None:
-        A_log = A_log.contiguous()
-    if dt_bias is not None:
-        dt_bias = dt_bias.contiguous()
+    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
+    x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
+    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens)
+    return call, x
+
+
+def _configs(call: _Call, config: ChunkFwdConfig | None, bwd_config: ChunkBwdConfig | None,
+             training: bool) -> tuple[ChunkFwdConfig, ChunkBwdConfig | None]:
+    """The forward's config and, when training, the backward's, at the forward's chunk lengths."""
+    fwd = resolve("chunk_fwd", call.plan, config, call.shape)
+    if not training:
+        return fwd, None
+    if bwd_config is None and _BWD_OVERRIDE:
+        bwd_config = _BWD_OVERRIDE[-1]
+    b = resolve("chunk_bwd", call.plan, bwd_config, call.shape)
+    if (b.chunk_size, b.sub_chunk) != (fwd.chunk_size, fwd.sub_chunk):
+        b = b.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
+    return fwd, b
+
+
+def _forward_launches(call: _Call, x: dict, config: ChunkFwdConfig, output_final_state: bool,
+                      return_intermediate_states: bool = False, state_dtype=torch.float32, store_vn: bool = False):
     return prepare_chunk_fwd(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens, seqlens=seqlens, dims=dims, plan=plan, config=built.config, built=built,
-        A_log=A_log, dt_bias=dt_bias, return_intermediate_states=return_intermediate_states,
-        state_dtype=state_dtype, store_vn=store_vn)
+        x["q"], x["k"], x["v"], x["g"], x["beta"], scale=call.scale, initial_state=x["initial_state"],
+        output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
+        plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
+        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype, store_vn=store_vn)
+
+
+def _training_launches(call: _Call, x: dict, config: ChunkFwdConfig, bwd_config: ChunkBwdConfig,
+                       output_final_state: bool):
+    """The forward launches of a training call -- also writing the per-chunk states (in the
+    backward config's ``state_dtype``) and V' -- and the backward's :class:`~.chunk_bwd.BwdMeta`."""
+    launches, outs = _forward_launches(call, x, config, output_final_state, return_intermediate_states=True,
+                                       state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True)
+    return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
 
 
 class _ChunkKDAFunction(torch.autograd.Function):
-    """chunk_kda with gradients (kdagen.ops.chunk_bwd): the forward launches also write the
-    per-chunk states, which the backward's reverse state pass reads.  Used only when some
-    input requires grad; the inputs are already validated and pre-processed."""
+    """chunk_kda with gradients: the forward launches also write what the backward reads.  Used
+    only when some input requires grad; the inputs are already validated and pre-processed."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts):
-        from .chunk_bwd import fwd_for_grad
-
-        return fwd_for_grad(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
+    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, run):
+        call, config, bwd_config, output_final_state = run
+        x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+        launches, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
+        for launch in launches:
+            launch()
+        ctx.save_for_backward(*bwd.saved_tensors(launches, initial_state, hs, meta.config))
+        ctx.meta = meta
+        ctx.like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
+        return o, ht
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dht):
-        from .chunk_bwd import bwd_for_grad
-
-        return bwd_for_grad(ctx, do, dht) + (None,)
+        return bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht) + (None,)
 
 
 def chunk_kda(
@@ -172,24 +162,70 @@ def chunk_kda(
     check_kwargs("chunk_kda", kwargs)
     if isinstance(q, torch.Tensor):
         check_runnable(q)
-    if torch.is_grad_enabled() and any(
-            isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
-        from .chunk_bwd import chunk_kda_with_grad
-
-        return chunk_kda_with_grad(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-            safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
-            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config)
-    launches, (o, ht, hs) = chunk_kda_launches(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-        safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
-        cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config)
+    training = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
+    if training and return_intermediate_states:
+        raise ValueError(
+            "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
+            "backward; call it under torch.no_grad() / torch.inference_mode() or detach the inputs")
+    config, bwd_config = _configs(call, config, None, training)
+    if training:
+        return _ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
+                                       x["dt_bias"], (call, config, bwd_config, output_final_state))
+    launches, (o, ht, hs) = _forward_launches(call, x, config, output_final_state, return_intermediate_states)
     for launch in launches:
         launch()
     if return_intermediate_states:
         return o, ht, hs
     return o, ht
+
+
+def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                       use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                       allow_neg_eigval=False, safe_gate=False, lower_bound=None, return_intermediate_states=False,
+                       cu_seqlens=None, A_log=None, dt_bias=None, config=None):
+    """Validate, plan, generate and describe the forward launches of chunk_kda without running
+    them (the op runs them; the tuner and the benchmark time them one by one; compile-only
+    checks compile them): ``(launches, (o, final_state, per-chunk states))``."""
+    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
+    config, _ = _configs(call, config, None, False)
+    return _forward_launches(call, x, config, output_final_state, return_intermediate_states)
+
+
+def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
+                           use_gate_in_kernel=False, safe_gate=False, lower_bound=None, cu_seqlens=None,
+                           A_log=None, dt_bias=None, config: ChunkFwdConfig | None = None,
+                           bwd_config: ChunkBwdConfig | None = None, do=None, dht=None, with_rerun=False):
+    """Describe the forward launches and the backward launches of a training call of chunk_kda
+    (nothing runs; for compile-only checks, tests, the tuner and the benchmark):
+    ``(fwd_launches, bwd_launches, bwd_outputs)``.
+
+    The backward reads the intermediates and per-chunk states the forward launches write
+    (run those first); ``do`` / ``dht`` default to zeros.  No host pre-processing, and dq/dk
+    in the outputs are per value head (not yet summed over GVA groups).  ``with_rerun``: the
+    forward launches end with the backward's re-run of the intra launch (when the config
+    recomputes rather than stores the intermediates), for compiling everything a training
+    step runs."""
+    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                       A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
+                       lower_bound=lower_bound)
+    config, bwd_config = _configs(call, config, bwd_config, True)
+    fwd, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
+    inputs = {n: x[n] for n in bwd.INPUT_NAMES}
+    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES}
+    if do is None:
+        do = torch.zeros_like(o)
+    if dht is None and output_final_state:
+        dht = torch.zeros_like(ht)
+    launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do.contiguous(),
+                                           None if dht is None else dht.contiguous(), initial_state is not None)
+    if with_rerun and not meta.config.store_intermediates:
+        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
+    return fwd, launches, outs

@@ -16,82 +16,25 @@ run per chunk is in 2 and 3.  What is left to torch: the GVA sum of dq/dk over t
 heads sharing a q/k head, the sums of the gate-parameter partials, and dtype casts.  The
 forward saves its inputs (after the host pre-processing, which autograd differentiates) and
 the state entering every chunk, [NT_total, HV, K, V], in ``ChunkBwdConfig.state_dtype``.
+The autograd Function that calls this module is in :mod:`kdagen.ops.chunk`.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-import sympy as sp
 import torch
 import triton
 
-from .. import spec as S
-from ..config import ChunkBwdConfig, ChunkFwdConfig
-from ..heuristics import default_chunk_bwd_config
-from ..lower import GATE_NAMES, Plan
-from ..runtime import chunk_bwd_kernels, lookup_config, plan_for
-from ..triton_printer import to_triton
-from ..validate import check_inputs
-from .common import DTYPE_NAMES, preprocess, select_spec
+from ..codegen.lower import Plan
+from ..config import ChunkBwdConfig
+from ..kernels import Launch, build, dummy_pointer
 
 INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
 KEPT_INTERMEDIATES = ("qg", "kg", "w", "aqk", "gn")  # what the backward reads (V' replaces U)
-_INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
-
-# ------------------------------------------------------------------------------ config
-_OVERRIDE: list[ChunkBwdConfig] = []
+INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 
 
-@contextlib.contextmanager
-def chunk_bwd_config(config: ChunkBwdConfig):
-    """Use ``config`` for the backward of every chunk_kda called (forward) inside the block.
-
-    chunk_kda's signature has no backward config; its ``chunk_size``/``sub_chunk`` are
-    always replaced by the forward's."""
-    if not isinstance(config, ChunkBwdConfig):
-        raise TypeError(f"chunk_bwd_config takes a ChunkBwdConfig, got {type(config).__name__}")
-    _OVERRIDE.append(config)
-    try:
-        yield config
-    finally:
-        _OVERRIDE.pop()
-
-
-def resolve_bwd_config(plan: Plan, config: ChunkBwdConfig | None = None,
-                       shape_hint: dict | None = None) -> ChunkBwdConfig:
-    """An explicit config, else the innermost ``chunk_bwd_config`` block's, else the tuned
-    winner cached for this GPU and shape, else the heuristic."""
-    if config is not None:
-        return config
-    if _OVERRIDE:
-        return _OVERRIDE[-1]
-    return lookup_config(plan, "chunk_bwd", shape_hint) or default_chunk_bwd_config(plan)
-
-
-def _shape_hint(q: torch.Tensor, v: torch.Tensor, cu_seqlens) -> dict:
-    B, T = q.shape[0], q.shape[1]
-    N = B if cu_seqlens is None else len(cu_seqlens) - 1
-    return {"T": T, "B": B, "N": N, "HV": v.shape[2]}
-
-
-# ------------------------------------------------------------------------------ gate
-def gate_grad_exprs(spec: S.Recurrence, plan: Plan) -> dict[str, str]:
-    """Triton text of dg/dz, dg/dA_log and dg/dt_bias for an in-kernel gate (sympy derivatives
-    of the spec's gate, printed with the kernel's variable names); {} for a given g."""
-    if not plan.gate_in_kernel:
-        return {}
-    expr = spec.gate.substituted
-    out = {"gate_dz": to_triton(sp.diff(expr, S.z), GATE_NAMES)}
-    if plan.gate_has_A:
-        out["gate_dA"] = to_triton(sp.diff(expr, S.A_log), GATE_NAMES)
-    if plan.gate_has_bias:
-        out["gate_dbias"] = to_triton(sp.diff(expr, S.dt_bias), GATE_NAMES)
-    return out
-
-
-# ------------------------------------------------------------------------------ launches
 @dataclass
 class BwdMeta:
     """What the backward needs besides tensors (kept on the autograd ctx)."""
@@ -108,7 +51,6 @@ class BwdMeta:
     C: int
     scale: float
     plan: Plan
-    gate_grads: dict[str, str]
     config: ChunkBwdConfig
     is_varlen: bool
     cu_seqlens: torch.Tensor  # or the dummy
@@ -118,22 +60,18 @@ class BwdMeta:
     inter_dtype: torch.dtype
 
 
-def _meta(launches, spec, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
-    """What the backward needs from the forward's launches; ``config`` takes the forward's
-    chunk lengths."""
-    from ..kernels import Launch
-
+def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
+    """What the backward needs from the forward's launches (``config`` has their chunk lengths)."""
     intra, state = launches
     a = intra.args
     B, T, H, K = a["q"].shape
     HV, V = a["v"].shape[2], a["v"].shape[3]
     C, BC = intra.constexprs["BT"], intra.constexprs["BC"]
-    if (config.chunk_size, config.sub_chunk) != (C, BC):
-        config = config.replace(chunk_size=C, sub_chunk=BC)
-    stripped = {n: (None if n in _INPUT_NAMES or n in INTERMEDIATES else x) for n, x in a.items()}
+    assert (config.chunk_size, config.sub_chunk) == (C, BC), "the backward walks the forward's chunks"
+    stripped = {n: (None if n in INPUT_NAMES or n in INTERMEDIATES else x) for n, x in a.items()}
     return BwdMeta(
         B=B, T=T, H=H, HV=HV, K=K, V=V, N=state.grid[1] // HV, NT=a["NT"], NT_total=intra.grid[0], C=C,
-        scale=a["scale"], plan=plan, gate_grads=gate_grad_exprs(spec, plan), config=config,
+        scale=a["scale"], plan=plan, config=config,
         is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
         fwd_intra=Launch(intra.fn, intra.grid, stripped, intra.constexprs, intra.num_warps, intra.num_stages),
@@ -150,8 +88,6 @@ def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[
 
 def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     """(the launch, the intermediates it writes) of :func:`rerun_forward_intra`, not run."""
-    from ..kernels import Launch, dummy_pointer
-
     B, T, HV, K, C = meta.B, meta.T, meta.HV, meta.K, meta.C
     dev = inputs["q"].device
     qg = torch.empty(B, T, HV, K, dtype=meta.inter_dtype, device=dev)
@@ -161,7 +97,7 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     fi = meta.fwd_intra
     args = {}
     for n, x in fi.args.items():  # the forward's argument order
-        args[n] = inputs[n] if n in _INPUT_NAMES else inter[n] if n in INTERMEDIATES else x
+        args[n] = inputs[n] if n in INPUT_NAMES else inter[n] if n in INTERMEDIATES else x
     return Launch(fi.fn, fi.grid, args, {**fi.constexprs, "STORE_U": False}, fi.num_warps, fi.num_stages), inter
 
 
@@ -169,11 +105,9 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                       hs: torch.Tensor, vn: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool,
                       built=None):
     """Allocate the gradient buffers and describe the three backward launches (run or compile)."""
-    from ..kernels import Launch, dummy_pointer
-
     plan, cfg = meta.plan, meta.config
     if built is None:
-        built = chunk_bwd_kernels(plan, cfg, meta.gate_grads)
+        built = build(plan, cfg)
     B, T, H, HV, K, V, N, C = meta.B, meta.T, meta.H, meta.HV, meta.K, meta.V, meta.N, meta.C
     q = inputs["q"]
     dev = q.device
@@ -238,113 +172,22 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     return (state, dqkw, intra), outputs
 
 
-def training_forward_launches(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_gate_in_kernel,
-                              safe_gate, lower_bound, cu_seqlens, A_log, dt_bias, config, bwd_config):
-    """The forward launches of a training call -- also writing the per-chunk states (in the
-    backward config's ``state_dtype``) and V' -- with the backward's ``BwdMeta``.  The backward
-    config is resolved once here: explicit, else a ``chunk_bwd_config`` block's, else the
-    cached winner for this GPU and shape, else the heuristic."""
-    from .chunk import chunk_kda_launches
-
-    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    plan = plan_for(spec, q.shape[-1], v.shape[-1], DTYPE_NAMES[q.dtype], "chunk", use_gate_in_kernel)
-    bwd_config = resolve_bwd_config(plan, bwd_config, _shape_hint(q, v, cu_seqlens))
-    launches, outs = chunk_kda_launches(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
-        return_intermediate_states=True, cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config,
-        state_dtype=q.dtype if bwd_config.state_dtype == "input" else torch.float32, store_vn=True)
-    return launches, outs, _meta(launches, spec, plan, bwd_config)
-
-
-def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-                           use_gate_in_kernel=False, safe_gate=False, lower_bound=None, cu_seqlens=None,
-                           A_log=None, dt_bias=None, config: ChunkFwdConfig | None = None,
-                           bwd_config: ChunkBwdConfig | None = None, do=None, dht=None, with_rerun=False):
-    """Describe the forward launches and the backward launches of chunk_kda (nothing runs;
-    for compile-only checks, tests and the benchmark): (fwd_launches, bwd_launches, bwd_outputs).
-
-    The backward reads the intermediates and per-chunk states the forward launches write
-    (run those first); ``do`` / ``dht`` default to zeros.  No host pre-processing, and dq/dk
-    in the outputs are per value head (not yet summed over GVA groups).  ``with_rerun``: the
-    forward launches end with the backward's re-run of the intra launch (when the config
-    recomputes rather than stores the intermediates), for compiling everything a training
-    step runs."""
-    fwd, (o, ht, hs), meta = training_forward_launches(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-        A_log=A_log, dt_bias=dt_bias, config=config, bwd_config=bwd_config)
-    a = fwd[0].args
-    inputs = {n: a.get(n) for n in _INPUT_NAMES}
-    inter = {n: a[n] for n in INTERMEDIATES}
-    if do is None:
-        do = torch.zeros_like(o)
-    if dht is None and output_final_state:
-        dht = torch.zeros_like(ht)
-    bwd, outs = prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do.contiguous(),
-                                  None if dht is None else dht.contiguous(), initial_state is not None)
-    if with_rerun and not meta.config.store_intermediates:
-        fwd = list(fwd) + [rerun_intra_launch(meta, inputs)[0]]
-    return fwd, bwd, outs
-
-
-# ------------------------------------------------------------------------------ autograd
-@dataclass(frozen=True)
-class _Opts:
-    scale: float | None
-    output_final_state: bool
-    use_gate_in_kernel: bool
-    safe_gate: bool
-    lower_bound: float | None
-    cu_seqlens: torch.Tensor | None
-    config: ChunkFwdConfig | None
-
-
-def chunk_kda_with_grad(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
-                        return_intermediate_states, cu_seqlens, A_log, dt_bias, config):
-    """chunk_kda when some input requires grad: validate, pre-process with torch ops (so
-    autograd differentiates the l2-norm / sigmoid), then the autograd Function."""
-    from .chunk import _ChunkKDAFunction
-
-    check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                 A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel)
-    select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    if return_intermediate_states:
-        raise ValueError(
-            "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
-            "backward; call it under torch.no_grad() / torch.inference_mode() or detach the inputs")
-    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    opts = _Opts(scale, output_final_state, use_gate_in_kernel, safe_gate, lower_bound, cu_seqlens, config)
-    return _ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, A_log, dt_bias, opts)
-
-
-def fwd_for_grad(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, opts: _Opts):
-    """Forward of the autograd Function: the forward launches, also writing the per-chunk states
-    (in the backward config's ``state_dtype``)."""
-    launches, (o, ht, hs), meta = training_forward_launches(
-        q, k, v, g, beta, scale=opts.scale, initial_state=initial_state, output_final_state=opts.output_final_state,
-        use_gate_in_kernel=opts.use_gate_in_kernel, safe_gate=opts.safe_gate, lower_bound=opts.lower_bound,
-        cu_seqlens=opts.cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=opts.config, bwd_config=None)
-    for launch in launches:
-        launch()
+def saved_tensors(launches, initial_state, hs, config: ChunkBwdConfig) -> list:
+    """What a training forward keeps for :func:`backward`, from its launches' arguments: the
+    (pre-processed) inputs, the per-chunk states, V' and, when the config stores rather than
+    recomputes them, the intra launch's intermediates."""
     a = launches[0].args
     saved = [a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state, a.get("A_log"), a.get("dt_bias"), hs,
              launches[1].args["vn"]]
-    if meta.config.store_intermediates:
+    if config.store_intermediates:
         saved += [a[n] for n in KEPT_INTERMEDIATES]
-    ctx.save_for_backward(*saved)
-    ctx.meta = meta
-    ctx.shapes = dict(A_log=None if A_log is None else (A_log.shape, A_log.dtype),
-                      dt_bias=None if dt_bias is None else (dt_bias.shape, dt_bias.dtype),
-                      q=(q.dtype,), k=(k.dtype,), g=(g.dtype,), beta=(beta.dtype,))
-    return o, ht
+    return saved
 
 
-def bwd_for_grad(ctx, do, dht):
-    """Backward of the autograd Function: grads of (q, k, v, g, beta, initial_state, A_log, dt_bias)."""
-    meta: BwdMeta = ctx.meta
-    saved = ctx.saved_tensors
+def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
+    """Grads of (q, k, v, g, beta, initial_state, A_log, dt_bias) -- None where ``need`` says
+    no -- from :func:`saved_tensors` and the upstream gradients of o and the final state.
+    ``like``: the (shape, dtype) of each input whose gradient is converted to it."""
     q, k, v, g, beta, h0, A_log, dt_bias, hs, vn = saved[:10]
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
     if meta.config.store_intermediates:
@@ -353,7 +196,6 @@ def bwd_for_grad(ctx, do, dht):
         inter = rerun_forward_intra(meta, inputs)
     if do is None:
         do = torch.zeros(meta.B, meta.T, meta.HV, meta.V, dtype=v.dtype, device=v.device)
-    need = ctx.needs_input_grad
     need_dh0 = h0 is not None and need[5]
     launches, out = prepare_chunk_bwd(meta, inputs, inter, hs, vn, do.contiguous(),
                                       None if dht is None else dht.contiguous(), need_dh0)
@@ -364,15 +206,14 @@ def bwd_for_grad(ctx, do, dht):
     if HV != H:  # GVA: value heads hv of one q/k head h are h * (HV // H) ... (h + 1) * (HV // H) - 1
         dq = dq.view(B, T, H, HV // H, K).sum(3)
         dk = dk.view(B, T, H, HV // H, K).sum(3)
-    sh = ctx.shapes
     dA_log = ddt_bias = None
     if out["dA_part"] is not None:
-        shape, dtype = sh["A_log"]
+        shape, dtype = like["A_log"]
         dA_log = out["dA_part"].sum((0, 2)).reshape(shape).to(dtype)
     if out["dbias_part"] is not None:
-        shape, dtype = sh["dt_bias"]
+        shape, dtype = like["dt_bias"]
         ddt_bias = out["dbias_part"].sum(0).reshape(shape).to(dtype)
     dh0 = out["dh0"].to(h0.dtype) if need_dh0 else None
-    grads = (dq.to(sh["q"][0]), dk.to(sh["k"][0]), out["dv"], out["dg"].to(sh["g"][0]),
-             out["dbeta"].to(sh["beta"][0]), dh0, dA_log, ddt_bias)
+    grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], out["dg"].to(like["g"][1]),
+             out["dbeta"].to(like["beta"][1]), dh0, dA_log, ddt_bias)
     return tuple(x if n else None for x, n in zip(grads, need[:8]))

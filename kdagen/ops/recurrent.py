@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..cache.lookup import resolve
+from ..codegen.lower import lower
 from ..config import RecurrentConfig
-from ..runtime import plan_for, recurrent_kernels
-from ..validate import check_inputs, check_runnable
-from ..kernels import Launch, dummy_pointer, launch
-from .common import DTYPE_NAMES, check_kwargs, preprocess, select_spec
+from ..dtypes import dtype
+from ..kernels import Launch, build, dummy_pointer, launch
+from .inputs import check_inputs, check_kwargs, check_runnable, preprocess, select_spec
 
 
 def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_state, state_indices, out,
@@ -135,8 +136,8 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     if scale is None:
         scale = dims.K ** -0.5
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    plan = plan_for(spec, dims.K, dims.V, DTYPE_NAMES[q.dtype], "recurrent", use_gate_in_kernel)
-    built = recurrent_kernels(plan, config, {"T": dims.T, "B": dims.B, "N": dims.N})
+    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
+    built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N}))
     if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device):
         raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}")
     q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))

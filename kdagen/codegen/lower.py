@@ -1,22 +1,24 @@
 """Lowering: a spec plus shapes and dtypes becomes a :class:`Plan` — which kernels and
-matrices exist, how the gate is evaluated, and how long a factorised sub-tile may be.
+matrices exist, how the gate and its derivatives are evaluated, and how long a factorised
+sub-tile may be.
 
 Decisions live here; templates only branch on plan fields.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 import sympy as sp
 import triton
 
-from . import spec as S
-from .spec import Recurrence
-from .structure import EXP_BUDGET_BY_DTYPE, analyze_structure, safe_sub_chunk
+from .. import spec as S
+from ..dtypes import NAMES as DTYPES
+from ..spec import Recurrence
+from ..spec.structure import EXP_BUDGET_BY_DTYPE, analyze_structure, safe_sub_chunk
 from .triton_printer import to_triton
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
-DTYPES = ("float32", "float16", "bfloat16")
 
 # kernel variable names the templates use for the gate's symbols
 GATE_NAMES = {S.z: "b_z", S.A_log: "b_A", S.dt_bias: "b_bias", S.g: "b_z"}
@@ -43,6 +45,10 @@ class Plan:
     gate_expr: str  # Triton expression of b_z (raw), b_A, b_bias; "b_z" when g is given
     gate_has_A: bool
     gate_has_bias: bool
+    # in-kernel gate only ("" otherwise): sympy's dg/dz, dg/dA_log, dg/ddt_bias, printed alike
+    gate_dz: str
+    gate_dA: str
+    gate_dbias: str
     lower_bound: float | None
     safe_sub_chunk: int | None  # None: factorised diagonal tiles are not safe
     diag_mode: str  # 'factorised' | 'elementwise' (chunk form only)
@@ -59,7 +65,10 @@ def _check_dims(K: int, V: int):
                                 f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
 
 
+@lru_cache(maxsize=256)
 def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kernel: bool = False) -> Plan:
+    """The plan of ``spec`` at head dims K, V for inputs of ``dtype`` (a canonical name) in
+    ``form`` ('chunk' or 'recurrent'); memoised (the ops lower on every call)."""
     _check_dims(K, V)
     if dtype not in DTYPES:
         raise LoweringError(f"dtype must be one of {DTYPES}, got {dtype!r}")
@@ -84,8 +93,12 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
                                 "cannot read; a gate may use z (raw input), A_log (per head) and dt_bias (per channel)")
         gate_expr = to_triton(expr, names)
         has_A, has_bias = S.A_log in free, S.dt_bias in free
+        d_z = to_triton(sp.diff(expr, S.z), names)
+        d_A = to_triton(sp.diff(expr, S.A_log), names) if has_A else ""
+        d_bias = to_triton(sp.diff(expr, S.dt_bias), names) if has_bias else ""
     else:
         gate_expr, has_A, has_bias = "b_z", False, False
+        d_z = d_A = d_bias = ""
     # the factorised diagonal tile casts exp(a - G) <= exp(|g_min| BC) to the dot dtype
     bound = safe_sub_chunk(spec, budget=EXP_BUDGET_BY_DTYPE[dtype])
     diag_mode = "factorised" if bound.length is not None and bound.length >= 16 else "elementwise"
@@ -94,6 +107,7 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
         spec_name=spec.name, spec_hash=spec.hash, form=form, structure=st.kind, decay=spec.decay,
         K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V), dtype=dtype,
         gate_in_kernel=gate_in_kernel, gate_name=gate.name, gate_expr=gate_expr,
-        gate_has_A=has_A, gate_has_bias=has_bias, lower_bound=gate.lower_bound,
+        gate_has_A=has_A, gate_has_bias=has_bias, gate_dz=d_z, gate_dA=d_A, gate_dbias=d_bias,
+        lower_bound=gate.lower_bound,
         safe_sub_chunk=bound.length, diag_mode=diag_mode, stages=stages,
     )

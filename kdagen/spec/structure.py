@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import sympy as sp
 
-from .spec import Recurrence, beta, g, k
+from .recurrence import Recurrence
+from .symbols import beta, g, k
 
 # exp(x) overflows float32 at x ~ 88.72.  A factorised tile multiplies exp(G_a - G_j)
 # (<= exp(span)) into k before the dot; keep the span under this budget so that |k|

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy as sp
 from sympy.printing.str import StrPrinter
 
-from .spec import Sigmoid, Softplus
+from ..spec.symbols import Sigmoid, Softplus
 
 SOFTPLUS_CUTOFF = 20.0  # softplus(x) == x to fp32 precision above this
 

@@ -11,10 +11,11 @@ from functools import lru_cache
 
 import jinja2
 
-from . import __version__
-from .config import ChunkBwdConfig, ChunkFwdConfig, ConfigError, RecurrentConfig, _Config
+from ..config import ChunkBwdConfig, ChunkFwdConfig, ConfigError, RecurrentConfig, _Config
+from ..dtypes import dtype
+from ..resources import templates_dir
+from ..version import __version__
 from .lower import Plan
-from .resources import templates_dir
 
 # which template renders which kernel, and the config family it takes
 TEMPLATES = {
@@ -25,9 +26,12 @@ TEMPLATES = {
     "chunk_bwd_dqkw": ("chunk_bwd_dqkw.py.j2", ChunkBwdConfig),
     "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
 }
+# the kernels of each config family, in launch order
+FAMILY_KERNELS = {"chunk_fwd": ("chunk_intra", "chunk_state"),
+                  "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"),
+                  "recurrent": ("recurrent",)}
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
-_TL_DTYPES = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ def _check_config(plan: Plan, config: _Config) -> None:
 def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     """Variables decided in Python, each only for the kernel whose template uses it (what a
     variable reads from the config is part of that kernel's source)."""
-    dot_dtype = _TL_DTYPES[plan.dtype]
+    dot_dtype = dtype(plan.dtype).tl
     v = {"dot_dtype": dot_dtype, "dot_kw": ""}
     if plan.dtype == "float32":
         v["dot_kw"] = ', input_precision="ieee"'
@@ -96,9 +100,8 @@ def _config_line(config: _Config, read: set[str]) -> str:
     return f"{' '.join(fields)} ({tail})" if fields else f"none read by this source ({tail})"
 
 
-def render(kernel: str, plan: Plan, config: _Config, extra: dict[str, str] | None = None) -> GeneratedSource:
-    """Render one kernel.  ``extra``: further template variables decided in Python (e.g. the
-    backward's printed gate derivatives); they are part of the rendered text, so of the hash.
+def render(kernel: str, plan: Plan, config: _Config) -> GeneratedSource:
+    """Render one kernel.
 
     The text depends only on the config fields the template (or its Python-side variables)
     reads; tiles, warps and stages reach the kernel as launch parameters.  Two configs that
@@ -115,7 +118,7 @@ def render(kernel: str, plan: Plan, config: _Config, extra: dict[str, str] | Non
     seen = _FieldsRead(config)
     text = _env().get_template(template).render(
         name=_PLACEHOLDER, kernel=kernel, plan=plan, config=seen, version=__version__, config_line=_CONFIG_LINE,
-        **_template_vars(kernel, plan, seen), **(extra or {}))
+        **_template_vars(kernel, plan, seen))
     text = text.replace(_CONFIG_LINE, _config_line(config, seen.read))
     digest = hashlib.sha256(text.encode()).hexdigest()
     name = f"{plan.spec_name}_{kernel}_{digest[:12]}"

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from kdagen.config import CONFIG_TYPES, ConfigError
+from ..config import CONFIG_TYPES, ConfigError
+from ..resources import search_spaces_dir
 
 FORMAT_VERSION = 1
 MAX_PRODUCT = 1_000_000
@@ -383,26 +384,12 @@ def _hashable(v: Any) -> tuple[type, Any]:
 # --------------------------------------------------------------------------- loading
 
 
-def _repo_spaces_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "search_spaces"
-
-
 def _packaged_text(kernel: str) -> tuple[str, str]:
-    fname = f"{kernel}.json"
-    try:
-        from importlib.resources import files
-
-        res = files("kdagen.search_spaces").joinpath(fname)
-        if res.is_file():
-            return res.read_text(encoding="utf-8"), f"kdagen.search_spaces/{fname}"
-    except (ModuleNotFoundError, ImportError, FileNotFoundError, TypeError):
-        pass
-    path = _repo_spaces_dir() / fname
-    if path.is_file():
-        return path.read_text(encoding="utf-8"), str(path)
-    raise SearchSpaceError(f"no packaged search space for kernel {kernel!r} "
-                           f"(looked in kdagen.search_spaces and {path.parent}); "
-                           f"known kernels: {sorted(CONFIG_TYPES)}")
+    path = search_spaces_dir() / f"{kernel}.json"
+    if not path.is_file():
+        raise SearchSpaceError(f"no packaged search space for kernel {kernel!r} (looked in {path.parent}); "
+                               f"known kernels: {sorted(CONFIG_TYPES)}")
+    return path.read_text(encoding="utf-8"), str(path)
 
 
 def load_space(kernel_or_path: str | os.PathLike) -> SearchSpace:

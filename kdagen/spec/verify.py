@@ -13,7 +13,7 @@ import sympy as sp
 import torch
 
 from . import reference as R
-from .spec import Recurrence, get_spec
+from .recurrence import Recurrence, get_spec
 from .structure import analyze_structure, safe_sub_chunk
 
 TOL = 1e-10

@@ -1,8 +1,9 @@
-"""Heuristic configs: what the runtime uses when no tuned winner is cached."""
+"""Heuristic configs: what the ops run when no tuned winner is cached, and the baseline the
+tuner measures its candidates against."""
 from __future__ import annotations
 
-from .config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
-from .lower import Plan
+from ..codegen.lower import Plan
+from ..config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
 
 
 # Below about two state-pass programs per SM of a 132-SM GPU, the state pass is latency
@@ -56,3 +57,16 @@ def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
         intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4, intra_num_stages=2,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
     )
+
+
+def default_config(family: str, plan: Plan, shape: dict | None = None, fwd_config: ChunkFwdConfig | None = None):
+    """The heuristic config of a family at a call's ``shape`` ({"N", "HV", ...}, optional); the
+    backward's takes the chunk lengths of ``fwd_config`` (default: the forward's heuristic)."""
+    if family == "chunk_fwd":
+        return default_chunk_config(plan, shape)
+    if family == "chunk_bwd":
+        fwd = fwd_config or default_chunk_config(plan, shape)
+        return default_chunk_bwd_config(plan).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
+    if family == "recurrent":
+        return default_recurrent_config(plan)
+    raise ValueError(f"unknown kernel family {family!r}")

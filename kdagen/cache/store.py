@@ -21,14 +21,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime as _dt
-import hashlib
 import json
 import math
 import os
 import re
 import tempfile
 import warnings
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,192 +35,14 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX: no inter-process lock
     fcntl = None  # type: ignore[assignment]
 
+from .keys import CacheKey
+from .paths import ENV_CACHE_DIR, cache_dir as _cache_dir
+
 SCHEMA_VERSION = 1
-ENV_CACHE_DIR = "KDAGEN_CACHE_DIR"
 
 
 class CacheError(RuntimeError):
     """A cache file that cannot be used (corrupt, other schema, other GPU)."""
-
-
-# --------------------------------------------------------------------------- location
-
-
-def cache_dir() -> Path:
-    """``$KDAGEN_CACHE_DIR`` if set, else the user cache dir (``$XDG_CACHE_HOME/kdagen``,
-    default ``~/.cache/kdagen``; ``%LOCALAPPDATA%\\kdagen\\Cache`` on Windows)."""
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env).expanduser()
-    if os.name == "nt" and os.environ.get("LOCALAPPDATA"):  # pragma: no cover
-        return Path(os.environ["LOCALAPPDATA"]) / "kdagen" / "Cache"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "kdagen"
-
-
-_cache_dir = cache_dir  # TuningCache's ``cache_dir`` argument shadows the function
-
-
-# --------------------------------------------------------------------------- versions
-
-
-def _dist_version(dist: str) -> str | None:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover
-        return None
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
-
-
-def kdagen_version() -> str:
-    try:
-        import kdagen
-
-        v = getattr(kdagen, "__version__", None)
-        if v:
-            return str(v)
-    except ImportError:  # pragma: no cover
-        pass
-    return _dist_version("kdagen") or "0+unknown"
-
-
-def environment_versions() -> dict[str, str]:
-    """Versions that invalidate tuned results: triton, torch, CUDA runtime, kdagen."""
-    try:
-        import triton
-
-        triton_v = str(triton.__version__)
-    except ImportError:  # pragma: no cover
-        triton_v = "none"
-    try:
-        import torch
-
-        torch_v = str(torch.__version__)
-        cuda_v = str(torch.version.cuda) if torch.version.cuda else "none"
-    except ImportError:  # pragma: no cover
-        torch_v, cuda_v = "none", "none"
-    return {"triton_version": triton_v, "torch_version": torch_v,
-            "cuda_version": cuda_v, "kdagen_version": kdagen_version()}
-
-
-# --------------------------------------------------------------------------- key
-
-
-def _pow2_ceil(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()
-
-
-# Bucketing bounds.  Below/above these, shapes share the end bucket.
-TOKEN_BUCKET_MIN = 1 << 8
-TOKEN_BUCKET_MAX = 1 << 20
-SEQ_BUCKET_MAX_CHUNK = 64
-SEQ_BUCKET_MAX_RECURRENT = 1024
-
-
-def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
-    """THE bucketing function of the cache (the only inexact part of a key).
-
-    ``T`` is tokens per sequence for a padded batch, or the total token count of a packed
-    (varlen) batch with ``batch == 1``; ``num_seqs`` is the number of independent
-    sequences (``batch`` when padded, ``len(cu_seqlens) - 1`` when packed).
-
-    * ``chunk_fwd`` and ``chunk_bwd``: ``t<N>_s<M>`` with N = total tokens (T*batch) rounded up to a power
-      of two and clamped to [2^8, 2^20], M = num_seqs rounded up to a power of two and
-      capped at 64 (sequence count sets the state pass's grid, so it is kept apart).
-    * ``recurrent``: ``s<M>`` with M = num_seqs rounded up to a power of two, capped at
-      1024 (one launch covers one step of every sequence; T does not matter).
-
-    Head dims K and V are separate key fields and are never bucketed.
-    """
-    for name, v in (("T", T), ("batch", batch), ("num_seqs", num_seqs)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"shape_bucket: {name} must be a positive int, got {v!r}")
-    if kind in ("chunk_fwd", "chunk_bwd"):
-        tokens = min(max(_pow2_ceil(T * batch), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
-        seqs = min(_pow2_ceil(num_seqs), SEQ_BUCKET_MAX_CHUNK)
-        return f"t{tokens}_s{seqs}"
-    if kind == "recurrent":
-        return f"s{min(_pow2_ceil(num_seqs), SEQ_BUCKET_MAX_RECURRENT)}"
-    raise ValueError(f"shape_bucket: unknown kernel kind {kind!r}; known: chunk_fwd, chunk_bwd, recurrent")
-
-
-def _dtype_str(d: Any) -> str:
-    return d if isinstance(d, str) else str(d).replace("torch.", "")
-
-
-@dataclass(frozen=True)
-class CacheKey:
-    kernel: str
-    spec_hash: str
-    source_hash: str
-    K: int
-    V: int
-    dtype: str
-    state_dtype: str
-    shape_bucket: str
-    gpu_name: str
-    compute_capability: tuple[int, int]
-    sm_count: int
-    triton_version: str
-    torch_version: str
-    cuda_version: str
-    kdagen_version: str
-
-    def __post_init__(self):
-        object.__setattr__(self, "dtype", _dtype_str(self.dtype))
-        object.__setattr__(self, "state_dtype", _dtype_str(self.state_dtype))
-        cc = tuple(int(x) for x in self.compute_capability)
-        if len(cc) != 2:
-            raise ValueError(f"CacheKey: compute_capability must be (major, minor), got {self.compute_capability!r}")
-        object.__setattr__(self, "compute_capability", cc)
-        for name in ("K", "V", "sm_count"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"CacheKey: {name} must be an int, got {v!r}")
-        for f in fields(self):
-            if f.name not in ("K", "V", "sm_count", "compute_capability"):
-                if not isinstance(getattr(self, f.name), str):
-                    raise ValueError(f"CacheKey: {f.name} must be a str, got {getattr(self, f.name)!r}")
-
-    @classmethod
-    def create(cls, *, kernel: str, spec_hash: str, source_hash: str, K: int, V: int,
-               dtype: Any, state_dtype: Any, shape_bucket: str, gpu: Any,
-               versions: dict[str, str] | None = None) -> "CacheKey":
-        """Key for the running environment; ``gpu`` is a :class:`~kdagen.gpus.GpuProfile`."""
-        v = environment_versions() if versions is None else versions
-        return cls(kernel=kernel, spec_hash=spec_hash, source_hash=source_hash, K=K, V=V,
-                   dtype=dtype, state_dtype=state_dtype, shape_bucket=shape_bucket,
-                   gpu_name=gpu.name, compute_capability=tuple(gpu.compute_capability),
-                   sm_count=gpu.sm_count, **{k: v[k] for k in (
-                       "triton_version", "torch_version", "cuda_version", "kdagen_version")})
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["compute_capability"] = list(self.compute_capability)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CacheKey":
-        names = {f.name for f in fields(cls)}
-        if set(d) != names:
-            raise ValueError(f"CacheKey: fields {sorted(d)} != expected {sorted(names)}")
-        return cls(**d)
-
-    def canonical(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    def digest(self) -> str:
-        return hashlib.sha256(self.canonical().encode()).hexdigest()
-
-    def key_string(self) -> str:
-        """Readable prefix + sha256 of the canonical JSON of ALL fields (20 hex digits)."""
-        prefix = f"{self.kernel}-K{self.K}-V{self.V}-{self.dtype}-{self.state_dtype}-{self.shape_bucket}"
-        prefix = re.sub(r"[^A-Za-z0-9_.=+-]", "_", prefix)
-        return f"{prefix}-{self.digest()[:20]}"
 
 
 # --------------------------------------------------------------------------- entries
@@ -270,7 +90,7 @@ class TuningCache:
         self.gpu_name = str(gpu_name)
         if compute_capability is None:
             try:
-                from kdagen.gpus import get_profile
+                from .gpus import get_profile
 
                 prof = get_profile(self.gpu_name)
                 compute_capability = prof.compute_capability

@@ -1,0 +1,63 @@
+"""Run-time look-up (never tuning): the config an op call runs is the caller's, else the
+tuned winner stored for this exact key on the current GPU, else the heuristic."""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+from ..codegen.lower import Plan
+from ..config import config_from_dict
+from .heuristics import default_config
+from .keys import cache_key
+
+
+@lru_cache(maxsize=1)
+def _current_gpu():
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        from .gpus import detect_current
+
+        return detect_current()
+    except Exception:  # noqa: BLE001 - no GPU information: heuristics only
+        return None
+
+
+@lru_cache(maxsize=8)
+def _cache_for(gpu_name: str):
+    from .store import TuningCache
+
+    return TuningCache(gpu_name, on_error="warn")
+
+
+_MEMO: dict = {}
+
+
+def lookup_winner(plan: Plan, kernel: str, shape: dict):
+    """The cached winner config for this exact key on the current GPU, or None."""
+    gpu = _current_gpu()
+    if gpu is None or not shape:
+        return None
+    key = cache_key(plan, kernel, shape, gpu)
+    memo_key = key.key_string()
+    if memo_key in _MEMO:
+        return _MEMO[memo_key]
+    cfg = None
+    try:
+        entry = _cache_for(gpu.name).lookup(key)
+        if entry is not None:
+            cfg = config_from_dict(kernel, entry["config"])
+    except Exception as e:  # noqa: BLE001 - a bad cache must never break a forward pass
+        warnings.warn(f"kdagen: ignoring tuning cache entry: {e}", stacklevel=3)
+    _MEMO[memo_key] = cfg
+    return cfg
+
+
+def resolve(family: str, plan: Plan, explicit, shape: dict):
+    """The config a call of ``family`` runs: ``explicit`` if given, else the tuned winner for
+    this plan and ``shape`` ({"T", "B", "N", "HV"}) on the current GPU, else the heuristic."""
+    if explicit is not None:
+        return explicit
+    return lookup_winner(plan, family, shape) or default_config(family, plan, shape)

@@ -1,0 +1,88 @@
+"""The forward of `chunk_kda`, described as two launches (nothing here validates or runs):
+
+1. intra  (grid: chunks x value heads)   -> qg, kg, W, U, A_qk, G_n
+2. state  (grid: V tiles x sequences x value heads) walks the chunks of each sequence,
+   fusing V' = U - W S, O and the state update; per-chunk states are not written unless
+   asked for (prefix caching, or the backward of a training call).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..config import ChunkFwdConfig
+from ..dtypes import storage
+from ..kernels import Launch, dummy_pointer
+
+
+def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
+    """(number of chunks, chunk_indices [NT,2] int32 or None, chunk_offsets [N] int32 or None).
+
+    chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
+    global index of sequence n's first chunk.  Built with tensor ops on the host (a packed
+    batch can hold thousands of sequences) and copied to the device once."""
+    if seqlens is None:
+        return B * triton.cdiv(T, C), None, None
+    cu = torch.tensor(seqlens, dtype=torch.int64)
+    nchunks = (cu[1:] - cu[:-1] + C - 1) // C
+    offsets = torch.cumsum(nchunks, 0) - nchunks
+    total = int(nchunks.sum())
+    seq = torch.repeat_interleave(torch.arange(len(nchunks)), nchunks)
+    within = torch.arange(total) - torch.repeat_interleave(offsets, nchunks)
+    idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
+    return total, idx.to(device=device, dtype=torch.int32), offsets.to(device=device, dtype=torch.int32)
+
+
+def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
+                      seqlens, dims, plan, config: ChunkFwdConfig, built, A_log=None, dt_bias=None,
+                      return_intermediate_states=False, state_dtype=torch.float32, store_vn=False):
+    """Allocate outputs and describe both launches (used for running and compile-only).
+    ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
+    forward may keep them in the input dtype for its backward).  ``store_vn``: the state
+    pass also writes V' = U - W S (the backward's, in the intermediates' dtype) to the
+    state launch's ``vn`` argument."""
+    B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
+    C = config.chunk_size
+    dev = q.device
+    NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
+    NT = triton.cdiv(T, C)
+    inter = storage(config.intermediates, q.dtype)
+    qg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
+    kg = torch.empty_like(qg)
+    w = torch.empty_like(qg)
+    u = torch.empty(B, T, HV, V, dtype=inter, device=dev)
+    aqk = torch.empty(B, T, HV, C, dtype=inter, device=dev)
+    gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=state_dtype, device=dev)
+          if return_intermediate_states else None)
+    vn = torch.empty(B, T, HV, V, dtype=inter, device=dev) if store_vn else None
+    dummy = dummy_pointer(dev)
+    cu = cu_seqlens.to(dev) if cu_seqlens is not None else dummy
+    intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
+    if plan.gate_has_A:
+        intra_args["A_log"] = A_log
+    if plan.gate_has_bias:
+        intra_args["dt_bias"] = dt_bias
+    intra_args.update(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, cu_seqlens=cu,
+                      chunk_indices=chunk_indices if chunk_indices is not None else dummy,
+                      T=T, NT=NT, scale=float(scale))
+    bk = min(config.intra_block_k, plan.BK)
+    intra = Launch(built.fns[0], (NT_total, HV), intra_args,
+                   dict(H=H, HV=HV, K=K, V=V, BT=C, BC=config.sub_chunk, BK=bk,
+                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=True),
+                   config.intra_num_warps, config.intra_num_stages)
+    bv = min(config.state_block_v, plan.BV)
+    state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, o=o,
+                      h0=initial_state if initial_state is not None else dummy,
+                      ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
+                      vn=vn if vn is not None else dummy,
+                      cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
+                      T=T, NT=NT)
+    state = Launch(built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
+                   dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
+                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
+                        IS_VARLEN=cu_seqlens is not None),
+                   config.state_num_warps, config.state_num_stages)
+    return (intra, state), (o, ht, hs)

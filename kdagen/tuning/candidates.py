@@ -1,0 +1,223 @@
+"""The tuner's candidates on a GPU: build a config's kernels, check them against the float64
+reference, and time them (:class:`KernelCandidate`); the stages of a family behind one
+isolated worker process (:class:`StagedCandidates`, :class:`StageView`)."""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..codegen.lower import Plan
+from ..config import ChunkFwdConfig
+from ..dtypes import dtype as as_dtype
+from ..ops.chunk import chunk_bwd_config, chunk_kda, chunk_kda_bwd_launches, chunk_kda_launches
+from ..ops.recurrent import fused_recurrent_kda, fused_recurrent_kda_launch
+from ..spec.reference import naive_chunk_kda, naive_recurrent_kda
+from .families import TOLERANCE, check_shape
+from .isolation import IsolatedCandidate
+
+
+def random_inputs(B, T, H, HV, K, V, dtype, device, seed):
+    """Random KDA inputs drawn on ``device`` (fast at the timed shapes), gate in [-5, 0)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen, device=device)  # noqa: E731
+    q = rnd(B, T, H, K)
+    k = torch.nn.functional.normalize(rnd(B, T, H, K), dim=-1)
+    v = rnd(B, T, HV, V)
+    g = -5.0 * torch.sigmoid(rnd(B, T, HV, K) + 2.0)
+    beta = torch.sigmoid(rnd(B, T, HV))
+    h0 = 0.1 * rnd(B, HV, K, V)
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta.to(dtype), initial_state=h0)
+
+
+def check_heads(H: int, HV: int) -> list[int]:
+    """Value heads the float64 reference checks: the first and the last, from different q/k
+    head groups when there are several groups (heads are independent in KDA)."""
+    return sorted({0, HV - 1}) if H > 1 or HV == 1 else [0]
+
+
+class KernelCandidate:
+    """build / check / time of one family (and stage) for :func:`kdagen.tune.tune`.
+
+    ``build`` and ``check`` run at the check shape: one sequence of ``min(T, 1024)`` tokens
+    with the timed shape's heads, so Triton specialises (H, HV and the divisibility of T and
+    of the chunk count) exactly as for the timed shape and each candidate compiles once.
+    The float64 reference (kdagen's chunkwise one, which the tests hold to the token-by-token
+    recurrence within 1e-10) sees only :func:`check_heads` (the recurrence is per value
+    head), which keeps it cheap for any head count; it runs in float64 on the candidate's
+    device (on a CPU the backward's reference and its gradients take about 1.1 s at
+    K = V = 128, two heads and 1024 tokens: per candidate, per shape)."""
+
+    def __init__(self, family: str, stage: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
+        self.family, self.stage, self.plan, self.spec_args = family, stage, plan, spec_args
+        self.dtype, self.shape, self.device = dtype, shape, device
+        self.fwd_config = fwd_config
+        self.tolerance = TOLERANCE[as_dtype(dtype).name]
+        self.check_shape = check_shape(family, shape)
+        self._x = None  # the timed shape's inputs, made on first use
+        self._seed = 0
+        self.shared_inputs_from = None  # another stage's candidate whose timed inputs to use
+
+    @property
+    def timed_inputs(self):
+        if self.shared_inputs_from is not None and self.shared_inputs_from is not self:
+            return self.shared_inputs_from.timed_inputs
+        if self._x is None:
+            B, T, H, HV = self.shape
+            self._x = random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=1234)
+        return self._x
+
+    def _fwd(self, config, x, **kw):
+        if self.family == "recurrent":  # (fused_recurrent_kda takes no safe_gate, as in FLA)
+            args = {n: a for n, a in self.spec_args.items() if n != "safe_gate"}
+            return fused_recurrent_kda(**x, output_final_state=True, config=config, **args, **kw)
+        fcfg = config if self.family == "chunk_fwd" else self.fwd_config
+        return chunk_kda(**x, output_final_state=True, config=fcfg, **self.spec_args, **kw)
+
+    def _fwd_bwd(self, config, x, do, dht):
+        leaves = {n: x[n].detach().requires_grad_(True) for n in GRAD_INPUTS}
+        with chunk_bwd_config(config):
+            o, s = self._fwd(None, {**x, **leaves})
+        grads = torch.autograd.grad((o, s), [leaves[n] for n in GRAD_INPUTS], (do, dht))
+        return dict(zip(GRAD_INPUTS, grads))
+
+    def _check_inputs(self, seed):
+        B, T, H, HV = self.check_shape
+        return random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=seed)
+
+    def build(self, config):
+        x = self._check_inputs(seed=0)
+        if self.family == "chunk_bwd":
+            gen = torch.Generator(device="cpu").manual_seed(1)
+            do = torch.randn(x["v"].shape, generator=gen).to(self.device, self.dtype)
+            self._fwd_bwd(config, x, do, torch.zeros_like(x["initial_state"]))
+        else:
+            self._fwd(config, x)  # compiles (Triton JIT) and launches once
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return config
+
+    def check(self, config) -> float:
+        """Relative error against the float64 recurrence on fresh random inputs (the largest
+        over the outputs -- or, for the backward, every gradient -- of the checked heads)."""
+        self._seed += 1
+        x = self._check_inputs(seed=10_000 + self._seed)
+        ref_fn = naive_recurrent_kda if self.family == "recurrent" else naive_chunk_kda
+        B, T, H, HV = self.check_shape
+        sel = check_heads(H, HV)
+        qk_sel = [hv // (HV // H) for hv in sel]
+        err = lambda a, b: ((a.double() - b).norm() / b.norm().clamp_min(1e-300)).item()  # noqa: E731
+
+        def ref_inputs():  # float64 where the candidate runs: on a GPU the reference runs there too
+            r = dict(q=x["q"][:, :, qk_sel], k=x["k"][:, :, qk_sel], v=x["v"][:, :, sel], g=x["g"][:, :, sel],
+                     beta=x["beta"][:, :, sel], initial_state=x["initial_state"][:, sel])
+            return {n: t.detach().double() for n, t in r.items()}
+
+        if self.family != "chunk_bwd":
+            o, s = self._fwd(config, x)
+            r = ref_inputs()
+            ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
+                                  initial_state=r["initial_state"], output_final_state=True)
+            e = max(err(o[:, :, sel], ref_o), err(s[:, sel], ref_s))
+            return float("nan") if e != e else e
+        # backward: upstream gradients only on the checked value heads, so the q/k gradient of
+        # a checked head's group is that head's alone
+        gen = torch.Generator(device="cpu").manual_seed(20_000 + self._seed)
+        do = torch.zeros(x["v"].shape)
+        dht = torch.zeros(x["initial_state"].shape)
+        do[:, :, sel] = torch.randn(do[:, :, sel].shape, generator=gen)
+        dht[:, sel] = torch.randn(dht[:, sel].shape, generator=gen)
+        do, dht = do.to(self.device, self.dtype), dht.to(self.device)
+        got = self._fwd_bwd(config, x, do, dht)
+        r = {n: t.requires_grad_(True) for n, t in ref_inputs().items()}
+        ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
+                              initial_state=r["initial_state"], output_final_state=True)
+        ref = torch.autograd.grad((ref_o, ref_s), [r[n] for n in GRAD_INPUTS],
+                                  (do[:, :, sel].double(), dht[:, sel].double()))
+        e = 0.0
+        for n, gr in zip(GRAD_INPUTS, ref):
+            t = got[n]
+            t = t[:, :, qk_sel] if n in ("q", "k") else t[:, sel] if n == "initial_state" else t[:, :, sel]
+            e = max(e, err(t, gr))
+        return float("nan") if e != e else e
+
+    def time(self, config) -> float:
+        from triton.testing import do_bench
+
+        x = self.timed_inputs
+        if self.family == "chunk_fwd":
+            launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **self.spec_args)
+            which = {"intra": [0], "state": [1], None: [0, 1]}[self.stage]
+            if self.stage == "state":
+                launches[0]()  # the state pass reads what the intra launch writes
+            fn = lambda: [launches[i]() for i in which]  # noqa: E731
+        elif self.family == "chunk_bwd":
+            do = torch.ones_like(x["v"])
+            fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=self.fwd_config,
+                                                 bwd_config=config, do=do, **self.spec_args)
+            which = {"state": [0], "dqkw": [1], "intra": [2], None: [0, 1, 2]}[self.stage]
+            for ln in list(fwd) + list(bwd)[:which[0]]:  # what the timed launch reads
+                ln()
+            fn = lambda: [bwd[i]() for i in which]  # noqa: E731
+        else:
+            # decode: the op's one launch, replayed from a CUDA graph as a decode loop runs it.
+            # Timing the eager op measured its Python work instead: on the H200 (run 10) the 16
+            # configs at B=1 came out at 29-81 us in two clusters, for a kernel of a few us
+            args = {n: a for n, a in self.spec_args.items() if n != "safe_gate"}
+            fn, _, _ = fused_recurrent_kda_launch(**x, output_final_state=True, config=config, **args)
+        if self.device == "cpu":  # the Triton interpreter: exercises the search, times nothing real
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
+        if self.family == "recurrent":
+            from triton.testing import do_bench_cudagraph
+
+            return float(do_bench_cudagraph(fn, rep=50, return_mode="median"))
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+GRAD_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+class StagedCandidates:
+    """The candidates of every stage of a family at one shape, sharing the timed inputs; its
+    methods take ``(stage, config)``.  What an isolated worker holds for a whole family."""
+
+    def __init__(self, family: str, stages: tuple, plan: Plan, spec_args: dict, dtype: torch.dtype,
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
+        self.by_stage = {st: KernelCandidate(family, st, plan, spec_args, dtype, shape, device, fwd_config)
+                         for st in stages}
+        first = next(iter(self.by_stage.values()))
+        for c in self.by_stage.values():
+            c.shared_inputs_from = first
+
+    def build(self, arg):
+        stage, config = arg
+        return self.by_stage[stage].build(config)
+
+    def check(self, arg):
+        stage, config = arg
+        return self.by_stage[stage].check(config)
+
+    def time(self, arg):
+        stage, config = arg
+        return self.by_stage[stage].time(config)
+
+
+class StageView:
+    """One stage of a :class:`StagedCandidates` living behind an
+    :class:`~kdagen.isolation.IsolatedCandidate`, as the tuner's candidate protocol."""
+
+    def __init__(self, isolated: IsolatedCandidate, stage: str | None, tolerance: float):
+        self.isolated, self.stage, self.tolerance = isolated, stage, tolerance
+
+    def build(self, config):
+        return self.isolated.build((self.stage, config))
+
+    def check(self, built) -> float:
+        return self.isolated.check((self.stage, built))
+
+    def time(self, built) -> float:
+        return self.isolated.time((self.stage, built))

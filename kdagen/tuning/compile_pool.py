@@ -1,0 +1,255 @@
+"""Compile-only checks for a GPU that is not here: every candidate's kernels compiled for its
+architecture in spawned worker processes (:class:`CompilePool`), dropping the ones that fail
+or exceed its shared memory (:func:`compile_check`), and the tuner's compiles ahead of a
+timed search (:func:`precompile`).  No worker touches a GPU."""
+from __future__ import annotations
+
+import functools
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+import torch
+from triton.backends.compiler import GPUTarget
+
+from ..cache.gpus import GpuProfile
+from ..cache.heuristics import default_chunk_config, default_config
+from ..codegen.lower import Plan
+from ..config import ChunkBwdConfig, ChunkFwdConfig, config_from_dict
+from ..dtypes import dtype as as_dtype
+from ..kernels import build, compile_for_target
+from ..ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
+from ..ops.inputs import check_inputs
+from ..ops.recurrent import prepare_recurrent
+from ..spec import Recurrence
+from .families import (COMPILE_SHAPE, check_shape, elem_bytes, family_spec, log_progress, lower_for, space_context,
+                       stage_candidates)
+from .space import SearchSpace, load_space
+
+
+@dataclass
+class CompileSurvey:
+    family: str
+    stage: str | None
+    total: int = 0
+    survivors: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # (config, reason)
+
+
+def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, int]):
+    """Zero inputs of ``shape`` (B, T, H, HV) on the CPU, dtypes as the tuner's inputs."""
+    B, T, H, HV = shape
+    K, V = plan.K, plan.V
+    q = torch.zeros(B, T, H, K, dtype=dtype)
+    return dict(q=q, k=q.clone(), v=torch.zeros(B, T, HV, V, dtype=dtype), g=torch.zeros(B, T, HV, K),
+                beta=torch.zeros(B, T, HV, dtype=dtype), initial_state=torch.zeros(B, HV, K, V))
+
+
+def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
+                 shape: tuple[int, int, int, int] = COMPILE_SHAPE, fwd_config: ChunkFwdConfig | None = None,
+                 with_forward: bool = False):
+    """The launches (kernels + arguments) a config produces for inputs of ``shape`` (B, T, H,
+    HV), on CPU tensors.  A backward config: its three launches, after (``with_forward``)
+    the training forward's and the backward's re-run of the intra launch (``fwd_config``'s,
+    default: the heuristic at the backward's chunk lengths)."""
+    x = _dummy_inputs(plan, dtype, shape)
+    if isinstance(config, ChunkFwdConfig):
+        launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **spec_args)
+        return launches
+    if isinstance(config, ChunkBwdConfig):
+        fwd_cfg = (fwd_config or default_chunk_config(plan)).replace(chunk_size=config.chunk_size,
+                                                                     sub_chunk=config.sub_chunk)
+        fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
+                                             with_rerun=with_forward, **spec_args)
+        return list(fwd) + list(bwd) if with_forward else bwd
+    built = build(plan, config)
+    dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,
+                           initial_state=x["initial_state"], cu_seqlens=None)
+    launch, _ = prepare_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.1,
+                                  initial_state=x["initial_state"], output_final_state=True,
+                                  cu_seqlens=None, state_indices=None, dims=dims, plan=plan, built=built)
+    return [launch]
+
+
+@dataclass
+class CompileSurvey:
+    family: str
+    stage: str | None
+    total: int = 0
+    survivors: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # (config, reason)
+
+
+@functools.lru_cache(maxsize=64)
+def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple):
+    """(op arguments, dtype, plan) rebuilt in a worker process from plain arguments (once per
+    process: lowering runs sympy)."""
+    args = dict(spec_args)
+    dtype = as_dtype(dtype_name).torch
+    return args, dtype, lower_for(family_spec(family, args), family, K, V, dtype)
+
+
+def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,
+                 which: int | None, arch: int, smem_limit: int, gpu_name: str,
+                 fwd_config: dict | None = None) -> str | None:
+    """Compile one candidate's kernel(s) for ``arch``, specialised for inputs of ``shape``;
+    None if it fits, else why it was dropped.  ``which``: one launch's index (None: every
+    launch -- for a backward config with the training forward of ``fwd_config``).  A
+    top-level function of plain arguments, so a worker process can run it."""
+
+    args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
+    cfg = config_from_dict(family, config)
+    fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
+    try:
+        launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None)
+        for ln in (launches if which is None else [launches[which]]):
+            rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
+                                     ln.num_warps, ln.num_stages)
+            if rep.shared_bytes > smem_limit:
+                return f"needs {rep.shared_bytes} B of shared memory, {gpu_name} has {smem_limit}"
+    except Exception as e:  # noqa: BLE001 - any compiler failure drops the config
+        msg = str(e).splitlines()[0][:160] if str(e) else ""
+        return f"{type(e).__name__}: {msg}"
+    return None
+
+
+def default_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+class CompilePool:
+    """Spawned compile processes kept for a series of compile-checks and precompiles (`kdagen
+    build`: every family and shape), so each worker imports torch, Triton and kdagen and
+    lowers its plans once.  No worker touches a GPU: kernels are compiled for a target
+    (:func:`kdagen.kernels.compile_for_target`), so no candidate can fault one.  A pool whose
+    worker died is replaced on the next use."""
+
+    def __init__(self, jobs: int):
+        self.jobs = jobs
+        self._pool = None
+        self.replaced = 0
+
+    def get(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def discard(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+            self.replaced += 1
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _compile_args(family: str, plan: Plan, dtype, spec_args: dict, cshape: tuple, gpu: GpuProfile):
+    """The plain arguments of :func:`_compile_one` around a config: (those before it, those after)."""
+    return ((family, plan.K, plan.V, as_dtype(dtype).short, tuple(sorted(spec_args.items())), cshape),
+            (gpu.arch, gpu.smem_per_block_bytes, gpu.name))
+
+
+def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
+                  dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True,
+                  jobs: int = 1, shape: tuple[int, int, int, int] | None = None,
+                  pool: CompilePool | None = None) -> list[CompileSurvey]:
+    """Compile every candidate's kernels for ``gpu``'s architecture (no GPU needed); drop the
+    ones that fail to compile or exceed the GPU's shared memory per block.  ``jobs`` > 1
+    compiles in that many worker processes (Triton compiles one kernel per thread).
+
+    ``shape``: a tuning shape (B, T, H, HV).  The kernels are specialised as Triton's JIT
+    specialises them at that shape's check shape (:func:`check_shape`,
+    :func:`kdagen.kernels.jit_source`), so on that GPU the tuner finds them in Triton's cache
+    and does not compile them again.  ``pool``: the compile processes to use (default: its own)."""
+    space = space or load_space(family)
+    ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
+    default = default_config(family, plan)
+    stages = list(space.stages) if space.stages else [None]
+    common, gpu_args = _compile_args(family, plan, dtype, spec_args,
+                                     check_shape(family, shape) if shape is not None else COMPILE_SHAPE, gpu)
+    surveys = []
+    own = pool is None
+    if own:
+        pool = CompilePool(jobs)
+    try:
+        for s_idx, stage in enumerate(stages):
+            cands = stage_candidates(space, ctx, stage, default)
+            survey = CompileSurvey(family, stage, total=len(cands))
+            which = s_idx if stage is not None else None
+            label = f"{family}{'/' + stage if stage else ''}"
+            t0 = time.time()
+            reasons: dict[int, str | None] = {}
+
+            def report(n_done):
+                ok = sum(1 for r in reasons.values() if r is None)
+                log_progress(f"  [{label} {n_done}/{len(cands)}] {ok} ok, {n_done - ok} dropped "
+                          f"({time.time() - t0:.0f}s)", progress)
+
+            if jobs > 1 and len(cands) > 2:
+                ex = pool.get()
+                futs = {ex.submit(_compile_one, *common, c.to_dict(), which, *gpu_args): i
+                        for i, c in enumerate(cands)}
+                for fut in as_completed(futs):
+                    reasons[futs[fut]] = fut.result()
+                    report(len(reasons))
+            else:
+                for i, c in enumerate(cands):
+                    reasons[i] = _compile_one(*common, c.to_dict(), which, *gpu_args)
+                    report(len(reasons))
+            for i, c in enumerate(cands):  # candidate order, whatever the completion order
+                if reasons[i] is None:
+                    survey.survivors.append(c)
+                else:
+                    survey.failures.append((c, reasons[i]))
+            surveys.append(survey)
+    finally:
+        if own:
+            pool.close()
+    return surveys
+
+
+def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: list, jobs: int,
+               gpu: GpuProfile, fwd_config: ChunkFwdConfig | None = None, progress: bool = True,
+               pool: CompilePool | None = None) -> float:
+    """Compile every ``(stage, config)``'s launches (a backward config's with the training
+    forward of ``fwd_config``) for ``gpu``, specialised at ``shape``'s check shape, in
+    ``jobs`` compile processes (``pool``'s when given), before the sequential timed search:
+    the tuner's builds then load them from Triton's cache.  Returns the seconds it took.
+    A config that does not compile is left for the tuner to record as a failed trial."""
+    if jobs <= 1 or len(staged) < 2:
+        return 0.0
+    t0 = time.time()
+    common, gpu_args = _compile_args(family, plan, dtype, spec_args, check_shape(family, shape), gpu)
+    fdict = None if fwd_config is None else fwd_config.to_dict()
+    own = pool is None
+    if own:
+        pool = CompilePool(min(jobs, len(staged)))
+    lost = []
+    try:
+        ex = pool.get()
+        futs = [ex.submit(_compile_one, *common, c.to_dict(), None, *gpu_args, fdict) for _, c in staged]
+        for n, fut in enumerate(as_completed(futs), 1):
+            if fut.exception() is not None:  # the worker died (BrokenProcessPool): not a compile error
+                lost.append(fut.exception())
+            if n == len(futs) or n % 8 == 0:
+                log_progress(f"  [{family} precompile {n}/{len(futs)}] ({time.time() - t0:.0f}s)", progress)
+    finally:
+        if own:
+            pool.close()
+        elif lost:
+            pool.discard()
+    if lost:
+        log_progress(f"  [{family} precompile] {len(lost)} of {len(futs)} not compiled, a worker died "
+                  f"({type(lost[0]).__name__}); the tuner compiles them itself", progress)
+    return time.time() - t0

@@ -1,0 +1,221 @@
+"""The tuning driver: tune one family at one shape (:func:`tune_family`: every stage searched
+by the engine, :mod:`kdagen.tuning.engine`, and the fastest stages combined per chunk length),
+and what ``kdagen build`` runs -- the compile-check of every family and head dim
+(:func:`compile_all`) and, on the matching GPU, the tuning of every shape with the winners
+stored in the cache (:func:`tune_and_store`)."""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+from ..cache.gpus import GpuProfile
+from ..cache.heuristics import default_chunk_config, default_config
+from ..cache.keys import cache_key, source_hash
+from ..cache.paths import studies_dir
+from ..cache.store import TuningCache, make_entry
+from ..codegen.lower import Plan
+from ..config import ChunkFwdConfig
+from ..dtypes import dtype as as_dtype
+from ..spec import Recurrence
+from .candidates import KernelCandidate, StagedCandidates, StageView
+from .compile_pool import CompilePool, CompileSurvey, compile_check, precompile
+from .engine import recorded_results, tune
+from .families import TOLERANCE, elem_bytes, family_spec, lower_for, space_context, stage_candidates
+from .isolation import IsolatedCandidate
+from .space import SearchSpace, load_space
+
+FINALISTS = 3  # configs re-timed interleaved at the end of each stage
+
+
+def _print(line: str, err: bool = False) -> None:
+    print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
+                shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
+                progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
+                fwd_config: ChunkFwdConfig | None = None, isolate: bool = False, device: str = "cuda",
+                worker: IsolatedCandidate | None = None, pool: CompilePool | None = None):
+    """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results).
+
+    ``jobs`` > 1 compiles the candidates for ``gpu`` in that many processes first (``pool``'s,
+    when given).  ``isolate``: build, check and time the candidates in a worker process
+    (:mod:`kdagen.tuning.isolation`), so a config that faults the GPU is one failed trial; ``worker``:
+    the isolated worker to use (it is remade with this shape's candidates and left open).
+    ``fwd_config``: for ``chunk_bwd``, the forward config at this shape (its chunk lengths
+    are the backward's; default: the forward's heuristic)."""
+    space = space or load_space(family)
+    ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
+    hint = {"N": shape[0], "HV": shape[3]}
+    if family == "chunk_bwd" and fwd_config is None:
+        fwd_config = default_chunk_config(plan, hint)
+    default = default_config(family, plan, hint, fwd_config)
+    stages = list(space.stages) if space.stages else [None]
+    results = {}
+    studies_dir().mkdir(parents=True, exist_ok=True)
+    cands_by_stage = {}
+    for stage in stages:
+        cands = (candidates_by_stage or {}).get(stage) or stage_candidates(space, ctx, stage, default)
+        if family == "chunk_bwd":  # the forward's chunk lengths
+            cands = [c.replace(chunk_size=default.chunk_size, sub_chunk=default.sub_chunk) for c in cands]
+        cands_by_stage[stage] = cands
+    # the templates' hash is in the name: a study measured on other kernels is not resumed
+    names = {stage: (f"{family}-{stage or 'all'}-{plan.spec_hash}-{source_hash(family)}-K{plan.K}-V{plan.V}-"
+                     f"{plan.dtype}-{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
+                     f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}") for stage in stages}
+    journals = {stage: studies_dir() / f"{name}.journal" for stage, name in names.items()}
+    # every stage's candidates compiled at once, then one worker measures them all; a resumed
+    # study needs only its unmeasured candidates, the default and its fastest few (re-timed)
+    todo = {}
+    for st, cs in cands_by_stage.items():
+        done = recorded_results(names[st], journals[st])
+        fastest = sorted((t, c) for c, t in done.items() if t is not None)[:FINALISTS]
+        keep = {c for _, c in fastest}
+        for c in cs + [default]:
+            canon = c.canonical()
+            if canon not in done or canon in keep or c is default:
+                todo[(st, canon)] = (st, c)
+    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, gpu, fwd_config, progress, pool)
+    make = (StagedCandidates, family, tuple(stages), plan, spec_args, dtype, shape)
+    isolated = None
+    if worker is not None:
+        worker.remake(*make, device=device, fwd_config=fwd_config)
+        isolated = worker
+    elif isolate:
+        isolated = IsolatedCandidate(*make, device=device, fwd_config=fwd_config)
+    try:
+        for stage in stages:
+            name = names[stage]
+            if isolated is not None:
+                cand = StageView(isolated, stage, TOLERANCE[as_dtype(dtype).name])
+            else:
+                cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, device, fwd_config)
+            results[stage] = tune(cands_by_stage[stage], cand, study_name=name, storage_path=journals[stage],
+                                  default_config=default, seed=seed, progress=progress, finalists=FINALISTS)
+    finally:
+        if isolated is not None and isolated is not worker:
+            isolated.close()
+    if stages == [None]:
+        r = results[None]
+        return r.winner, r.winner_time_ms, r.default_time_ms, results
+    # combine per chunk size: the fastest intra and the fastest state launch for each C
+    best = None
+    for C in sorted({c.chunk_size for r in results.values() for c in _ok_configs(r)}):
+        parts = []
+        for stage in stages:
+            ok = [(t, c) for c, t in _ok_times(results[stage]) if c.chunk_size == C]
+            if not ok:
+                break
+            parts.append(min(ok, key=lambda tc: (tc[0], tc[1].canonical())))
+        if len(parts) != len(stages):
+            continue
+        total = sum(t for t, _ in parts)
+        fields_by_stage = {s: space.stages[s] for s in stages}
+        merged = default
+        for s, (_, c) in zip(stages, parts):
+            merged = merged.replace(**{f: getattr(c, f) for f in fields_by_stage[s]})
+        if best is None or total < best[0]:
+            best = (total, merged)
+    default_ms = None
+    if all(results[s].default_time_ms is not None for s in stages):
+        default_ms = sum(results[s].default_time_ms for s in stages)
+    if best is None:
+        return None, None, default_ms, results
+    return best[1], best[0], default_ms, results
+
+
+def _ok_times(result):
+    out = [(f.config, f.median_ms) for f in result.finalists if f.median_ms is not None and not f.dropped]
+    seen = {c.canonical() for c, _ in out}
+    for t in result.trials:
+        if t.status == "ok" and t.time_ms is not None and t.config.canonical() not in seen:
+            out.append((t.config, t.time_ms))
+    return out
+
+
+def _ok_configs(result):
+    return [c for c, _ in _ok_times(result)]
+
+
+def duration(ms: float) -> str:
+    """A kernel time for people: microseconds below 0.1 ms (decode steps), else milliseconds."""
+    return f"{ms * 1e3:.2f} us" if ms < 0.1 else f"{ms:.3f} ms"
+
+
+def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
+                  decode_batches: list[int]) -> list[tuple[tuple, dict]]:
+    """((B, T, H, HV), call shape) of each shape a family is tuned at for head dim K: the chunk
+    forms at the ``shapes`` (B, T, H, K) with that K, decode at ``decode_batches`` with 32 heads."""
+    if family == "recurrent":
+        return [((b, 1, 32, 32), dict(T=1, B=b, N=b)) for b in decode_batches]
+    return [((B, T, H, H), dict(T=T, B=B, N=B)) for B, T, H, Ks in shapes if Ks == K]
+
+
+def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[int, int]], families: list[str],
+                shapes, decode_batches, pool: CompilePool, space: SearchSpace | None = None, quiet: bool = False,
+                echo: Callable[..., None] = _print) -> tuple[dict, int]:
+    """Compile-check every family at every head dim for ``gpu`` (specialised as the first tuning
+    shape will run them, so that on that GPU the tuner loads these binaries).  Returns
+    ``({(K, V, family): (plan, spec, surveys)}, the number of stages left without a config)``."""
+    surveys_all, n_empty = {}, 0
+    for K, V in head_dims:
+        for fam in families:
+            spec = family_spec(fam, spec_args)
+            plan = lower_for(spec, fam, K, V, dtype)
+            first = tuning_shapes(fam, K, shapes, decode_batches)[:1]
+            surveys = compile_check(fam, plan, spec, spec_args, gpu, as_dtype(dtype).torch, space=space,
+                                    progress=not quiet, jobs=pool.jobs, shape=first[0][0] if first else None,
+                                    pool=pool)
+            for s in surveys:
+                label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
+                echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
+                     f"{gpu.name}; {len(s.failures)} dropped")
+                for cfg, why in s.failures[:5]:
+                    echo(f"      dropped {cfg.short()}: {why}")
+                n_empty += not s.survivors
+            surveys_all[(K, V, fam)] = (plan, spec, surveys)
+    return surveys_all, n_empty
+
+
+def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, shapes, decode_batches,
+                   space: SearchSpace | None = None, seed: int = 0, quiet: bool = False,
+                   pool: CompilePool | None = None, echo: Callable[..., None] = _print) -> TuningCache:
+    """Tune every compile-checked family of :func:`compile_all` at its shapes on this GPU (the
+    backward at the forward winner's chunk length) and store the winners.  ``pool``: the
+    compile processes for the compiles ahead of each search (none: nothing is compiled ahead).
+    ``echo(line, err=False)`` prints."""
+    dtype = as_dtype(dtype).torch
+    cache = TuningCache(gpu.name)
+    fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
+    # one isolated worker measures every family and shape: its start-up is paid once
+    with IsolatedCandidate(StagedCandidates) as worker:
+        for (K, V, fam), (plan, spec, surveys) in surveys_all.items():
+            by_stage = {s.stage: s.survivors for s in surveys}
+            for shape, hint in tuning_shapes(fam, K, shapes, decode_batches):
+                t0 = time.time()
+                if fam == "chunk_bwd":  # the compile survey ran at the default chunk length
+                    fwd = fwd_winners.get((K, V, shape))
+                    if fwd is not None:
+                        by_stage = {st: [c.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
+                                         for c in cs] for st, cs in by_stage.items()}
+                winner, ms, default_ms, _ = tune_family(
+                    fam, plan, spec, spec_args, gpu, dtype, shape, space=space, seed=seed, progress=not quiet,
+                    candidates_by_stage=by_stage, jobs=pool.jobs if pool else 1,
+                    fwd_config=fwd_winners.get((K, V, shape)), isolate=True, worker=worker, pool=pool)
+                if fam == "chunk_fwd" and winner is not None:
+                    fwd_winners[(K, V, shape)] = winner
+                if winner is None:
+                    echo(f"  {fam} K={K} V={V} shape {shape}: no candidate passed the correctness gate", err=True)
+                    continue
+                cache.store(cache_key(plan, fam, hint, gpu), make_entry(
+                    config=winner.to_dict(), kernel=fam, time_ms=ms, error=0.0, default_time_ms=default_ms))
+                sp = f" (x{default_ms / ms:.2f} vs default {duration(default_ms)})" if default_ms else ""
+                echo(f"  tuned {fam} K={K} V={V} shape {shape}: {duration(ms)}{sp} in {time.time() - t0:.0f}s "
+                     f"-> {winner.short()}")
+                if default_ms is None:  # what users run untuned failed here: say so
+                    echo(f"  warning: {fam} K={K} V={V} shape {shape}: the heuristic default config failed "
+                         f"to build, check or time at this shape (see the trials' reasons above); the stored "
+                         f"winner was not compared with it", err=True)
+    echo(f"winners stored in {cache.path}")
+    return cache

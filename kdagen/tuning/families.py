@@ -1,0 +1,80 @@
+"""What each kernel family is to the tuner: the spec and plan it is tuned for, its heuristic
+default, its separately timed stages and their candidates, and the shapes a candidate is
+built and checked at."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ..cache.gpus import GpuProfile
+from ..codegen.lower import Plan, lower
+from ..dtypes import dtype as as_dtype
+from ..ops.inputs import select_spec
+from ..spec import Recurrence
+from ..spec.structure import safe_sub_chunk
+from .space import SearchSpace
+
+FAMILIES = ("chunk_fwd", "chunk_bwd", "recurrent")  # in tuning order: the backward takes the forward's C
+TOLERANCE = {"bfloat16": 6e-3, "float16": 2e-3, "float32": 1e-4}  # relative error a candidate may have
+CHECK_T_MAX = 1024  # tokens of the correctness check (the timed shape's heads, one sequence)
+COMPILE_SHAPE = (1, 64, 1, 1)  # (B, T, H, HV) compiled for when no tuning shape is given
+
+
+def log_progress(msg: str, enabled: bool = True):
+    """A progress line on stderr (the tuner's and the compile-check's)."""
+    if enabled:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def family_spec(family: str, spec_args: dict) -> Recurrence:
+    """The spec a family's op builds its kernels for, given the op arguments (g given
+    directly) that tuning passes: ``chunk_kda`` takes ``safe_gate`` and ``lower_bound``;
+    ``fused_recurrent_kda`` has no ``safe_gate`` (FLA's signature), so its kernel is the
+    direct gate's whatever the bound.  Plans, cache keys and studies are made from this spec,
+    so a stored winner has the key the op looks up."""
+    safe = bool(spec_args.get("safe_gate", False)) and family != "recurrent"
+    return select_spec(False, safe, spec_args.get("lower_bound"), False, False)
+
+
+def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype, gate_in_kernel: bool = False) -> Plan:
+    """The plan of a family's kernels for inputs of ``dtype`` (any spelling)."""
+    form = "recurrent" if family == "recurrent" else "chunk"
+    return lower(spec, K, V, as_dtype(dtype).name, form, gate_in_kernel)
+
+
+def space_context(plan: Plan, spec: Recurrence, gpu: GpuProfile, elem_bytes: int) -> dict:
+    """The names a search space's constraints read besides the config's fields."""
+    bound = safe_sub_chunk(spec)
+    return dict(K=plan.K, V=plan.V, safe_sub_chunk=bound.length or 0,
+                smem_limit=gpu.smem_per_block_bytes, elem_bytes=elem_bytes)
+
+
+def elem_bytes(dtype) -> int:
+    return torch.tensor([], dtype=as_dtype(dtype).torch).element_size()
+
+
+def stage_candidates(space: SearchSpace, context: dict, stage: str | None, default) -> list:
+    """Candidates of one separately-timed stage: the stage's own fields vary, every other
+    field keeps the default's value; duplicates are dropped, order is kept."""
+    cands = space.candidates(context)
+    if stage is None:
+        return cands
+    fields_ = space.stages[stage]
+    out, seen = [], set()
+    for c in cands:
+        proj = default.replace(**{f: getattr(c, f) for f in fields_})
+        canon = proj.canonical()
+        if canon not in seen:
+            seen.add(canon)
+            out.append(proj)
+    return out
+
+
+def check_shape(family: str, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """The shape a candidate is built and checked at for a timed ``shape`` (B, T, H, HV): one
+    sequence of ``min(T, CHECK_T_MAX)`` tokens with the timed heads (decode: the timed batch,
+    one token).  Triton specialises its kernels alike for both, so each compiles once."""
+    B, T, H, HV = shape
+    return (B, 1, H, HV) if family == "recurrent" else (1, min(T, CHECK_T_MAX), H, HV)
+
