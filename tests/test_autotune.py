@@ -14,7 +14,8 @@ from kdagen.tuning.space import SearchSpace
 SPACE = SearchSpace.from_dict({
     "kernel": "chunk_fwd",
     "params": {"chunk_size": [32, 64], "intra_block_k": [32, 64], "state_block_v": [16, 32]},
-    "stages": {"intra": ["chunk_size", "intra_block_k"], "state": ["chunk_size", "state_block_v"]},
+    "stages": {"intra": {"launch": "chunk_intra", "fields": ["chunk_size", "intra_block_k"]},
+               "state": {"launch": "chunk_state", "fields": ["chunk_size", "state_block_v"]}},
 })
 
 
@@ -24,8 +25,8 @@ class FakeCandidate:
 
     tolerance = 1e-3
 
-    def __init__(self, family, stage, plan, spec_args, dtype, shape, device="cuda", fwd_config=None):
-        self.stage = stage
+    def __init__(self, family, launch, plan, spec_args, dtype, shape, device="cuda", fwd_config=None):
+        self.stage = {"chunk_intra": "intra", "chunk_state": "state"}[launch]
 
     def build(self, config):
         return config
@@ -72,17 +73,17 @@ import pytest  # noqa: E402
 from kdagen.config import ChunkBwdConfig, RecurrentConfig  # noqa: E402
 
 
-@pytest.mark.parametrize("family,stage,shape", [("chunk_fwd", "state", (2, 40, 2, 4)),
-                                                ("chunk_bwd", "dqkw", (1, 40, 1, 2)),
-                                                ("chunk_bwd", "intra", (2, 40, 2, 4)),
-                                                ("recurrent", None, (3, 1, 2, 2))])
-def test_kernel_candidate_checks_the_timed_heads_against_float64(family, stage, shape):
+@pytest.mark.parametrize("family,launch,shape", [("chunk_fwd", "chunk_state", (2, 40, 2, 4)),
+                                                 ("chunk_bwd", "chunk_bwd_dqkw", (1, 40, 1, 2)),
+                                                 ("chunk_bwd", "chunk_bwd_intra", (2, 40, 2, 4)),
+                                                 ("recurrent", None, (3, 1, 2, 2))])
+def test_kernel_candidate_checks_the_timed_heads_against_float64(family, launch, shape):
     """build/check of the real candidate (Triton interpreter, fp32): the check shape keeps the
     timed shape's heads (so Triton specialises alike), the default config passes the gate,
     and a wrong answer on a checked head -- only there -- fails it."""
     spec = select_spec(False, True, -5.0, False, False)
     plan = F.lower_for(spec, family, 16, 16, torch.float32)
-    cand = CA.KernelCandidate(family, stage, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32, shape,
+    cand = CA.KernelCandidate(family, launch, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32, shape,
                              device="cpu")
     B, T, H, HV = shape
     assert cand.check_shape[2:] == (H, HV) and cand.check_shape[1] == min(T, F.CHECK_T_MAX)
@@ -137,8 +138,9 @@ def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
     spec = select_spec(False, True, -5.0, False, False)
     plan = F.lower_for(spec, "chunk_bwd", 16, 16, torch.float32)
     space = SearchSpace.from_dict({"kernel": "chunk_bwd", "params": {"dqkw_block_k": [16]},
-                                   "stages": {"state": ["state_block_v"], "dqkw": ["dqkw_block_k"],
-                                              "intra": ["intra_block_k"]}})
+                                   "stages": {"state": {"launch": "chunk_bwd_state", "fields": ["state_block_v"]},
+                                              "dqkw": {"launch": "chunk_bwd_dqkw", "fields": ["dqkw_block_k"]},
+                                              "intra": {"launch": "chunk_bwd_intra", "fields": ["intra_block_k"]}}})
     fwd = default_chunk_config(plan).replace(chunk_size=16)
     winner, ms, default_ms, results = D.tune_family(
         "chunk_bwd", plan, spec, dict(safe_gate=True, lower_bound=-5.0), get_profile("h200"), torch.float32,
@@ -257,3 +259,27 @@ def test_a_study_of_other_kernels_is_not_resumed(tmp_path, monkeypatch):
     assert all(r.n_resumed == len(r.trials) for r in run().values())  # same kernels: resumed
     monkeypatch.setattr(D, "source_hash", lambda family: "0123456789abcdef")
     assert all(r.n_resumed == 0 for r in run().values())  # edited templates: measured again
+
+
+def test_compile_check_compiles_the_launch_each_stage_names(monkeypatch):
+    """A stage is compiled by the kernel its space names, whatever the stages' order in the
+    file (the state stage listed first still compiles the state pass)."""
+    from kdagen.kernels import CompileReport
+
+    compiled = []
+
+    def fake_compile(fn, args, constexprs, target, num_warps, num_stages):
+        compiled.append(fn.__name__)
+        return CompileReport(fn.__name__, "cuda:90", 0, num_warps, None, None)
+
+    monkeypatch.setattr(CP, "compile_for_target", fake_compile)
+    space = SearchSpace.from_dict({
+        "kernel": "chunk_fwd", "params": {"chunk_size": [32], "state_block_v": [16]},
+        "stages": {"state": {"launch": "chunk_state", "fields": ["state_block_v"]},
+                   "intra": {"launch": "chunk_intra", "fields": ["chunk_size"]}}})
+    spec = select_spec(False, True, -5.0, False, False)
+    plan = F.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
+    surveys = CP.compile_check("chunk_fwd", plan, spec, {"safe_gate": True, "lower_bound": -5.0},
+                               get_profile("h200"), torch.float32, space=space, progress=False)
+    assert [s.stage for s in surveys] == ["state", "intra"] and all(s.survivors for s in surveys)
+    assert [n.split("_", 1)[1].rsplit("_", 1)[0] for n in compiled] == ["chunk_state", "chunk_intra"]

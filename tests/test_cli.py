@@ -78,8 +78,8 @@ def test_build_h800_compile_only_end_to_end(runner, tmp_path):
         "kernel": "chunk_fwd", "version": 1,
         "params": {"chunk_size": [32], "intra_block_k": [64], "intra_num_warps": [4],
                    "state_block_v": [32, 64], "state_num_warps": [2]},
-        "stages": {"intra": ["chunk_size", "intra_block_k", "intra_num_warps"],
-                   "state": ["chunk_size", "state_block_v", "state_num_warps"]},
+        "stages": {"intra": {"launch": "chunk_intra", "fields": ["chunk_size", "intra_block_k", "intra_num_warps"]},
+                   "state": {"launch": "chunk_state", "fields": ["chunk_size", "state_block_v", "state_num_warps"]}},
         "constraints": ["smem_estimate <= smem_limit"]}))
     r = _kdagen(["build", "--gpu", "h800", "--head-dim", "64", "--space", str(space), "--quiet"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -96,8 +96,9 @@ def test_build_backward_compile_only(runner, tmp_path):
         "kernel": "chunk_bwd", "version": 1,
         "params": {"state_block_v": [16, 128], "dqkw_block_k": [32], "dqkw_block_v": [32],
                    "intra_block_k": [32], "intra_num_warps": [8]},
-        "stages": {"state": ["state_block_v"], "dqkw": ["dqkw_block_k", "dqkw_block_v"],
-                   "intra": ["intra_block_k", "intra_num_warps"]},
+        "stages": {"state": {"launch": "chunk_bwd_state", "fields": ["state_block_v"]},
+                   "dqkw": {"launch": "chunk_bwd_dqkw", "fields": ["dqkw_block_k", "dqkw_block_v"]},
+                   "intra": {"launch": "chunk_bwd_intra", "fields": ["intra_block_k", "intra_num_warps"]}},
         "constraints": ["state_block_v <= max(16, V)", "smem_estimate <= smem_limit"]}))
     r = _kdagen(["build", "--gpu", "h100", "--head-dim", "64", "--space", str(space), "--quiet"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -126,7 +127,8 @@ from kdagen.tuning.space import SearchSpace
 spec = select_spec(False, True, -5.0, False, False)
 plan = lower_for(spec, "chunk_fwd", 64, 64, torch.bfloat16)
 space = SearchSpace.from_dict({"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
-                               "stages": {"state": ["chunk_size", "state_block_v"]}})
+                               "stages": {"state": {"launch": "chunk_state",
+                                                    "fields": ["chunk_size", "state_block_v"]}}})
 tiny = get_profile("h100").__class__(**{**get_profile("h100").__dict__, "name": "tiny", "smem_per_block_bytes": 4096})
 (survey,) = compile_check("chunk_fwd", plan, spec, {"safe_gate": True, "lower_bound": -5.0}, tiny,
                           torch.bfloat16, space=space, progress=False)

@@ -3,9 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from kdagen.tuning import space as ss
 from kdagen.config import ChunkFwdConfig, RecurrentConfig
-from kdagen.tuning.space import SearchSpaceError, estimate_smem, load_space, safe_eval
+from kdagen.tuning.space import SearchSpace, SearchSpaceError, estimate_smem, load_space, safe_eval
 
 H100_SMEM = 232448
 CTX = dict(K=128, V=128, safe_sub_chunk=32, smem_limit=H100_SMEM)
@@ -206,3 +205,17 @@ def test_fingerprint_ignores_source_but_not_content(tmp_path):
 def test_packaged_spaces_present_in_repo():
     root = Path(__file__).resolve().parent.parent / "search_spaces"
     assert (root / "chunk_fwd.json").is_file() and (root / "recurrent.json").is_file()
+
+
+def test_a_stage_names_the_launch_it_times():
+    d = {"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
+         "stages": {"state": {"launch": "chunk_state", "fields": ["state_block_v"]},
+                    "intra": {"launch": "chunk_intra", "fields": ["intra_block_k"]}}}
+    space = SearchSpace.from_dict(d)
+    assert space.stage_launches == {"state": "chunk_state", "intra": "chunk_intra"}
+    assert SearchSpace.from_dict(space.to_dict()).stage_launches == space.stage_launches
+    for bad in ({"state": {"launch": "chunk_bwd_state", "fields": ["state_block_v"]}},  # another family's
+                {"state": ["state_block_v"]},  # no launch named
+                {"a": {"launch": "chunk_state", "fields": []}, "b": {"launch": "chunk_state", "fields": []}}):
+        with pytest.raises(SearchSpaceError, match="launch"):
+            SearchSpace.from_dict({**d, "stages": bad})

@@ -20,6 +20,7 @@ The autograd Function that calls this module is in :mod:`kdagen.ops.chunk`.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +75,7 @@ def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
         scale=a["scale"], plan=plan, config=config,
         is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
-        fwd_intra=Launch(intra.fn, intra.grid, stripped, intra.constexprs, intra.num_warps, intra.num_stages),
+        fwd_intra=dataclasses.replace(intra, args=stripped),
         inter_dtype=a["qg"].dtype)
 
 
@@ -98,7 +99,7 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     args = {}
     for n, x in fi.args.items():  # the forward's argument order
         args[n] = inputs[n] if n in INPUT_NAMES else inter[n] if n in INTERMEDIATES else x
-    return Launch(fi.fn, fi.grid, args, {**fi.constexprs, "STORE_U": False}, fi.num_warps, fi.num_stages), inter
+    return dataclasses.replace(fi, args=args, constexprs={**fi.constexprs, "STORE_U": False}), inter
 
 
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
@@ -125,7 +126,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                       do=do, dht=dht if dht is not None else dummy,
                       du=du, dhs=dhs, dh0=dh0 if dh0 is not None else dummy,
                       cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
-    state = Launch(built.fns[0], (NV, N * HV), state_args,
+    state = Launch("chunk_bwd_state", built.fns[0], (NV, N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
                         STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen),
                    cfg.state_num_warps, cfg.state_num_stages)
@@ -137,7 +138,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn,
                      cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT)
     bk = min(cfg.dqkw_block_k, plan.BK)
-    dqkw = Launch(built.fns[1], (meta.NT_total, HV, triton.cdiv(K, bk)), dqkw_args,
+    dqkw = Launch("chunk_bwd_dqkw", built.fns[1], (meta.NT_total, HV, triton.cdiv(K, bk)), dqkw_args,
                   dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen),
                   cfg.dqkw_num_warps, cfg.dqkw_num_stages)
     # dq, dk and dbeta in the inputs' dtypes: the kernel rounds its fp32 values on store as
@@ -164,7 +165,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
         intra_args["dbias_part"] = dbias_part
     intra_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
                       scale=float(meta.scale))
-    intra = Launch(built.fns[2], (meta.NT_total, HV), intra_args,
+    intra = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, HV), intra_args,
                    dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
                         BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen),
                    cfg.intra_num_warps, cfg.intra_num_stages)

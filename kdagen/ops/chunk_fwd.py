@@ -69,7 +69,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
                       chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                       T=T, NT=NT, scale=float(scale))
     bk = min(config.intra_block_k, plan.BK)
-    intra = Launch(built.fns[0], (NT_total, HV), intra_args,
+    intra = Launch("chunk_intra", built.fns[0], (NT_total, HV), intra_args,
                    dict(H=H, HV=HV, K=K, V=V, BT=C, BC=config.sub_chunk, BK=bk,
                         BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=True),
                    config.intra_num_warps, config.intra_num_stages)
@@ -80,7 +80,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
                       vn=vn if vn is not None else dummy,
                       cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
                       T=T, NT=NT)
-    state = Launch(built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
+    state = Launch("chunk_state", built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                         STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
                         IS_VARLEN=cu_seqlens is not None),

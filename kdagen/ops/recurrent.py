@@ -48,7 +48,7 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
         state_indices=state_indices, out=out, dims=dims, cu_seqlens=cu_seqlens,
         A_log=A_log if plan.gate_has_A else None, dt_bias=dt_bias if plan.gate_has_bias else None)
     bv = min(cfg.block_v, plan.BV)
-    launch = Launch(built.fns[0], (triton.cdiv(V, bv), N * HV), args,
+    launch = Launch("recurrent", built.fns[0], (triton.cdiv(V, bv), N * HV), args,
                     dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                          STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
                          IS_VARLEN=cu_seqlens is not None),

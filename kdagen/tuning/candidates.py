@@ -37,7 +37,8 @@ def check_heads(H: int, HV: int) -> list[int]:
 
 
 class KernelCandidate:
-    """build / check / time of one family (and stage) for :func:`kdagen.tune.tune`.
+    """build / check / time of one family for :func:`kdagen.tuning.engine.tune`; ``launch``: the
+    kernel whose launches are timed (a stage's, from its search space; None: all the family's).
 
     ``build`` and ``check`` run at the check shape: one sequence of ``min(T, 1024)`` tokens
     with the timed shape's heads, so Triton specialises (H, HV and the divisibility of T and
@@ -48,9 +49,9 @@ class KernelCandidate:
     device (on a CPU the backward's reference and its gradients take about 1.1 s at
     K = V = 128, two heads and 1024 tokens: per candidate, per shape)."""
 
-    def __init__(self, family: str, stage: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
+    def __init__(self, family: str, launch: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
                  shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
-        self.family, self.stage, self.plan, self.spec_args = family, stage, plan, spec_args
+        self.family, self.launch, self.plan, self.spec_args = family, launch, plan, spec_args
         self.dtype, self.shape, self.device = dtype, shape, device
         self.fwd_config = fwd_config
         self.tolerance = TOLERANCE[as_dtype(dtype).name]
@@ -146,26 +147,23 @@ class KernelCandidate:
         from triton.testing import do_bench
 
         x = self.timed_inputs
-        if self.family == "chunk_fwd":
-            launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **self.spec_args)
-            which = {"intra": [0], "state": [1], None: [0, 1]}[self.stage]
-            if self.stage == "state":
-                launches[0]()  # the state pass reads what the intra launch writes
-            fn = lambda: [launches[i]() for i in which]  # noqa: E731
-        elif self.family == "chunk_bwd":
-            do = torch.ones_like(x["v"])
-            fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=self.fwd_config,
-                                                 bwd_config=config, do=do, **self.spec_args)
-            which = {"state": [0], "dqkw": [1], "intra": [2], None: [0, 1, 2]}[self.stage]
-            for ln in list(fwd) + list(bwd)[:which[0]]:  # what the timed launch reads
-                ln()
-            fn = lambda: [bwd[i]() for i in which]  # noqa: E731
-        else:
-            # decode: the op's one launch, replayed from a CUDA graph as a decode loop runs it.
-            # Timing the eager op measured its Python work instead: on the H200 (run 10) the 16
-            # configs at B=1 came out at 29-81 us in two clusters, for a kernel of a few us
+        if self.family == "recurrent":
+            # decode: the op's one launch, replayed from a CUDA graph as a decode loop runs it (the
+            # eager op's Python work, tens of us, would hide the differences of a few-us kernel)
             args = {n: a for n, a in self.spec_args.items() if n != "safe_gate"}
             fn, _, _ = fused_recurrent_kda_launch(**x, output_final_state=True, config=config, **args)
+        else:
+            if self.family == "chunk_fwd":
+                launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **self.spec_args)
+                before = []
+            else:
+                before, launches, _ = chunk_kda_bwd_launches(
+                    **x, output_final_state=True, config=self.fwd_config, bwd_config=config,
+                    do=torch.ones_like(x["v"]), **self.spec_args)
+            timed = [ln for ln in launches if self.launch in (None, ln.kernel)]
+            for ln in list(before) + list(launches[:launches.index(timed[0])]):  # what the timed launches read
+                ln()
+            fn = lambda: [ln() for ln in timed]  # noqa: E731
         if self.device == "cpu":  # the Triton interpreter: exercises the search, times nothing real
             fn()
             t0 = time.perf_counter()
@@ -183,12 +181,13 @@ GRAD_INPUTS = ("q", "k", "v", "g", "beta", "initial_state")
 
 class StagedCandidates:
     """The candidates of every stage of a family at one shape, sharing the timed inputs; its
-    methods take ``(stage, config)``.  What an isolated worker holds for a whole family."""
+    methods take ``(stage, config)``.  What an isolated worker holds for a whole family.
+    ``stages``: (stage, the kernel it times) pairs."""
 
     def __init__(self, family: str, stages: tuple, plan: Plan, spec_args: dict, dtype: torch.dtype,
                  shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
-        self.by_stage = {st: KernelCandidate(family, st, plan, spec_args, dtype, shape, device, fwd_config)
-                         for st in stages}
+        self.by_stage = {st: KernelCandidate(family, launch, plan, spec_args, dtype, shape, device, fwd_config)
+                         for st, launch in stages}
         first = next(iter(self.by_stage.values()))
         for c in self.by_stage.values():
             c.shared_inputs_from = first
@@ -208,7 +207,7 @@ class StagedCandidates:
 
 class StageView:
     """One stage of a :class:`StagedCandidates` living behind an
-    :class:`~kdagen.isolation.IsolatedCandidate`, as the tuner's candidate protocol."""
+    :class:`~kdagen.tuning.isolation.IsolatedCandidate`, as the tuner's candidate protocol."""
 
     def __init__(self, isolated: IsolatedCandidate, stage: str | None, tolerance: float):
         self.isolated, self.stage, self.tolerance = isolated, stage, tolerance

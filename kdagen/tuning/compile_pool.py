@@ -92,10 +92,10 @@ def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple)
 
 
 def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,
-                 which: int | None, arch: int, smem_limit: int, gpu_name: str,
+                 which: str | None, arch: int, smem_limit: int, gpu_name: str,
                  fwd_config: dict | None = None) -> str | None:
     """Compile one candidate's kernel(s) for ``arch``, specialised for inputs of ``shape``;
-    None if it fits, else why it was dropped.  ``which``: one launch's index (None: every
+    None if it fits, else why it was dropped.  ``which``: the one kernel to compile (None: every
     launch -- for a backward config with the training forward of ``fwd_config``).  A
     top-level function of plain arguments, so a worker process can run it."""
 
@@ -104,7 +104,7 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
     fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
     try:
         launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None)
-        for ln in (launches if which is None else [launches[which]]):
+        for ln in (launches if which is None else [ln for ln in launches if ln.kernel == which]):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
                                      ln.num_warps, ln.num_stages)
             if rep.shared_bytes > smem_limit:
@@ -183,10 +183,10 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     if own:
         pool = CompilePool(jobs)
     try:
-        for s_idx, stage in enumerate(stages):
+        for stage in stages:
             cands = stage_candidates(space, ctx, stage, default)
             survey = CompileSurvey(family, stage, total=len(cands))
-            which = s_idx if stage is not None else None
+            which = space.stage_launches[stage] if stage is not None else None
             label = f"{family}{'/' + stage if stage else ''}"
             t0 = time.time()
             reasons: dict[int, str | None] = {}

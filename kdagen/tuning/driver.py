@@ -77,7 +77,8 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
             if canon not in done or canon in keep or c is default:
                 todo[(st, canon)] = (st, c)
     precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, gpu, fwd_config, progress, pool)
-    make = (StagedCandidates, family, tuple(stages), plan, spec_args, dtype, shape)
+    make = (StagedCandidates, family, tuple((st, space.stage_launches.get(st)) for st in stages), plan, spec_args,
+            dtype, shape)
     isolated = None
     if worker is not None:
         worker.remake(*make, device=device, fwd_config=fwd_config)
@@ -90,7 +91,8 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
             if isolated is not None:
                 cand = StageView(isolated, stage, TOLERANCE[as_dtype(dtype).name])
             else:
-                cand = KernelCandidate(family, stage, plan, spec_args, dtype, shape, device, fwd_config)
+                cand = KernelCandidate(family, space.stage_launches.get(stage), plan, spec_args, dtype, shape, device,
+                                       fwd_config)
             results[stage] = tune(cands_by_stage[stage], cand, study_name=name, storage_path=journals[stage],
                                   default_config=default, seed=seed, progress=progress, finalists=FINALISTS)
     finally:

@@ -4,12 +4,18 @@ A space file (``search_spaces/<kernel>.json``, shipped as ``kdagen.search_spaces
 
     {"kernel": "chunk_fwd", "version": 1,
      "params": {"chunk_size": [32, 64], "sub_chunk": [16, 32], ...},
+     "stages": {"intra": {"launch": "chunk_intra", "fields": ["chunk_size", "sub_chunk", ...]},
+                "state": {"launch": "chunk_state", "fields": ["chunk_size", "state_block_v", ...]}},
      "constraints": ["chunk_size % sub_chunk == 0", "smem_estimate <= smem_limit", ...]}
 
 Param names are the fields of the kernel's config dataclass (:mod:`kdagen.config`); a
 field left out takes the dataclass default.  Candidates are the cartesian product (in the
 file's param/value order, then default-valued fields) of the values, minus combinations
 the config dataclass itself rejects, filtered by the constraints.
+
+``stages`` (optional) splits a family's search by launch: each stage names the kernel it
+times (one of the family's, :data:`kdagen.codegen.render.FAMILY_KERNELS`) and the fields it
+varies; the others keep the default's values.  The tuner combines the fastest of each.
 
 Constraints are expressions over the params and a context, evaluated by a small
 interpreter over Python's ``ast`` (no ``eval``): numbers, strings, names, arithmetic,
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from ..codegen.render import FAMILY_KERNELS
 from ..config import CONFIG_TYPES, ConfigError
 from ..resources import search_spaces_dir
 
@@ -224,7 +231,8 @@ class SearchSpace:
     source: str = "<dict>"
     version: int = FORMAT_VERSION
     description: str = ""
-    stages: dict[str, list[str]] = field(default_factory=dict)  # separately timed launches
+    stages: dict[str, list[str]] = field(default_factory=dict)  # stage -> the config fields it varies
+    stage_launches: dict[str, str] = field(default_factory=dict)  # stage -> the kernel it times
     _trees: list[ast.Expression] = field(default_factory=list, repr=False)
     _configs: list[Any] = field(default_factory=list, repr=False)
 
@@ -285,9 +293,16 @@ class SearchSpace:
         if clash:  # pragma: no cover - no config field has a context name today
             raise fail(f"params {clash} clash with context names {CONTEXT_NAMES}")
         stages = d.get("stages", {})
+        launches = FAMILY_KERNELS[kernel]
         if not isinstance(stages, dict) or any(
-                not isinstance(v, list) or any(f not in field_names for f in v) for v in stages.values()):
-            raise fail(f"'stages' must map a stage name to a list of {cfg_cls.__name__} fields")
+                not isinstance(v, dict) or set(v) != {"launch", "fields"} or v["launch"] not in launches
+                or not isinstance(v["fields"], list) or any(f not in field_names for f in v["fields"])
+                for v in stages.values()):
+            raise fail(f"'stages' must map a stage name to {{\"launch\": the kernel it times (one of "
+                       f"{list(launches)}), \"fields\": the {cfg_cls.__name__} fields it varies}}")
+        named = [v["launch"] for v in stages.values()]
+        if len(set(named)) != len(named):
+            raise fail(f"two stages time the same launch: {named}")
         constraints = d.get("constraints", [])
         if not isinstance(constraints, list):
             raise fail("'constraints' must be a list of expression strings")
@@ -301,7 +316,8 @@ class SearchSpace:
                     constraints=list(constraints), source=source,
                     version=d.get("version", FORMAT_VERSION),
                     description=str(d.get("description", "")), _trees=trees,
-                    stages={k: list(v) for k, v in stages.items()})
+                    stages={k: list(v["fields"]) for k, v in stages.items()},
+                    stage_launches={k: v["launch"] for k, v in stages.items()})
         space._build(fail)
         return space
 
@@ -341,7 +357,7 @@ class SearchSpace:
         if self.description:
             d["description"] = self.description
         if self.stages:
-            d["stages"] = {k: list(v) for k, v in self.stages.items()}
+            d["stages"] = {k: {"launch": self.stage_launches[k], "fields": list(v)} for k, v in self.stages.items()}
         return d
 
     def fingerprint(self) -> str:
