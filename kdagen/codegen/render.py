@@ -60,18 +60,23 @@ def _check_config(plan: Plan, config: _Config) -> None:
 
 
 def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
-    """Variables decided in Python, each only for the kernel whose template uses it (what a
-    variable reads from the config is part of that kernel's source)."""
-    dot_dtype = dtype(plan.dtype).tl
-    v = {"dot_dtype": dot_dtype, "dot_kw": ""}
-    if plan.dtype == "float32":
-        v["dot_kw"] = ', input_precision="ieee"'
-    if kernel == "chunk_intra":
-        v["inv_kw"] = f', input_precision="{config.inverse_precision}"'
-        # (I - A)(I + A^2)...(I + A^(2^s)) covers powers below 2^(s+1); A^BC = 0
-        v["neumann_steps"] = max(0, (config.sub_chunk - 1).bit_length() - 1)
-    if kernel == "chunk_bwd_dqkw":
-        v["BKT"] = min(config.dqkw_block_k, plan.BK)  # the K tile of the chunk-parallel launch
+    """The values a kernel's template reads besides the plan, decided here: templates branch on
+    these and on plan fields, never on the config.  Each is made only for the kernels that use
+    it, since what it reads from the config is part of that kernel's source (its header line)."""
+    v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
+    if kernel in ("chunk_state", "chunk_bwd_state"):  # one program holds a whole K row
+        v["k_mask"] = plan.K != plan.BK
+    elif kernel in ("chunk_intra", "chunk_bwd_intra"):
+        sub = config.sub_chunk
+        v.update(n_sub=config.chunk_size // sub, sub=sub,
+                 k_mask=plan.K % min(config.intra_block_k, plan.BK) != 0,
+                 inv_kw=f', input_precision="{config.inverse_precision}"',
+                 # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
+                 neumann_steps=max(0, (sub - 1).bit_length() - 1))
+        if kernel == "chunk_intra":
+            v["cumsum_dot"] = config.cumsum == "dot"
+    elif kernel == "chunk_bwd_dqkw":
+        v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
     return v
 
 
