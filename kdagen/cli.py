@@ -117,7 +117,7 @@ def list_cmd(gpu):
     from .cache.store import TuningCache
     from .spec import GATES, MEMBERS, get_spec
     from .spec.structure import analyze_structure
-    from .tuning.driver import duration
+    from .tuning.driver import duration, error_text
 
     click.echo("specs:")
     for name in MEMBERS:
@@ -143,7 +143,8 @@ def list_cmd(gpu):
         for key, e in sorted(entries.items()):
             dflt = e.get("default_time_ms")
             speed = f"  x{dflt / e['time_ms']:.2f} vs default" if dflt else ""
-            click.echo(f"    {key}: {duration(e['time_ms'])}{speed}  {json.dumps(e['config'], sort_keys=True)}")
+            click.echo(f"    {key}: {duration(e['time_ms'])}{speed}  error {error_text(e.get('error'))}  "
+                       f"{json.dumps(e['config'], sort_keys=True)}")
 
 
 # --- inspect ----------------------------------------------------------------------------
@@ -216,6 +217,8 @@ def inspect(spec_name, head_dim, dtype_name, form, lower_bound, gate_in_kernel, 
 @click.option("--head-dim", "head_dim", default="128", show_default=True,
               help="K or K,V; several separated by ';' (e.g. '128;96,192')")
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
+@click.option("--state-dtype", default="fp32", show_default=True, type=click.Choice(SHORT_NAMES),
+              help="dtype of the initial state (a decode pool may be bf16); winners are keyed by it")
 @click.option("--lower-bound", type=float, default=-5.0, show_default=True,
               help="the gate's lower bound the kernels may assume (sets the safe sub-chunk)")
 @click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]),
@@ -228,7 +231,7 @@ def inspect(spec_name, head_dim, dtype_name, form, lower_bound, gate_in_kernel, 
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quiet", is_flag=True, help="no progress lines")
 @click.option("--jobs", type=int, default=None, help="compile in this many processes (default: min(8, CPUs))")
-def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_path, compile_only, shapes,
+def build(gpu_name, spec_name, head_dim, dtype, state_dtype, lower_bound, families, space_path, compile_only, shapes,
           decode_batches, seed, quiet, jobs):
     """Generate the kernels for a spec and head dims, compile-check every candidate config
     for the GPU's architecture (no GPU needed), and -- when the current GPU is that GPU --
@@ -269,7 +272,8 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
         t_start = time.time()
         try:
             surveys, n_empty = driver.compile_all(gpu, spec_args, dtype, head_dims, families, shapes, batches, pool,
-                                                  space=user_space, quiet=quiet, echo=click.echo)
+                                                  space=user_space, quiet=quiet, echo=click.echo,
+                                                  state_dtype=state_dtype)
         except (ValueError, LoweringError) as e:
             raise click.UsageError(str(e)) from None
         click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
@@ -279,7 +283,7 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
         if will_tune:
             try:
                 driver.tune_and_store(gpu, spec_args, dtype, surveys, shapes, batches, space=user_space, seed=seed,
-                                      quiet=quiet, pool=pool, echo=click.echo)
+                                      quiet=quiet, pool=pool, echo=click.echo, state_dtype=state_dtype)
             except (KeyboardInterrupt, RuntimeError) as e:
                 # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
                 if not (isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)):
@@ -296,6 +300,8 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
 @click.option("--spec", "spec_name", default="kda", show_default=True)
 @click.option("--head-dim", "head_dim", default="128", show_default=True)
 @click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
+@click.option("--state-dtype", default="fp32", show_default=True, type=click.Choice(SHORT_NAMES),
+              help="dtype of the initial state (a decode pool may be bf16); winners are keyed by it")
 @click.option("--lower-bound", type=float, default=-5.0, show_default=True)
 @click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]))
 @click.option("--space", "space_path", default=None)
@@ -303,9 +309,10 @@ def build(gpu_name, spec_name, head_dim, dtype, lower_bound, families, space_pat
 @click.option("--decode-batches", default="1,64,256", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.pass_context
-def tune(ctx, spec_name, head_dim, dtype, lower_bound, families, space_path, shapes, decode_batches, seed):
+def tune(ctx, spec_name, head_dim, dtype, state_dtype, lower_bound, families, space_path, shapes, decode_batches,
+         seed):
     """Tune on the current GPU and store the winners (``kdagen build --gpu auto``)."""
-    ctx.invoke(build, gpu_name="auto", spec_name=spec_name, head_dim=head_dim, dtype=dtype,
+    ctx.invoke(build, gpu_name="auto", spec_name=spec_name, head_dim=head_dim, dtype=dtype, state_dtype=state_dtype,
                lower_bound=lower_bound, families=families, space_path=space_path, compile_only=False,
                shapes=shapes, decode_batches=decode_batches, seed=seed, quiet=False, jobs=None)
 

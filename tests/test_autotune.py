@@ -25,14 +25,17 @@ class FakeCandidate:
 
     tolerance = 1e-3
 
-    def __init__(self, family, launch, plan, spec_args, dtype, shape, device="cuda", fwd_config=None):
+    def __init__(self, family, launch, plan, spec_args, dtype, shape, device="cuda", fwd_config=None,
+                 state_dtype=None):
         self.stage = {"chunk_intra": "intra", "chunk_state": "state"}[launch]
 
     def build(self, config):
         return config
 
-    def check(self, config):
-        return 1.0 if (self.stage == "intra" and config.chunk_size == 64 and config.intra_block_k == 32) else 0.0
+    def check(self, config):  # wrong: 1.0; otherwise a made-up small error that names the config
+        if self.stage == "intra":
+            return 1.0 if (config.chunk_size, config.intra_block_k) == (64, 32) else 1e-6 * config.intra_block_k
+        return 1e-7 * config.state_block_v
 
     def time(self, config):
         if self.stage == "intra":
@@ -56,7 +59,7 @@ def test_tune_family_combines_the_best_stage_per_chunk_length(tmp_path, monkeypa
     monkeypatch.setattr(D, "KernelCandidate", FakeCandidate)
     spec = select_spec(False, True, -5.0, False, False)
     plan = F.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
-    winner, ms, default_ms, results = D.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),
+    winner, ms, default_ms, error, results = D.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),
                                                     torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)
     # C=64: intra best *valid* is BK=64 (2.5; BK=32 is wrong), state best 0.2 -> 2.7
     # C=32: intra 2.0 + state 0.9 -> 2.9; so C=64 wins with the correct intra config
@@ -64,6 +67,8 @@ def test_tune_family_combines_the_best_stage_per_chunk_length(tmp_path, monkeypa
     assert (winner.chunk_size, winner.intra_block_k, winner.state_block_v) == (64, 64, 16)
     assert abs(ms - 2.7) < 1e-9
     assert results["intra"].n_rejected >= 1
+    # the winner's error is what was measured for the stage configs it combines: the larger
+    assert error == max(1e-6 * 64, 1e-7 * 16)
 
 
 # ------------------------------------------------------------- the real candidate, on CPU
@@ -142,16 +147,19 @@ def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
                                               "dqkw": {"launch": "chunk_bwd_dqkw", "fields": ["dqkw_block_k"]},
                                               "intra": {"launch": "chunk_bwd_intra", "fields": ["intra_block_k"]}}})
     fwd = default_chunk_config(plan).replace(chunk_size=16)
-    winner, ms, default_ms, results = D.tune_family(
+    winner, ms, default_ms, error, results = D.tune_family(
         "chunk_bwd", plan, spec, dict(safe_gate=True, lower_bound=-5.0), get_profile("h200"), torch.float32,
         (1, 40, 1, 2), space=space, progress=False, isolate=True, device="cpu", fwd_config=fwd)
     assert isinstance(winner, ChunkBwdConfig) and winner.chunk_size == 16 and winner.dqkw_block_k == 16
     assert set(results) == {"state", "dqkw", "intra"} and ms > 0 and default_ms > 0
     for r in results.values():
         assert r.n_failed == 0 and r.n_rejected == 0 and all(t.error < 1e-4 for t in r.trials)
+    measured = {t.config.canonical(): t.error for r in results.values() for t in r.trials}
+    parts = [measured[c.canonical()] for c in (winner,) if c.canonical() in measured]
+    assert 0 < error < 1e-4 and error >= max(parts, default=0.0)
 
 
-def _die(*args):
+def _die(*args, **kw):
     import os
     os._exit(5)
 
@@ -168,7 +176,7 @@ def test_precompile_survives_a_dying_worker(monkeypatch, capsys):
     assert secs >= 0 and "a worker died" in capsys.readouterr().err
 
 
-def _record_pid(*args):
+def _record_pid(*args, **kw):
     import os
     from pathlib import Path
 
@@ -218,7 +226,7 @@ def test_resumed_study_precompiles_only_what_it_will_build(tmp_path, monkeypatch
     first = run()
     second = run()
     assert first[0] == second[0] and abs(first[1] - second[1]) < 1e-9
-    assert all(r.n_resumed == len(r.trials) for r in second[3].values())
+    assert all(r.n_resumed == len(r.trials) for r in second.results.values())
     d = default_chunk_config(plan, {"N": 1, "HV": 1})
     assert len(compiled[0]) == 8  # 4 + 4 candidates (the default is one of each stage's)
     by_stage = {}
@@ -254,7 +262,7 @@ def test_a_study_of_other_kernels_is_not_resumed(tmp_path, monkeypatch):
     spec = select_spec(False, True, -5.0, False, False)
     plan = F.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
     run = lambda: D.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),  # noqa: E731
-                                torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)[3]
+                                torch.float32, (1, 256, 1, 1), space=SPACE, progress=False).results
     run()
     assert all(r.n_resumed == len(r.trials) for r in run().values())  # same kernels: resumed
     monkeypatch.setattr(D, "source_hash", lambda family: "0123456789abcdef")

@@ -189,12 +189,14 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     fwd_win = ChunkFwdConfig(chunk_size=64)
 
     def fake_tune_family(fam, plan, spec_, spec_args, gpu, dt, shape, space=None, seed=0, progress=True,
-                         candidates_by_stage=None, jobs=1, fwd_config=None, isolate=False, worker=None, pool=None):
+                         candidates_by_stage=None, jobs=1, fwd_config=None, isolate=False, worker=None, pool=None,
+                         state_dtype=None):
         calls.append((fam, shape, fwd_config, candidates_by_stage,
-                      isolate and worker is not None and pool is compile_pool and jobs == 3))
+                      isolate and worker is not None and pool is compile_pool and jobs == 3
+                      and state_dtype is torch.float32))
         if fam == "chunk_fwd":
-            return fwd_win, 2.0, 2.5, {}
-        return ChunkBwdConfig(chunk_size=fwd_config.chunk_size), 5.0, None, {}
+            return fwd_win, 2.0, 2.5, 1e-3, {}
+        return ChunkBwdConfig(chunk_size=fwd_config.chunk_size), 5.0, None, 2e-3, {}
 
     monkeypatch.setattr(D, "tune_family", fake_tune_family)
     compile_pool = CP.CompilePool(3)  # passed through, never started by the fake
@@ -214,14 +216,19 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     assert "warning: chunk_bwd" in err and "default config failed" in err and "chunk_fwd K=64" not in err
     entries = TuningCache("h200", cache_dir=tmp_path).entries()
     assert sorted(k.split("-")[0] for k in entries) == ["chunk_bwd", "chunk_fwd"]
+    # the error the tuner measured for each winner is stored with it
+    assert {e["kernel"]: e["error"] for e in entries.values()} == {"chunk_fwd": 1e-3, "chunk_bwd": 2e-3}
 
 
-def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
-    """`kdagen build` on the matching GPU (tuning faked: each family's winner differs from its
-    default in one field) stores winners under the keys the ops look up: chunk_kda with the
-    bound the build assumed, its backward, and fused_recurrent_kda -- whose kernel has no
-    gate bound (it takes no safe_gate), so its winner must not be keyed by the bounded spec."""
-    import kdagen
+TUNED = {"chunk_fwd": dict(state_num_warps=8), "chunk_bwd": dict(intra_num_warps=8), "recurrent": dict(num_warps=2)}
+FAMILY_OF = {"ChunkFwdConfig": "chunk_fwd", "ChunkBwdConfig": "chunk_bwd", "RecurrentConfig": "recurrent"}
+
+
+@pytest.fixture
+def build_on_h200(runner, monkeypatch):
+    """``build(*args)`` runs `kdagen build` on a faked H200 (compile-check and tuning faked: each
+    family's winner differs from its default in the one field of TUNED); ``used`` then records
+    the config of every kernel build the ops make."""
     import kdagen.cache.gpus
     import kdagen.cache.lookup as TU
     from kdagen import kernels
@@ -237,22 +244,14 @@ def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
     TU._cache_for.cache_clear()
     monkeypatch.setattr(D, "compile_check",
                         lambda fam, plan, *a, **k: [CP.CompileSurvey(fam, None, 1, [default_config(fam, plan)])])
-    tuned = {"chunk_fwd": dict(state_num_warps=8), "chunk_bwd": dict(intra_num_warps=8), "recurrent": dict(num_warps=2)}
 
     def fake_tune_family(fam, plan, spec, spec_args, gpu, dt, shape, fwd_config=None, **kw):
         d = default_config(fam, plan, {"N": shape[0], "HV": shape[3]}, fwd_config)
         if fam == "recurrent":  # a decode step: listed in microseconds
-            return d.replace(**tuned[fam]), 0.00265, 0.0031, {}
-        return d.replace(**tuned[fam]), 1.0, 2.0, {}
+            return d.replace(**TUNED[fam]), 0.00265, 0.0031, 4e-6, {}
+        return d.replace(**TUNED[fam]), 1.0, 2.0, 3e-3, {}
 
     monkeypatch.setattr(D, "tune_family", fake_tune_family)
-    res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "16", "--dtype", "fp32",
-                               "--shapes", "1,64,2,16", "--decode-batches", "2"])
-    assert res.exit_code == 0, res.output
-    assert res.output.count("tuned ") == 3 and "2.65 us (x1.17 vs default 3.10 us)" in res.output
-    listed = runner.invoke(main, ["list"]).output
-    assert "h200: 3 winner(s)" in listed and "2.65 us  x1.17 vs default" in listed and "1.000 ms  x2.00" in listed
-
     used = []
     real_build = kernels.build
 
@@ -262,12 +261,46 @@ def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
 
     for mod in (chunk_op, chunk_bwd_op, recurrent_op):
         monkeypatch.setattr(mod, "build", spy)
+
+    def build(*args):
+        res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "16", "--dtype", "fp32",
+                                   "--shapes", "1,64,2,16", "--decode-batches", "2", *args])
+        assert res.exit_code == 0, res.output
+        TU._MEMO.clear()
+        return res.output
+
+    return build, used
+
+
+def _kda_inputs():
     g = torch.Generator().manual_seed(0)
     x = {n: torch.randn(*s, generator=g) for n, s in
          dict(q=(1, 64, 2, 16), k=(1, 64, 2, 16), v=(1, 64, 2, 16), g=(1, 64, 2, 16), beta=(1, 64, 2)).items()}
     x["k"] = torch.nn.functional.normalize(x["k"], dim=-1)
     x["g"] = -torch.rand(1, 64, 2, 16, generator=g)
     x["beta"] = torch.sigmoid(x["beta"])
+    return x
+
+
+def _tuned(config) -> bool:
+    field, value = next(iter(TUNED[FAMILY_OF[type(config).__name__]].items()))
+    return getattr(config, field) == value
+
+
+def test_the_ops_look_up_what_build_stores(runner, build_on_h200):
+    """`kdagen build` on the matching GPU stores winners under the keys the ops look up:
+    chunk_kda with the bound the build assumed, its backward, and fused_recurrent_kda -- whose
+    kernel has no gate bound (it takes no safe_gate), so its winner must not be keyed by the
+    bounded spec."""
+    import kdagen
+
+    build, used = build_on_h200
+    out = build()
+    assert out.count("tuned ") == 3 and "2.65 us (x1.17 vs default 3.10 us)" in out
+    listed = runner.invoke(main, ["list"]).output
+    assert "h200: 3 winner(s)" in listed and "2.65 us  x1.17 vs default" in listed and "1.000 ms  x2.00" in listed
+    assert "error 4.0e-06" in listed and "error 3.0e-03" in listed
+    x = _kda_inputs()
     leaves = {n: t.requires_grad_(True) for n, t in x.items()}
     o, _ = kdagen.chunk_kda(**leaves, safe_gate=True, lower_bound=-5.0)
     o.sum().backward()
@@ -277,11 +310,60 @@ def test_the_ops_look_up_what_build_stores(runner, monkeypatch):
         kdagen.fused_recurrent_kda(**step, lower_bound=-5.0)
     kinds = [type(c).__name__ for c in used]
     assert kinds.count("RecurrentConfig") == 2 and "ChunkFwdConfig" in kinds and "ChunkBwdConfig" in kinds
-    for c in used:
-        fam = {"ChunkFwdConfig": "chunk_fwd", "ChunkBwdConfig": "chunk_bwd", "RecurrentConfig": "recurrent"}[
-            type(c).__name__]
-        field, value = next(iter(tuned[fam].items()))
-        assert getattr(c, field) == value, (fam, c)
+    assert all(_tuned(c) for c in used), used
+
+
+def test_in_kernel_gate_calls_use_the_winners_build_stores(build_on_h200):
+    """use_gate_in_kernel=True: the kernels differ from the direct gate's only by the gate's
+    prologue, so the call runs the winners `kdagen build` tuned for the direct gate with the same
+    bound -- forward, backward and decode, with or without A_log / dt_bias.  The softplus gate has
+    no bound: its calls keep the heuristic (nothing tuned the unbounded direct gate here)."""
+    import kdagen
+
+    build, used = build_on_h200
+    build()
+    x = _kda_inputs()
+    z = torch.randn(1, 64, 2, 16)
+    params = dict(A_log=torch.zeros(2), dt_bias=torch.zeros(2 * 16))
+    for kw in (params, {}):
+        used.clear()
+        leaves = {n: t.detach().requires_grad_(True) for n, t in {**x, "g": z}.items()}
+        o, _ = kdagen.chunk_kda(**leaves, use_gate_in_kernel=True, lower_bound=-5.0, **kw)
+        o.sum().backward()
+        with torch.no_grad():
+            step = {n: t.detach()[:1, :1].expand(2, 1, *t.shape[2:]).contiguous() for n, t in {**x, "g": z}.items()}
+            kdagen.fused_recurrent_kda(**step, use_gate_in_kernel=True, lower_bound=-5.0, **kw)
+        assert sorted(type(c).__name__ for c in used) == ["ChunkBwdConfig", "ChunkFwdConfig", "RecurrentConfig"]
+        assert all(_tuned(c) for c in used), (kw.keys(), used)
+    used.clear()
+    with torch.no_grad():
+        kdagen.chunk_kda(**{**x, "g": z}, use_gate_in_kernel=True, **params)
+    assert [type(c).__name__ for c in used] == ["ChunkFwdConfig"] and not _tuned(used[0])
+
+
+def test_winners_are_keyed_by_the_state_dtype(build_on_h200):
+    """A decode call with a bf16 state pool does not run winners measured with float32 states;
+    `kdagen build --state-dtype bf16` tunes for it, and then it does."""
+    import kdagen
+    from kdagen.ops import recurrent as recurrent_op
+
+    build, used = build_on_h200
+    build()
+    x = _kda_inputs()
+    step = {n: t[:1, :1].expand(2, 1, *t.shape[2:]).contiguous() for n, t in x.items()}
+    pool = torch.zeros(3, 2, 16, 16, dtype=torch.bfloat16)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+
+    def decode_config(state):
+        used.clear()
+        recurrent_op._FAST.clear()  # a decode loop's fast path keeps the launch it first built
+        kdagen.fused_recurrent_kda(**step, initial_state=state, ssm_state_indices=idx)
+        (c,) = used
+        return c
+
+    assert _tuned(decode_config(pool.float())) and not _tuned(decode_config(pool))
+    build("--family", "recurrent", "--state-dtype", "bf16")
+    assert _tuned(decode_config(pool)) and _tuned(decode_config(pool.float()))
 
 
 @pytest.mark.parametrize("how", ["keyboard", "lock"])

@@ -83,22 +83,78 @@ def test_no_gpu_means_heuristics(tmp_path, monkeypatch):
     assert tuned.lookup_winner(plan, "chunk_fwd", SHAPE) is None
 
 
-def test_source_hash_follows_the_templates(monkeypatch, tmp_path):
+@pytest.fixture
+def editable_copy(tmp_path, monkeypatch):
+    """kdagen's modules and templates copied to ``tmp_path``, with the source hash reading the
+    copy: ``edit(relative path, text)`` appends to a file of it and returns every family's hash."""
     import shutil
 
-    import kdagen.resources as res
+    from kdagen.codegen import sources
+    from kdagen.resources import templates_dir
 
-    a = keys.source_hash("chunk_fwd")
-    copy = tmp_path / "templates"
-    shutil.copytree(res.templates_dir(), copy)
-    (copy / "chunk_state.py.j2").write_text((copy / "chunk_state.py.j2").read_text() + "\n# edited\n")
-    monkeypatch.setattr(keys, "templates_dir", lambda: copy)
-    keys.source_hash.cache_clear()
-    try:
-        assert keys.source_hash("chunk_fwd") != a
-        assert keys.source_hash("recurrent") == keys.source_hash("recurrent")
-    finally:
+    pkg, tpl = tmp_path / "kdagen", tmp_path / "templates"
+    shutil.copytree(sources.PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__", "templates",
+                                                                            "search_spaces"))
+    shutil.copytree(templates_dir(), tpl)
+    monkeypatch.setattr(sources, "PACKAGE_DIR", pkg)
+    monkeypatch.setattr(sources, "templates_dir", lambda: tpl)
+
+    def hashes():
         keys.source_hash.cache_clear()
+        return {f: keys.source_hash(f) for f in ("chunk_fwd", "chunk_bwd", "recurrent")}
+
+    def edit(rel, text="\n# edited\n"):
+        path = tmp_path / rel
+        path.write_text(path.read_text() + text) if path.exists() else path.write_text(text)
+        return hashes()
+
+    yield edit, hashes
+    keys.source_hash.cache_clear()
+
+
+def test_a_change_to_the_code_that_renders_kernels_invalidates_their_winners(editable_copy):
+    """The source hash in a winner's key covers what the kernel text is made from: the
+    templates, and the lowering and rendering code with everything it imports (spec, printer,
+    config and dtype vocabularies) -- not only the templates."""
+    edit, hashes = editable_copy
+    before = hashes()
+    for rel in ("kdagen/codegen/lower.py", "kdagen/codegen/render.py", "kdagen/codegen/triton_printer.py",
+                "kdagen/spec/gates.py", "kdagen/spec/structure.py", "kdagen/dtypes.py", "kdagen/config.py",
+                "templates/_macros.py.j2"):
+        after = edit(rel)
+        assert all(after[f] != before[f] for f in before), rel
+        before = after
+
+
+def test_a_template_invalidates_only_its_familys_winners(editable_copy):
+    edit, hashes = editable_copy
+    before = hashes()
+    after = edit("templates/chunk_state.py.j2")
+    assert after["chunk_fwd"] != before["chunk_fwd"]
+    assert (after["chunk_bwd"], after["recurrent"]) == (before["chunk_bwd"], before["recurrent"])
+
+
+def test_code_that_does_not_render_kernels_leaves_the_winners_alone(editable_copy):
+    edit, hashes = editable_copy
+    before = hashes()
+    for rel in ("kdagen/cli.py", "kdagen/spec/reference.py", "kdagen/spec/verify.py", "kdagen/tuning/driver.py",
+                "kdagen/ops/chunk.py", "kdagen/cache/store.py", "kdagen/kernels.py"):
+        assert edit(rel) == before, rel
+
+
+def test_a_module_that_rendering_comes_to_import_is_counted(editable_copy):
+    """No list of files to keep: a new module the codegen imports (even inside a function)
+    becomes an input of the hash."""
+    edit, hashes = editable_copy
+    edit("kdagen/codegen/helper.py", "X = 1\n")
+    before = edit("kdagen/codegen/render.py", "\n\ndef _uses_helper():\n    from . import helper\n")
+    assert edit("kdagen/codegen/helper.py") != before
+
+
+def test_the_cache_key_carries_the_source_hash():
+    plan = _plan()
+    key = keys.cache_key(plan, "chunk_fwd", SHAPE, get_profile("h200"))
+    assert key.source_hash == keys.source_hash("chunk_fwd") != keys.source_hash("recurrent")
 
 
 def test_default_state_tile_follows_the_number_of_state_programs():

@@ -10,7 +10,6 @@ from functools import lru_cache
 from typing import Any
 
 from ..dtypes import dtype
-from ..resources import templates_dir
 from ..version import __version__
 
 # --------------------------------------------------------------------------- versions
@@ -151,28 +150,28 @@ class CacheKey:
 
 # --------------------------------------------------------------------------- sources
 
-# kernel family -> templates its generated source comes from
-FAMILY_TEMPLATES = {"chunk_fwd": ("_header.py.j2", "_macros.py.j2", "chunk_intra.py.j2", "chunk_state.py.j2"),
-                    "chunk_bwd": ("_header.py.j2", "_macros.py.j2", "chunk_bwd_state.py.j2", "chunk_bwd_dqkw.py.j2",
-                                  "chunk_bwd_intra.py.j2"),
-                    "recurrent": ("_header.py.j2", "recurrent.py.j2")}
-
 
 @lru_cache(maxsize=None)
-def source_hash(kernel: str) -> str:
-    """Hash of the templates (and kdagen version) a family's kernels are rendered from:
-    editing a template invalidates every winner tuned with the old one."""
-    h = hashlib.sha256(__version__.encode())
-    for name in FAMILY_TEMPLATES[kernel]:
-        h.update(name.encode())
-        h.update((templates_dir() / name).read_bytes())
+def source_hash(family: str) -> str:
+    """Hash of every file a family's kernels are rendered from (its templates and the modules
+    that lower and render, :func:`kdagen.codegen.sources.render_inputs`), by path relative to
+    the package and content: any change that can change the kernels invalidates the winners
+    tuned on the old ones, and no other change does."""
+    from ..codegen import sources
+
+    h = hashlib.sha256()
+    for path in sources.render_inputs(family):
+        # templates by name: the same key from a source checkout and from an installed package
+        label = f"templates/{path.name}" if path.name.endswith(".j2") else path.relative_to(sources.PACKAGE_DIR).as_posix()
+        h.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
 def cache_key(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32") -> CacheKey:
     """The key of a winner of ``kernel`` (a family) for ``plan`` at a call ``shape`` ({"T", "B",
-    "N"}) on ``gpu``."""
+    "N"}) on ``gpu``, whose state (initial state, decode pool) is ``state_dtype``.  Its spec is the plan's tuning spec (:func:`kdagen.codegen.lower.tuning_spec`):
+    an in-kernel gate's call finds the winners tuned for the direct gate with its bound."""
     bucket = shape_bucket(kernel, int(shape["T"]), int(shape["B"]), int(shape["N"]))
-    return CacheKey.create(kernel=kernel, spec_hash=plan.spec_hash, source_hash=source_hash(kernel),
+    return CacheKey.create(kernel=kernel, spec_hash=plan.tuning_spec_hash, source_hash=source_hash(kernel),
                            K=plan.K, V=plan.V, dtype=plan.dtype, state_dtype=state_dtype,
                            shape_bucket=bucket, gpu=gpu)

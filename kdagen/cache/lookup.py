@@ -35,12 +35,12 @@ def _cache_for(gpu_name: str):
 _MEMO: dict = {}
 
 
-def lookup_winner(plan: Plan, kernel: str, shape: dict):
+def lookup_winner(plan: Plan, kernel: str, shape: dict, state_dtype: str = "float32"):
     """The cached winner config for this exact key on the current GPU, or None."""
     gpu = _current_gpu()
     if gpu is None or not shape:
         return None
-    key = cache_key(plan, kernel, shape, gpu)
+    key = cache_key(plan, kernel, shape, gpu, state_dtype)
     memo_key = key.key_string()
     if memo_key in _MEMO:
         return _MEMO[memo_key]
@@ -55,9 +55,11 @@ def lookup_winner(plan: Plan, kernel: str, shape: dict):
     return cfg
 
 
-def resolve(family: str, plan: Plan, explicit, shape: dict):
+def resolve(family: str, plan: Plan, explicit, shape: dict, state_dtype: str = "float32"):
     """The config a call of ``family`` runs: ``explicit`` if given, else the tuned winner for
-    this plan and ``shape`` ({"T", "B", "N", "HV"}) on the current GPU, else the heuristic."""
+    this plan, ``shape`` ({"T", "B", "N", "HV"}) and ``state_dtype`` (of the state the call
+    reads and writes: its initial state or decode pool; float32 without one) on the current
+    GPU, else the heuristic."""
     if explicit is not None:
         return explicit
-    return lookup_winner(plan, family, shape) or default_config(family, plan, shape)
+    return lookup_winner(plan, family, shape, state_dtype) or default_config(family, plan, shape)

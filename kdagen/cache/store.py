@@ -7,7 +7,7 @@ when set, else ``$XDG_CACHE_HOME/kdagen``, else ``~/.cache/kdagen``.  The file::
      "metadata": {"gpu_name", "compute_capability", "sm_count",
                   "triton_version", "torch_version", "cuda_version", "kdagen_version"},
      "entries": {key_string: {"config": {...}, "kernel": str, "time_ms": float,
-                              "default_time_ms": float | None, "error": float,
+                              "default_time_ms": float | None, "error": float | None,
                               "measured_at": iso date, "key": {the CacheKey fields}}}}
 
 Lookups are exact: an entry is found only under the key string of a :class:`CacheKey`
@@ -50,13 +50,15 @@ class CacheError(RuntimeError):
 REQUIRED_ENTRY_FIELDS = ("config", "kernel", "time_ms")
 
 
-def make_entry(*, config: Any, kernel: str, time_ms: float, error: float,
+def make_entry(*, config: Any, kernel: str, time_ms: float, error: float | None,
                default_time_ms: float | None = None) -> dict[str, Any]:
-    """An entry dict for :meth:`TuningCache.store` (``key``/``measured_at`` filled there)."""
+    """An entry dict for :meth:`TuningCache.store` (``key``/``measured_at`` filled there).
+    ``error``: the winner's relative error against the float64 reference, as the tuner measured
+    it (None: not measured)."""
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     return {"config": cfg, "kernel": kernel, "time_ms": float(time_ms),
             "default_time_ms": None if default_time_ms is None else float(default_time_ms),
-            "error": float(error)}
+            "error": None if error is None else float(error)}
 
 
 def _now_iso() -> str:
@@ -232,7 +234,7 @@ class TuningCache:
             raise ValueError(f"cache entry time_ms must be a positive finite number, got {t!r}")
         new["time_ms"] = t
         new.setdefault("default_time_ms", None)
-        new.setdefault("error", 0.0)
+        new.setdefault("error", None)
         new.setdefault("measured_at", _now_iso())
         new["key"] = key.to_dict()
         json.dumps(new)  # fail here, not half-way through the write, if not serialisable

@@ -32,6 +32,10 @@ class LoweringError(ValueError):
 class Plan:
     spec_name: str
     spec_hash: str
+    # the spec whose tuned winners this plan runs (its cache key's): the direct gate of the same
+    # member with the bound the diagonal tiles use -- an in-kernel gate differs from it only in
+    # an element-wise prologue, and the recurrent kernel does not read the bound (see tuning_spec)
+    tuning_spec_hash: str
     form: str  # 'chunk' | 'recurrent'
     structure: str
     decay: str
@@ -63,6 +67,15 @@ def _check_dims(K: int, V: int):
         if not isinstance(d, int) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
             raise LoweringError(f"head dim {name}={d!r} is outside the supported range "
                                 f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+
+
+def tuning_spec(spec: Recurrence, form: str) -> Recurrence:
+    """The spec ``kdagen build`` tunes the kernels of ``spec`` in ``form`` for: g given directly
+    (FLA's default), bounded below as ``spec``'s gate is for the chunk form (the bound sets the
+    diagonal tiles and the sub-tile length), unbounded for the recurrent form (which reads no
+    bound).  An in-kernel gate's kernels have the same loads, tiles and launches as this spec's,
+    with the gate computed from z in a prologue, so they run its winners."""
+    return spec.with_gate(S.gate_direct(spec.gate.lower_bound if form == "chunk" else None))
 
 
 @lru_cache(maxsize=256)
@@ -104,7 +117,7 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
     diag_mode = "factorised" if bound.length is not None and bound.length >= 16 else "elementwise"
     stages = ("intra", "state") if form == "chunk" else ("recurrent",)
     return Plan(
-        spec_name=spec.name, spec_hash=spec.hash, form=form, structure=st.kind, decay=spec.decay,
+        spec_name=spec.name, spec_hash=spec.hash, tuning_spec_hash=tuning_spec(spec, form).hash, form=form, structure=st.kind, decay=spec.decay,
         K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V), dtype=dtype,
         gate_in_kernel=gate_in_kernel, gate_name=gate.name, gate_expr=gate_expr,
         gate_has_A=has_A, gate_has_bias=has_bias, gate_dz=d_z, gate_dA=d_A, gate_dbias=d_bias,

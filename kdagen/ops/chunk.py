@@ -50,6 +50,7 @@ class _Call:
     plan: Plan
     scale: float
     cu_seqlens: torch.Tensor | None
+    state_dtype: str  # of the initial state (float32 without one): part of the tuned winners' key
 
     @property
     def shape(self) -> dict:
@@ -70,19 +71,20 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
     x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
-    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens)
+    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
+    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state)
     return call, x
 
 
 def _configs(call: _Call, config: ChunkFwdConfig | None, bwd_config: ChunkBwdConfig | None,
              training: bool) -> tuple[ChunkFwdConfig, ChunkBwdConfig | None]:
     """The forward's config and, when training, the backward's, at the forward's chunk lengths."""
-    fwd = resolve("chunk_fwd", call.plan, config, call.shape)
+    fwd = resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype)
     if not training:
         return fwd, None
     if bwd_config is None and _BWD_OVERRIDE:
         bwd_config = _BWD_OVERRIDE[-1]
-    b = resolve("chunk_bwd", call.plan, bwd_config, call.shape)
+    b = resolve("chunk_bwd", call.plan, bwd_config, call.shape, call.state_dtype)
     if (b.chunk_size, b.sub_chunk) != (fwd.chunk_size, fwd.sub_chunk):
         b = b.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
     return fwd, b

@@ -17,7 +17,7 @@ from .families import TOLERANCE, check_shape
 from .isolation import IsolatedCandidate
 
 
-def random_inputs(B, T, H, HV, K, V, dtype, device, seed):
+def random_inputs(B, T, H, HV, K, V, dtype, device, seed, state_dtype=torch.float32):
     """Random KDA inputs drawn on ``device`` (fast at the timed shapes), gate in [-5, 0)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     rnd = lambda *shape: torch.randn(*shape, generator=gen, device=device)  # noqa: E731
@@ -27,7 +27,7 @@ def random_inputs(B, T, H, HV, K, V, dtype, device, seed):
     g = -5.0 * torch.sigmoid(rnd(B, T, HV, K) + 2.0)
     beta = torch.sigmoid(rnd(B, T, HV))
     h0 = 0.1 * rnd(B, HV, K, V)
-    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta.to(dtype), initial_state=h0)
+    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), g=g, beta=beta.to(dtype), initial_state=h0.to(state_dtype))
 
 
 def check_heads(H: int, HV: int) -> list[int]:
@@ -50,8 +50,10 @@ class KernelCandidate:
     K = V = 128, two heads and 1024 tokens: per candidate, per shape)."""
 
     def __init__(self, family: str, launch: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
-                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None,
+                 state_dtype=torch.float32):
         self.family, self.launch, self.plan, self.spec_args = family, launch, plan, spec_args
+        self.state_dtype = state_dtype
         self.dtype, self.shape, self.device = dtype, shape, device
         self.fwd_config = fwd_config
         self.tolerance = TOLERANCE[as_dtype(dtype).name]
@@ -66,7 +68,8 @@ class KernelCandidate:
             return self.shared_inputs_from.timed_inputs
         if self._x is None:
             B, T, H, HV = self.shape
-            self._x = random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=1234)
+            self._x = random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=1234,
+                                    state_dtype=self.state_dtype)
         return self._x
 
     def _fwd(self, config, x, **kw):
@@ -85,7 +88,8 @@ class KernelCandidate:
 
     def _check_inputs(self, seed):
         B, T, H, HV = self.check_shape
-        return random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=seed)
+        return random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=seed,
+                             state_dtype=self.state_dtype)
 
     def build(self, config):
         x = self._check_inputs(seed=0)
@@ -185,9 +189,10 @@ class StagedCandidates:
     ``stages``: (stage, the kernel it times) pairs."""
 
     def __init__(self, family: str, stages: tuple, plan: Plan, spec_args: dict, dtype: torch.dtype,
-                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None):
-        self.by_stage = {st: KernelCandidate(family, launch, plan, spec_args, dtype, shape, device, fwd_config)
-                         for st, launch in stages}
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None,
+                 state_dtype=torch.float32):
+        self.by_stage = {st: KernelCandidate(family, launch, plan, spec_args, dtype, shape, device, fwd_config,
+                                             state_dtype) for st, launch in stages}
         first = next(iter(self.by_stage.values()))
         for c in self.by_stage.values():
             c.shared_inputs_from = first

@@ -38,23 +38,23 @@ class CompileSurvey:
     failures: list = field(default_factory=list)  # (config, reason)
 
 
-def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, int]):
+def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, int], state_dtype=torch.float32):
     """Zero inputs of ``shape`` (B, T, H, HV) on the CPU, dtypes as the tuner's inputs."""
     B, T, H, HV = shape
     K, V = plan.K, plan.V
     q = torch.zeros(B, T, H, K, dtype=dtype)
     return dict(q=q, k=q.clone(), v=torch.zeros(B, T, HV, V, dtype=dtype), g=torch.zeros(B, T, HV, K),
-                beta=torch.zeros(B, T, HV, dtype=dtype), initial_state=torch.zeros(B, HV, K, V))
+                beta=torch.zeros(B, T, HV, dtype=dtype), initial_state=torch.zeros(B, HV, K, V, dtype=state_dtype))
 
 
 def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
                  shape: tuple[int, int, int, int] = COMPILE_SHAPE, fwd_config: ChunkFwdConfig | None = None,
-                 with_forward: bool = False):
+                 with_forward: bool = False, state_dtype=torch.float32):
     """The launches (kernels + arguments) a config produces for inputs of ``shape`` (B, T, H,
     HV), on CPU tensors.  A backward config: its three launches, after (``with_forward``)
     the training forward's and the backward's re-run of the intra launch (``fwd_config``'s,
-    default: the heuristic at the backward's chunk lengths)."""
-    x = _dummy_inputs(plan, dtype, shape)
+    default: the heuristic at the backward's chunk lengths); ``state_dtype``: initial_state's."""
+    x = _dummy_inputs(plan, dtype, shape, state_dtype)
     if isinstance(config, ChunkFwdConfig):
         launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **spec_args)
         return launches
@@ -93,7 +93,7 @@ def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple)
 
 def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,
                  which: str | None, arch: int, smem_limit: int, gpu_name: str,
-                 fwd_config: dict | None = None) -> str | None:
+                 fwd_config: dict | None = None, state_dtype: str = "fp32") -> str | None:
     """Compile one candidate's kernel(s) for ``arch``, specialised for inputs of ``shape``;
     None if it fits, else why it was dropped.  ``which``: the one kernel to compile (None: every
     launch -- for a backward config with the training forward of ``fwd_config``).  A
@@ -103,7 +103,8 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
     cfg = config_from_dict(family, config)
     fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
     try:
-        launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None)
+        launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None,
+                                state_dtype=as_dtype(state_dtype).torch)
         for ln in (launches if which is None else [ln for ln in launches if ln.kernel == which]):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
                                      ln.num_warps, ln.num_stages)
@@ -154,16 +155,17 @@ class CompilePool:
         self.close()
 
 
-def _compile_args(family: str, plan: Plan, dtype, spec_args: dict, cshape: tuple, gpu: GpuProfile):
-    """The plain arguments of :func:`_compile_one` around a config: (those before it, those after)."""
+def _compile_args(family: str, plan: Plan, dtype, spec_args: dict, cshape: tuple, gpu: GpuProfile, state_dtype):
+    """The plain arguments of :func:`_compile_one` around a config: (those before it, those after,
+    the keyword ones)."""
     return ((family, plan.K, plan.V, as_dtype(dtype).short, tuple(sorted(spec_args.items())), cshape),
-            (gpu.arch, gpu.smem_per_block_bytes, gpu.name))
+            (gpu.arch, gpu.smem_per_block_bytes, gpu.name), {"state_dtype": as_dtype(state_dtype).short})
 
 
 def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
                   dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True,
                   jobs: int = 1, shape: tuple[int, int, int, int] | None = None,
-                  pool: CompilePool | None = None) -> list[CompileSurvey]:
+                  pool: CompilePool | None = None, state_dtype=torch.float32) -> list[CompileSurvey]:
     """Compile every candidate's kernels for ``gpu``'s architecture (no GPU needed); drop the
     ones that fail to compile or exceed the GPU's shared memory per block.  ``jobs`` > 1
     compiles in that many worker processes (Triton compiles one kernel per thread).
@@ -176,8 +178,9 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
     default = default_config(family, plan)
     stages = list(space.stages) if space.stages else [None]
-    common, gpu_args = _compile_args(family, plan, dtype, spec_args,
-                                     check_shape(family, shape) if shape is not None else COMPILE_SHAPE, gpu)
+    common, gpu_args, kw = _compile_args(family, plan, dtype, spec_args,
+                                         check_shape(family, shape) if shape is not None else COMPILE_SHAPE, gpu,
+                                         state_dtype)
     surveys = []
     own = pool is None
     if own:
@@ -198,14 +201,14 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
 
             if jobs > 1 and len(cands) > 2:
                 ex = pool.get()
-                futs = {ex.submit(_compile_one, *common, c.to_dict(), which, *gpu_args): i
+                futs = {ex.submit(_compile_one, *common, c.to_dict(), which, *gpu_args, **kw): i
                         for i, c in enumerate(cands)}
                 for fut in as_completed(futs):
                     reasons[futs[fut]] = fut.result()
                     report(len(reasons))
             else:
                 for i, c in enumerate(cands):
-                    reasons[i] = _compile_one(*common, c.to_dict(), which, *gpu_args)
+                    reasons[i] = _compile_one(*common, c.to_dict(), which, *gpu_args, **kw)
                     report(len(reasons))
             for i, c in enumerate(cands):  # candidate order, whatever the completion order
                 if reasons[i] is None:
@@ -221,7 +224,7 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
 
 def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: list, jobs: int,
                gpu: GpuProfile, fwd_config: ChunkFwdConfig | None = None, progress: bool = True,
-               pool: CompilePool | None = None) -> float:
+               pool: CompilePool | None = None, state_dtype=torch.float32) -> float:
     """Compile every ``(stage, config)``'s launches (a backward config's with the training
     forward of ``fwd_config``) for ``gpu``, specialised at ``shape``'s check shape, in
     ``jobs`` compile processes (``pool``'s when given), before the sequential timed search:
@@ -230,7 +233,7 @@ def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: l
     if jobs <= 1 or len(staged) < 2:
         return 0.0
     t0 = time.time()
-    common, gpu_args = _compile_args(family, plan, dtype, spec_args, check_shape(family, shape), gpu)
+    common, gpu_args, kw = _compile_args(family, plan, dtype, spec_args, check_shape(family, shape), gpu, state_dtype)
     fdict = None if fwd_config is None else fwd_config.to_dict()
     own = pool is None
     if own:
@@ -238,7 +241,7 @@ def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: l
     lost = []
     try:
         ex = pool.get()
-        futs = [ex.submit(_compile_one, *common, c.to_dict(), None, *gpu_args, fdict) for _, c in staged]
+        futs = [ex.submit(_compile_one, *common, c.to_dict(), None, *gpu_args, fdict, **kw) for _, c in staged]
         for n, fut in enumerate(as_completed(futs), 1):
             if fut.exception() is not None:  # the worker died (BrokenProcessPool): not a compile error
                 lost.append(fut.exception())

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable, NamedTuple
+
+import torch
 
 from ..cache.gpus import GpuProfile
 from ..cache.heuristics import default_chunk_config, default_config
@@ -32,12 +34,21 @@ def _print(line: str, err: bool = False) -> None:
     print(line, file=sys.stderr if err else sys.stdout, flush=True)
 
 
+class FamilyResult(NamedTuple):
+    winner: Any | None  # the config (None: no candidate passed)
+    time_ms: float | None  # its time: the sum of its stages' times
+    default_ms: float | None  # the heuristic default's, likewise (None: it failed somewhere)
+    error: float | None  # the largest error measured for the stage configs the winner combines
+    results: dict  # stage -> the engine's TuneResult
+
+
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
                 progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
                 fwd_config: ChunkFwdConfig | None = None, isolate: bool = False, device: str = "cuda",
-                worker: IsolatedCandidate | None = None, pool: CompilePool | None = None):
-    """Tune one family at one shape on the current GPU; returns (winner, time_ms, default_ms, results).
+                worker: IsolatedCandidate | None = None, pool: CompilePool | None = None,
+                state_dtype=torch.float32) -> FamilyResult:
+    """Tune one family at one shape on the current GPU, with initial states of ``state_dtype``.
 
     ``jobs`` > 1 compiles the candidates for ``gpu`` in that many processes first (``pool``'s,
     when given).  ``isolate``: build, check and time the candidates in a worker process
@@ -61,8 +72,9 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
             cands = [c.replace(chunk_size=default.chunk_size, sub_chunk=default.sub_chunk) for c in cands]
         cands_by_stage[stage] = cands
     # the templates' hash is in the name: a study measured on other kernels is not resumed
-    names = {stage: (f"{family}-{stage or 'all'}-{plan.spec_hash}-{source_hash(family)}-K{plan.K}-V{plan.V}-"
-                     f"{plan.dtype}-{'x'.join(map(str, shape))}-{gpu.name}-{space.fingerprint()}"
+    names = {stage: (f"{family}-{stage or 'all'}-{plan.tuning_spec_hash}-{source_hash(family)}-K{plan.K}-V{plan.V}-"
+                     f"{plan.dtype}-{as_dtype(state_dtype).name}-{'x'.join(map(str, shape))}-{gpu.name}-"
+                     f"{space.fingerprint()}"
                      f"{'-C' + str(default.chunk_size) if family == 'chunk_bwd' else ''}") for stage in stages}
     journals = {stage: studies_dir() / f"{name}.journal" for stage, name in names.items()}
     # every stage's candidates compiled at once, then one worker measures them all; a resumed
@@ -76,15 +88,16 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
             canon = c.canonical()
             if canon not in done or canon in keep or c is default:
                 todo[(st, canon)] = (st, c)
-    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, gpu, fwd_config, progress, pool)
+    precompile(family, plan, spec_args, dtype, shape, list(todo.values()), jobs, gpu, fwd_config, progress, pool,
+               state_dtype=state_dtype)
     make = (StagedCandidates, family, tuple((st, space.stage_launches.get(st)) for st in stages), plan, spec_args,
             dtype, shape)
     isolated = None
     if worker is not None:
-        worker.remake(*make, device=device, fwd_config=fwd_config)
+        worker.remake(*make, device=device, fwd_config=fwd_config, state_dtype=state_dtype)
         isolated = worker
     elif isolate:
-        isolated = IsolatedCandidate(*make, device=device, fwd_config=fwd_config)
+        isolated = IsolatedCandidate(*make, device=device, fwd_config=fwd_config, state_dtype=state_dtype)
     try:
         for stage in stages:
             name = names[stage]
@@ -92,7 +105,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
                 cand = StageView(isolated, stage, TOLERANCE[as_dtype(dtype).name])
             else:
                 cand = KernelCandidate(family, space.stage_launches.get(stage), plan, spec_args, dtype, shape, device,
-                                       fwd_config)
+                                       fwd_config, state_dtype)
             results[stage] = tune(cands_by_stage[stage], cand, study_name=name, storage_path=journals[stage],
                                   default_config=default, seed=seed, progress=progress, finalists=FINALISTS)
     finally:
@@ -100,7 +113,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
             isolated.close()
     if stages == [None]:
         r = results[None]
-        return r.winner, r.winner_time_ms, r.default_time_ms, results
+        return FamilyResult(r.winner, r.winner_time_ms, r.default_time_ms, r.winner_error, results)
     # combine per chunk size: the fastest intra and the fastest state launch for each C
     best = None
     for C in sorted({c.chunk_size for r in results.values() for c in _ok_configs(r)}):
@@ -118,13 +131,25 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
         for s, (_, c) in zip(stages, parts):
             merged = merged.replace(**{f: getattr(c, f) for f in fields_by_stage[s]})
         if best is None or total < best[0]:
-            best = (total, merged)
+            errors = [_error(results[s], c) for s, (_, c) in zip(stages, parts)]
+            best = (total, merged, None if None in errors else max(errors))
     default_ms = None
     if all(results[s].default_time_ms is not None for s in stages):
         default_ms = sum(results[s].default_time_ms for s in stages)
     if best is None:
-        return None, None, default_ms, results
-    return best[1], best[0], default_ms, results
+        return FamilyResult(None, None, default_ms, None, results)
+    return FamilyResult(best[1], best[0], default_ms, best[2], results)
+
+
+def _error(result, config) -> float | None:
+    """The error measured for ``config`` in a stage's search (a trial's, or the default's)."""
+    canon = config.canonical()
+    for t in result.trials:
+        if t.config.canonical() == canon and t.error is not None:
+            return t.error
+    if result.default_config is not None and result.default_config.canonical() == canon:
+        return result.default_error
+    return None
 
 
 def _ok_times(result):
@@ -145,6 +170,11 @@ def duration(ms: float) -> str:
     return f"{ms * 1e3:.2f} us" if ms < 0.1 else f"{ms:.3f} ms"
 
 
+def error_text(error: float | None) -> str:
+    """A winner's measured relative error against float64, for people."""
+    return "not measured" if error is None else f"{error:.1e}"
+
+
 def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
                   decode_batches: list[int]) -> list[tuple[tuple, dict]]:
     """((B, T, H, HV), call shape) of each shape a family is tuned at for head dim K: the chunk
@@ -156,7 +186,7 @@ def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
 
 def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[int, int]], families: list[str],
                 shapes, decode_batches, pool: CompilePool, space: SearchSpace | None = None, quiet: bool = False,
-                echo: Callable[..., None] = _print) -> tuple[dict, int]:
+                echo: Callable[..., None] = _print, state_dtype="fp32") -> tuple[dict, int]:
     """Compile-check every family at every head dim for ``gpu`` (specialised as the first tuning
     shape will run them, so that on that GPU the tuner loads these binaries).  Returns
     ``({(K, V, family): (plan, spec, surveys)}, the number of stages left without a config)``."""
@@ -168,7 +198,7 @@ def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[i
             first = tuning_shapes(fam, K, shapes, decode_batches)[:1]
             surveys = compile_check(fam, plan, spec, spec_args, gpu, as_dtype(dtype).torch, space=space,
                                     progress=not quiet, jobs=pool.jobs, shape=first[0][0] if first else None,
-                                    pool=pool)
+                                    pool=pool, state_dtype=as_dtype(state_dtype).torch)
             for s in surveys:
                 label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
                 echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
@@ -182,12 +212,14 @@ def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[i
 
 def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, shapes, decode_batches,
                    space: SearchSpace | None = None, seed: int = 0, quiet: bool = False,
-                   pool: CompilePool | None = None, echo: Callable[..., None] = _print) -> TuningCache:
+                   pool: CompilePool | None = None, echo: Callable[..., None] = _print,
+                   state_dtype="fp32") -> TuningCache:
     """Tune every compile-checked family of :func:`compile_all` at its shapes on this GPU (the
-    backward at the forward winner's chunk length) and store the winners.  ``pool``: the
-    compile processes for the compiles ahead of each search (none: nothing is compiled ahead).
-    ``echo(line, err=False)`` prints."""
-    dtype = as_dtype(dtype).torch
+    backward at the forward winner's chunk length), with initial states of ``state_dtype``, and
+    store the winners with their measured errors.  ``pool``: the compile processes for the
+    compiles ahead of each search (none: nothing is compiled ahead).  ``echo(line, err=False)``
+    prints."""
+    dtype, state = as_dtype(dtype).torch, as_dtype(state_dtype)
     cache = TuningCache(gpu.name)
     fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
     # one isolated worker measures every family and shape: its start-up is paid once
@@ -201,20 +233,21 @@ def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, s
                     if fwd is not None:
                         by_stage = {st: [c.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
                                          for c in cs] for st, cs in by_stage.items()}
-                winner, ms, default_ms, _ = tune_family(
+                winner, ms, default_ms, error, _ = tune_family(
                     fam, plan, spec, spec_args, gpu, dtype, shape, space=space, seed=seed, progress=not quiet,
                     candidates_by_stage=by_stage, jobs=pool.jobs if pool else 1,
-                    fwd_config=fwd_winners.get((K, V, shape)), isolate=True, worker=worker, pool=pool)
+                    fwd_config=fwd_winners.get((K, V, shape)), isolate=True, worker=worker, pool=pool,
+                    state_dtype=state.torch)
                 if fam == "chunk_fwd" and winner is not None:
                     fwd_winners[(K, V, shape)] = winner
                 if winner is None:
                     echo(f"  {fam} K={K} V={V} shape {shape}: no candidate passed the correctness gate", err=True)
                     continue
-                cache.store(cache_key(plan, fam, hint, gpu), make_entry(
-                    config=winner.to_dict(), kernel=fam, time_ms=ms, error=0.0, default_time_ms=default_ms))
+                cache.store(cache_key(plan, fam, hint, gpu, state.name), make_entry(
+                    config=winner.to_dict(), kernel=fam, time_ms=ms, error=error, default_time_ms=default_ms))
                 sp = f" (x{default_ms / ms:.2f} vs default {duration(default_ms)})" if default_ms else ""
-                echo(f"  tuned {fam} K={K} V={V} shape {shape}: {duration(ms)}{sp} in {time.time() - t0:.0f}s "
-                     f"-> {winner.short()}")
+                echo(f"  tuned {fam} K={K} V={V} shape {shape}: {duration(ms)}{sp}, error {error_text(error)} in "
+                     f"{time.time() - t0:.0f}s -> {winner.short()}")
                 if default_ms is None:  # what users run untuned failed here: say so
                     echo(f"  warning: {fam} K={K} V={V} shape {shape}: the heuristic default config failed "
                          f"to build, check or time at this shape (see the trials' reasons above); the stored "

@@ -117,6 +117,7 @@ class TuneResult:
     default_config: Any | None
     default_time_ms: float | None
     default_reason: str | None  # why the default has no time, if it has none
+    default_error: float | None  # its measured error (None: not measured)
     n_candidates: int
     n_tried: int  # configs with a result (incl. resumed ones)
     n_failed: int
@@ -525,6 +526,8 @@ def tune(candidates: list[Any], candidate: Any, *, study_name: str,
         if default_config is not None:
             dcanon = _canonical(default_config)
             hit = next((f for f, _, c in contenders if c == dcanon), None)
+            if dcanon in records:
+                default_error = records[dcanon].error
             if hit is not None:
                 hit.is_default = True
             else:
@@ -579,7 +582,7 @@ def tune(candidates: list[Any], candidate: Any, *, study_name: str,
         result = TuneResult(
             winner=winner, winner_time_ms=winner_time, winner_error=winner_error,
             default_config=default_config, default_time_ms=default_time,
-            default_reason=default_reason, n_candidates=n, n_tried=len(records),
+            default_reason=default_reason, default_error=default_error, n_candidates=n, n_tried=len(records),
             n_failed=sum(r.status == "failed" for r in records.values()),
             n_rejected=sum(r.status == "rejected" for r in records.values()),
             n_measured=state["measured"], n_resumed=n_resumed, complete=len(records) >= n,
