@@ -201,7 +201,8 @@ def test_a_shared_pool_compiles_every_shape_in_the_same_workers(tmp_path, monkey
 
     with CP.CompilePool(2) as pool:
         first, second = pids(16), pids(32)
-        assert first and first == second and len(first) <= 2
+        # no new worker starts (one of the two may serve a whole batch alone)
+        assert first and second and second <= first and len(first) <= 2
         monkeypatch.setattr(CP, "_compile_one", _die)
         CP.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d)] * 2, jobs=2, gpu=h200,
                      pool=pool, progress=False)
