@@ -240,7 +240,7 @@ def test_resumed_study_precompiles_only_what_it_will_build(tmp_path, monkeypatch
 
 def test_decode_is_timed_as_the_ops_launch_not_the_eager_op(monkeypatch):
     """The recurrent candidate times the op's one launch (under CUDA-graph replay on a GPU),
-    not the eager op, whose Python work hid the configs' differences (run 10)."""
+    not the eager op, whose Python work would hide the configs' differences."""
     spec = select_spec(False, True, -5.0, False, False)
     plan = F.lower_for(spec, "recurrent", 16, 16, torch.float32)
     cand = CA.KernelCandidate("recurrent", None, plan, dict(safe_gate=True, lower_bound=-5.0), torch.float32,

@@ -95,9 +95,8 @@ def test_header_names_spec_config_and_version():
 def test_a_kernel_is_the_same_source_for_configs_that_differ_only_in_launch_parameters(kernel, same, other):
     """What reaches a kernel only as a launch parameter (tiles, warps, stages, and the other
     launch's fields) must not change its source: each distinct source is a kernel Triton
-    compiles.  (The header once printed the whole config; run 15 compiled every intra
-    candidate again for each shape's default state tile.)  A field the source reads does
-    change it."""
+    compiles, so a header naming the whole config would compile every intra candidate again for
+    each state tile.  A field the source reads does change it."""
     from kdagen.cache.heuristics import default_recurrent_config
 
     p = _plan() if kernel != "recurrent" else lower(select_spec(False, False, None, False, False), 128, 128,

@@ -108,11 +108,10 @@ def _config_line(config: _Config, read: set[str]) -> str:
 def render(kernel: str, plan: Plan, config: _Config) -> GeneratedSource:
     """Render one kernel.
 
-    The text depends only on the config fields the template (or its Python-side variables)
-    reads; tiles, warps and stages reach the kernel as launch parameters.  Two configs that
-    differ only there render the same kernel, under the same name, so Triton compiles it once
-    (the header once printed the whole config, and every combination of the forward's intra
-    and state fields was a separate kernel to compile)."""
+    The text depends only on the config fields the template's Python-side variables read
+    (:func:`_template_vars`); tiles, warps and stages reach the kernel as launch parameters.
+    Two configs that differ only there render the same kernel, under the same name, so Triton
+    compiles it once."""
     try:
         template, cfg_type = TEMPLATES[kernel]
     except KeyError:

@@ -143,8 +143,8 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                   cfg.dqkw_num_warps, cfg.dqkw_num_stages)
     # dq, dk and dbeta in the inputs' dtypes: the kernel rounds its fp32 values on store as
     # .to() would, so the result is bit-identical without a conversion pass (three copy kernels,
-    # 0.28 ms of fwd+bwd at (1, 8192, 96, 128), run 11).  With GVA, dq and dk stay fp32 until the
-    # sum over a q/k head's value heads.
+    # 0.28 ms of fwd+bwd at (1, 8192, 96, 128) on the H200; bench/RESULTS.md, run 11).  With GVA,
+    # dq and dk stay fp32 until the sum over a q/k head's value heads.
     dqk_dtype = q.dtype if HV == H else f32
     dq = torch.empty(B, T, HV, K, dtype=dqk_dtype, device=dev)
     dk = torch.empty_like(dq)
