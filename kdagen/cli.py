@@ -261,7 +261,8 @@ def build(gpu_name, spec_name, head_dim, dtype, state_dtype, lower_bound, famili
     current = None if compile_only else detect_current()
     will_tune = current is not None and current.name == gpu.name
     spec = driver.family_spec("chunk_fwd", spec_args)
-    click.echo(f"kdagen {__version__}: build for {gpu.name} (sm_{gpu.compute_capability[0]}{gpu.compute_capability[1]}, "
+    cc = gpu.compute_capability
+    click.echo(f"kdagen {__version__}: build for {gpu.name} (sm_{cc[0]}{cc[1]}, "
                f"{gpu.sm_count} SMs, {gpu.smem_per_block_bytes // 1024} KiB smem/block); spec {spec.name} "
                f"hash {spec.hash}; {'compile-check and tune' if will_tune else 'compile-check only'}")
     if not will_tune and not compile_only:

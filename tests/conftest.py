@@ -188,6 +188,15 @@ def no_launch(monkeypatch):
     return calls
 
 
+def params(cases, ids, slow):
+    """``pytest.param`` per case; the cases named in ``slow`` (the interpreter runs them for well
+    over half a second) are marked ``slow``, so ``pytest -m "not slow"`` keeps a quick subset of
+    each family of cases and the full suite runs them all."""
+    unknown = set(slow) - set(ids)
+    assert not unknown, f"no such cases: {sorted(unknown)}"
+    return [pytest.param(c, id=i, marks=pytest.mark.slow if i in slow else ()) for c, i in zip(cases, ids)]
+
+
 def cdiv(a, b):
     return -(-a // b)
 

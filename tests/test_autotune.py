@@ -78,6 +78,7 @@ import pytest  # noqa: E402
 from kdagen.config import ChunkBwdConfig, RecurrentConfig  # noqa: E402
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,launch,shape", [("chunk_fwd", "chunk_state", (2, 40, 2, 4)),
                                                  ("chunk_bwd", "chunk_bwd_dqkw", (1, 40, 1, 2)),
                                                  ("chunk_bwd", "chunk_bwd_intra", (2, 40, 2, 4)),
@@ -135,6 +136,7 @@ def test_default_for_backward_takes_the_forward_chunk_lengths():
     assert isinstance(default_config("recurrent", plan), RecurrentConfig)
 
 
+@pytest.mark.slow
 def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
     """tune_family as `kdagen build` runs it (every stage measured in one worker process),
     on the interpreter: the backward's three stages are built, checked against float64 and
@@ -164,6 +166,7 @@ def _die(*args, **kw):
     os._exit(5)
 
 
+@pytest.mark.slow
 def test_precompile_survives_a_dying_worker(monkeypatch, capsys):
     """A precompile worker that dies (not a Python error: the process ends) stops the
     precompile pool, not the tuning run."""
@@ -183,6 +186,7 @@ def _record_pid(*args, **kw):
     (Path(os.environ["KDAGEN_TEST_PIDS"]) / f"{os.getpid()}-{args[6]['chunk_size']}").touch()
 
 
+@pytest.mark.slow
 def test_a_shared_pool_compiles_every_shape_in_the_same_workers(tmp_path, monkeypatch):
     """`kdagen build` passes one CompilePool to its compile-check and every shape's precompile:
     the same worker processes serve them all (their start-up is paid once); when a worker dies

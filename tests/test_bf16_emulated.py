@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
+
 SCRIPT = Path(__file__).with_name("bf16_interpreter.py")
 CASES = {
     "safe": "1,128,2,2,64,64",  # bounded gate: factorised (tensor-core) diagonal tiles, C = 32, 4 chunks

@@ -47,6 +47,7 @@ def test_changing_any_single_field_changes_the_key_string():
     assert base.key_string().startswith("chunk_fwd-K128-V128-bfloat16-float32-t4096_s4-")
 
 
+@pytest.mark.slow
 def test_same_fields_same_key_in_a_fresh_process():
     code = ("import json,sys; from kdagen.cache.keys import CacheKey; "
             "d=json.loads(sys.argv[1]); print(CacheKey(**d).key_string())")

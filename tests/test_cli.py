@@ -72,6 +72,7 @@ def test_build_auto_without_gpu_is_a_usage_error(runner, monkeypatch):
     assert r.exit_code == 2 and "no CUDA GPU" in r.output
 
 
+@pytest.mark.slow
 def test_build_h800_compile_only_end_to_end(runner, tmp_path):
     space = tmp_path / "tiny.json"
     space.write_text(json.dumps({
@@ -88,6 +89,7 @@ def test_build_h800_compile_only_end_to_end(runner, tmp_path):
     assert "chunk_fwd/state K=64 V=64: 2/2 candidate configs compiled for h800" in r.stdout
 
 
+@pytest.mark.slow
 def test_build_backward_compile_only(runner, tmp_path):
     """The backward family: each of its three launches surveyed for the GPU's architecture;
     a V tile larger than V is cut by the space's constraint before compiling."""
@@ -106,6 +108,7 @@ def test_build_backward_compile_only(runner, tmp_path):
         assert f"chunk_bwd/{stage} K=64 V=64: 1/1 candidate configs compiled for h100" in r.stdout
 
 
+@pytest.mark.slow
 def test_build_recurrent_compile_only(runner, tmp_path):
     space = tmp_path / "rec.json"
     space.write_text(json.dumps({"kernel": "recurrent", "params": {"block_v": [16, 32, 64], "num_warps": [4]}}))
@@ -116,6 +119,7 @@ def test_build_recurrent_compile_only(runner, tmp_path):
     assert "[recurrent 3/3] 3 ok, 0 dropped" in r.stderr
 
 
+@pytest.mark.slow
 def test_compile_check_drops_configs_over_shared_memory(tmp_path):
     code = """
 import torch
@@ -152,6 +156,7 @@ def test_inspect_prints_generated_source(runner):
     assert r.exit_code == 2 and "outside the supported range" in r.output
 
 
+@pytest.mark.slow
 def test_inspect_backward_kernels(runner):
     """The backward's three kernels, with the in-kernel gate's sympy derivative printed in."""
     r = runner.invoke(main, ["inspect", "--form", "chunk_bwd", "--head-dim", "64", "--gate-in-kernel", "lower_bound"])
@@ -287,6 +292,7 @@ def _tuned(config) -> bool:
     return getattr(config, field) == value
 
 
+@pytest.mark.slow
 def test_the_ops_look_up_what_build_stores(runner, build_on_h200):
     """`kdagen build` on the matching GPU stores winners under the keys the ops look up:
     chunk_kda with the bound the build assumed, its backward, and fused_recurrent_kda -- whose
@@ -313,6 +319,7 @@ def test_the_ops_look_up_what_build_stores(runner, build_on_h200):
     assert all(_tuned(c) for c in used), used
 
 
+@pytest.mark.slow
 def test_in_kernel_gate_calls_use_the_winners_build_stores(build_on_h200):
     """use_gate_in_kernel=True: the kernels differ from the direct gate's only by the gate's
     prologue, so the call runs the winners `kdagen build` tuned for the direct gate with the same

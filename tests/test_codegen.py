@@ -59,6 +59,7 @@ def test_render_is_deterministic_and_named_by_content():
     assert render("chunk_intra", p2, c).name != a.name
 
 
+@pytest.mark.slow
 def test_render_is_identical_in_a_fresh_process():
     code = ("from kdagen.codegen.lower import lower; from kdagen.ops.inputs import select_spec; "
             "from kdagen.codegen.render import render; from kdagen.cache.heuristics import default_chunk_config; "

@@ -35,6 +35,9 @@ import kdagen.ops.chunk as OC
 import kdagen.ops.recurrent as OR
 from kdagen.kernels import compile_for_target, jit_source
 
+import pytest
+pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
+
 target = GPUTarget("cuda", 90, 32)
 sa = {"safe_gate": True, "lower_bound": -5.0}
 out = {"jit": [], "build": {}}

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
+
 SMEM_LIMIT = 232448  # H100/H200: largest dynamic shared memory per block (227 KiB)
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -4,6 +4,9 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -9,6 +9,8 @@ import pytest
 from kdagen.tuning.isolation import CandidateError, IsolatedCandidate, is_fatal
 from kdagen.tuning.engine import tune
 
+pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
+
 FAULT = "CUDA error: an illegal memory access was encountered"
 
 

@@ -7,6 +7,9 @@ from conftest import make_inputs
 import kdagen
 from kdagen.spec.reference import naive_recurrent_kda
 
+import pytest
+pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
+
 
 def _rel(a, b):
     return ((a.double() - b).norm() / b.norm()).item()

@@ -23,7 +23,7 @@ from typing import Optional
 import pytest
 import torch
 
-from conftest import F64, assert_close, make_inputs, poison
+from conftest import F64, assert_close, make_inputs, params, poison
 
 import kdagen
 from kdagen.config import ChunkBwdConfig, ChunkFwdConfig
@@ -149,7 +149,17 @@ def _config(case: Case):
     return None if case.C is None else ChunkFwdConfig(chunk_size=case.C, sub_chunk=case.BC)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+# the cases the interpreter takes well over half a second for (the quick subset leaves them out)
+SLOW = {
+    'C64-BC32-safe-lb2', 'C64-free-K40V24-tiles16', 'K24V40-dqkw-tiles16-state-fp32', 'K24V40-safe-gva1x2',
+    'K48V80-free-gva2x4-B2-stored', 'T1-B2-free', 'T130-K64V64-safe-B2-gva2x4', 'beta-near-1-free',
+    'fp16-T130-free-K96V16', 'fp16-free-varlen-gva', 'fp16-gik-lowerbound-C64', 'fp16-gik-softplus',
+    'fp16-safe-g-at-lb', 'fp16-states-in-fp16', 'free-strong-gates', 'gik-lowerbound-gva', 'gik-softplus-varlen',
+    'varlen-len1-free-gva-noh0', 'varlen-len1-safe'
+}
+
+
+@pytest.mark.parametrize("case", params(CASES, [c.id for c in CASES], SLOW))
 def test_chunk_kda_gradients_match_reference(case: Case):
     leaves, kw, cu = _inputs(case)
     x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
@@ -174,6 +184,7 @@ def test_chunk_kda_gradients_match_reference(case: Case):
         assert_close(leaf.grad, ref[name], tol, f"d{name}")
 
 
+@pytest.mark.slow
 def test_gradients_only_for_inputs_that_require_them():
     """Only v (and then only the initial state) asks for a gradient; upstream only on the
     final state (o unused: autograd hands the backward a zero dO)."""
@@ -193,6 +204,7 @@ def test_gradients_only_for_inputs_that_require_them():
                 assert t.grad is None
 
 
+@pytest.mark.slow
 def test_host_preprocessing_is_differentiated():
     """use_qk_l2norm_in_kernel / use_beta_sigmoid_in_kernel (with allow_neg_eigval) and an
     explicit scale: torch ops before the Function, so autograd goes through them."""
@@ -220,6 +232,7 @@ def test_host_preprocessing_is_differentiated():
 # ------------------------------------------------------------------ every element written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gate", ["safe", "gik_lb"])
 def test_backward_writes_every_element(gate):
     """Every buffer the backward launches write -- gradients, the per-chunk state gradients
@@ -410,6 +423,7 @@ def compiled_bwd():
     return json.loads(proc.stdout[marker + len("@@RESULTS@@"):])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
 def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
     cid, dtype, K, V, gate, cfg = case

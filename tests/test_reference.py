@@ -422,6 +422,7 @@ def test_gradcheck_recurrent_kda():
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("C", [2, 64])
 def test_gradcheck_chunk_kda(C):
     inputs = _grad_inputs(14)

@@ -109,6 +109,7 @@ def test_chunkwise_equals_recurrence_symbolically(KV, delta):
         assert sp.simplify(dexpr) == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mistake", [dict(strict_kk=False), dict(inclusive_G=False)], ids=["A_kk_with_diagonal", "exclusive_cumsum"]
 )

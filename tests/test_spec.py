@@ -76,6 +76,7 @@ def test_safe_sub_chunk_from_the_gate_bound():
     assert d.length is None and "no decay" in d.reason
 
 
+@pytest.mark.slow
 def test_hash_is_stable_across_processes_and_changes_with_the_spec():
     code = "from kdagen import spec as S; print(S.kda(S.gate_lower_bound(-5.0)).hash)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

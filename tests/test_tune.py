@@ -239,6 +239,7 @@ def test_tolerance_required():
              progress=False)
 
 
+@pytest.mark.slow
 def test_tpe_covers_the_whole_list_without_remeasuring(tmp_path):
     # TPE re-proposes measured configs; the engine replays their result and steers the
     # next trial to an untried config, so the full list is covered with one measurement each.

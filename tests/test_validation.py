@@ -186,6 +186,7 @@ def test_valid_base_inputs_are_accepted(op):
 # ------------------------------------------------------------------------- no backward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["q", "k", "v", "g", "beta", "initial_state", "A_log"])
 def test_chunk_kda_gradient_reaches_whichever_input_asks(which):
     """Whichever input asks for a gradient gets one (finite, and not all zero): none is lost."""

@@ -162,15 +162,19 @@ def source_hash(family: str) -> str:
     h = hashlib.sha256()
     for path in sources.render_inputs(family):
         # templates by name: the same key from a source checkout and from an installed package
-        label = f"templates/{path.name}" if path.name.endswith(".j2") else path.relative_to(sources.PACKAGE_DIR).as_posix()
+        if path.name.endswith(".j2"):
+            label = f"templates/{path.name}"
+        else:
+            label = path.relative_to(sources.PACKAGE_DIR).as_posix()
         h.update(label.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
 def cache_key(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32") -> CacheKey:
     """The key of a winner of ``kernel`` (a family) for ``plan`` at a call ``shape`` ({"T", "B",
-    "N"}) on ``gpu``, whose state (initial state, decode pool) is ``state_dtype``.  Its spec is the plan's tuning spec (:func:`kdagen.codegen.lower.tuning_spec`):
-    an in-kernel gate's call finds the winners tuned for the direct gate with its bound."""
+    "N"}) on ``gpu``, whose state (initial state, decode pool) is ``state_dtype``.  Its spec is
+    the plan's tuning spec (:func:`kdagen.codegen.lower.tuning_spec`): an in-kernel gate's call
+    finds the winners tuned for the direct gate with its bound."""
     bucket = shape_bucket(kernel, int(shape["T"]), int(shape["B"]), int(shape["N"]))
     return CacheKey.create(kernel=kernel, spec_hash=plan.tuning_spec_hash, source_hash=source_hash(kernel),
                            K=plan.K, V=plan.V, dtype=plan.dtype, state_dtype=state_dtype,

@@ -117,7 +117,8 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
     diag_mode = "factorised" if bound.length is not None and bound.length >= 16 else "elementwise"
     stages = ("intra", "state") if form == "chunk" else ("recurrent",)
     return Plan(
-        spec_name=spec.name, spec_hash=spec.hash, tuning_spec_hash=tuning_spec(spec, form).hash, form=form, structure=st.kind, decay=spec.decay,
+        spec_name=spec.name, spec_hash=spec.hash, tuning_spec_hash=tuning_spec(spec, form).hash, form=form,
+        structure=st.kind, decay=spec.decay,
         K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V), dtype=dtype,
         gate_in_kernel=gate_in_kernel, gate_name=gate.name, gate_expr=gate_expr,
         gate_has_A=has_A, gate_has_bias=has_bias, gate_dz=d_z, gate_dA=d_A, gate_dbias=d_bias,

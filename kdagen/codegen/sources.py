@@ -68,11 +68,10 @@ def render_inputs(family: str, root: Path | None = None, templates: Path | None 
     names = {TEMPLATES[k][0] for k in FAMILY_KERNELS[family]}
     files = sorted(p for p in templates.glob("*.py.j2") if p.name in names or p.name.startswith("_"))
     known = module_files(root)
-    graph = {m: imports_of(m, p, known) for m, p in known.items()}
     seen, todo = set(), list(RENDERING)
-    while todo:
+    while todo:  # only the modules on the path are read
         m = todo.pop()
         if m not in seen:
             seen.add(m)
-            todo.extend(graph[m])
+            todo.extend(imports_of(m, known[m], known))
     return files + sorted(known[m] for m in seen)

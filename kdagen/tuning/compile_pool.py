@@ -31,6 +31,8 @@ from .space import SearchSpace, load_space
 
 @dataclass
 class CompileSurvey:
+    """What the compile-check of one stage (or a whole family) of candidates found."""
+
     family: str
     stage: str | None
     total: int = 0
@@ -71,15 +73,6 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
                                   initial_state=x["initial_state"], output_final_state=True,
                                   cu_seqlens=None, state_indices=None, dims=dims, plan=plan, built=built)
     return [launch]
-
-
-@dataclass
-class CompileSurvey:
-    family: str
-    stage: str | None
-    total: int = 0
-    survivors: list = field(default_factory=list)
-    failures: list = field(default_factory=list)  # (config, reason)
 
 
 @functools.lru_cache(maxsize=64)
