@@ -3,7 +3,7 @@ import types
 import pytest
 
 from kdagen.cache import gpus
-from kdagen.cache.gpus import PROFILES, GpuProfile, detect_current, get_profile, triton_target
+from kdagen.cache.gpus import PROFILES, detect_current, get_profile, triton_target
 
 NAMED_IN_DOCS = ("h800", "h200", "h100", "h20")  # README's and the design card's commands and figures
 

@@ -207,3 +207,25 @@ def test_chunk_kda_no_grad_is_fine():
     with torch.no_grad():
         o, _ = kdagen.chunk_kda(**a)
     assert not o.requires_grad
+
+
+def test_a_training_call_validates_selects_and_lowers_once(monkeypatch):
+    """The grad path validates the inputs, selects the spec and lowers the plan once (forward
+    and backward together), as the inference path does."""
+    from kdagen.ops import chunk as op
+
+    counts = {}
+    for name in ("check_inputs", "select_spec", "lower"):
+        real = getattr(op, name)
+
+        def counted(*a, _real=real, _name=name, **k):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _real(*a, **k)
+
+        monkeypatch.setattr(op, name, counted)
+    x = make_inputs(1, 20, 1, 1, 16, 16)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta).items()}
+    o, _ = kdagen.chunk_kda(**leaves, use_qk_l2norm_in_kernel=True, safe_gate=True, lower_bound=-5.0)
+    o.sum().backward()
+    assert counts == {"check_inputs": 1, "select_spec": 1, "lower": 1}
+    assert all(t.grad is not None for t in leaves.values())

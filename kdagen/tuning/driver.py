@@ -21,7 +21,7 @@ from ..config import ChunkFwdConfig
 from ..dtypes import dtype as as_dtype
 from ..spec import Recurrence
 from .candidates import KernelCandidate, StagedCandidates, StageView
-from .compile_pool import CompilePool, CompileSurvey, compile_check, precompile
+from .compile_pool import CompilePool, compile_check, precompile
 from .engine import recorded_results, tune
 from .families import TOLERANCE, elem_bytes, family_spec, lower_for, space_context, stage_candidates
 from .isolation import IsolatedCandidate
