@@ -30,23 +30,18 @@ import triton
 from ..codegen.lower import Plan
 from ..config import ChunkBwdConfig
 from ..kernels import Launch, build, dummy_pointer
+from .inputs import Dims
 
 INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
 KEPT_INTERMEDIATES = ("qg", "kg", "w", "aqk", "gn")  # what the backward reads (V' replaces U)
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 
 
-@dataclass
-class BwdMeta:
-    """What the backward needs besides tensors (kept on the autograd ctx)."""
+@dataclass(frozen=True)
+class BwdMeta(Dims):
+    """What the backward needs besides tensors (kept on the autograd ctx): the call's dimensions
+    and these."""
 
-    B: int
-    T: int
-    H: int
-    HV: int
-    K: int
-    V: int
-    N: int
     NT: int  # chunks per sequence (fixed-length batches)
     NT_total: int
     C: int
