@@ -42,10 +42,14 @@ def _float(name, x):
 
 
 def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_indices=None,
-                 A_log=None, dt_bias=None, gate_in_kernel=False) -> tuple[Dims, list[int] | None]:
-    """Validate the arguments of chunk_kda / fused_recurrent_kda.
+                 A_log=None, dt_bias=None, gate_in_kernel=False, cu_seqlens_cpu=None,
+                 sync_seqlens: bool = True) -> tuple[Dims, list[int] | None]:
+    """Validate the arguments of chunk_kda / fused_recurrent_kda from their shapes, dtypes and
+    devices (no values are read from the device, except as ``sync_seqlens`` says).
 
-    Returns the dimensions and, with cu_seqlens, its values on the host."""
+    Returns the dimensions and, with cu_seqlens, its values on the host as
+    :func:`host_seqlens` gives them (None when they would need a device read and
+    ``sync_seqlens`` is False: the decode path, which never synchronises)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _tensor(name, x)
         _float(name, x)
@@ -90,14 +94,8 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
             raise ValueError("cu_seqlens must have at least 2 entries ([0, ..., T])")
         if cu_seqlens.device != dev and cu_seqlens.device.type != "cpu":
             raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but the inputs are on {dev}")
-        seqlens = cu_seqlens.tolist()
-        if seqlens[0] != 0:
-            raise ValueError(f"cu_seqlens must start at 0, got {seqlens[0]}")
-        if any(b < a for a, b in zip(seqlens, seqlens[1:])):
-            raise ValueError(f"cu_seqlens must be non-decreasing, got {seqlens}")
-        if seqlens[-1] != T:
-            raise ValueError(f"cu_seqlens must end at T={T} (the packed length), got {seqlens[-1]}")
-        N = len(seqlens) - 1
+        seqlens = host_seqlens(cu_seqlens, T, cu_seqlens_cpu, sync=sync_seqlens)
+        N = cu_seqlens.numel() - 1
     else:
         N = B
 
@@ -138,6 +136,37 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     elif A_log is not None or dt_bias is not None:
         raise ValueError("A_log/dt_bias are only used with use_gate_in_kernel=True")
     return Dims(B, T, H, HV, K, V, N), seqlens
+
+
+def host_seqlens(cu_seqlens: torch.Tensor, T: int, cu_seqlens_cpu=None, *, sync: bool = True) -> list[int] | None:
+    """cu_seqlens's values on the host, checked (starts at 0, non-decreasing, ends at T).
+
+    Read from ``cu_seqlens_cpu`` when the caller gives it (FLA's keyword: the same offsets on
+    the host, so nothing is read from the device; that they equal cu_seqlens is the caller's
+    promise), else from cu_seqlens itself when it lives on the host (free).  A device
+    cu_seqlens is read only with ``sync=True``: one device-to-host copy, which waits for the
+    device and cannot be captured in a CUDA graph; with ``sync=False`` it gives None."""
+    if cu_seqlens_cpu is not None:
+        if isinstance(cu_seqlens_cpu, torch.Tensor):
+            if cu_seqlens_cpu.device.type != "cpu":
+                raise ValueError(f"cu_seqlens_cpu must be on the host (the CPU), got {cu_seqlens_cpu.device}")
+            seqlens = cu_seqlens_cpu.tolist()
+        else:
+            seqlens = [int(x) for x in cu_seqlens_cpu]
+        if len(seqlens) != cu_seqlens.numel():
+            raise ValueError(f"cu_seqlens_cpu has {len(seqlens)} entries but cu_seqlens has {cu_seqlens.numel()}")
+    elif cu_seqlens.device.type == "cpu" or sync:
+        seqlens = cu_seqlens.tolist()
+    else:
+        return None
+    name = "cu_seqlens_cpu" if cu_seqlens_cpu is not None else "cu_seqlens"
+    if seqlens[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {seqlens[0]}")
+    if any(b < a for a, b in zip(seqlens, seqlens[1:])):
+        raise ValueError(f"{name} must be non-decreasing, got {seqlens}")
+    if seqlens[-1] != T:
+        raise ValueError(f"{name} must end at T={T} (the packed length), got {seqlens[-1]}")
+    return seqlens
 
 
 def check_runnable(q: torch.Tensor) -> None:

@@ -3,6 +3,8 @@ sequences, value heads and V tiles; float32 state in registers; optional in-plac
 of a state pool addressed by per-sequence slots."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 
@@ -11,7 +13,9 @@ from ..codegen.lower import lower
 from ..config import RecurrentConfig
 from ..dtypes import dtype
 from ..kernels import Launch, build, dummy_pointer, launch
-from .inputs import check_inputs, check_kwargs, check_runnable, preprocess, select_spec
+from . import checks
+from .inputs import Dims, check_kwargs, check_runnable, host_seqlens, preprocess, select_spec
+from .inputs import check_inputs as _validate
 
 
 def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_state, state_indices, out,
@@ -34,9 +38,18 @@ def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_st
     args.update(o=o, h0=initial_state if initial_state is not None else dummy,
                 ht=ht if ht is not None else dummy,
                 state_indices=state_indices if state_indices is not None else dummy,
-                cu_seqlens=cu_seqlens.to(dev) if cu_seqlens is not None else dummy,
+                cu_seqlens=dummy if cu_seqlens is None else _on_device(cu_seqlens, dev),
                 T=dims.T, P=initial_state.shape[0] if initial_state is not None else dims.N, scale=float(scale))
     return o, ht, args
+
+
+def _on_device(cu_seqlens, dev):
+    if cu_seqlens.device == dev:
+        return cu_seqlens
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ValueError("cu_seqlens is on the host: a CUDA graph cannot capture its copy to the device; "
+                         "put cu_seqlens on the device to capture fused_recurrent_kda")
+    return cu_seqlens.to(dev)
 
 
 def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
@@ -76,43 +89,82 @@ def fused_recurrent_kda(
     ssm_state_indices: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: RecurrentConfig | None = None,
+    check_inputs: bool | None = None,
     **kwargs,
 ):
     """Recurrent KDA (decode) with flash-linear-attention's signature and layout.
 
     Same tensors as :func:`kdagen.chunk_kda`.  With ``ssm_state_indices`` ([N] int),
     ``initial_state`` is a state pool [P, HV, K, V] (float32, or bf16/fp16 to halve the
-    traffic): sequence n reads slot ``ssm_state_indices[n]`` and its final state is
-    written back to that slot in place (a negative slot is padding: skipped, o = 0; a slot
-    >= P is treated the same way, so a bad index never writes outside the pool -- slots are
-    not read back to the host, which would cost a synchronisation per token);
-    the pool is returned as the final state.  Otherwise the final state is a new float32
-    [N, HV, K, V] tensor when ``output_final_state``.
+    traffic; the math is float32 either way): sequence n reads slot ``ssm_state_indices[n]``
+    and its final state is written back to that slot in place (a negative slot is padding:
+    skipped, o = 0; a slot >= P is treated the same way, so a bad index never writes outside
+    the pool); the pool is returned as the final state.  Otherwise the final state is a new
+    float32 [N, HV, K, V] tensor when ``output_final_state``.
+
+    Serving: nothing here reads a value from the device.  The sequences' count is
+    ``cu_seqlens.numel() - 1`` and every check is on shapes, dtypes and devices, so a call
+    never waits for the GPU and the packed form (``cu_seqlens`` on the device, with a pool)
+    can be captured in a CUDA graph.  (A cu_seqlens on the host is checked on the host, and
+    copied to the device, which a CUDA graph cannot capture.)  A decode loop's repeated
+    calls of one geometry are validated and planned once: later calls only lay out the
+    arguments and launch; with ``out=`` and a pool they allocate nothing.  In-kernel, offsets
+    are clamped to [0, T] and slots to the pool, so unchecked values never address memory
+    outside the tensors.
+
+    Gates: the recurrent form applies ``exp(g)`` element-wise per token, so it needs no
+    bound on g.  Every g <= 0 gives the recurrence's answer, including g far below
+    ``lower_bound`` and g = -inf (a full reset of that channel); ``lower_bound`` here only
+    shapes the in-kernel gate (``use_gate_in_kernel``).  g > 0 grows the state, as the
+    recurrence says.  NaN anywhere in a sequence's inputs gives NaN in its output and its
+    final state -- with a pool, in its slot, in place: that is the recurrence's answer for
+    NaN, and the opt-in value check is how to catch it.
+
+    ``check_inputs=True`` (or ``KDAGEN_CHECK_INPUTS=1``) reads the values before the launch
+    and raises a ValueError naming the argument and its first bad index for NaN/inf inputs,
+    g > 0, bad cu_seqlens offsets, and duplicate or out-of-pool slots
+    (:mod:`kdagen.ops.checks`).  It synchronises with the device, so it is off by default.
     """
     check_kwargs("fused_recurrent_kda", kwargs)
-    simple = (cu_seqlens is None and config is None and not kwargs and not use_qk_l2norm_in_kernel
-              and not use_beta_sigmoid_in_kernel and not use_gate_in_kernel and not allow_neg_eigval
-              and A_log is None and dt_bias is None
-              and all(isinstance(x, torch.Tensor) for x in (q, k, v, g, beta))
-              and all(x is None or isinstance(x, torch.Tensor) for x in (initial_state, ssm_state_indices, out)))
-    if simple:
-        sig = _signature(q, k, v, g, beta, scale, initial_state, output_final_state, ssm_state_indices,
-                         out, lower_bound)
-        hit = _FAST.get(sig)
-        if hit is not None:
-            return _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, ssm_state_indices, out)
-    launch, (o, ht), (scale, dims) = fused_recurrent_kda_launch(
-        q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-        allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-        ssm_state_indices=ssm_state_indices, out=out, config=config)
-    launch()
-    # the fast path passes the caller's tensors as they are, so only contiguous ones qualify
-    if simple and all(x.is_contiguous() for x in (q, k, v, g, beta)):
-        _FAST[sig] = (launch.fn, launch.grid, launch.constexprs, launch.num_warps, launch.num_stages,
-                      float(scale), dims)
-    return o, ht  # the launch description already leaves out a final state nobody asked for
+    sig = _signature(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
+                     use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                     lower_bound, cu_seqlens, ssm_state_indices, out, config)
+    hit = _FAST.get(sig) if sig is not None else None
+    if hit is None:
+        desc, (o, ht), (scale, dims) = fused_recurrent_kda_launch(
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
+            ssm_state_indices=ssm_state_indices, out=out, config=config)
+        if checks.wanted(check_inputs):
+            _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
+                          use_gate_in_kernel)
+        desc()
+        # the fast path passes the caller's tensors as they are, so only contiguous ones qualify
+        if sig is not None and all(x.is_contiguous() for x in (q, k, v, g, beta)):
+            _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages,
+                                float(scale), dims, "A_log" in desc.args, "dt_bias" in desc.args)
+        return o, ht  # the launch description already leaves out a final state nobody asked for
+    if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
+        host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
+    if checks.wanted(check_inputs):
+        _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
+                      use_gate_in_kernel)
+    if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel:
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    o, ht, args = _outputs_and_args(
+        q, k, v, g, beta, scale=hit.scale, initial_state=initial_state, output_final_state=output_final_state,
+        state_indices=ssm_state_indices, out=out, dims=hit.dims, cu_seqlens=cu_seqlens,
+        A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None)
+    launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages)
+    return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
+
+
+def _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, gate_in_kernel):
+    checks.check_values("fused_recurrent_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                        cu_seqlens=cu_seqlens, state_indices=state_indices, raw_gate=gate_in_kernel,
+                        A_log=A_log, dt_bias=dt_bias)
 
 
 def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -124,9 +176,9 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     (nothing runs): ``(launch, (o, final_state), (scale, dims))``.  Calling ``launch()``
     again rewrites the same outputs; the tuner times it this way, without the op's Python
     work, and under CUDA-graph replay as a decode loop runs it."""
-    dims, _ = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                           state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
-                           gate_in_kernel=use_gate_in_kernel)
+    dims, _ = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                        state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
+                        gate_in_kernel=use_gate_in_kernel, sync_seqlens=False)
     check_runnable(q)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
                                        for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
@@ -152,25 +204,37 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
 # --- the per-token fast path -------------------------------------------------------------
 # A decode loop calls this op once per token with the same geometry.  The first call of a
 # geometry is validated, planned and built in full; its launch description is kept under a
-# signature of everything validation looked at (shapes, dtypes, devices, contiguity, flags),
-# so later calls with the same signature only allocate outputs and launch.  Any difference
-# in the signature -- including a bad shape -- takes the full, validating path.
+# signature of everything validation looked at (shapes, dtypes, devices, contiguity,
+# requires_grad, flags, scale, config), so later calls with the same signature only lay out
+# the arguments and launch.  Any difference in the signature -- including a bad shape --
+# takes the full, validating path.  No value takes part: reading one would synchronise.
 _FAST: dict = {}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: object
+    grid: tuple
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    scale: float
+    dims: Dims
+    with_A: bool  # the kernel takes A_log / dt_bias (the plan's in-kernel gate reads them)
+    with_bias: bool
 
 
 def _t(x):
     return None if x is None else (tuple(x.shape), x.dtype, x.device, x.is_contiguous(), x.requires_grad)
 
 
-def _signature(q, k, v, g, beta, scale, initial_state, output_final_state, state_indices, out, lower_bound):
-    return (_t(q), _t(k), _t(v), _t(g), _t(beta), _t(initial_state), _t(state_indices), _t(out),
-            scale, bool(output_final_state), lower_bound, torch.is_grad_enabled())
-
-
-def _fast_call(hit, q, k, v, g, beta, initial_state, output_final_state, state_indices, out):
-    fn, grid, constexprs, num_warps, num_stages, scale, dims = hit
-    o, ht, args = _outputs_and_args(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                    output_final_state=output_final_state, state_indices=state_indices,
-                                    out=out, dims=dims)
-    launch(fn, grid, args, constexprs, num_warps, num_stages)
-    return o, (ht if (output_final_state or state_indices is not None) else None)
+def _signature(*args):
+    """The fast path's key of a call: tensors by geometry, everything else by value; None
+    when some argument is unhashable (the full path then says what is wrong with it)."""
+    key = tuple(_t(a) if a is None or isinstance(a, torch.Tensor) else a for a in args)
+    key += (torch.is_grad_enabled(),)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
