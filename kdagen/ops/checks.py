@@ -1,5 +1,5 @@
-"""The opt-in value check of the ops' inputs: ``KDAGEN_CHECK_INPUTS=1`` in the environment, or
-``check_inputs=True`` on a call.
+"""The opt-in value check of the ops' inputs: ``KDAGEN_CHECK_INPUTS=1`` in the environment (read
+when kdagen is imported), or ``check_inputs=True`` on a call (``False`` turns it off for a call).
 
 The ops' own validation (:mod:`kdagen.ops.inputs`) looks at shapes, dtypes and devices only:
 reading values would wait for the device on every call (and cannot happen inside a CUDA
@@ -29,12 +29,17 @@ import torch
 ENV = "KDAGEN_CHECK_INPUTS"
 
 
-def wanted(flag: bool | None) -> bool:
-    """The call's ``check_inputs`` keyword, or else ``$KDAGEN_CHECK_INPUTS`` (anything but
-    empty or "0" turns it on)."""
-    if flag is not None:
-        return bool(flag)
+def from_env() -> bool:
+    """``$KDAGEN_CHECK_INPUTS``: anything but empty or "0" turns the check on."""
     return os.environ.get(ENV, "") not in ("", "0")
+
+
+DEFAULT = from_env()  # read once, when kdagen is imported (a decode step should not parse the environment)
+
+
+def wanted(flag: bool | None) -> bool:
+    """The call's ``check_inputs`` keyword, or else the environment's default."""
+    return DEFAULT if flag is None else bool(flag)
 
 
 def promised_bound(safe_gate: bool, lower_bound: float | None, gate_in_kernel: bool) -> float | None:

@@ -126,10 +126,14 @@ def fused_recurrent_kda(
     (:mod:`kdagen.ops.checks`).  It synchronises with the device, so it is off by default.
     """
     check_kwargs("fused_recurrent_kda", kwargs)
-    sig = _signature(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state,
-                     use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                     lower_bound, cu_seqlens, ssm_state_indices, out, config)
-    hit = _FAST.get(sig) if sig is not None else None
+    flags = (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+             allow_neg_eigval, lower_bound, config)
+    try:
+        sig = _signature(q, k, v, g, beta, initial_state, ssm_state_indices, out, cu_seqlens, A_log, dt_bias, flags)
+        hit = _FAST.get(sig)
+    except (AttributeError, TypeError):  # not a tensor, or unhashable: the full path says what is wrong
+        hit = sig = None
+    check = checks.wanted(check_inputs)
     if hit is None:
         desc, (o, ht), (scale, dims) = fused_recurrent_kda_launch(
             q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
@@ -137,18 +141,18 @@ def fused_recurrent_kda(
             use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
             allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
             ssm_state_indices=ssm_state_indices, out=out, config=config)
-        if checks.wanted(check_inputs):
+        if check:
             _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
                           use_gate_in_kernel)
         desc()
         # the fast path passes the caller's tensors as they are, so only contiguous ones qualify
         if sig is not None and all(x.is_contiguous() for x in (q, k, v, g, beta)):
-            _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages,
-                                float(scale), dims, "A_log" in desc.args, "dt_bias" in desc.args)
+            _FAST[sig] = _Entry(desc, float(scale), dims, "A_log" in desc.args, "dt_bias" in desc.args,
+                                _Direct.of(desc))
         return o, ht  # the launch description already leaves out a final state nobody asked for
     if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
         host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
-    if checks.wanted(check_inputs):
+    if check:
         _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
                       use_gate_in_kernel)
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel:
@@ -157,7 +161,9 @@ def fused_recurrent_kda(
         q, k, v, g, beta, scale=hit.scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=ssm_state_indices, out=out, dims=hit.dims, cu_seqlens=cu_seqlens,
         A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None)
-    launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages)
+    if hit.direct is None or not hit.direct(args):
+        d = hit.desc
+        launch(d.fn, d.grid, args, d.constexprs, d.num_warps, d.num_stages)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
 
 
@@ -191,8 +197,13 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name  # a pool may be bf16
     built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N}, state))
-    if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device):
-        raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}")
+    if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}, "
+                         "contiguous")
+    for name, x in (("ssm_state_indices", ssm_state_indices), ("cu_seqlens", cu_seqlens)):
+        if x is not None and not x.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (the kernel reads it with stride 1)")
     q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
     launch, (o, ht) = prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -211,30 +222,58 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
 _FAST: dict = {}
 
 
+class _Direct:
+    """A fast-path entry's compiled kernel on a GPU, launched without the generic launcher's
+    per-call work: no specialisation key to build (the entry's signature fixes the shapes, so
+    only the pointers' 16-byte alignment is re-checked), the stream read raw, and pointers
+    passed as integers (Triton's launcher then skips a driver query per pointer)."""
+
+    def __init__(self, kernel, args: dict, constexprs: dict, grid):
+        self.run, self.function, self.metadata = kernel.run, kernel.function, kernel.packed_metadata
+        self.pointers = tuple(i for i, a in enumerate(args.values()) if isinstance(a, torch.Tensor))
+        vals = list(args.values())
+        self.aligned = tuple(vals[i].data_ptr() % 16 == 0 for i in self.pointers)
+        self.device = vals[0].device.index
+        self.grid = (tuple(grid) + (1, 1))[:3]
+        self.tail = tuple(constexprs.values())
+
+    @classmethod
+    def of(cls, desc: Launch):
+        """For a launch that has run on a GPU (outside the interpreter), else None."""
+        if desc.fn is None or not hasattr(desc.fn, "warmup") or desc.args["q"].device.type != "cuda":
+            return None
+        kernel = desc.fn.warmup(**desc.args, **desc.constexprs, grid=desc.grid, num_warps=desc.num_warps,
+                                num_stages=desc.num_stages)  # the JIT's cached binary of that launch
+        return cls(kernel, desc.args, desc.constexprs, desc.grid) if hasattr(kernel, "run") else None
+
+    def __call__(self, args: dict) -> bool:
+        """Launch; False (nothing launched) when a pointer's alignment differs from the
+        compiled kernel's specialisation."""
+        vals = list(args.values())
+        for i, aligned in zip(self.pointers, self.aligned):
+            vals[i] = p = vals[i].data_ptr()
+            if (p % 16 == 0) != aligned:
+                return False
+        stream = torch._C._cuda_getCurrentRawStream(self.device)
+        self.run(*self.grid, stream, self.function, self.metadata, None, None, None, *vals, *self.tail)
+        return True
+
+
 @dataclass(frozen=True)
 class _Entry:
-    fn: object
-    grid: tuple
-    constexprs: dict
-    num_warps: int
-    num_stages: int
+    desc: Launch  # the first call's launch: its kernel, grid, constexprs and launch parameters
     scale: float
     dims: Dims
     with_A: bool  # the kernel takes A_log / dt_bias (the plan's in-kernel gate reads them)
     with_bias: bool
+    direct: _Direct | None  # on a GPU
 
 
 def _t(x):
-    return None if x is None else (tuple(x.shape), x.dtype, x.device, x.is_contiguous(), x.requires_grad)
+    return None if x is None else (x.shape, x.dtype, x.device, x.is_contiguous(), x.requires_grad)
 
 
-def _signature(*args):
-    """The fast path's key of a call: tensors by geometry, everything else by value; None
-    when some argument is unhashable (the full path then says what is wrong with it)."""
-    key = tuple(_t(a) if a is None or isinstance(a, torch.Tensor) else a for a in args)
-    key += (torch.is_grad_enabled(),)
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias, flags):
+    """The fast path's key of a call: tensors by geometry, everything else by value."""
+    return (_t(q), _t(k), _t(v), _t(g), _t(beta), _t(initial_state), _t(state_indices), _t(out),
+            _t(cu_seqlens), _t(A_log), _t(dt_bias), flags, torch.is_grad_enabled())
