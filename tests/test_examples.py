@@ -10,21 +10,30 @@ pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def test_prefill_and_decode_example_runs(tmp_path):
+def _run(example: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run examples/<example> in Triton's interpreter with a fresh cache; it must succeed."""
     path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "prefill_and_decode.py")],
-                       capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / example)], capture_output=True, text=True, env=env,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
+def test_prefill_and_decode_example_runs(tmp_path):
+    r = _run("prefill_and_decode.py", tmp_path)
     assert "rel. error vs float64" in r.stdout
 
 
 def test_train_step_example_runs(tmp_path):
     """A KDA layer with the in-kernel gate, l2-norm and beta sigmoid: its parameter gradients
     match the float64 layer, and a few optimiser steps lower the loss."""
-    path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
-    env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_step.py")],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _run("train_step.py", tmp_path)
     assert "worst rel. error vs float64" in r.stdout and "loss per step:" in r.stdout
+
+
+def test_prefix_caching_example_runs(tmp_path):
+    """Chunked prefill through initial_state, a prefix-cache snapshot restored at a chunk
+    boundary, then packed decode from a state pool: each equal to one call and to float64."""
+    r = _run("prefix_caching.py", tmp_path)
+    assert "prefix cache: final states" in r.stdout and "OK" in r.stdout
