@@ -1,0 +1,524 @@
+"""The serving path on a GPU (issue 13): proofs first, then decode timings, in about a minute.
+
+    PYTHONPATH=. python bench/serving.py --out "$OUT"            # on the GPU, FLA beside it if importable
+    TRITON_INTERPRET=1 python bench/serving.py --out /tmp/s      # a CPU dry run of the same code, tiny shapes
+
+Sections (``--suite``, comma-separated; each runs even if an earlier one failed):
+
+- ``sync``:   ``torch.cuda.set_sync_debug_mode("error")`` around fused_recurrent_kda -- the first
+              call of a geometry (validation, planning, compile) and later ones, batch and packed
+              forms, fp32 and bf16 pools -- and around chunk_kda (batch; packed with
+              ``cu_seqlens_cpu``). Any host synchronisation raises.
+- ``graph``:  the packed decode (cu_seqlens and slots on the device) captured in a CUDA graph and
+              replayed step after step with new tokens copied into its inputs: every step's o and
+              the pool against the same steps run eagerly, and against float64.
+- ``gates``:  bf16, g at the bound (-5), below it (-8, -20) and -inf, against float64: decode,
+              and chunk_kda with ``safe_gate=True, lower_bound=-5``.
+- ``timing``: decode, H=32, K=V=128, B = 1, 16, 256: kdagen batch and packed forms with the
+              fp32 pool, the packed form with a bf16 pool, FLA's batch and packed forms (fp32
+              pool): CUDA-graph replay (10 steps per graph) and eager per call (``out=`` given);
+              the B=1 eager cost split into the op's Python and its launch.
+- ``drift``:  a bf16 pool against the fp32 pool over 1,000 decode steps at B=256, on the same
+              tokens: o and state relative errors at steps 1, 10, 100, 1000.
+
+Writes ``serving.json`` (every number) and ``serving.log`` under --out; prints the tables and one
+``PASS``/``FAIL``/``MISS`` line per claim last. Exit status 1 when a proof fails (not when a
+timing target is missed).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import kdagen  # noqa: E402
+import kdagen.ops.recurrent as R  # noqa: E402
+from kdagen.kernels import launch as generic_launch  # noqa: E402
+from kdagen.spec.reference import naive_recurrent_kda  # noqa: E402
+
+GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+DEV = "cuda" if GPU else "cpu"
+LOWER = -5.0
+OUT = {"rows": [], "claims": []}
+LOG: list[str] = []
+T0 = time.time()
+
+
+def log(*a):
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    LOG.append(s)
+
+
+def claim(name: str, ok: bool | None, detail: str, proof: bool = True):
+    """One line of the verdict: a proof (PASS/FAIL) or a target (PASS/MISS); None: not run."""
+    word = "SKIP" if ok is None else ("PASS" if ok else ("FAIL" if proof else "MISS"))
+    OUT["claims"].append(dict(name=name, result=word, detail=detail, proof=proof))
+    log(f"{word}: {name} -- {detail}")
+
+
+def rel_err(a, b) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+# ----------------------------------------------------------------------------------- inputs
+
+
+class Geometry:
+    """One decode step's shapes: B sequences of one token, H heads (HV = H), head dims K, V."""
+
+    def __init__(self, B, H, K, V, dtype=torch.bfloat16):
+        self.B, self.H, self.K, self.V, self.dtype = B, H, K, V, dtype
+
+    def tokens(self, gen, packed: bool, slow_decay: bool = False):
+        """Fresh q, k, v, g, beta for one step ([B, 1, ...] or packed [1, B, ...]) on DEV; g in
+        [-5, 0) (or in [-0.55, -0.05] with ``slow_decay``: long memory, the worst case for drift)."""
+        lead = (1, self.B) if packed else (self.B, 1)
+        r = lambda *s: torch.randn(*lead, *s, generator=gen, device=DEV)  # noqa: E731
+        u = lambda *s: torch.rand(*lead, *s, generator=gen, device=DEV)  # noqa: E731
+        q, k, v = r(self.H, self.K), torch.nn.functional.normalize(r(self.H, self.K), dim=-1), r(self.H, self.V)
+        g = -(0.05 + 0.5 * u(self.H, self.K)) if slow_decay else LOWER * torch.sigmoid(r(self.H, self.K) + 2.0)
+        beta = torch.sigmoid(r(self.H))
+        c = lambda x: x.to(self.dtype)  # noqa: E731
+        return dict(q=c(q), k=c(k), v=c(v), g=g.float(), beta=c(beta))
+
+    def pool(self, gen, dtype=torch.float32, extra=3):
+        """A pool with a few slots more than sequences; sequence n uses slot (7 n) mod P (a
+        permutation: P is not a multiple of 7), computed on the device (no host round trip)."""
+        P = self.B + extra + (1 if (self.B + extra) % 7 == 0 else 0)
+        pool = (0.1 * torch.randn(P, self.H, self.K, self.V, generator=gen, device=DEV)).to(dtype)
+        slots = (torch.arange(self.B, device=DEV) * 7) % P
+        return pool, slots.to(torch.int32)
+
+    def cu(self):
+        return torch.arange(self.B + 1, device=DEV, dtype=torch.int64)
+
+
+def generator(seed):
+    return torch.Generator(device=DEV).manual_seed(seed)
+
+
+def reference_step(x, pool, slots, packed, first=8):
+    """The float64 recurrence of one step for the first ``first`` sequences: (o laid out as the
+    op lays out those sequences, their new states)."""
+    pick = (lambda t: t[:, :first].transpose(0, 1)) if packed else (lambda t: t[:first])  # noqa: E731  [n, 1, ...]
+    ref = [pick(x[n]).double().cpu() for n in ("q", "k", "v", "g", "beta")]
+    o, s = naive_recurrent_kda(*ref, initial_state=pool[slots[:first].long()].double().cpu(), output_final_state=True)
+    return (o.transpose(0, 1) if packed else o), s
+
+
+def picked(o, packed, first=8):
+    return o[:, :first] if packed else o[:first]
+
+
+# ----------------------------------------------------------------------------------- sync
+
+
+def sync_free():
+    """Every call under sync-debug "error": any synchronising CUDA call raises."""
+    if not GPU:
+        claim("no host synchronisation on the decode path", None, "needs a GPU (the CPU-side rule is "
+              "tests/test_serving.py::test_decode_reads_no_device_value)")
+        return
+    geo = Geometry(5, 4, 128, 128)
+    gen = generator(1)
+    R._FAST.clear()
+    done = []
+    torch.cuda.synchronize()
+    try:
+        torch.cuda.set_sync_debug_mode("error")
+        for packed in (False, True):
+            for pool_dtype in (torch.float32, torch.bfloat16):
+                pool, slots = geo.pool(gen, pool_dtype)
+                out = torch.empty_like(geo.tokens(gen, packed)["v"])
+                for call in range(3):  # the first call of a geometry, then the fast path
+                    kdagen.fused_recurrent_kda(**geo.tokens(gen, packed), initial_state=pool, ssm_state_indices=slots,
+                                               cu_seqlens=geo.cu() if packed else None, out=out)
+                    done.append(f"{'packed' if packed else 'batch'}/{str(pool_dtype)[6:]}/call{call}")
+        torch.cuda.set_sync_debug_mode("default")
+        claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", True,
+              f"{len(done)} calls: first and later calls of batch and packed forms, fp32 and bf16 pools")
+    except Exception as e:  # noqa: BLE001
+        torch.cuda.set_sync_debug_mode("default")
+        claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", False,
+              f"after {done}: {type(e).__name__}: {str(e)[:300]}")
+    # prefill (the lead wires cu_seqlens_cpu through chunk_kda; reported, not required here)
+    T, lens = 200, [0, 70, 71, 200]
+    x = Geometry(1, 2, 128, 128).tokens(gen, True)  # [1, 1, ...]: widen to T tokens
+    x = {n: t.expand(1, T, *t.shape[2:]).contiguous() for n, t in x.items()}
+    cu = torch.tensor(lens, device=DEV)
+    for name, kw in (("batch", {}), ("packed, cu_seqlens_cpu given", dict(cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens)))):
+        try:
+            kdagen.chunk_kda(**x, **kw, output_final_state=True, safe_gate=True, lower_bound=LOWER)  # compile first
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            kdagen.chunk_kda(**x, **kw, output_final_state=True, safe_gate=True, lower_bound=LOWER)
+            torch.cuda.set_sync_debug_mode("default")
+            claim(f"no host synchronisation in chunk_kda ({name})", True, "a warm call under sync debug mode 'error'")
+        except Exception as e:  # noqa: BLE001
+            torch.cuda.set_sync_debug_mode("default")
+            claim(f"no host synchronisation in chunk_kda ({name})", False, f"{type(e).__name__}: {str(e)[:300]}")
+
+
+# ----------------------------------------------------------------------------------- graph
+
+
+def graph_replay(steps=12):
+    """Capture one packed decode step; replay it with new tokens copied into its static inputs."""
+    name = "packed decode captured in a CUDA graph and replayed"
+    geo = Geometry(6, 4, 128, 128) if GPU else Geometry(3, 1, 16, 16, torch.float32)
+    gen = generator(2)
+    pool, slots = geo.pool(gen)
+    pool_eager = pool.clone()
+    static = geo.tokens(gen, True)
+    cu = geo.cu()
+    out = torch.empty_like(static["v"])
+    call = lambda p, o, x: kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots,  # noqa: E731
+                                                      cu_seqlens=cu, out=o)
+    try:
+        if GPU:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            scratch = pool.clone()
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    call(scratch, out, static)  # warm: compiled, validated, on the fast path
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call(pool, out, static)
+            replay = graph.replay
+        else:  # the dry run: the same loop, the call run directly
+            replay = lambda: call(pool, out, static)  # noqa: E731
+        worst_eager, worst_ref = 0.0, 0.0
+        out_eager = torch.empty_like(out)
+        for _ in range(steps):
+            x = geo.tokens(gen, True)
+            for n, t in x.items():
+                static[n].copy_(t)
+            o_ref, s_ref = reference_step(x, pool_eager, slots, True)
+            replay()
+            call(pool_eager, out_eager, x)
+            if GPU:
+                torch.cuda.synchronize()
+            worst_eager = max(worst_eager, rel_err(out, out_eager), rel_err(pool, pool_eager))
+            worst_ref = max(worst_ref, rel_err(picked(out, True).float(), o_ref), rel_err(pool[slots[:8].long()], s_ref))
+        ok = worst_eager == 0.0 and worst_ref < 1e-2 and torch.isfinite(pool).all().item()
+        OUT["graph"] = dict(steps=steps, max_rel_vs_eager=worst_eager, max_rel_vs_float64=worst_ref)
+        claim(name if GPU else name + " (dry run: no graph on the CPU)", ok if GPU else None,
+              f"{steps} replays: max rel. error vs the eager op {worst_eager:.1e}, vs float64 {worst_ref:.1e}")
+    except Exception as e:  # noqa: BLE001
+        claim(name, False, f"{type(e).__name__}: {str(e)[:300]}")
+        log(traceback.format_exc())
+
+
+# ----------------------------------------------------------------------------------- gates
+
+
+def gate_patterns(T):
+    """(name, g [1, T, H, K] edit) of the issue's NaN cases, inside a g in [-5, 0)."""
+    def at_bound(g):
+        g[:, T // 4:T // 4 + 20] = LOWER
+
+    def below(g):
+        g[:, T // 4:T // 4 + 20] = -8.0
+        g[:, (2 * T) // 3] = -20.0
+
+    def minus_inf(g):
+        g[:, T // 3] = float("-inf")
+        g[:, T // 3 + 2, :, : g.shape[-1] // 3] = float("-inf")
+
+    return [("g = -5 (at the bound)", at_bound), ("g = -8 and -20 (below)", below), ("g = -inf (resets)", minus_inf)]
+
+
+def gates():
+    H, K, V, T = (2, 128, 128, 150) if GPU else (1, 16, 16, 40)
+    dtype = torch.bfloat16 if GPU else torch.float32
+    tol = 1e-2 if GPU else 1e-5
+    gen = generator(3)
+    base = Geometry(1, H, K, V, dtype)
+    toks = [base.tokens(gen, False) for _ in range(T)]
+    x = {n: torch.cat([t[n] for t in toks], dim=1) for n in ("q", "k", "v", "g", "beta")}
+    h0 = 0.1 * torch.randn(1, H, K, V, generator=gen, device=DEV)
+    for name, edit in gate_patterns(T):
+        g = x["g"].clone()
+        edit(g)
+        ref_o, ref_s = naive_recurrent_kda(*(x[n].double().cpu() for n in ("q", "k", "v")), g.double().cpu(),
+                                           x["beta"].double().cpu(), initial_state=h0.double().cpu(),
+                                           output_final_state=True)
+        row = dict(kind="gates", case=name)
+        try:  # decode, token by token from a pool slot
+            pool = h0.clone()
+            slot = torch.zeros(1, device=DEV, dtype=torch.int32)
+            outs = []
+            for t in range(T):
+                step = {n: x[n][:, t:t + 1].contiguous() for n in ("q", "k", "v", "beta")}
+                o, _ = kdagen.fused_recurrent_kda(**step, g=g[:, t:t + 1].contiguous(), initial_state=pool,
+                                                  ssm_state_indices=slot)
+                outs.append(o)
+            row["decode_o"], row["decode_state"] = rel_err(torch.cat(outs, 1), ref_o), rel_err(pool, ref_s)
+            claim(f"decode gives the recurrence for {name} ({str(dtype)[6:]})",
+                  max(row["decode_o"], row["decode_state"]) < tol,
+                  f"rel. error o {row['decode_o']:.1e}, state {row['decode_state']:.1e} (tolerance {tol:.0e})")
+        except Exception as e:  # noqa: BLE001
+            claim(f"decode gives the recurrence for {name}", False, f"{type(e).__name__}: {str(e)[:200]}")
+        try:  # prefill with the promise broken (the chunk forward's in-kernel fallback: the lead's kernels)
+            o, s = kdagen.chunk_kda(**{**x, "g": g}, initial_state=h0, output_final_state=True, safe_gate=True,
+                                    lower_bound=LOWER)
+            row["chunk_o"], row["chunk_state"] = rel_err(o, ref_o), rel_err(s, ref_s)
+            claim(f"chunk_kda(safe_gate, lower_bound=-5) gives the recurrence for {name} ({str(dtype)[6:]})",
+                  max(row["chunk_o"], row["chunk_state"]) < tol,
+                  f"rel. error o {row['chunk_o']:.1e}, state {row['chunk_state']:.1e} (tolerance {tol:.0e})")
+        except Exception as e:  # noqa: BLE001
+            claim(f"chunk_kda gives the recurrence for {name}", False, f"{type(e).__name__}: {str(e)[:200]}")
+        OUT["rows"].append(row)
+
+
+# ----------------------------------------------------------------------------------- timing
+
+
+def copy_ceiling_gbs() -> float:
+    """Read + write bandwidth of a 1 GiB device-to-device copy (median)."""
+    from triton.testing import do_bench
+    a = torch.empty(1 << 28, device=DEV).uniform_()
+    b = torch.empty_like(a)
+    ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * (1 << 28) * 4 / (ms * 1e-3) / 1e9
+
+
+def graph_us(fn, per_graph=10) -> float:
+    """Microseconds per call, replaying a CUDA graph of ``per_graph`` calls."""
+    from triton.testing import do_bench
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(per_graph):
+            fn()
+    return do_bench(graph.replay, warmup=20, rep=200, return_mode="median") * 1e3 / per_graph
+
+
+def eager_us(fn, n=400) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def fla_decode():
+    try:
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+        import fla
+        return fused_recurrent_kda_fwd, getattr(fla, "__version__", "?")
+    except Exception as e:  # noqa: BLE001
+        log(f"FLA not available: {e!r}")
+        return None, "not run"
+
+
+def decode_case(B, packed, pool_dtype, fla=None):
+    """(step function, bytes of state moved) of one decode configuration on fresh inputs."""
+    geo = Geometry(B, 32, 128, 128)
+    gen = generator(10 + B)
+    x = geo.tokens(gen, packed)
+    pool, slots = geo.pool(gen, pool_dtype)
+    cu = geo.cu() if packed else None
+    out = torch.empty_like(x["v"])
+    if fla is None:
+        fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
+                                                cu_seqlens=cu, out=out)
+    else:
+        idx = slots.long()
+        fn = lambda: fla(**x, initial_state=pool, scale=128 ** -0.5, inplace_final_state=True,  # noqa: E731
+                         ssm_state_indices=idx, cu_seqlens=cu, out=out)
+    p0 = pool.clone()
+    o_ref, s_ref = reference_step(x, pool, slots, packed)
+    fn()
+    torch.cuda.synchronize()
+    err = max(rel_err(picked(out, packed).float(), o_ref), rel_err(pool[slots[:8].long()].float(), s_ref))
+    pool.copy_(p0)
+    return fn, 2 * B * 32 * 128 * 128 * pool.element_size(), err, (x, pool, slots, cu, out)
+
+
+def timing(batches=(1, 16, 256)):
+    if not GPU:
+        claim("decode timings", None, "need a GPU")
+        return
+    copy = copy_ceiling_gbs()
+    OUT["copy_gbs"] = copy
+    log(f"device copy ceiling: {copy:.0f} GB/s")
+    fla, fla_ver = fla_decode()
+    OUT["env"]["fla"] = fla_ver
+    forms = [("kdagen", False, torch.float32), ("kdagen", True, torch.float32), ("kdagen", True, torch.bfloat16)]
+    if fla is not None:
+        forms += [("fla", False, torch.float32), ("fla", True, torch.float32)]
+    for B in batches:
+        for who, packed, pool_dtype in forms:
+            row = dict(kind="decode", B=B, op=who, form="packed" if packed else "batch", pool=str(pool_dtype)[6:])
+            try:
+                fn, nbytes, err, _ = decode_case(B, packed, pool_dtype, fla if who == "fla" else None)
+                row["rel_err_vs_float64"] = err
+                row["eager_us"] = eager_us(fn)
+                row["graph_us"] = graph_us(fn)
+                row["tbs"] = nbytes / (row["graph_us"] * 1e-6) / 1e12
+                row["pct_copy"] = 100 * row["tbs"] * 1e3 / copy
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            log(json.dumps(row))
+            OUT["rows"].append(row)
+    eager_split()
+    rows = [r for r in OUT["rows"] if r.get("kind") == "decode"]
+
+    def find(B, op, form, pool):
+        return next((r for r in rows if (r["B"], r["op"], r["form"], r["pool"]) == (B, op, form, pool)
+                     and "graph_us" in r), None)
+
+    big = find(256, "kdagen", "packed", "float32") or find(256, "kdagen", "batch", "float32")
+    if big:
+        claim("decode B=256 fp32 pool >= 96% of the copy ceiling", big["pct_copy"] >= 96,
+              f"{big['graph_us']:.1f} us, {big['pct_copy']:.1f}% of copy", proof=False)
+    bf, fl = find(256, "kdagen", "packed", "bfloat16"), find(256, "fla", "batch", "float32")
+    if bf and fl:
+        claim("bf16 pool at B=256 >= 1.8x FLA's fp32-pool step", fl["graph_us"] / bf["graph_us"] >= 1.8,
+              f"{bf['graph_us']:.1f} us vs FLA {fl['graph_us']:.1f} us: {fl['graph_us'] / bf['graph_us']:.2f}x",
+              proof=False)
+    one = [r for r in rows if r["B"] == 1 and r["op"] == "kdagen" and r["pool"] == "float32" and "eager_us" in r]
+    if one:
+        best = min(r["eager_us"] for r in one)
+        claim("eager decode at B=1 <= 15 us per call", best <= 15,
+              ", ".join(f"{r['form']} {r['eager_us']:.1f} us" for r in one), proof=False)
+
+
+def eager_split():
+    """Where the B=1 eager call's time goes: the whole op; the fast path's direct launch alone;
+    the generic launcher alone (both with the op's arguments laid out once)."""
+    for packed in (False, True):
+        R._FAST.clear()
+        fn, _, _, (x, pool, slots, cu, out) = decode_case(1, packed, torch.float32)
+        fn()
+        entry = next(iter(R._FAST.values()), None)  # this geometry's, the only one
+        row = dict(kind="eager_split", B=1, form="packed" if packed else "batch", op_us=eager_us(fn))
+        if entry is not None:
+            _, _, args = R._outputs_and_args(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=entry.scale,
+                                             initial_state=pool, output_final_state=False, state_indices=slots,
+                                             out=out, dims=entry.dims, cu_seqlens=cu)
+            d = entry.desc
+            row["generic_launch_us"] = eager_us(lambda: generic_launch(d.fn, d.grid, args, d.constexprs, d.num_warps,
+                                                                       d.num_stages))
+            row["direct"] = entry.direct is not None
+            if entry.direct is not None:
+                row["direct_launch_us"] = eager_us(lambda: entry.direct(args))
+        log(json.dumps(row))
+        OUT["rows"].append(row)
+
+
+# ----------------------------------------------------------------------------------- drift
+
+
+def pool_drift(steps=1000, geo: Geometry | None = None, at=(1, 10, 100, 1000), seed=4):
+    """A bf16 pool and an fp32 pool decoding the same tokens (slow decay: long memory) for
+    ``steps`` steps: [(step, rel. error of o, rel. error of the state)] of bf16 against fp32."""
+    geo = geo or Geometry(256, 32, 128, 128)
+    gen = generator(seed)
+    pool32, slots = geo.pool(gen)
+    pool16 = pool32.to(torch.bfloat16)
+    x = geo.tokens(gen, True, slow_decay=True)
+    out32, out16 = torch.empty_like(x["v"]), torch.empty_like(x["v"])
+    cu = geo.cu()
+    rows = []
+    for t in range(1, steps + 1):
+        x = geo.tokens(gen, True, slow_decay=True)
+        kdagen.fused_recurrent_kda(**x, initial_state=pool32, ssm_state_indices=slots, cu_seqlens=cu, out=out32)
+        kdagen.fused_recurrent_kda(**x, initial_state=pool16, ssm_state_indices=slots, cu_seqlens=cu, out=out16)
+        if t in at:
+            live = slots.long()
+            rows.append((t, rel_err(out16.float(), out32.float()), rel_err(pool16[live].float(), pool32[live])))
+    return rows
+
+
+def drift(steps=None):
+    geo = Geometry(256, 32, 128, 128) if GPU else Geometry(2, 1, 16, 16, torch.float32)
+    steps = steps or (1000 if GPU else 100)
+    rows = pool_drift(steps, geo, at=tuple(t for t in (1, 10, 100, 1000) if t < steps) + (steps,))
+    for t, eo, es in rows:
+        log(f"  bf16 pool vs fp32 pool after {t:>4} steps: o {eo:.2e}, state {es:.2e}")
+        OUT["rows"].append(dict(kind="drift", B=geo.B, step=t, rel_o=eo, rel_state=es))
+    worst = max(max(eo, es) for _, eo, es in rows)
+    claim(f"bf16 pool drift against the fp32 pool over {steps} steps (B={geo.B})", worst < 2e-2,
+          f"worst rel. error {worst:.2e} (o and state; target < 2e-2)", proof=False)
+
+
+# ----------------------------------------------------------------------------------- main
+
+
+def table():
+    rows = [r for r in OUT["rows"] if r.get("kind") == "decode" and "graph_us" in r]
+    if rows:
+        log("\n| B | op | form | pool | graph replay / step | TB/s | % copy | eager / call | rel. err |")
+        log("|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            log(f"| {r['B']} | {r['op']} | {r['form']} | {r['pool']} | {r['graph_us']:.1f} us | {r['tbs']:.2f} | "
+                f"{r['pct_copy']:.0f}% | {r['eager_us']:.1f} us | {r['rel_err_vs_float64']:.1e} |")
+    split = [r for r in OUT["rows"] if r.get("kind") == "eager_split"]
+    for r in split:
+        log(f"eager B=1 {r['form']}: op {r['op_us']:.1f} us; generic launch {r.get('generic_launch_us', 0):.1f} us; "
+            f"direct launch {r.get('direct_launch_us', float('nan')):.1f} us")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--suite", default="sync,graph,gates,timing,drift")
+    ap.add_argument("--drift-steps", type=int, default=None, help="default: 1000 on a GPU, 100 in a dry run")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    OUT["env"] = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), torch=torch.__version__,
+                      gpu=torch.cuda.get_device_name() if GPU else "none (dry run)", python=platform.python_version(),
+                      kdagen=kdagen.__version__)
+    try:
+        import triton
+        OUT["env"]["triton"] = triton.__version__
+    except ImportError:
+        pass
+    log(json.dumps(OUT["env"]))
+    sections = dict(sync=sync_free, graph=graph_replay, gates=gates, timing=timing,
+                    drift=lambda: drift(args.drift_steps))
+    for name in args.suite.split(","):
+        log(f"\n== {name} [t={time.time() - T0:.0f}s] ==")
+        try:
+            sections[name]()
+        except Exception as e:  # noqa: BLE001
+            claim(f"section {name} ran", False, f"{type(e).__name__}: {str(e)[:300]}")
+            log(traceback.format_exc())
+        with open(os.path.join(args.out, "serving.json"), "w") as f:
+            json.dump(OUT, f, indent=1)
+    table()
+    log(f"\n== verdict [t={time.time() - T0:.0f}s] ==")
+    for c in OUT["claims"]:
+        log(f"{c['result']}: {c['name']} -- {c['detail']}")
+    with open(os.path.join(args.out, "serving.json"), "w") as f:
+        json.dump(OUT, f, indent=1)
+    with open(os.path.join(args.out, "serving.log"), "w") as f:
+        f.write("\n".join(LOG))
+    return 1 if any(c["result"] == "FAIL" for c in OUT["claims"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
