@@ -1,4 +1,7 @@
-"""The ``kdagen`` command line.  ``kdagen COMMAND --help`` is the reference for each command."""
+"""The ``kdagen`` command line.  ``kdagen COMMAND --help`` is the reference for each command.
+
+Every argument is checked before any work starts: a user mistake ends the command with exit
+code 2 and one ``Error:`` line that says what was wrong and what is accepted."""
 from __future__ import annotations
 
 import json
@@ -6,46 +9,132 @@ import sys
 import time
 
 import click
+from click.core import ParameterSource
 
-from .dtypes import SHORT_NAMES, dtype
+from .dtypes import SHORT_NAMES, dtype as as_dtype
+from .spec import GATES, MEMBERS
+from .tuning.families import FAMILIES
 from .version import __version__
 
-
-def _head_dims(value: str) -> list[tuple[int, int]]:
-    out = []
-    for part in value.split(";"):
-        if not part.strip():
-            continue
-        dims = [int(x) for x in part.split(",")]
-        if len(dims) == 1:
-            dims = dims * 2
-        if len(dims) != 2:
-            raise click.BadParameter(f"{part!r}: expected K or K,V")
-        out.append(tuple(dims))
-    if not out:
-        raise click.BadParameter("no head dims given")
-    return out
+DEFAULT_LOWER_BOUND = "-5"  # the gate bound every command assumes unless told otherwise
+DEFAULT_SHAPES = "1,8192,96,128;2,16384,16,128;4,4096,32,128"
 
 
-def _shapes(value: str) -> list[tuple[int, int, int, int]]:
-    out = []
-    for sh in value.split(";"):
-        if not sh.strip():
-            continue
+# --- argument types ---------------------------------------------------------------------
+
+class _IntTuples(click.ParamType):
+    """Groups of positive integers: groups separated by ';', numbers by ','."""
+
+    def __init__(self, name: str, sizes: tuple[int, ...], expected: str):
+        self.name, self.sizes, self.expected = name, sizes, expected
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        out = []
+        for part in str(value).split(";"):
+            if not part.strip():
+                continue
+            fields = [f.strip() for f in part.split(",")]
+            if len(fields) not in self.sizes or not all(f.isdigit() and int(f) > 0 for f in fields):
+                where = "" if part.strip() == str(value).strip() else f" in {value!r}"
+                self.fail(f"{part.strip()!r}{where}: expected {self.expected}", param, ctx)
+            out.append(tuple(int(f) for f in fields))
+        if not out:
+            self.fail(f"{value!r}: nothing given; expected {self.expected}", param, ctx)
+        return out
+
+
+class _HeadDims(_IntTuples):
+    def __init__(self):
+        super().__init__("K[,V][;...]", (1, 2), "K or K,V (positive integers), several separated by ';', e.g. 128 "
+                                                "or 96,192 or '128;96,192'")
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        return [(d[0], d[-1]) for d in super().convert(value, param, ctx)]
+
+
+class _Batches(click.ParamType):
+    name = "B,B,..."
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        fields = [f.strip() for f in str(value).split(",") if f.strip()]
+        if not fields or not all(f.isdigit() and int(f) > 0 for f in fields):
+            self.fail(f"{value!r}: expected batch sizes (positive integers) separated by ',', e.g. 1,64,256",
+                      param, ctx)
+        return [int(f) for f in fields]
+
+
+class _LowerBound(click.ParamType):
+    """The gate's lower bound: a negative number, or 'none' (g unbounded below)."""
+
+    name = "NUMBER|none"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, float):
+            return value
+        if str(value).strip().lower() == "none":
+            return None
         try:
-            B, T, H, K = (int(x) for x in sh.split(","))
+            bound = float(value)
         except ValueError:
-            raise click.BadParameter(f"{sh!r}: expected B,T,H,K", param_hint="--shapes") from None
-        out.append((B, T, H, K))
-    return out
+            bound = float("nan")
+        if not bound < 0:
+            self.fail(f"{value!r}: expected a negative number (the smallest log decay g may take, e.g. -5) or "
+                      "'none' (g unbounded below)", param, ctx)
+        return bound
 
 
-def _batches(value: str) -> list[int]:
+class _Passes(click.ParamType):
+    name = "PASS,..."
+
+    def convert(self, value, param, ctx):
+        from .tuning.benchmark import PASSES
+
+        if isinstance(value, list):
+            return value
+        fields = [f.strip() for f in str(value).split(",") if f.strip()]
+        bad = [f for f in fields if f not in PASSES]
+        if bad or not fields:
+            self.fail(f"{value!r}: expected passes among {', '.join(PASSES)} separated by ','", param, ctx)
+        return list(dict.fromkeys(fields))
+
+
+HEAD_DIMS = _HeadDims()
+CHUNK_SHAPES = _IntTuples("B,T,H,K[;...]", (4,), "B,T,H,K (positive integers), several separated by ';', e.g. "
+                                                 "'1,8192,96,128;2,16384,16,128'")
+BENCH_SHAPES = _IntTuples("B,T,H,K[,V][;...]", (4, 5), "B,T,H,K or B,T,H,K,V (positive integers), several "
+                                                       "separated by ';', e.g. '1,8192,96,128;2,16384,16,128'")
+LOWER_BOUND = _LowerBound()
+
+
+def _given(name: str) -> bool:
+    """Whether the user gave option ``name`` (rather than its default)."""
+    return click.get_current_context().get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+
+
+def _options(*decorators):
+    def apply(f):
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+    return apply
+
+
+def _gpu_name(ctx, param, value):
+    """--gpu: a known profile, or 'auto' (resolved when the command runs)."""
+    from .cache.gpus import get_profile
+
+    if value is None or value == "auto":
+        return value
     try:
-        return [int(b) for b in value.split(",") if b.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: expected batch sizes separated by ','",
-                                 param_hint="--decode-batches") from None
+        return get_profile(value).name
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx, param) from None
 
 
 def _spec_args(lower_bound: float | None) -> dict:
@@ -55,19 +144,50 @@ def _spec_args(lower_bound: float | None) -> dict:
     return {"safe_gate": lower_bound is not None, "lower_bound": lower_bound}
 
 
-def _resolve_gpu(name: str):
-    from .cache.gpus import detect_current, get_profile, known_names
+def _gate_text(spec) -> str:
+    """Which gate and bound a spec (and its hash) belongs to, for people."""
+    if spec.gate is None:
+        return "no gate"
+    lb = spec.gate.lower_bound
+    return f"gate {spec.gate.name}, " + (f"g >= {lb:g}" if lb is not None else "g unbounded below")
 
-    if name == "auto":
-        prof = detect_current()
-        if prof is None:
-            raise click.UsageError("--gpu auto: no CUDA GPU is visible here; name a GPU "
-                                   f"({', '.join(known_names())}) to compile-check for it")
-        return prof
-    try:
-        return get_profile(name)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--gpu") from None
+
+def _dims_text(head_dims) -> str:
+    return ";".join(str(K) if K == V else f"{K},{V}" for K, V in head_dims)
+
+
+def _kernel_spec(spec_name: str):
+    """The usage error for a member kdagen has no kernels for (only KDA is generated)."""
+    if spec_name != "kda":
+        raise click.BadParameter(f"kdagen generates kernels for kda only; {spec_name!r} is a spec without "
+                                 f"kernels yet (`kdagen verify --spec {spec_name}` checks it)", param_hint="--spec")
+
+
+def _lower_all(spec_args: dict, families, head_dims, dtype, param_hint: str = "--head-dim") -> dict:
+    """The plan of every family at every head dim (lowering checks the head dims): ``{(K, V,
+    family): plan}``; a usage error naming ``param_hint`` for a head dim kdagen cannot build."""
+    from .codegen.lower import LoweringError
+    from .tuning import driver
+
+    plans = {}
+    for K, V in head_dims:
+        for fam in families:
+            try:
+                plans[(K, V, fam)] = driver.lower_for(driver.family_spec(fam, spec_args), fam, K, V, dtype)
+            except (LoweringError, ValueError) as e:
+                raise click.BadParameter(str(e), param_hint=param_hint) from None
+    return plans
+
+
+def _padding_notes(plans) -> list[str]:
+    from .tuning.report import padding_note
+
+    notes = {}
+    for (K, V, _), plan in plans.items():
+        note = padding_note(plan)
+        if note:
+            notes.setdefault((K, V), note)
+    return list(notes.values())
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,16 +202,20 @@ def main():
       kdagen list                                   specs, gates, GPUs, cached winners
       kdagen inspect --spec kda --head-dim 128      print generated Triton source
       kdagen build --gpu h800 --head-dim 128        compile-check (and tune on that GPU)
+      kdagen bench --compare fla --plot out.png     check and time against FLA on this GPU
     """
 
 
 # --- verify -----------------------------------------------------------------------------
 
 @main.command()
-@click.option("--spec", "spec_name", default="kda", show_default=True, help="member: kda, gdn, deltanet, gla, dplr")
-@click.option("--gate", default=None, help="gate: direct, lower_bound, softplus (default: the member's direct gate)")
-@click.option("--lower-bound", type=float, default=None, help="lower bound of the gate (log space), e.g. -5")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
+              help="the member of the family to check")
+@click.option("--gate", default=None, type=click.Choice(list(GATES)),
+              help="the gate (default: the member's direct gate, g given)")
+@click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
+              help="the gate's lower bound (log space), or 'none'; the softplus gate has none")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
 def verify(spec_name, gate, lower_bound, seed):
     """Run the spec's and the float64 oracle's self-checks and print a table.
 
@@ -100,8 +224,15 @@ def verify(spec_name, gate, lower_bound, seed):
     GVA); the degenerate members; and an exact sympy check of the chunkwise form.
     Exits 1 if any check fails.
     """
+    from .spec import get_spec
     from .spec.verify import run_verify
 
+    if gate == "softplus" and not _given("lower_bound"):
+        lower_bound = None  # the default bound is not the softplus gate's
+    try:
+        get_spec(spec_name, gate=gate, lower_bound=lower_bound)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     ok = run_verify(spec_name, gate, lower_bound, seed=seed, echo=click.echo)
     sys.exit(0 if ok else 1)
 
@@ -109,31 +240,44 @@ def verify(spec_name, gate, lower_bound, seed):
 # --- list -------------------------------------------------------------------------------
 
 @main.command("list")
-@click.option("--gpu", default=None, help="only this GPU's cache")
+@click.option("--gpu", default=None, callback=_gpu_name, help="only this GPU's cached winners (a GPU profile name)")
 def list_cmd(gpu):
-    """List the specs and gates kdagen knows, the GPU profiles, and the cached tuned winners."""
+    """List the specs and gates kdagen knows (and which have generated kernels), the GPU
+    profiles, and the cached tuned winners."""
     from .cache.gpus import PROFILES
-    from .cache.paths import cache_dir
+    from .cache.paths import cache_dir, cache_dir_problem
     from .cache.store import TuningCache
-    from .spec import GATES, MEMBERS, get_spec
+    from .codegen.lower import LoweringError, lower
+    from .spec import get_spec
     from .spec.structure import analyze_structure
     from .tuning.driver import duration, error_text
 
-    click.echo("specs:")
+    lb = float(DEFAULT_LOWER_BOUND)
+    click.echo(f"specs (hashes with the default gate bound {lb:g}, as build, verify and inspect use):")
     for name in MEMBERS:
-        s = get_spec(name)
-        click.echo(f"  {name:<9} hash {s.hash}  structure {analyze_structure(s).kind:<5} decay {s.decay}")
+        s = get_spec(name, lower_bound=lb)
+        try:
+            lower(s, 64, 64, "bfloat16", "chunk")
+            kernels = "kernels: chunk forward and backward, recurrent"
+        except LoweringError:
+            kernels = "spec only (no generated kernels yet)"
+        click.echo(f"  {name:<9} hash {s.hash}  structure {analyze_structure(s).kind:<5} decay {s.decay:<8} "
+                   f"({_gate_text(s)})  {kernels}")
     click.echo("gates: " + ", ".join(GATES))
     click.echo("gpus:  " + ", ".join(PROFILES))
     d = cache_dir()
+    problem = cache_dir_problem(d)
+    if problem and d.exists():
+        click.echo(f"tuning cache: {problem}; nothing cached can be read")
+        return
     files = sorted(d.glob("*.json")) if d.is_dir() else []
     click.echo(f"tuning cache: {d}")
+    if gpu:
+        files = [f for f in files if f.stem == gpu]
     if not files:
-        click.echo("  (empty: run `kdagen build --gpu auto` on a GPU to tune)")
+        click.echo(f"  ({'no winners for ' + gpu if gpu else 'empty'}: run `kdagen build --gpu auto` on a GPU to tune)")
     for f in files:
         name = f.stem
-        if gpu and name != gpu:
-            continue
         try:
             entries = TuningCache(name, cache_dir=d).entries()
         except Exception as e:  # noqa: BLE001
@@ -150,19 +294,22 @@ def list_cmd(gpu):
 # --- inspect ----------------------------------------------------------------------------
 
 @main.command()
-@click.option("--spec", "spec_name", default="kda", show_default=True)
-@click.option("--head-dim", "head_dim", default="128", show_default=True, help="K or K,V")
-@click.option("--dtype", "dtype_name", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
+@click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
+              help="the member (kernels are generated for kda only)")
+@click.option("--head-dim", "head_dims", type=HEAD_DIMS, default="128", show_default=True,
+              help="one head dim: K, or K,V")
+@click.option("--dtype", "dtype_name", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES),
+              help="dtype of q, k and v")
 @click.option("--form", default="chunk", show_default=True, type=click.Choice(["chunk", "chunk_bwd", "recurrent"]),
               help="chunk (forward), chunk_bwd (its backward) or recurrent (decode)")
-@click.option("--lower-bound", type=float, default=None, help="the gate's lower bound (enables factorised tiles)")
+@click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
+              help="the gate's lower bound (enables factorised tiles), or 'none'")
 @click.option("--gate-in-kernel", type=click.Choice(["none", "lower_bound", "softplus"]), default="none",
               show_default=True, help="print the in-kernel gate variant")
 @click.option("--config", "config_json", default=None, help="config as JSON (default: the heuristic config)")
-@click.option("--kernel", default=None, help="only this kernel (chunk_intra, chunk_state, chunk_bwd_state, "
-                                             "chunk_bwd_dqkw, chunk_bwd_intra or recurrent)")
+@click.option("--kernel", default=None, help="only this kernel of the form (the error lists them)")
 @click.option("--plan-only", is_flag=True, help="print the plan and config, not the source")
-def inspect(spec_name, head_dim, dtype_name, form, lower_bound, gate_in_kernel, config_json, kernel, plan_only):
+def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel, config_json, kernel, plan_only):
     """Print the plan, the config and the generated Triton source for a key."""
     from .cache.heuristics import default_config
     from .codegen.lower import LoweringError, lower
@@ -170,23 +317,34 @@ def inspect(spec_name, head_dim, dtype_name, form, lower_bound, gate_in_kernel, 
     from .config import config_from_dict
     from .ops.inputs import select_spec
     from .spec import get_spec
+    from .tuning.report import padding_note
 
-    (K, V), = _head_dims(head_dim)
+    if len(head_dims) != 1:
+        raise click.BadParameter(f"inspect prints one head dim's kernels; got {len(head_dims)} "
+                                 f"({_dims_text(head_dims)}): run it once per head dim", param_hint="--head-dim")
+    (K, V), = head_dims
+    if gate_in_kernel == "softplus" and _given("lower_bound"):
+        raise click.BadParameter("the softplus gate has no lower bound: leave --lower-bound out",
+                                 param_hint="--lower-bound")
+    if gate_in_kernel == "lower_bound" and lower_bound is None:
+        raise click.BadParameter("the lower_bound gate needs a bound (a negative number)", param_hint="--lower-bound")
+    family = {"chunk": "chunk_fwd", "chunk_bwd": "chunk_bwd", "recurrent": "recurrent"}[form]
+    kinds = FAMILY_KERNELS[family]
+    if kernel and kernel not in kinds:
+        raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form; its kernels: {', '.join(kinds)}",
+                                 param_hint="--kernel")
     try:
         if spec_name != "kda":
             spec = get_spec(spec_name, lower_bound=lower_bound)
         else:
             gik = gate_in_kernel != "none"
-            lb = lower_bound if (gate_in_kernel != "softplus") else None
-            if gate_in_kernel == "lower_bound" and lb is None:
-                lb = -5.0
+            lb = lower_bound if gate_in_kernel != "softplus" else None
             # fused_recurrent_kda has no safe_gate: with g given its kernel is the direct gate's
             spec = select_spec(gik, lb is not None and not gik and form != "recurrent", lb, True, True)
-        plan = lower(spec, K, V, dtype(dtype_name).name, "recurrent" if form == "recurrent" else "chunk",
+        plan = lower(spec, K, V, as_dtype(dtype_name).name, "recurrent" if form == "recurrent" else "chunk",
                      gate_in_kernel != "none")
     except (ValueError, LoweringError) as e:
         raise click.UsageError(str(e)) from None
-    family = {"chunk": "chunk_fwd", "chunk_bwd": "chunk_bwd", "recurrent": "recurrent"}[form]
     if config_json:
         try:
             config = config_from_dict(family, json.loads(config_json))
@@ -194,169 +352,288 @@ def inspect(spec_name, head_dim, dtype_name, form, lower_bound, gate_in_kernel, 
             raise click.BadParameter(str(e), param_hint="--config") from None
     else:
         config = default_config(family, plan)
+    click.echo(f"# spec  : {spec.name} hash {spec.hash} ({_gate_text(spec)})")
+    note = padding_note(plan)
+    if note:
+        click.echo(f"# {note}")
     click.echo(f"# plan  : {json.dumps(plan.to_dict(), sort_keys=True)}")
     click.echo(f"# config: {config.canonical()}")
     if plan_only:
         return
-    kinds = FAMILY_KERNELS[family]
-    if kernel:
-        if kernel not in kinds:
-            raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form ({', '.join(kinds)})")
-        kinds = (kernel,)
-    for kind in kinds:
+    for kind in ((kernel,) if kernel else kinds):
         src = render(kind, plan, config)
         click.echo(f"# ---- {src.name}.py (sha256 {src.source_hash[:16]})")
         click.echo(src.text)
 
 
-# --- build ------------------------------------------------------------------------------
+# --- build and tune ---------------------------------------------------------------------
+
+_tuning_options = _options(
+    click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
+                 help="the member to generate kernels for (kernels exist for kda only)"),
+    click.option("--head-dim", "head_dims", type=HEAD_DIMS, default="128", show_default=True,
+                 help="K or K,V; several separated by ';' (e.g. '128;96,192')"),
+    click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES),
+                 help="dtype of q, k and v"),
+    click.option("--state-dtype", default="fp32", show_default=True, type=click.Choice(SHORT_NAMES),
+                 help="dtype of the initial state (a decode pool may be bf16); winners are keyed by it"),
+    click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
+                 help="the gate's lower bound the kernels may assume (sets the safe sub-chunk), or 'none'"),
+    click.option("--family", "families", multiple=True, type=click.Choice(list(FAMILIES)),
+                 help="a kernel family; repeat for several (default: all)"),
+    click.option("--space", "space_path", default=None, type=click.Path(exists=True, dir_okay=False),
+                 help="a search-space JSON file of your own (one family)"),
+    click.option("--shapes", type=CHUNK_SHAPES, default=DEFAULT_SHAPES, show_default=True,
+                 help="tuning shapes B,T,H,K of the chunk forms, separated by ';'"),
+    click.option("--decode-batches", "batches", type=_Batches(), default="1,64,256", show_default=True,
+                 help="tuning batch sizes of decode (32 heads, one token)"),
+    click.option("--seed", type=int, default=0, show_default=True, help="seed of the tuner's sampler"),
+    click.option("--quiet", is_flag=True, help="no progress bar or progress lines (the summary is still printed)"),
+    click.option("--jobs", type=click.IntRange(min=1), default=None,
+                 help="compile in this many processes (default: min(8, CPUs))"),
+)
+
 
 @main.command()
-@click.option("--gpu", "gpu_name", required=True, help="GPU profile name (h100, h800, h200, h20, a100, ...) or 'auto'")
-@click.option("--spec", "spec_name", default="kda", show_default=True)
-@click.option("--head-dim", "head_dim", default="128", show_default=True,
-              help="K or K,V; several separated by ';' (e.g. '128;96,192')")
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
-@click.option("--state-dtype", default="fp32", show_default=True, type=click.Choice(SHORT_NAMES),
-              help="dtype of the initial state (a decode pool may be bf16); winners are keyed by it")
-@click.option("--lower-bound", type=float, default=-5.0, show_default=True,
-              help="the gate's lower bound the kernels may assume (sets the safe sub-chunk)")
-@click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]),
-              help="kernel families (default: all)")
-@click.option("--space", "space_path", default=None, help="a search-space JSON file of your own (one family)")
+@click.option("--gpu", "gpu_name", required=True, callback=_gpu_name,
+              help="GPU profile name (h100, h800, h200, h20, a100, ...) or 'auto' (the GPU here)")
+@_tuning_options
 @click.option("--compile-only", is_flag=True, help="never tune, even on a matching GPU")
-@click.option("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128",
-              show_default=True, help="tuning shapes B,T,H,K (chunk) separated by ';'")
-@click.option("--decode-batches", default="1,64,256", show_default=True, help="tuning batch sizes for decode")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--quiet", is_flag=True, help="no progress lines")
-@click.option("--jobs", type=int, default=None, help="compile in this many processes (default: min(8, CPUs))")
-def build(gpu_name, spec_name, head_dim, dtype, state_dtype, lower_bound, families, space_path, compile_only, shapes,
-          decode_batches, seed, quiet, jobs):
+def build(gpu_name, **kw):
     """Generate the kernels for a spec and head dims, compile-check every candidate config
     for the GPU's architecture (no GPU needed), and -- when the current GPU is that GPU --
-    tune them and store the winners in the cache.
+    tune them and store the winners in the cache.  Ends with a summary: what compiled, what
+    was dropped and why, the winners against the defaults, and where everything is.
     """
+    _build(gpu_name, "build", **kw)
+
+
+@main.command()
+@_tuning_options
+def tune(**kw):
+    """Tune on the current GPU and store the winners (``kdagen build --gpu auto``)."""
+    _build("auto", "tune", compile_only=False, **kw)
+
+
+def _resolve_gpu(name: str, command: str):
+    from .cache.gpus import detect_current, get_profile, known_names
+
+    if name != "auto":
+        return get_profile(name)
+    prof = detect_current()
+    if prof is None:
+        if command == "tune":
+            raise click.UsageError("kdagen tune tunes on this machine's GPU and no CUDA GPU is visible here; "
+                                   "`kdagen build --gpu NAME` compile-checks for a GPU that is not here "
+                                   f"(NAME: {', '.join(known_names())})")
+        raise click.UsageError("--gpu auto: no CUDA GPU is visible here; name a GPU "
+                               f"({', '.join(known_names())}) to compile-check for it")
+    return prof
+
+
+def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bound, families, space_path,
+           compile_only, shapes, batches, seed, quiet, jobs):
+    """``kdagen build`` (and ``tune``): every argument checked, then the compile-check, the
+    tuning on a matching GPU, and the summary."""
     from .cache.gpus import detect_current
-    from .cache.paths import studies_dir
-    from .codegen.lower import LoweringError
+    from .cache.paths import cache_dir_problem, studies_dir
     from .tuning import driver
     from .tuning.compile_pool import CompilePool, default_jobs
+    from .tuning.report import BuildSummary, Progress
     from .tuning.space import SearchSpaceError, load_space
 
-    if spec_name != "kda":
-        raise click.UsageError(f"kdagen generates kernels for the KDA structure; {spec_name!r} is not generated yet")
-    gpu = _resolve_gpu(gpu_name)
-    head_dims, shapes, batches = _head_dims(head_dim), _shapes(shapes), _batches(decode_batches)
+    # --- every argument, before anything compiles
+    _kernel_spec(spec_name)
+    gpu = _resolve_gpu(gpu_name, command)
     spec_args = _spec_args(lower_bound)
-    families = [f for f in ("chunk_fwd", "chunk_bwd", "recurrent") if f in families] if families else \
-        ["chunk_fwd", "chunk_bwd", "recurrent"]  # the backward is tuned after the forward (its chunk length)
+    families = [f for f in FAMILIES if f in families] if families else list(FAMILIES)
     user_space = None
     if space_path:
         try:
             user_space = load_space(space_path)
-        except SearchSpaceError as e:
+        except (SearchSpaceError, ValueError, OSError) as e:
             raise click.BadParameter(str(e), param_hint="--space") from None
         families = [user_space.kernel]
+    plans = _lower_all(spec_args, families, head_dims, dtype)
     current = None if compile_only else detect_current()
     will_tune = current is not None and current.name == gpu.name
+    problem = cache_dir_problem()
+    if problem:
+        raise click.UsageError(f"{problem}: kdagen {command} writes the kernels it generates"
+                               f"{' and the winners it tunes' if will_tune else ''} there; set KDAGEN_CACHE_DIR to "
+                               "a writable directory")
+
     spec = driver.family_spec("chunk_fwd", spec_args)
     cc = gpu.compute_capability
     click.echo(f"kdagen {__version__}: build for {gpu.name} (sm_{cc[0]}{cc[1]}, "
                f"{gpu.sm_count} SMs, {gpu.smem_per_block_bytes // 1024} KiB smem/block); spec {spec.name} "
-               f"hash {spec.hash}; {'compile-check and tune' if will_tune else 'compile-check only'}")
+               f"hash {spec.hash} ({_gate_text(spec)}); {'compile-check and tune' if will_tune else 'compile-check only'}")
     if not will_tune and not compile_only:
         here = current.name if current else "no CUDA GPU"
         click.echo(f"  (not tuning: this machine has {here}, not {gpu.name})")
+    for note in _padding_notes(plans):
+        click.echo(f"  {note}")
+    if will_tune:
+        for K in sorted({K for K, _ in head_dims} - {s[3] for s in shapes}):
+            if {"chunk_fwd", "chunk_bwd"} & set(families):
+                click.echo(f"  note: no --shapes entry has K={K}: its chunk kernels are compile-checked, not tuned")
+
+    progress = Progress(enabled=not quiet)
+    summary = BuildSummary(gpu.name)
+    t_start = time.time()
+    cache = None
     # one set of compile processes for the compile-check and the tuner's compiles ahead
     with CompilePool(jobs or default_jobs()) as pool:
-        t_start = time.time()
         try:
             surveys, n_empty = driver.compile_all(gpu, spec_args, dtype, head_dims, families, shapes, batches, pool,
-                                                  space=user_space, quiet=quiet, echo=click.echo,
-                                                  state_dtype=state_dtype)
-        except (ValueError, LoweringError) as e:
-            raise click.UsageError(str(e)) from None
+                                                  space=user_space, quiet=quiet, echo=progress.echo,
+                                                  state_dtype=state_dtype, on_progress=progress.compile_step)
+        finally:
+            progress.close()
+        summary.add_surveys(surveys)
         click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
         if n_empty:
+            _print_summary(summary, gpu, None, head_dims, lower_bound, shapes, will_tune)
             click.echo("error: some kernels have no config that compiles for this GPU", err=True)
             sys.exit(1)
         if will_tune:
+            order = [(f"tune {fam} K={K} V={V}", len(driver.tuning_shapes(fam, K, shapes, batches)))
+                     for (K, V, fam) in surveys]
+            step = progress.tuning(order)
+
+            def on_tuned(*result):
+                summary.add_tuned(*result)
+                step()
+
             try:
-                driver.tune_and_store(gpu, spec_args, dtype, surveys, shapes, batches, space=user_space, seed=seed,
-                                      quiet=quiet, pool=pool, echo=click.echo, state_dtype=state_dtype)
+                cache = driver.tune_and_store(gpu, spec_args, dtype, surveys, shapes, batches, space=user_space,
+                                              seed=seed, quiet=quiet or progress.bar, pool=pool, echo=progress.echo,
+                                              state_dtype=state_dtype, on_tuned=on_tuned)
             except (KeyboardInterrupt, RuntimeError) as e:
                 # an interrupt inside concurrent.futures' wait can surface as "release unlocked lock"
                 if not (isinstance(e, KeyboardInterrupt) or isinstance(e.__context__, KeyboardInterrupt)):
                     raise
+                progress.close()
                 click.echo(f"\ninterrupted after {time.time() - t_start:.0f}s: the winners tuned so far are in the "
                            f"cache and every measured trial is in {studies_dir()}; the same command resumes", err=True)
                 sys.exit(130)
+            finally:
+                progress.close()
+    _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 
-# --- tune -------------------------------------------------------------------------------
+def _triton_cache_dir() -> str:
+    try:
+        from triton import knobs
 
-@main.command()
-@click.option("--spec", "spec_name", default="kda", show_default=True)
-@click.option("--head-dim", "head_dim", default="128", show_default=True)
-@click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES))
-@click.option("--state-dtype", default="fp32", show_default=True, type=click.Choice(SHORT_NAMES),
-              help="dtype of the initial state (a decode pool may be bf16); winners are keyed by it")
-@click.option("--lower-bound", type=float, default=-5.0, show_default=True)
-@click.option("--family", "families", multiple=True, type=click.Choice(["chunk_fwd", "chunk_bwd", "recurrent"]))
-@click.option("--space", "space_path", default=None)
-@click.option("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128", show_default=True)
-@click.option("--decode-batches", default="1,64,256", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.pass_context
-def tune(ctx, spec_name, head_dim, dtype, state_dtype, lower_bound, families, space_path, shapes, decode_batches,
-         seed):
-    """Tune on the current GPU and store the winners (``kdagen build --gpu auto``)."""
-    ctx.invoke(build, gpu_name="auto", spec_name=spec_name, head_dim=head_dim, dtype=dtype, state_dtype=state_dtype,
-               lower_bound=lower_bound, families=families, space_path=space_path, compile_only=False,
-               shapes=shapes, decode_batches=decode_batches, seed=seed, quiet=False, jobs=None)
+        return str(knobs.cache.dir)
+    except Exception:  # noqa: BLE001 - another Triton version
+        return "Triton's cache directory"
+
+
+def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune) -> None:
+    """The closing table, where the results are, and the next command."""
+    from .cache.paths import generated_dir
+    from .tuning.driver import duration, error_text
+
+    click.echo("")
+    for line in summary.lines(duration, error_text):
+        click.echo(line)
+    if cache is not None:
+        click.echo(f"tuning cache:      {cache.path} ({len(summary.tuned)} family and shape(s) tuned)")
+    click.echo(f"generated sources: {generated_dir()}")
+    click.echo(f"compiled kernels:  {_triton_cache_dir()} (Triton's cache)")
+    dims = _dims_text(head_dims)
+    bound = "" if lower_bound == float(DEFAULT_LOWER_BOUND) else \
+        f" --lower-bound {'none' if lower_bound is None else f'{lower_bound:g}'}"
+    if will_tune:
+        shape_text = ";".join(",".join(map(str, s)) for s in shapes)
+        click.echo(f"next: `kdagen list --gpu {gpu.name}` lists the winners (chunk_kda and fused_recurrent_kda run "
+                   f"them from now on); `kdagen bench --compare fla --shapes '{shape_text}'` times them against FLA")
+    else:
+        if ";" in dims:
+            dims = f"'{dims}'"
+        click.echo(f"next: on a machine with this GPU ({gpu.name}), `kdagen tune --head-dim {dims}{bound}` tunes these "
+                   f"kernels and stores the winners; `kdagen inspect --head-dim {_dims_text(head_dims[:1])}{bound}` "
+                   "prints their source (`kdagen export` is not built yet)")
 
 
 # --- bench ------------------------------------------------------------------------------
 
 @main.command()
-@click.option("--shape", default="1,8192,96,128", show_default=True, help="B,T,H,K for the chunkwise form")
-@click.option("--decode-batch", type=int, default=64, show_default=True)
-def bench(shape, decode_batch):
-    """Time kdagen's chunkwise forward, its forward+backward, and one decode step on the
-    current GPU.
+@click.option("--shapes", type=BENCH_SHAPES, default="1,8192,96,128;2,16384,16,128", show_default=True,
+              help="B,T,H,K or B,T,H,K,V separated by ';' (decode: B sequences of one token)")
+@click.option("--passes", type=_Passes(), default="fwd", show_default=True,
+              help="fwd (forward), fwdbwd (forward and backward), decode (one recurrent step), separated by ','")
+@click.option("--compare", type=click.Choice(["none", "fla"]), default="none", show_default=True,
+              help="also check and time flash-linear-attention's ops in the same process")
+@click.option("--dtype", "dtype_name", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES),
+              help="dtype of q, k, v and beta (g and the state are fp32)")
+@click.option("--out", "out_prefix", default="kdagen-bench", show_default=True,
+              help="write the results to OUT.json and OUT.csv")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="also draw the time per shape of each library into this PNG (needs matplotlib: "
+                   "pip install 'kdagen[plot]')")
+@click.option("--from", "from_json", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="print (and with --plot, draw) an earlier run's OUT.json instead of measuring; needs no GPU")
+@click.option("--fla-warm-jobs", type=click.IntRange(min=0), default=None,
+              help="with --compare fla: processes that compile FLA's autotuning candidates before measuring "
+                   "(default: min(14, CPUs); 0: FLA compiles them itself, one after another)")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
+def bench(shapes, passes, compare, dtype_name, out_prefix, plot_path, from_json, fla_warm_jobs, seed):
+    """Check kdagen's ops against the float64 reference and time them on this GPU at your
+    shapes; with --compare fla, flash-linear-attention's too, in the same process on the same
+    inputs.  Prints a table (time, FLA's time over kdagen's, TB/s against a copy measured
+    here, error), writes JSON and CSV, and with --plot a chart.  Needs a CUDA GPU (exit 2
+    without one), except with --from."""
+    from .tuning import benchmark as BM
 
-    The side-by-side comparison with flash-linear-attention lives in the repository's
-    bench/bench.py (it needs FLA installed)."""
-    import torch
+    try:
+        if plot_path:
+            BM.check_plot_available()
+        if from_json:
+            extra = [n for n in ("shapes", "passes", "compare", "dtype_name", "fla_warm_jobs", "seed") if _given(n)]
+            if extra:
+                raise click.UsageError(f"--from prints an earlier run; {', '.join(extra)} do(es) not apply to it")
+            try:
+                result = BM.read_json(from_json)
+            except ValueError as e:  # not JSON, or not a bench result
+                raise click.BadParameter(str(e), param_hint="--from") from None
+            _bench_report(BM, result, out_prefix if _given("out_prefix") else None, plot_path, write_json=False)
+            return
+        bench_shapes = [BM.Shape(*s) if len(s) == 5 else BM.Shape(*s, s[3]) for s in shapes]
+        spec_args = _spec_args(BM.LOWER)
+        _lower_all(spec_args, ["chunk_fwd"], sorted({(s.K, s.V) for s in bench_shapes}), dtype_name, "--shapes")
+        libraries = [BM.kdagen_library()] + ([BM.fla_library()] if compare == "fla" else [])
+        device = BM.cuda_device()
+    except BM.Unavailable as e:
+        raise click.UsageError(str(e)) from None
+    dt = as_dtype(dtype_name).torch
+    if compare == "fla":
+        jobs = BM.default_warm_jobs() if fla_warm_jobs is None else fla_warm_jobs
+        BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo)
+    result = BM.run(bench_shapes, libraries, passes, device=device, dtype=dt, timer=BM.median_timer, seed=seed,
+                    echo=click.echo, copy_bytes=BM.COPY_BYTES)
+    _bench_report(BM, result, out_prefix, plot_path, write_json=True)
 
-    if not torch.cuda.is_available():
-        click.echo("kdagen bench needs a CUDA GPU; none is visible here", err=True)
-        sys.exit(1)
-    import kdagen
-    from triton.testing import do_bench
 
-    from .tuning.candidates import random_inputs
-
-    B, T, H, K = (int(x) for x in shape.split(","))
-    x = random_inputs(B, T, H, H, K, K, torch.bfloat16, "cuda", 0)
-    ms = do_bench(lambda: kdagen.chunk_kda(**x, output_final_state=True, safe_gate=True, lower_bound=-5.0),
-                  warmup=50, rep=200, return_mode="median")
-    click.echo(f"chunk_kda {shape}: {ms:.3f} ms")
-    leaves = {n: t.detach().requires_grad_(True) for n, t in x.items()}
-    do = torch.randn_like(x["v"])
-
-    def fwd_bwd():
-        o, _ = kdagen.chunk_kda(**leaves, output_final_state=True, safe_gate=True, lower_bound=-5.0)
-        torch.autograd.grad(o, list(leaves.values()), do)
-
-    ms = do_bench(fwd_bwd, warmup=20, rep=100, return_mode="median")
-    click.echo(f"chunk_kda {shape} forward+backward: {ms:.3f} ms")
-    x = random_inputs(decode_batch, 1, 32, 32, 128, 128, torch.bfloat16, "cuda", 0)
-    us = 1e3 * do_bench(lambda: kdagen.fused_recurrent_kda(**x, output_final_state=True),
-                        warmup=50, rep=200, return_mode="median")
-    click.echo(f"fused_recurrent_kda B={decode_batch} H=32 K=V=128: {us:.1f} us")
+def _bench_report(BM, result: dict, out_prefix: str | None, plot_path: str | None, write_json: bool) -> None:
+    click.echo("")
+    for line in BM.table_lines(result):
+        click.echo(line)
+    written = []
+    if out_prefix:
+        if write_json:
+            BM.write_json(result, out_prefix + ".json")
+            written.append(out_prefix + ".json")
+        BM.write_csv(result, out_prefix + ".csv")
+        written.append(out_prefix + ".csv")
+    if plot_path:
+        BM.plot(result, plot_path)
+        written.append(plot_path)
+    if written:
+        click.echo("wrote " + ", ".join(written))
 
 
 # --- export -----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .cache.paths import generated_dir
+from .cache.paths import fall_back_for_sources, generated_dir, source_dir
 from .codegen.lower import Plan
 from .codegen.render import FAMILY_KERNELS, GeneratedSource, render
 
@@ -21,8 +21,19 @@ _LOADED: dict[str, Any] = {}
 
 
 def write_source(src: GeneratedSource) -> str:
-    """Write the source under the cache directory (atomically, once) and return its path."""
-    d = generated_dir()
+    """Write the source under the cache directory (atomically, once) and return its path.  When
+    the cache directory cannot be written (read-only, or a file), the sources go to a temporary
+    directory instead, with one warning (:func:`kdagen.cache.paths.fall_back_for_sources`)."""
+    d = source_dir()
+    try:
+        return _write_into(d, src)
+    except OSError as e:
+        if d != generated_dir():
+            raise
+        return _write_into(fall_back_for_sources(e), src)
+
+
+def _write_into(d, src: GeneratedSource) -> str:
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{src.name}.py"
     if not path.exists() or path.read_text() != src.text:

@@ -56,7 +56,7 @@ def test_export_is_not_built_and_says_so(runner):
 def test_bench_needs_a_gpu(runner, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on any machine
     r = runner.invoke(main, ["bench"])
-    assert r.exit_code == 1 and "needs a CUDA GPU" in r.output
+    assert r.exit_code == 2 and "measures on a CUDA GPU and none is visible here" in r.output
 
 
 def test_build_refuses_unknown_gpu_with_the_list(runner):

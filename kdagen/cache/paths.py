@@ -1,8 +1,12 @@
 """Where kdagen writes: the user cache directory and what lives under it (tuning-cache files,
-generated sources, Optuna journals)."""
+generated sources, Optuna journals), and where generated sources go when it cannot be written."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 ENV_CACHE_DIR = "KDAGEN_CACHE_DIR"
@@ -20,6 +24,48 @@ def cache_dir() -> Path:
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "kdagen"
 
+
+
+def cache_dir_problem(d: Path | None = None) -> str | None:
+    """Why files cannot be written under the cache directory ``d`` (default :func:`cache_dir`),
+    in words; None when they can (it is a writable directory, or one that can be created)."""
+    d = cache_dir() if d is None else d
+    name = f"{d} (${ENV_CACHE_DIR})" if os.environ.get(ENV_CACHE_DIR) else str(d)
+    p = d
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        return (f"the cache directory {name} is a file, not a directory" if p == d else
+                f"the cache directory {name} cannot be created: {p} is a file")
+    if not os.access(p, os.W_OK | os.X_OK):
+        return (f"the cache directory {name} is not writable" if p == d else
+                f"the cache directory {name} cannot be created: {p} is not writable")
+    return None
+
+
+_SOURCE_FALLBACK: Path | None = None
+
+
+def source_dir() -> Path:
+    """Where generated sources are written: :func:`generated_dir`, or the temporary directory
+    this process fell back to (:func:`fall_back_for_sources`)."""
+    return _SOURCE_FALLBACK or generated_dir()
+
+
+def fall_back_for_sources(error: OSError) -> Path:
+    """A temporary directory for this process's generated sources, after writing under the cache
+    directory failed with ``error``; the first call warns, saying why, and the directory is
+    removed at exit.  (Only the tuning cache needs the cache directory; an op needs its sources
+    in files because Triton's JIT reads a kernel's source from its file.)"""
+    global _SOURCE_FALLBACK
+    if _SOURCE_FALLBACK is None:
+        _SOURCE_FALLBACK = Path(tempfile.mkdtemp(prefix="kdagen-generated-"))
+        atexit.register(shutil.rmtree, _SOURCE_FALLBACK, True)
+        why = cache_dir_problem() or f"{type(error).__name__}: {error}"
+        warnings.warn(f"kdagen: {why}; generated kernel sources go to {_SOURCE_FALLBACK} for this process "
+                      f"(set {ENV_CACHE_DIR} to a writable directory to keep them, and tuned winners, between "
+                      "runs)", RuntimeWarning, stacklevel=3)
+    return _SOURCE_FALLBACK
 
 
 def generated_dir() -> Path:

@@ -158,7 +158,8 @@ def _compile_args(family: str, plan: Plan, dtype, spec_args: dict, cshape: tuple
 def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile,
                   dtype: torch.dtype, space: SearchSpace | None = None, progress: bool = True,
                   jobs: int = 1, shape: tuple[int, int, int, int] | None = None,
-                  pool: CompilePool | None = None, state_dtype=torch.float32) -> list[CompileSurvey]:
+                  pool: CompilePool | None = None, state_dtype=torch.float32,
+                  on_progress=None) -> list[CompileSurvey]:
     """Compile every candidate's kernels for ``gpu``'s architecture (no GPU needed); drop the
     ones that fail to compile or exceed the GPU's shared memory per block.  ``jobs`` > 1
     compiles in that many worker processes (Triton compiles one kernel per thread).
@@ -166,7 +167,9 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     ``shape``: a tuning shape (B, T, H, HV).  The kernels are specialised as Triton's JIT
     specialises them at that shape's check shape (:func:`check_shape`,
     :func:`kdagen.kernels.jit_source`), so on that GPU the tuner finds them in Triton's cache
-    and does not compile them again.  ``pool``: the compile processes to use (default: its own)."""
+    and does not compile them again.  ``pool``: the compile processes to use (default: its own).
+    ``on_progress(label, n_done, n_total, n_ok)``: called as candidates finish, instead of the
+    progress lines (:class:`kdagen.tuning.report.Progress`)."""
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
     default = default_config(family, plan)
@@ -189,9 +192,13 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
 
             def report(n_done):
                 ok = sum(1 for r in reasons.values() if r is None)
+                if on_progress is not None:
+                    return on_progress(label, n_done, len(cands), ok)
                 log_progress(f"  [{label} {n_done}/{len(cands)}] {ok} ok, {n_done - ok} dropped "
                           f"({time.time() - t0:.0f}s)", progress)
 
+            if on_progress is not None:
+                on_progress(label, 0, len(cands), 0)
             if jobs > 1 and len(cands) > 2:
                 ex = pool.get()
                 futs = {ex.submit(_compile_one, *common, c.to_dict(), which, *gpu_args, **kw): i

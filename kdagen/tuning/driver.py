@@ -186,10 +186,11 @@ def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
 
 def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[int, int]], families: list[str],
                 shapes, decode_batches, pool: CompilePool, space: SearchSpace | None = None, quiet: bool = False,
-                echo: Callable[..., None] = _print, state_dtype="fp32") -> tuple[dict, int]:
+                echo: Callable[..., None] = _print, state_dtype="fp32", on_progress=None) -> tuple[dict, int]:
     """Compile-check every family at every head dim for ``gpu`` (specialised as the first tuning
     shape will run them, so that on that GPU the tuner loads these binaries).  Returns
-    ``({(K, V, family): (plan, spec, surveys)}, the number of stages left without a config)``."""
+    ``({(K, V, family): (plan, spec, surveys)}, the number of stages left without a config)``.
+    ``on_progress``: :func:`compile_check`'s."""
     surveys_all, n_empty = {}, 0
     for K, V in head_dims:
         for fam in families:
@@ -198,7 +199,7 @@ def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[i
             first = tuning_shapes(fam, K, shapes, decode_batches)[:1]
             surveys = compile_check(fam, plan, spec, spec_args, gpu, as_dtype(dtype).torch, space=space,
                                     progress=not quiet, jobs=pool.jobs, shape=first[0][0] if first else None,
-                                    pool=pool, state_dtype=as_dtype(state_dtype).torch)
+                                    pool=pool, state_dtype=as_dtype(state_dtype).torch, on_progress=on_progress)
             for s in surveys:
                 label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
                 echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
@@ -213,12 +214,13 @@ def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[i
 def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, shapes, decode_batches,
                    space: SearchSpace | None = None, seed: int = 0, quiet: bool = False,
                    pool: CompilePool | None = None, echo: Callable[..., None] = _print,
-                   state_dtype="fp32") -> TuningCache:
+                   state_dtype="fp32", on_tuned=None) -> TuningCache:
     """Tune every compile-checked family of :func:`compile_all` at its shapes on this GPU (the
     backward at the forward winner's chunk length), with initial states of ``state_dtype``, and
     store the winners with their measured errors.  ``pool``: the compile processes for the
     compiles ahead of each search (none: nothing is compiled ahead).  ``echo(line, err=False)``
-    prints."""
+    prints.  ``on_tuned(family, K, V, shape, winner, time_ms, default_ms, error)``: called after
+    each family and shape (``winner`` None: no candidate passed)."""
     dtype, state = as_dtype(dtype).torch, as_dtype(state_dtype)
     cache = TuningCache(gpu.name)
     fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
@@ -240,6 +242,8 @@ def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, s
                     state_dtype=state.torch)
                 if fam == "chunk_fwd" and winner is not None:
                     fwd_winners[(K, V, shape)] = winner
+                if on_tuned is not None:
+                    on_tuned(fam, K, V, shape, winner, ms, default_ms, error)
                 if winner is None:
                     echo(f"  {fam} K={K} V={V} shape {shape}: no candidate passed the correctness gate", err=True)
                     continue

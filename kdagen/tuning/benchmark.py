@@ -1,0 +1,454 @@
+"""``kdagen bench``: kdagen's ops -- and, to compare, flash-linear-attention's (FLA) -- checked
+against the float64 reference and timed in one process, on the same inputs, at the user's
+shapes; then a table, JSON, CSV and (with matplotlib) a chart.
+
+Each row is one library at one shape and pass:
+
+- ``fwd``: ``chunk_kda`` with the final state (no autograd);
+- ``fwdbwd``: ``chunk_kda`` forward and backward, gradients of q, k, v, g, beta and the initial
+  state from ``o`` and the final state;
+- ``decode``: one ``fused_recurrent_kda`` step of B sequences, replayed from a CUDA graph as
+  a decode loop runs it.
+
+``error`` is the larger relative error of ``o`` and the final state against
+:func:`kdagen.spec.reference.naive_recurrent_kda` in float64 on the same inputs (the forward's;
+``fwdbwd`` rows carry none: the gradients are checked by the tests and ``bench/bench.py``).
+``TB/s`` is the least traffic a pass must move (every input, output, cotangent and gradient
+once; the backward reads the inputs again) over its median time, and ``% copy`` compares it
+with a device-to-device copy measured in the same process.
+
+Everything takes its timer and device as arguments, so that the tests run it on the CPU with
+a fake timer and a fake FLA.  FLA autotunes its kernels on first use (minutes: each candidate
+compiles in turn); :func:`warm_fla` compiles its candidates in parallel processes first, and
+every library is called once per shape and pass before it is timed."""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+from .candidates import random_inputs
+
+COPY_BYTES = 1 << 30  # the copy that measures the bandwidth ceiling (read once, written once)
+LOWER = -5.0  # the gate bound of every call (safe_gate=True): g is drawn in [-5, 0)
+PASSES = ("fwd", "fwdbwd", "decode")
+GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+CSV_FIELDS = ("shape", "B", "T", "H", "K", "V", "pass", "library", "ms", "bytes", "tbs", "pct_copy", "error",
+              "err_o", "err_state", "timing", "failed")
+FLA_MISSING = "flash-linear-attention is not importable here ({}); install it with `pip install flash-linear-attention`"
+PLOT_MISSING = "--plot needs matplotlib, which is not installed: pip install 'kdagen[plot]' (or pip install matplotlib)"
+
+
+class Unavailable(RuntimeError):
+    """Something the benchmark needs is missing here (a GPU, FLA, matplotlib); the message says
+    what and how to get it."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A benchmark shape: B sequences of T tokens, H heads, head dims K and V (decode: B
+    sequences, one token each)."""
+
+    B: int
+    T: int
+    H: int
+    K: int
+    V: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.B},{self.T},{self.H},{self.K}" + (f",{self.V}" if self.V != self.K else "")
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str
+    version: str
+    chunk: Callable  # chunk_kda, FLA's signature
+    recurrent: Callable  # fused_recurrent_kda
+
+
+def kdagen_library() -> Library:
+    import kdagen
+
+    return Library("kdagen", kdagen.__version__, kdagen.chunk_kda, kdagen.fused_recurrent_kda)
+
+
+def fla_library() -> Library:
+    """FLA's KDA ops; :class:`Unavailable` when FLA cannot be imported."""
+    try:
+        import fla
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda
+    except Exception as e:  # noqa: BLE001 - FLA missing, or importing it failed
+        raise Unavailable(FLA_MISSING.format(f"{type(e).__name__}: {e}")) from None
+    return Library("fla", str(getattr(fla, "__version__", "?")), chunk_kda, fused_recurrent_kda)
+
+
+def check_plot_available() -> None:
+    """:class:`Unavailable` unless matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise Unavailable(PLOT_MISSING) from None
+
+
+def cuda_device() -> str:
+    """The device the benchmark measures on: 'cuda'; :class:`Unavailable` without a CUDA GPU."""
+    if not torch.cuda.is_available():
+        raise Unavailable("kdagen bench measures on a CUDA GPU and none is visible here (`kdagen bench --from "
+                          "FILE.json` prints and plots an earlier run without one)")
+    return "cuda"
+
+
+def median_timer(fn: Callable[[], Any]) -> float:
+    """Milliseconds per call of ``fn``: the median of Triton's ``do_bench``."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=50, rep=200, return_mode="median")
+
+
+def _sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double().to(a.device)
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, decode: bool = False) -> dict:
+    """The inputs of every library at ``shape`` (``decode``: one token per sequence)."""
+    s = shape
+    return random_inputs(s.B, 1 if decode else s.T, s.H, s.H, s.K, s.V, dtype, device, seed)
+
+
+def reference(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state) of the float64 recurrence on ``x``, on x's device."""
+    from ..spec.reference import naive_recurrent_kda
+
+    with torch.no_grad():
+        return naive_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                   output_final_state=True)
+
+
+def pass_fn(lib: Library, pass_: str, x: dict) -> tuple[Callable[[], Any], Callable[[], tuple], int]:
+    """``(fn, outputs, bytes)`` of one library at one pass on inputs ``x``: ``fn`` runs it once;
+    ``outputs()`` runs the forward once more and returns (o, final state) to check (None for
+    ``fwdbwd``); ``bytes``: the least traffic ``fn`` must move."""
+    nbytes = sum(t.numel() * t.element_size() for t in x.values())
+    out_bytes = x["v"].numel() * x["v"].element_size() + x["initial_state"].numel() * 4
+    if pass_ == "fwd":
+        def fwd():
+            with torch.no_grad():
+                return lib.chunk(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER)
+
+        return fwd, fwd, nbytes + out_bytes
+    if pass_ == "decode":
+        def step():
+            with torch.no_grad():
+                return lib.recurrent(**x, output_final_state=True)
+
+        return step, step, nbytes + out_bytes
+    if pass_ != "fwdbwd":
+        raise ValueError(f"unknown pass {pass_!r}; known: {', '.join(PASSES)}")
+    leaves = {n: t.detach().requires_grad_(n in GRAD_NAMES) for n, t in x.items()}
+    gen = torch.Generator(device=x["v"].device).manual_seed(7)
+    do = torch.randn(x["v"].shape, generator=gen, device=x["v"].device).to(x["v"].dtype)
+    dht = torch.randn(x["initial_state"].shape, generator=gen, device=x["v"].device)
+
+    def fwd_bwd():
+        o, s = lib.chunk(**leaves, output_final_state=True, safe_gate=True, lower_bound=LOWER)
+        return torch.autograd.grad((o, s), [leaves[n] for n in GRAD_NAMES], (do, dht))
+
+    # forward, then the backward re-reading the inputs, the cotangents and writing the gradients
+    return fwd_bwd, None, 2 * nbytes + out_bytes + out_bytes + nbytes
+
+
+def graphed(fn: Callable[[], Any], device: str) -> tuple[Callable[[], Any], str]:
+    """``fn`` captured in a CUDA graph (its replay, and 'graph'), as a decode loop runs it;
+    ``fn`` itself and 'eager' off a GPU or when it cannot be captured."""
+    if not str(device).startswith("cuda"):
+        return fn, "eager"
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return g.replay, "graph"
+    except Exception:  # noqa: BLE001 - a library whose call cannot be captured is timed eagerly
+        torch.cuda.synchronize()
+        return fn, "eager"
+
+
+def copy_gbs(timer: Callable, device: str, n_bytes: int = 1 << 30) -> float:
+    """GB/s of a device-to-device copy of ``n_bytes`` (read and written)."""
+    a = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).uniform_()
+    b = torch.empty_like(a)
+    ms = timer(lambda: b.copy_(a))
+    del a, b
+    return 2 * n_bytes / (ms * 1e-3) / 1e9
+
+
+def measure(lib: Library, pass_: str, shape: Shape, x: dict, ref, timer: Callable, copy: float,
+            device: str) -> dict:
+    """One row: check ``lib`` at ``pass_`` against ``ref`` and time it.  A library that fails
+    gets a row that says why, and the benchmark goes on."""
+    row: dict[str, Any] = dict(shape=shape.label, **asdict(shape), library=lib.name, timing="eager", error=None,
+                               err_o=None, err_state=None, ms=None, bytes=None, tbs=None, pct_copy=None, failed=None)
+    row["pass"] = pass_
+    try:
+        fn, outputs, nbytes = pass_fn(lib, pass_, x)
+        fn()  # first use: FLA autotunes here, not inside the timing
+        _sync(device)
+        if outputs is not None:
+            o, s = outputs()
+            _sync(device)
+            row["err_o"], row["err_state"] = rel(o, ref[0]), rel(s, ref[1])
+            row["error"] = max(row["err_o"], row["err_state"])
+        if pass_ == "decode":
+            fn, row["timing"] = graphed(fn, device)
+        ms = timer(fn)
+        row.update(ms=ms, bytes=nbytes, tbs=nbytes / (ms * 1e-3) / 1e12, pct_copy=100 * nbytes / (ms * 1e-3) / 1e9 / copy)
+    except Exception as e:  # noqa: BLE001 - one library's failure is reported in its row
+        _sync_quietly(device)
+        row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return row
+
+
+def _sync_quietly(device: str) -> None:
+    try:
+        _sync(device)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def environment(libraries: Iterable[Library], device: str) -> dict:
+    import triton
+
+    gpu = torch.cuda.get_device_name() if str(device).startswith("cuda") else platform.processor() or "cpu"
+    env = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), device=gpu, torch=torch.__version__,
+               triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version())
+    env.update({lib.name: lib.version for lib in libraries})
+    return env
+
+
+def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *, device: str, dtype=torch.bfloat16,
+        timer: Callable = median_timer, seed: int = 0, echo: Callable[[str], None] = print,
+        copy_bytes: int = 1 << 30) -> dict:
+    """Check and time every library at every shape and pass; returns ``{"env", "copy_gbs",
+    "dtype", "rows"}`` (what :func:`write_json` writes)."""
+    copy = copy_gbs(timer, device, copy_bytes)
+    echo(f"device copy: {copy / 1e3:.2f} TB/s (read + write, median)")
+    rows = []
+    for shape in shapes:
+        for decode in (False, True):
+            todo = [p for p in passes if (p == "decode") == decode]
+            if not todo:
+                continue
+            x = inputs(shape, dtype, device, seed, decode=decode)
+            ref = reference(x)
+            for pass_ in todo:
+                for lib in libraries:
+                    row = measure(lib, pass_, shape, x, ref, timer, copy, device)
+                    rows.append(row)
+                    echo(f"  {pass_:<6} {shape.label:<18} {lib.name:<7} " + (
+                        f"failed: {row['failed']}" if row["failed"] else
+                        f"{row['ms']:.4f} ms  error {'-' if row['error'] is None else format(row['error'], '.1e')}"))
+            del x, ref
+            if str(device).startswith("cuda"):
+                torch.cuda.empty_cache()
+    return {"env": environment(libraries, device), "dtype": str(dtype).replace("torch.", ""), "copy_gbs": copy,
+            "rows": rows}
+
+
+def _ms(ms: float) -> str:
+    return f"{ms * 1e3:.1f} us" if ms < 0.1 else f"{ms:.3f} ms"
+
+
+def table_lines(result: dict) -> list[str]:
+    """The comparison table: one line per shape and pass, each library's time, TB/s (and the
+    share of the copy ceiling) and error, and kdagen's speed-up over the others."""
+    from .report import table
+
+    rows = result["rows"]
+    libs = list(dict.fromkeys(r["library"] for r in rows))
+    others = [lib for lib in libs if lib != "kdagen"]
+    groups: dict[tuple, dict] = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["pass"]), {})[r["library"]] = r
+    headers = ["shape B,T,H,K[,V]", "pass"]
+    for lib in libs:
+        headers += [f"{lib} time", f"{lib} TB/s (copy %)", f"{lib} error"]
+    headers += [f"{o}/kdagen" for o in others if "kdagen" in libs]
+    out = []
+    for (shape, pass_), by_lib in groups.items():
+        line = [shape, pass_]
+        for lib in libs:
+            r = by_lib.get(lib)
+            if r is None or r["failed"]:
+                line += ["failed" if r else "-", "-", "-"]
+                continue
+            line += [_ms(r["ms"]), f"{r['tbs']:.2f} ({r['pct_copy']:.0f}%)",
+                     "-" if r["error"] is None else f"{r['error']:.1e}"]
+        for o in others:
+            if "kdagen" not in libs:
+                continue
+            a, b = by_lib.get("kdagen"), by_lib.get(o)
+            ok = a and b and not a["failed"] and not b["failed"]
+            line.append(f"x{b['ms'] / a['ms']:.2f}" if ok else "-")
+        out.append(line)
+    lines = [f"{result['env'].get('device', '?')}, {result.get('dtype', '?')} inputs, gate >= {LOWER:g}; device copy "
+             f"{result['copy_gbs'] / 1e3:.2f} TB/s; times are medians"
+             + (f"; {', '.join(others)}/kdagen > 1: kdagen is faster" if others and "kdagen" in libs else "")]
+    lines += table(headers, out, align="ll" + "rrr" * len(libs) + "r" * len(others))
+    failed = [r for r in rows if r["failed"]]
+    for r in failed:
+        lines.append(f"  {r['library']} {r['pass']} {r['shape']} failed: {r['failed']}")
+    return lines
+
+
+def write_json(result: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def read_json(path: str) -> dict:
+    with open(path) as f:
+        result = json.load(f)
+    if not isinstance(result, dict) or not isinstance(result.get("rows"), list):
+        raise ValueError(f"{path} is not a kdagen bench result (no 'rows' list)")
+    return result
+
+
+def write_csv(result: dict, path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in result["rows"]:
+            w.writerow(r)
+
+
+def plot(result: dict, path: str) -> None:
+    """A chart of the time per shape for each library, one panel per pass, to ``path``."""
+    check_plot_available()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if not r["failed"]]
+    passes = list(dict.fromkeys(r["pass"] for r in rows))
+    libs = list(dict.fromkeys(r["library"] for r in rows))
+    titles = {"fwd": "forward", "fwdbwd": "forward + backward", "decode": "decode step"}
+    fig, axes = plt.subplots(1, max(1, len(passes)), figsize=(5.5 * max(1, len(passes)), 4.2), squeeze=False)
+    for ax, pass_ in zip(axes[0], passes):
+        shapes = list(dict.fromkeys(r["shape"] for r in rows if r["pass"] == pass_))
+        width = 0.8 / max(1, len(libs))
+        for i, lib in enumerate(libs):
+            ms = {r["shape"]: r["ms"] for r in rows if r["pass"] == pass_ and r["library"] == lib}
+            xs = [j + (i - (len(libs) - 1) / 2) * width for j in range(len(shapes))]
+            ys = [ms.get(s, 0.0) for s in shapes]
+            bars = ax.bar(xs, ys, width, label=lib)
+            ax.bar_label(bars, labels=[_ms(y) if y else "" for y in ys], fontsize=7, padding=2)
+        ax.set_xticks(range(len(shapes)), [f"({s})" for s in shapes], fontsize=8)
+        ax.set_xlabel("shape (B, T, H, K[, V])")
+        ax.set_ylabel("median time (ms)")
+        ax.set_title(titles.get(pass_, pass_))
+        ax.legend()
+    env = result.get("env", {})
+    fig.suptitle(f"KDA on {env.get('device', '?')}, {result.get('dtype', '')}: " + ", ".join(
+        f"{lib} {env.get(lib, '')}".strip() for lib in libs), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+# --- FLA's autotuning, compiled ahead in parallel -------------------------------------------
+
+class _ConfigShare:
+    """Within the block, Triton's autotuners keep only candidates ``index``, ``index + count``,
+    ... (at least one): ``count`` processes running the same calls then compile every candidate
+    once between them, into Triton's shared on-disk cache."""
+
+    def __init__(self, index: int, count: int):
+        self.index, self.count = index, count
+
+    def __enter__(self):
+        from triton.runtime import autotuner
+
+        self._cls, self._original = autotuner.Autotuner, autotuner.Autotuner.prune_configs
+        original, index, count = self._original, self.index, self.count
+
+        def my_share(tuner, kwargs):
+            configs = original(tuner, kwargs)
+            return configs[index::count] or configs[:1]
+
+        self._cls.prune_configs = my_share
+        return self
+
+    def __exit__(self, *exc):
+        self._cls.prune_configs = self._original
+
+
+def fla_share_worker(index: int, count: int, shapes: list[Shape], passes: list[str], dtype_name: str,
+                     device: str = "cuda") -> str:
+    """One warm-up process: FLA at every shape and pass, autotuning over its share of the
+    candidates (the timings are thrown away; only the compiles are kept, in Triton's cache)."""
+    from ..dtypes import dtype as as_dtype
+
+    done, errors = 0, []
+    with _ConfigShare(index, count):
+        lib = fla_library()
+        for shape in shapes:
+            for pass_ in passes:
+                try:
+                    fn, _, _ = pass_fn(lib, pass_, inputs(shape, as_dtype(dtype_name).torch, device, 0,
+                                                          decode=pass_ == "decode"))
+                    fn()
+                    _sync(device)
+                    done += 1
+                except Exception as e:  # noqa: BLE001 - e.g. a share with only configs too large to run
+                    errors.append(f"{pass_} {shape.label}: {type(e).__name__}")
+    return f"worker {index}: {done} calls" + (f", {len(errors)} failed ({errors[0]})" if errors else "")
+
+
+def warm_fla(shapes: list[Shape], passes: list[str], dtype, jobs: int, echo: Callable[[str], None] = print) -> float:
+    """Compile FLA's autotuning candidates at these shapes and passes in ``jobs`` spawned
+    processes (each a share, :func:`fla_share_worker`), so that the measuring process's own
+    autotuning finds them compiled and only benchmarks them.  Returns the seconds it took."""
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    from ..dtypes import dtype as as_dtype
+
+    if jobs <= 1:
+        return 0.0
+    t0 = time.time()
+    echo(f"compiling FLA's autotuning candidates in {jobs} processes ...")
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+        futs = [ex.submit(fla_share_worker, i, jobs, shapes, list(passes), as_dtype(dtype).short) for i in range(jobs)]
+        failed = 0
+        for f in futs:
+            try:
+                f.result()
+            except Exception:  # noqa: BLE001 - a lost worker: the measuring process compiles its share itself
+                failed += 1
+    echo(f"  done in {time.time() - t0:.0f}s" + (f" ({failed} of {jobs} processes failed)" if failed else ""))
+    return time.time() - t0
+
+
+def default_warm_jobs() -> int:
+    return max(1, min(14, os.cpu_count() or 1))
