@@ -136,17 +136,21 @@ def sync_free():
     torch.cuda.synchronize()
     try:
         torch.cuda.set_sync_debug_mode("error")
-        for packed in (False, True):
+        host_cu = geo.cu().cpu()  # made before the mode is on: reading it back is a synchronisation
+        for form in ("batch", "packed", "packed, cu_seqlens on the host"):
+            packed = form != "batch"
             for pool_dtype in (torch.float32, torch.bfloat16):
                 pool, slots = geo.pool(gen, pool_dtype)
                 out = torch.empty_like(geo.tokens(gen, packed)["v"])
                 for call in range(3):  # the first call of a geometry, then the fast path
+                    cu = None if not packed else (host_cu if "host" in form else geo.cu())
                     kdagen.fused_recurrent_kda(**geo.tokens(gen, packed), initial_state=pool, ssm_state_indices=slots,
-                                               cu_seqlens=geo.cu() if packed else None, out=out)
-                    done.append(f"{'packed' if packed else 'batch'}/{str(pool_dtype)[6:]}/call{call}")
+                                               cu_seqlens=cu, out=out)
+                    done.append(f"{form}/{str(pool_dtype)[6:]}/call{call}")
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", True,
-              f"{len(done)} calls: first and later calls of batch and packed forms, fp32 and bf16 pools")
+              f"{len(done)} calls: first and later calls of the batch and packed forms (cu_seqlens on the device "
+              "and on the host), fp32 and bf16 pools")
     except Exception as e:  # noqa: BLE001
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", False,

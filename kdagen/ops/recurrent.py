@@ -44,12 +44,16 @@ def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_st
 
 
 def _on_device(cu_seqlens, dev):
+    """cu_seqlens where the kernel reads it.  A host cu_seqlens is staged through pinned memory
+    and copied asynchronously (a plain copy would wait for the device)."""
     if cu_seqlens.device == dev:
         return cu_seqlens
-    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if dev.type != "cuda":
+        return cu_seqlens.to(dev)
+    if torch.cuda.is_current_stream_capturing():
         raise ValueError("cu_seqlens is on the host: a CUDA graph cannot capture its copy to the device; "
                          "put cu_seqlens on the device to capture fused_recurrent_kda")
-    return cu_seqlens.to(dev)
+    return cu_seqlens.pin_memory().to(dev, non_blocking=True)
 
 
 def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
@@ -105,8 +109,9 @@ def fused_recurrent_kda(
     Serving: nothing here reads a value from the device.  The sequences' count is
     ``cu_seqlens.numel() - 1`` and every check is on shapes, dtypes and devices, so a call
     never waits for the GPU and the packed form (``cu_seqlens`` on the device, with a pool)
-    can be captured in a CUDA graph.  (A cu_seqlens on the host is checked on the host, and
-    copied to the device, which a CUDA graph cannot capture.)  A decode loop's repeated
+    can be captured in a CUDA graph.  (A cu_seqlens on the host is checked on the host and
+    copied to the device asynchronously, through pinned memory: no wait either, but a CUDA
+    graph cannot capture that copy.)  A decode loop's repeated
     calls of one geometry are validated and planned once: later calls only lay out the
     arguments and launch; with ``out=`` and a pool they allocate nothing.  In-kernel, offsets
     are clamped to [0, T] and slots to the pool, so unchecked values never address memory
