@@ -75,12 +75,56 @@ def _pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
 
+INVERSE_PRECISIONS = ("bf16", "tf32", "ieee")  # operands of the forward solve's (I + A)^-1 products
+FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward solve's A products
+
+
 @dataclass(frozen=True)
 class ChunkFwdConfig(_Config):
-    """Chunkwise forward: an intra-chunk launch and a fused state-pass launch."""
+    """Chunkwise forward (prefill, inference): a chunk-parallel solve launch and a state pass.
+
+    The solve builds each chunk from halves of 32 rows (two halves when ``chunk_size`` is 64),
+    each in sub-tiles of ``sub_chunk`` rows, and writes qg, bk, kgL = L^T kg, P = A_qk L and
+    G_n; the state pass walks the chunks with the state in registers.  A training call runs
+    :class:`ChunkTrainConfig`'s kernels instead (they also keep what the backward reads)."""
 
     kernel: ClassVar[str] = "chunk_fwd"
-    chunk_size: int = 64  # C: tokens per chunk
+    chunk_size: int = 64  # C: tokens per chunk, 32 or 64 (one or two halves)
+    sub_chunk: int = 16  # BC: rows per factorised sub-tile
+    intra_num_warps: int = 4  # the solve launch
+    intra_num_stages: int = 1
+    state_block_v: int = 32  # BV: V tile owned by one state-pass program
+    state_num_warps: int = 4
+    state_num_stages: int = 3  # software-pipelining depth of the state pass's loop over chunks
+    state_prefetch: bool = True  # load v, beta and G_n of the next chunk one iteration ahead
+    inverse_precision: str = "bf16"  # operands of the (I + A)^-1 products (fp32 inputs: always ieee)
+    factor_precision: str = "input"  # the factored q/k tiles of the A products: the input dtype or fp32
+
+    def __post_init__(self):
+        self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "intra_num_warps", "state_num_warps")
+        if self.chunk_size not in (32, 64):
+            raise ConfigError(f"chunk_fwd: chunk_size must be 32 or 64, got {self.chunk_size}")
+        if self.sub_chunk != 16:
+            raise ConfigError(f"chunk_fwd: sub_chunk must be 16 (two sub-tiles per 32-row half), got {self.sub_chunk}")
+        if self.state_block_v < 16:
+            raise ConfigError(f"chunk_fwd: state_block_v must be >= 16 (the smallest tl.dot tile), got {self.state_block_v}")
+        self._check_stages("intra_num_stages", "state_num_stages")
+        self._check_choice("inverse_precision", INVERSE_PRECISIONS)
+        self._check_choice("factor_precision", FACTOR_PRECISIONS)
+        if not isinstance(self.state_prefetch, bool):
+            raise ConfigError(f"chunk_fwd: state_prefetch must be a bool, got {self.state_prefetch!r}")
+
+
+@dataclass(frozen=True)
+class ChunkTrainConfig(_Config):
+    """Chunkwise forward of a training call: an intra-chunk launch writing W = T (Gamma K),
+    U = T V, qg, kg and A_qk, and a fused state pass that also keeps the state entering every
+    chunk and V' = U - W S for the backward (whose intra-chunk re-run is this launch too).
+
+    Its ``chunk_size`` and ``sub_chunk`` are the backward config's."""
+
+    kernel: ClassVar[str] = "chunk_train"
+    chunk_size: int = 32  # C: tokens per chunk
     sub_chunk: int = 16  # BC: tokens per factorised sub-tile (bounded by the gate)
     intra_block_k: int = 64  # BK tile of the intra-chunk launch
     intra_num_warps: int = 4
@@ -107,8 +151,8 @@ class ChunkBwdConfig(_Config):
     """Chunkwise backward: a reverse state pass, a chunk-parallel launch for the products
     that contract over V, and an intra-chunk gradient launch.
 
-    ``chunk_size`` and ``sub_chunk`` must equal the forward config's (the backward walks the
-    same chunks); the op derives them from the forward and keeps the other fields."""
+    ``chunk_size`` and ``sub_chunk`` are those of the training forward (:class:`ChunkTrainConfig`),
+    which walks the same chunks."""
 
     kernel: ClassVar[str] = "chunk_bwd"
     chunk_size: int = 32  # C: tokens per chunk (same as the forward)
@@ -156,7 +200,8 @@ class RecurrentConfig(_Config):
         self._check_stages("num_stages")
 
 
-CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, RecurrentConfig, ChunkBwdConfig)}
+CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,
+                                                                  ChunkBwdConfig)}
 
 
 def config_from_dict(kernel: str, d: dict[str, Any]) -> _Config:

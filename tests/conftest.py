@@ -85,9 +85,12 @@ def run_poisoned(launches, outputs):
     """Run ``chunk_kda_launches``' launches after filling every buffer the kernels write --
     the outputs and the intermediates between the two launches -- with NaN.  An element a
     kernel forgets to write (or a masked-off element it reads) then shows up as NaN."""
-    intra, state = launches
-    for name in ("qg", "kg", "w", "u", "aqk", "gn"):
-        poison(intra.args[name])
+    first = launches[0]
+    # the intermediates of the training forward (intra -> state) and of the inference forward
+    # (solve -> pass); the inference pass must not read P's unwritten upper-right block either
+    for name in ("qg", "kg", "w", "u", "aqk", "gn", "bk", "kgl", "pm"):
+        if name in first.args and first.args[name].numel() > 1:
+            poison(first.args[name])
     for t in outputs:
         if t is not None:
             poison(t)
@@ -123,6 +126,8 @@ def make_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, seed=0, n_seqs=None, 
     gate="random": g in [g_lo, 0) (default [-5, 0)) with ~10% of the entries exactly g_lo;
     gate="lb": g == -5 everywhere;
     gate="raw": N(0, 1.5^2) raw gate input for the in-kernel gate;
+    gate="below": in [-5, 0) but 20 tokens at -8 and one at -20 (below a -5 bound);
+    gate="inf": in [-5, 0) with -inf (a reset) at one token and in some channels of another;
     beta="random": in (0, 1) with some tokens exactly 0 and exactly 1; "zero" / "one": constant.
     q, k, v, beta are in ``dtype``; g and the initial state stay float32."""
     gen = torch.Generator().manual_seed(seed)
@@ -136,6 +141,14 @@ def make_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, seed=0, n_seqs=None, 
         g = torch.full((B, T, HV, K), -5.0)
     elif gate == "raw":
         g = 1.5 * torch.randn(B, T, HV, K, generator=gen)
+    elif gate in ("below", "inf"):
+        g = -5.0 * torch.rand(B, T, HV, K, generator=gen)
+        if gate == "below":  # 20 tokens at -8 (160 per 20 tokens: over any 16-token budget of 80), one at -20
+            g[:, T // 4:T // 4 + 20] = -8.0
+            g[:, (2 * T) // 3] = -20.0
+        else:  # resets: a whole token, and some channels of another
+            g[:, T // 3] = float("-inf")
+            g[:, min(T - 1, T // 3 + 2), :, : K // 3] = float("-inf")
     else:
         raise ValueError(gate)
     if beta == "random":

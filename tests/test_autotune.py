@@ -7,39 +7,39 @@ from kdagen.cache.heuristics import default_config
 from kdagen.tuning import candidates as CA, compile_pool as CP, driver as D, families as F
 from kdagen.config import ChunkFwdConfig
 from kdagen.cache.gpus import get_profile
-from kdagen.cache.heuristics import default_chunk_config
+from kdagen.cache.heuristics import default_chunk_config, default_train_config
 from kdagen.ops.inputs import select_spec
 from kdagen.tuning.space import SearchSpace
 
 SPACE = SearchSpace.from_dict({
     "kernel": "chunk_fwd",
-    "params": {"chunk_size": [32, 64], "intra_block_k": [32, 64], "state_block_v": [16, 32]},
-    "stages": {"intra": {"launch": "chunk_intra", "fields": ["chunk_size", "intra_block_k"]},
-               "state": {"launch": "chunk_state", "fields": ["chunk_size", "state_block_v"]}},
+    "params": {"chunk_size": [32, 64], "intra_num_warps": [4, 8], "state_block_v": [16, 32]},
+    "stages": {"intra": {"launch": "chunk_solve", "fields": ["chunk_size", "intra_num_warps"]},
+               "state": {"launch": "chunk_pass", "fields": ["chunk_size", "state_block_v"]}},
 })
 
 
 class FakeCandidate:
-    """Times are a made-up function of the fields of the stage being tuned; intra_block_k=32
+    """Times are a made-up function of the fields of the stage being tuned; intra_num_warps=4
     with chunk_size=64 is 'fastest' but numerically wrong and must be rejected."""
 
     tolerance = 1e-3
 
     def __init__(self, family, launch, plan, spec_args, dtype, shape, device="cuda", fwd_config=None,
                  state_dtype=None):
-        self.stage = {"chunk_intra": "intra", "chunk_state": "state"}[launch]
+        self.stage = {"chunk_solve": "intra", "chunk_pass": "state"}[launch]
 
     def build(self, config):
         return config
 
     def check(self, config):  # wrong: 1.0; otherwise a made-up small error that names the config
         if self.stage == "intra":
-            return 1.0 if (config.chunk_size, config.intra_block_k) == (64, 32) else 1e-6 * config.intra_block_k
+            return 1.0 if (config.chunk_size, config.intra_num_warps) == (64, 4) else 1e-6 * config.intra_num_warps
         return 1e-7 * config.state_block_v
 
     def time(self, config):
         if self.stage == "intra":
-            return {(32, 32): 3.0, (32, 64): 2.0, (64, 32): 0.1, (64, 64): 2.5}[(config.chunk_size, config.intra_block_k)]
+            return {(32, 4): 3.0, (32, 8): 2.0, (64, 4): 0.1, (64, 8): 2.5}[(config.chunk_size, config.intra_num_warps)]
         return {(32, 16): 1.0, (32, 32): 0.9, (64, 16): 0.2, (64, 32): 0.3}[(config.chunk_size, config.state_block_v)]
 
 
@@ -51,7 +51,7 @@ def test_stage_candidates_vary_only_their_stage(monkeypatch):
     intra = F.stage_candidates(SPACE, ctx, "intra", d)
     assert len(intra) == 4 and {c.state_block_v for c in intra} == {d.state_block_v}
     state = F.stage_candidates(SPACE, ctx, "state", d)
-    assert len(state) == 4 and {c.intra_block_k for c in state} == {d.intra_block_k}
+    assert len(state) == 4 and {c.intra_num_warps for c in state} == {d.intra_num_warps}
 
 
 def test_tune_family_combines_the_best_stage_per_chunk_length(tmp_path, monkeypatch):
@@ -61,14 +61,14 @@ def test_tune_family_combines_the_best_stage_per_chunk_length(tmp_path, monkeypa
     plan = F.lower_for(spec, "chunk_fwd", 64, 64, torch.float32)
     winner, ms, default_ms, error, results = D.tune_family("chunk_fwd", plan, spec, {}, get_profile("h200"),
                                                     torch.float32, (1, 256, 1, 1), space=SPACE, progress=False)
-    # C=64: intra best *valid* is BK=64 (2.5; BK=32 is wrong), state best 0.2 -> 2.7
+    # C=64: intra best *valid* is 8 warps (2.5; 4 warps is wrong), state best 0.2 -> 2.7
     # C=32: intra 2.0 + state 0.9 -> 2.9; so C=64 wins with the correct intra config
     assert isinstance(winner, ChunkFwdConfig)
-    assert (winner.chunk_size, winner.intra_block_k, winner.state_block_v) == (64, 64, 16)
+    assert (winner.chunk_size, winner.intra_num_warps, winner.state_block_v) == (64, 8, 16)
     assert abs(ms - 2.7) < 1e-9
     assert results["intra"].n_rejected >= 1
     # the winner's error is what was measured for the stage configs it combines: the larger
-    assert error == max(1e-6 * 64, 1e-7 * 16)
+    assert error == max(1e-6 * 8, 1e-7 * 16)
 
 
 # ------------------------------------------------------------- the real candidate, on CPU
@@ -79,7 +79,7 @@ from kdagen.config import ChunkBwdConfig, RecurrentConfig  # noqa: E402
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,launch,shape", [("chunk_fwd", "chunk_state", (2, 40, 2, 4)),
+@pytest.mark.parametrize("family,launch,shape", [("chunk_fwd", "chunk_pass", (2, 40, 2, 4)),
                                                  ("chunk_bwd", "chunk_bwd_dqkw", (1, 40, 1, 2)),
                                                  ("chunk_bwd", "chunk_bwd_intra", (2, 40, 2, 4)),
                                                  ("recurrent", None, (3, 1, 2, 2))])
@@ -148,7 +148,7 @@ def test_isolated_staged_tuning_end_to_end_on_cpu(tmp_path, monkeypatch):
                                    "stages": {"state": {"launch": "chunk_bwd_state", "fields": ["state_block_v"]},
                                               "dqkw": {"launch": "chunk_bwd_dqkw", "fields": ["dqkw_block_k"]},
                                               "intra": {"launch": "chunk_bwd_intra", "fields": ["intra_block_k"]}}})
-    fwd = default_chunk_config(plan).replace(chunk_size=16)
+    fwd = default_train_config(plan).replace(chunk_size=16)
     winner, ms, default_ms, error, results = D.tune_family(
         "chunk_bwd", plan, spec, dict(safe_gate=True, lower_bound=-5.0), get_profile("h200"), torch.float32,
         (1, 40, 1, 2), space=space, progress=False, isolate=True, device="cpu", fwd_config=fwd)
@@ -183,7 +183,7 @@ def _record_pid(*args, **kw):
     import os
     from pathlib import Path
 
-    (Path(os.environ["KDAGEN_TEST_PIDS"]) / f"{os.getpid()}-{args[6]['chunk_size']}").touch()
+    (Path(os.environ["KDAGEN_TEST_PIDS"]) / f"{os.getpid()}-{args[6]['state_block_v']}").touch()
 
 
 @pytest.mark.slow
@@ -198,10 +198,10 @@ def test_a_shared_pool_compiles_every_shape_in_the_same_workers(tmp_path, monkey
     d = default_chunk_config(plan)
     h200 = get_profile("h200")
 
-    def pids(C):
-        CP.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("intra", d.replace(chunk_size=C))] * 6,
+    def pids(bv):
+        CP.precompile("chunk_fwd", plan, {}, torch.float32, (1, 64, 1, 1), [("state", d.replace(state_block_v=bv))] * 6,
                      jobs=2, gpu=h200, pool=pool, progress=False)
-        return {f.name.split("-")[0] for f in tmp_path.glob(f"*-{C}")}
+        return {f.name.split("-")[0] for f in tmp_path.glob(f"*-{bv}")}
 
     with CP.CompilePool(2) as pool:
         first, second = pids(16), pids(32)
@@ -236,10 +236,10 @@ def test_resumed_study_precompiles_only_what_it_will_build(tmp_path, monkeypatch
     assert len(compiled[0]) == 8  # 4 + 4 candidates (the default is one of each stage's)
     by_stage = {}
     for stage, cfg in compiled[1]:
-        by_stage.setdefault(stage, set()).add((cfg.chunk_size, cfg.intra_block_k, cfg.state_block_v))
-    # intra: the fastest valid (C=32, BK=64: 2.0) and the default; state: the fastest (C=64, BV=16) and the default
-    dk = (d.chunk_size, d.intra_block_k, d.state_block_v)
-    assert by_stage == {"intra": {(32, 64, d.state_block_v), dk}, "state": {(64, d.intra_block_k, 16), dk}}
+        by_stage.setdefault(stage, set()).add((cfg.chunk_size, cfg.intra_num_warps, cfg.state_block_v))
+    # intra: the fastest valid (C=32, 8 warps: 2.0) and the default; state: the fastest (C=64, BV=16) and the default
+    dk = (d.chunk_size, d.intra_num_warps, d.state_block_v)
+    assert by_stage == {"intra": {(32, 8, d.state_block_v), dk}, "state": {(64, d.intra_num_warps, 16), dk}}
 
 
 def test_decode_is_timed_as_the_ops_launch_not_the_eager_op(monkeypatch):
@@ -288,11 +288,11 @@ def test_compile_check_compiles_the_launch_each_stage_names(monkeypatch):
     monkeypatch.setattr(CP, "compile_for_target", fake_compile)
     space = SearchSpace.from_dict({
         "kernel": "chunk_fwd", "params": {"chunk_size": [32], "state_block_v": [16]},
-        "stages": {"state": {"launch": "chunk_state", "fields": ["state_block_v"]},
-                   "intra": {"launch": "chunk_intra", "fields": ["chunk_size"]}}})
+        "stages": {"state": {"launch": "chunk_pass", "fields": ["state_block_v"]},
+                   "intra": {"launch": "chunk_solve", "fields": ["chunk_size"]}}})
     spec = select_spec(False, True, -5.0, False, False)
     plan = F.lower_for(spec, "chunk_fwd", 16, 16, torch.float32)
     surveys = CP.compile_check("chunk_fwd", plan, spec, {"safe_gate": True, "lower_bound": -5.0},
                                get_profile("h200"), torch.float32, space=space, progress=False)
     assert [s.stage for s in surveys] == ["state", "intra"] and all(s.survivors for s in surveys)
-    assert [n.split("_", 1)[1].rsplit("_", 1)[0] for n in compiled] == ["chunk_state", "chunk_intra"]
+    assert [n.split("_", 1)[1].rsplit("_", 1)[0] for n in compiled] == ["chunk_pass", "chunk_solve"]

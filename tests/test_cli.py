@@ -77,10 +77,10 @@ def test_build_h800_compile_only_end_to_end(runner, tmp_path):
     space = tmp_path / "tiny.json"
     space.write_text(json.dumps({
         "kernel": "chunk_fwd", "version": 1,
-        "params": {"chunk_size": [32], "intra_block_k": [64], "intra_num_warps": [4],
-                   "state_block_v": [32, 64], "state_num_warps": [2]},
-        "stages": {"intra": {"launch": "chunk_intra", "fields": ["chunk_size", "intra_block_k", "intra_num_warps"]},
-                   "state": {"launch": "chunk_state", "fields": ["chunk_size", "state_block_v", "state_num_warps"]}},
+        "params": {"chunk_size": [64], "intra_num_warps": [4],
+                   "state_block_v": [32, 64], "state_num_warps": [4]},
+        "stages": {"intra": {"launch": "chunk_solve", "fields": ["chunk_size", "intra_num_warps"]},
+                   "state": {"launch": "chunk_pass", "fields": ["chunk_size", "state_block_v", "state_num_warps"]}},
         "constraints": ["smem_estimate <= smem_limit"]}))
     r = _kdagen(["build", "--gpu", "h800", "--head-dim", "64", "--space", str(space), "--quiet"], tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -131,7 +131,7 @@ from kdagen.tuning.space import SearchSpace
 spec = select_spec(False, True, -5.0, False, False)
 plan = lower_for(spec, "chunk_fwd", 64, 64, torch.bfloat16)
 space = SearchSpace.from_dict({"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
-                               "stages": {"state": {"launch": "chunk_state",
+                               "stages": {"state": {"launch": "chunk_pass",
                                                     "fields": ["chunk_size", "state_block_v"]}}})
 tiny = get_profile("h100").__class__(**{**get_profile("h100").__dict__, "name": "tiny", "smem_per_block_bytes": 4096})
 (survey,) = compile_check("chunk_fwd", plan, spec, {"safe_gate": True, "lower_bound": -5.0}, tiny,
@@ -147,9 +147,9 @@ print(survey.total, len(survey.survivors), survey.failures[0][1] if survey.failu
 
 
 def test_inspect_prints_generated_source(runner):
-    r = runner.invoke(main, ["inspect", "--head-dim", "96,192", "--lower-bound", "-5", "--kernel", "chunk_state"])
+    r = runner.invoke(main, ["inspect", "--head-dim", "96,192", "--lower-bound", "-5", "--kernel", "chunk_pass"])
     assert r.exit_code == 0, r.output
-    assert "# plan  :" in r.output and "@triton.jit" in r.output and "kda_chunk_state_" in r.output
+    assert "# plan  :" in r.output and "@triton.jit" in r.output and "kda_chunk_pass_" in r.output
     r = runner.invoke(main, ["inspect", "--form", "recurrent", "--gate-in-kernel", "softplus"])
     assert r.exit_code == 0 and "tl.log(1.0 + tl.exp" in r.output
     r = runner.invoke(main, ["inspect", "--head-dim", "512"])
@@ -201,7 +201,7 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
                       and state_dtype is torch.float32))
         if fam == "chunk_fwd":
             return fwd_win, 2.0, 2.5, 1e-3, {}
-        return ChunkBwdConfig(chunk_size=fwd_config.chunk_size), 5.0, None, 2e-3, {}
+        return ChunkBwdConfig(), 5.0, None, 2e-3, {}
 
     monkeypatch.setattr(D, "tune_family", fake_tune_family)
     compile_pool = CP.CompilePool(3)  # passed through, never started by the fake
@@ -215,8 +215,11 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
                      surveys, [(1, 512, 4, 64)], [1], None, 0, True, pool=compile_pool)
     (f_fam, f_shape, f_fwd, _, f_iso), (b_fam, b_shape, b_fwd, b_cands, b_iso) = calls
     assert (f_fam, b_fam) == ("chunk_fwd", "chunk_bwd") and f_shape == b_shape == (1, 512, 4, 4)
-    assert f_fwd is None and b_fwd == fwd_win and f_iso and b_iso
-    assert all(c.chunk_size == 64 for cs in b_cands.values() for c in cs)  # the forward winner's C
+    # the backward runs with the training forward (ChunkTrainConfig) at its own chunk length: the
+    # inference forward's winner (C=64 here) does not reach it
+    assert f_fwd is None and b_fwd is None and f_iso and b_iso
+    bwd_c = default_config("chunk_bwd", lower_for(spec, "chunk_bwd", 64, 64, torch.bfloat16)).chunk_size
+    assert bwd_c != fwd_win.chunk_size and all(c.chunk_size == bwd_c for cs in b_cands.values() for c in cs)
     err = capsys.readouterr().err
     assert "warning: chunk_bwd" in err and "default config failed" in err and "chunk_fwd K=64" not in err
     entries = TuningCache("h200", cache_dir=tmp_path).entries()
@@ -311,12 +314,14 @@ def test_the_ops_look_up_what_build_stores(runner, build_on_h200):
     o, _ = kdagen.chunk_kda(**leaves, safe_gate=True, lower_bound=-5.0)
     o.sum().backward()
     with torch.no_grad():
+        kdagen.chunk_kda(**x, safe_gate=True, lower_bound=-5.0)
         step = {n: t.detach()[:1, :1].expand(2, 1, *t.shape[2:]).contiguous() for n, t in x.items()}
         kdagen.fused_recurrent_kda(**step)
         kdagen.fused_recurrent_kda(**step, lower_bound=-5.0)
     kinds = [type(c).__name__ for c in used]
-    assert kinds.count("RecurrentConfig") == 2 and "ChunkFwdConfig" in kinds and "ChunkBwdConfig" in kinds
-    assert all(_tuned(c) for c in used), used
+    assert kinds.count("RecurrentConfig") == 2 and {"ChunkFwdConfig", "ChunkBwdConfig", "ChunkTrainConfig"} <= set(kinds)
+    # the training forward is not tuned (it runs at the backward's chunk length); the rest are
+    assert all(_tuned(c) for c in used if type(c).__name__ != "ChunkTrainConfig"), used
 
 
 @pytest.mark.slow
@@ -338,10 +343,12 @@ def test_in_kernel_gate_calls_use_the_winners_build_stores(build_on_h200):
         o, _ = kdagen.chunk_kda(**leaves, use_gate_in_kernel=True, lower_bound=-5.0, **kw)
         o.sum().backward()
         with torch.no_grad():
+            kdagen.chunk_kda(**{**x, "g": z}, use_gate_in_kernel=True, lower_bound=-5.0, **kw)
             step = {n: t.detach()[:1, :1].expand(2, 1, *t.shape[2:]).contiguous() for n, t in {**x, "g": z}.items()}
             kdagen.fused_recurrent_kda(**step, use_gate_in_kernel=True, lower_bound=-5.0, **kw)
-        assert sorted(type(c).__name__ for c in used) == ["ChunkBwdConfig", "ChunkFwdConfig", "RecurrentConfig"]
-        assert all(_tuned(c) for c in used), (kw.keys(), used)
+        assert sorted(type(c).__name__ for c in used) == ["ChunkBwdConfig", "ChunkFwdConfig", "ChunkTrainConfig",
+                                                          "RecurrentConfig"]
+        assert all(_tuned(c) for c in used if type(c).__name__ != "ChunkTrainConfig"), (kw.keys(), used)
     used.clear()
     with torch.no_grad():
         kdagen.chunk_kda(**{**x, "g": z}, use_gate_in_kernel=True, **params)

@@ -7,8 +7,8 @@ import pytest
 from kdagen import __version__
 from kdagen import spec as S
 from kdagen.codegen.render import render
-from kdagen.config import ChunkFwdConfig, ConfigError, RecurrentConfig
-from kdagen.cache.heuristics import default_chunk_config
+from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, ConfigError, RecurrentConfig
+from kdagen.cache.heuristics import default_chunk_config, default_train_config
 from kdagen.codegen.lower import LoweringError, lower
 from kdagen.ops.inputs import select_spec
 from kdagen.resources import search_spaces_dir, templates_dir
@@ -47,16 +47,16 @@ def _plan():
 def test_render_is_deterministic_and_named_by_content():
     p = _plan()
     c = default_chunk_config(p)
-    a, b = render("chunk_intra", p, c), render("chunk_intra", p, c)
+    a, b = render("chunk_solve", p, c), render("chunk_solve", p, c)
     assert a.text == b.text and a.name == b.name
-    assert a.name.startswith("kda_chunk_intra_") and a.source_hash[:12] in a.name
+    assert a.name.startswith("kda_chunk_solve_") and a.source_hash[:12] in a.name
     assert f"def {a.name}(" in a.text
     # another value of a field the source reads, or another plan -> other bytes and another name
     # (launch parameters such as num_warps do not reach the source: see the test below)
-    other = render("chunk_intra", p, c.replace(intra_block_k=64))
+    other = render("chunk_solve", p, c.replace(inverse_precision="tf32"))
     assert other.text != a.text and other.name != a.name
     p2 = lower(select_spec(False, True, -5.0, False, False), 96, 128, "bfloat16", "chunk", False)
-    assert render("chunk_intra", p2, c).name != a.name
+    assert render("chunk_solve", p2, c).name != a.name
 
 
 @pytest.mark.slow
@@ -64,26 +64,34 @@ def test_render_is_identical_in_a_fresh_process():
     code = ("from kdagen.codegen.lower import lower; from kdagen.ops.inputs import select_spec; "
             "from kdagen.codegen.render import render; from kdagen.cache.heuristics import default_chunk_config; "
             "p = lower(select_spec(False, True, -5.0, False, False), 128, 128, 'bfloat16', 'chunk', False); "
-            "import hashlib, sys; s = render('chunk_state', p, default_chunk_config(p)); "
+            "import hashlib, sys; s = render('chunk_pass', p, default_chunk_config(p)); "
             "sys.stdout.write(hashlib.sha256(s.text.encode()).hexdigest())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     p = _plan()
     import hashlib
-    assert out == hashlib.sha256(render("chunk_state", p, default_chunk_config(p)).text.encode()).hexdigest()
+    assert out == hashlib.sha256(render("chunk_pass", p, default_chunk_config(p)).text.encode()).hexdigest()
 
 
 def test_header_names_spec_config_and_version():
     p = _plan()
     c = default_chunk_config(p)
-    text = render("chunk_state", p, c).text
+    text = render("chunk_state", p, default_train_config(p)).text
     head = "\n".join(text.splitlines()[:8])
     assert f"kdagen {__version__}" in head
     assert f"spec   : kda (hash {p.spec_hash})" in head
     assert "config : none read by this source (the other fields are launch parameters)" in head
-    intra = render("chunk_intra", p, c).text.splitlines()[5]
-    assert intra == (f"# config : chunk_size={c.chunk_size} sub_chunk={c.sub_chunk} intra_block_k={c.intra_block_k} "
-                     f"inverse_precision={c.inverse_precision} cumsum={c.cumsum} (the other fields are launch "
+    t = default_train_config(p)
+    intra = render("chunk_intra", p, t).text.splitlines()[5]
+    assert intra == (f"# config : chunk_size={t.chunk_size} sub_chunk={t.sub_chunk} intra_block_k={t.intra_block_k} "
+                     f"inverse_precision={t.inverse_precision} cumsum={t.cumsum} (the other fields are launch "
                      f"parameters)")
+    solve = render("chunk_solve", p, c).text.splitlines()[5]
+    assert solve == (f"# config : chunk_size={c.chunk_size} sub_chunk={c.sub_chunk} inverse_precision="
+                     f"{c.inverse_precision} factor_precision={c.factor_precision} (the other fields are launch "
+                     f"parameters)")
+    state = render("chunk_pass", p, c).text.splitlines()[5]
+    assert state == (f"# config : chunk_size={c.chunk_size} state_prefetch={c.state_prefetch} (the other fields are "
+                     f"launch parameters)")
     compile(text, "<generated>", "exec")  # valid Python
 
 
@@ -91,6 +99,10 @@ def test_header_names_spec_config_and_version():
     ("chunk_intra", dict(state_block_v=16, state_num_warps=8, intra_num_warps=8, intra_num_stages=1),
      dict(intra_block_k=64)),
     ("chunk_state", dict(intra_block_k=64, chunk_size=64, state_block_v=64, cumsum="dot"), None),
+    ("chunk_solve", dict(state_block_v=16, state_num_warps=8, intra_num_warps=8, state_prefetch=False),
+     dict(factor_precision="fp32")),
+    ("chunk_pass", dict(state_block_v=64, state_num_warps=8, state_num_stages=2, inverse_precision="tf32",
+                        intra_num_warps=8), dict(state_prefetch=False)),
     ("recurrent", dict(block_v=16, num_warps=1), None),
 ])
 def test_a_kernel_is_the_same_source_for_configs_that_differ_only_in_launch_parameters(kernel, same, other):
@@ -102,7 +114,10 @@ def test_a_kernel_is_the_same_source_for_configs_that_differ_only_in_launch_para
 
     p = _plan() if kernel != "recurrent" else lower(select_spec(False, False, None, False, False), 128, 128,
                                                      "bfloat16", "recurrent", False)
-    c = default_chunk_config(p) if kernel != "recurrent" else default_recurrent_config(p)
+    if kernel == "recurrent":
+        c = default_recurrent_config(p)
+    else:
+        c = default_chunk_config(p) if kernel in ("chunk_solve", "chunk_pass") else default_train_config(p)
     a, b = render(kernel, p, c), render(kernel, p, c.replace(**same))
     assert a.text == b.text and a.name == b.name
     if other:
@@ -111,15 +126,26 @@ def test_a_kernel_is_the_same_source_for_configs_that_differ_only_in_launch_para
 
 def test_generated_source_is_unrolled_per_sub_tile():
     p = _plan()
-    text = render("chunk_intra", p, ChunkFwdConfig(chunk_size=64, sub_chunk=16)).text
+    text = render("chunk_intra", p, ChunkTrainConfig(chunk_size=64, sub_chunk=16)).text
     assert "b_Akk_3_0" in text and "b_Akk_4_0" not in text  # 4 sub-tiles of 16 in a chunk of 64
-    text32 = render("chunk_intra", p, ChunkFwdConfig(chunk_size=32, sub_chunk=16)).text
+    text32 = render("chunk_intra", p, ChunkTrainConfig(chunk_size=32, sub_chunk=16)).text
     assert "b_Akk_1_0" in text32 and "b_Akk_2_0" not in text32
+
+
+def test_the_forward_solve_is_built_from_halves():
+    """A chunk of 64 rows is two 32-row halves and their coupling; a chunk of 32 is one half."""
+    p = _plan()
+    two = render("chunk_solve", p, ChunkFwdConfig(chunk_size=64)).text
+    one = render("chunk_solve", p, ChunkFwdConfig(chunk_size=32)).text
+    assert "b_Lba = " in two and "b_Lba = " not in one
+    assert two.count("# ================= rows") == 2 and one.count("# ================= rows") == 1
 
 
 def test_render_rejects_mismatched_config():
     with pytest.raises(TypeError):
         render("chunk_intra", _plan(), RecurrentConfig())
+    with pytest.raises(TypeError):
+        render("chunk_solve", _plan(), ChunkTrainConfig())
     with pytest.raises(ValueError, match="unknown kernel"):
         render("chunk_backward", _plan(), ChunkFwdConfig())
 
@@ -128,13 +154,22 @@ def test_config_validation():
     with pytest.raises(ConfigError):
         ChunkFwdConfig(chunk_size=48)
     with pytest.raises(ConfigError):
-        ChunkFwdConfig(chunk_size=16, sub_chunk=32)
+        ChunkFwdConfig(chunk_size=128)
+    with pytest.raises(ConfigError):
+        ChunkFwdConfig(sub_chunk=32)
     with pytest.raises(ConfigError):
         ChunkFwdConfig(inverse_precision="fp8")
+    with pytest.raises(ConfigError):
+        ChunkFwdConfig(state_prefetch=1)
+    with pytest.raises(ConfigError):
+        ChunkTrainConfig(chunk_size=16, sub_chunk=32)
+    with pytest.raises(ConfigError):
+        ChunkTrainConfig(inverse_precision="bf16")
     with pytest.raises(ConfigError, match="unknown config fields"):
         ChunkFwdConfig.from_dict({"chunk": 64})
 
 
 def test_data_dirs_are_found():
     assert (templates_dir() / "chunk_intra.py.j2").is_file()
+    assert (templates_dir() / "chunk_solve.py.j2").is_file() and (templates_dir() / "chunk_pass.py.j2").is_file()
     assert (search_spaces_dir() / "chunk_fwd.json").is_file()

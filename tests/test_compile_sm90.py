@@ -35,6 +35,32 @@ CHUNK_CASES = [
     ("fp16-K128V128-bounded-default", "float16", 128, 128, "safe", None, {}),
     ("bf16-K96V192-bounded-default", "bfloat16", 96, 192, "safe", None, {}),
     ("bf16-K256V256-bounded-default", "bfloat16", 256, 256, "safe", None, {}),
+    ("fp16-K256V256-unbounded-default", "float16", 256, 256, "free", None, {}),
+    ("bf16-K128V128-unbounded-default", "bfloat16", 128, 128, "free", None, {}),
+    ("bf16-K96V192-unbounded-C32", "bfloat16", 96, 192, "free", dict(chunk_size=32, state_block_v=32), {}),
+    ("bf16-K128V128-gate-in-kernel-lowerbound", "bfloat16", 128, 128, "gik_lb", None, {}),
+    ("fp16-K128V128-gate-in-kernel-softplus", "float16", 128, 128, "gik_sp", None, {}),
+    ("bf16-C64-BV16", "bfloat16", 128, 128, "safe", dict(chunk_size=64, state_block_v=16), {}),
+    ("bf16-C64-BV64", "bfloat16", 128, 128, "safe", dict(chunk_size=64, state_block_v=64), {}),
+    ("fp16-C32-BV32", "float16", 128, 128, "safe", dict(chunk_size=32, state_block_v=32, inverse_precision="tf32"), {}),
+    ("bf16-C32-BV64-no-prefetch", "bfloat16", 128, 128, "safe",
+     dict(chunk_size=32, state_block_v=64, state_prefetch=False, state_num_stages=2), {}),
+    ("bf16-C64-w8-tf32-factors-fp32", "bfloat16", 128, 128, "safe",
+     dict(chunk_size=64, intra_num_warps=8, inverse_precision="tf32", factor_precision="fp32",
+          state_num_warps=8, state_block_v=64), {}),
+    # the three-stage pipeline of 64-row chunks at K=256 needs over 300 KiB of shared memory:
+    # the compile-check must drop it
+    ("bf16-K256V256-C64-3stages", "bfloat16", 256, 256, "safe", dict(chunk_size=64, state_num_stages=3),
+     dict(over_smem="chunk_pass")),
+    ("bf16-varlen-intermediate-states", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True)),
+]
+
+# the training forward (ChunkTrainConfig): the same cover as before the inference forward existed
+TRAIN_CASES = [
+    ("bf16-K128V128-bounded-default", "bfloat16", 128, 128, "safe", None, {}),
+    ("fp16-K128V128-bounded-default", "float16", 128, 128, "safe", None, {}),
+    ("bf16-K96V192-bounded-default", "bfloat16", 96, 192, "safe", None, {}),
+    ("bf16-K256V256-bounded-default", "bfloat16", 256, 256, "safe", None, {}),
     ("fp16-K256V256-elementwise-default", "float16", 256, 256, "free", None, {}),
     ("bf16-K128V128-elementwise-default", "bfloat16", 128, 128, "free", None, {}),
     ("bf16-K96V192-elementwise-C64", "bfloat16", 96, 192, "free",
@@ -78,9 +104,9 @@ def _worker_compile(jobs):
     import torch
     from triton.backends.compiler import GPUTarget
 
-    from kdagen.config import ChunkFwdConfig, RecurrentConfig
+    from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
     from kdagen.kernels import CompileReport, compile_for_target
-    from kdagen.ops.chunk import chunk_kda_launches
+    from kdagen.ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
     from kdagen.cache.lookup import resolve
     from kdagen.codegen.lower import lower
     from kdagen.dtypes import dtype as as_dtype
@@ -135,7 +161,16 @@ def _worker_compile(jobs):
                     q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True,
                     return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
                     config=None if cfg is None else ChunkFwdConfig(**cfg), **gate_kwargs(gate, K))
-                results[cid] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
+                results[f"{family}:{cid}"] = [report("chunk_solve", launches[0]), report("chunk_pass", launches[1])]
+            elif family == "train":
+                varlen = extra.get("varlen", False)
+                q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
+                N = 3 if varlen else 2
+                kw = gate_kwargs(gate, K)
+                launches, _, _ = chunk_kda_bwd_launches(
+                    q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True, cu_seqlens=cu,
+                    config=None if cfg is None else ChunkTrainConfig(**cfg), **kw)
+                results[f"{family}:{cid}"] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
             else:
                 varlen = extra.get("varlen", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 3, 70 if varlen else 1, varlen)
@@ -158,9 +193,9 @@ def _worker_compile(jobs):
                 launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                               output_final_state=True, cu_seqlens=cu, state_indices=idx,
                                               dims=dims, plan=plan, built=built, A_log=A_log, dt_bias=dt_bias)
-                results[cid] = [report("recurrent", launch)]
+                results[f"{family}:{cid}"] = [report("recurrent", launch)]
         except Exception as e:
-            results[cid] = [dict(kind="build", error=f"{type(e).__name__}: {e}"[:4000])]
+            results[f"{family}:{cid}"] = [dict(kind="build", error=f"{type(e).__name__}: {e}"[:4000])]
     return results
 
 
@@ -189,7 +224,8 @@ def compiled():
     env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")  # generated sources, no tuned winners
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
     env["PYTHONWARNINGS"] = "ignore"
-    jobs = [("chunk", c) for c in CHUNK_CASES] + [("recurrent", c) for c in REC_CASES]
+    jobs = ([("chunk", c) for c in CHUNK_CASES] + [("train", c) for c in TRAIN_CASES]
+            + [("recurrent", c) for c in REC_CASES])
     # two workers of similar cost: alternate the (expensive) chunk cases between them
     halves = [jobs[0::2], jobs[1::2]]
     with ThreadPoolExecutor(2) as ex:
@@ -208,11 +244,7 @@ def _check_ok(entry):
     assert entry["num_warps"] == entry["launch_num_warps"]
 
 
-@pytest.mark.parametrize("case", CHUNK_CASES, ids=[c[0] for c in CHUNK_CASES])
-def test_chunk_kernels_compile_for_sm90(case, compiled):
-    cid, dtype, K, V, gate, cfg, extra = case
-    entries = compiled[cid]
-    assert [e["kind"] for e in entries] == ["chunk_intra", "chunk_state"], entries
+def _check_smem(entries, extra):
     for e in entries:
         _check_ok(e)
         if extra.get("over_smem") == e["kind"]:
@@ -220,25 +252,53 @@ def test_chunk_kernels_compile_for_sm90(case, compiled):
             continue
         assert 0 < e["shared_bytes"] <= SMEM_LIMIT, (
             f"{e['kind']}: {e['shared_bytes']} bytes of shared memory (limit {SMEM_LIMIT})")
+
+
+@pytest.mark.parametrize("case", CHUNK_CASES, ids=[c[0] for c in CHUNK_CASES])
+def test_chunk_kernels_compile_for_sm90(case, compiled):
+    """The inference forward: the solve and the state pass."""
+    cid, dtype, K, V, gate, cfg, extra = case
+    entries = compiled["chunk:" + cid]
+    assert [e["kind"] for e in entries] == ["chunk_solve", "chunk_pass"], entries
+    _check_smem(entries, extra)
+    solve, state = (e["constexprs"] for e in entries)
+    assert solve["K"] == K and state["K"] == K and state["V"] == V
+    assert solve["BT"] == state["BT"] and solve["BK"] == state["BK"] == 1 << (K - 1).bit_length()
+    if cfg is not None:  # the config really reached the kernels
+        assert solve["BT"] == cfg["chunk_size"] and solve["BH"] == min(32, cfg["chunk_size"])
+        assert state["BV"] == min(cfg.get("state_block_v", 32), 1 << (V - 1).bit_length())
+        assert state["LOOP_STAGES"] == cfg.get("state_num_stages", 3)
+        if "state_num_warps" in cfg:
+            assert entries[1]["num_warps"] == cfg["state_num_warps"]
+        if "intra_num_warps" in cfg:
+            assert entries[0]["num_warps"] == cfg["intra_num_warps"]
+    if extra.get("varlen"):
+        assert solve["IS_VARLEN"] and state["IS_VARLEN"]
+    if extra.get("states"):
+        assert state["STORE_HS"]
+
+
+@pytest.mark.parametrize("case", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_training_forward_kernels_compile_for_sm90(case, compiled):
+    cid, dtype, K, V, gate, cfg, extra = case
+    entries = compiled["train:" + cid]
+    assert [e["kind"] for e in entries] == ["chunk_intra", "chunk_state"], entries
+    _check_smem(entries, extra)
     intra, state = (e["constexprs"] for e in entries)
     assert intra["K"] == K and intra["V"] == V and state["K"] == K and state["V"] == V
-    assert intra["BT"] == state["BT"]
+    assert intra["BT"] == state["BT"] and state["STORE_HS"] and state["STORE_VN"]
     if cfg is not None:  # the config really reached the kernels
         assert intra["BT"] == cfg["chunk_size"]
         assert state["BV"] == min(cfg["state_block_v"], 1 << (V - 1).bit_length())
         assert intra["BK"] == min(cfg["intra_block_k"], 1 << (K - 1).bit_length())
         if "state_num_warps" in cfg:
             assert entries[1]["num_warps"] == cfg["state_num_warps"]
-    if extra.get("varlen"):
-        assert intra["IS_VARLEN"] and state["IS_VARLEN"]
-    if extra.get("states"):
-        assert state["STORE_HS"]
 
 
 @pytest.mark.parametrize("case", REC_CASES, ids=[c[0] for c in REC_CASES])
 def test_recurrent_kernel_compiles_for_sm90(case, compiled):
     cid, dtype, K, V, gate, bv, extra = case
-    entries = compiled[cid]
+    entries = compiled["recurrent:" + cid]
     assert [e["kind"] for e in entries] == ["recurrent"], entries
     e = entries[0]
     _check_ok(e)

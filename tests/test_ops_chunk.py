@@ -40,7 +40,7 @@ class Case:
     g_lo: float = -5.0  # random gates lie in [g_lo, 0)
     beta: str = "random"  # random | zero | one
     C: Optional[int] = None  # chunk size via config (None: the op's default config)
-    cfg: Optional[dict] = None  # other ChunkFwdConfig fields (with C, or C=32)
+    cfg: Optional[dict] = None  # other ChunkFwdConfig fields (with C, or C=64)
     seed: int = 0
 
     @property
@@ -65,7 +65,7 @@ CASES = [
     # --- varlen (length-1 sequence, lengths straddling chunks)
     Case("varlen-K64V64-safe-gva1x2", 1, 105, 1, 2, 64, 64, gate="safe", cu=VARLEN),
     Case("varlen-K96V16-free-noh0", 1, 105, 1, 1, 96, 16, gate="free", cu=VARLEN, h0=False),
-    Case("varlen-K16V64-safe-C16", 1, 105, 1, 1, 16, 64, gate="safe", cu=VARLEN, C=16),
+    Case("varlen-K16V64-safe-C32", 1, 105, 1, 1, 16, 64, gate="safe", cu=VARLEN, C=32),
     Case("varlen-single-token", 1, 1, 1, 1, 64, 64, gate="free", cu=[0, 1]),
     Case("varlen-empty-sequences", 1, 37, 1, 2, 32, 32, gate="safe", cu=[0, 0, 20, 20, 37]),
     # --- gates exactly at the lower bound everywhere
@@ -82,22 +82,27 @@ CASES = [
     Case("gik-lowerbound-varlen", 1, 105, 1, 2, 96, 16, gate="gik_lb", cu=VARLEN),
     Case("gik-softplus", 1, 130, 1, 2, 64, 64, gate="gik_sp"),
     Case("gik-softplus-varlen-noh0", 1, 105, 1, 1, 16, 64, gate="gik_sp", cu=VARLEN, h0=False),
-    # --- chunk sizes via config
-    Case("C16-safe-T130", 1, 130, 1, 1, 64, 64, gate="safe", C=16),
+    # --- chunk sizes and the other config choices
+    Case("C32-safe-T130", 1, 130, 1, 1, 64, 64, gate="safe", C=32),
     Case("C32-free-T130", 1, 130, 1, 2, 64, 64, gate="free", C=32),
     Case("C64-safe-T130", 1, 130, 1, 1, 64, 64, gate="safe", C=64),
     Case("C64-free-T130-K96", 1, 130, 1, 1, 96, 96, gate="free", C=64),
-    # the gate's in-sub-tile sums by fp32 dots instead of scans
-    Case("cumsum-dot-safe-g-at-lb-T130", 1, 130, 1, 1, 64, 64, gate="safe", g_mode="lb", cfg=dict(cumsum="dot")),
-    Case("cumsum-dot-gik-varlen-C64", 1, 105, 1, 2, 96, 16, gate="gik_lb", cu=VARLEN, C=64,
-         cfg=dict(cumsum="dot")),
+    Case("no-prefetch-2stages-BV16-safe-g-at-lb-T130", 1, 130, 1, 1, 64, 64, gate="safe", g_mode="lb",
+         cfg=dict(state_prefetch=False, state_num_stages=2, state_block_v=16)),
+    Case("factors-fp32-gik-varlen-C32", 1, 105, 1, 2, 96, 16, gate="gik_lb", cu=VARLEN, C=32,
+         cfg=dict(factor_precision="fp32", state_block_v=64)),
+    # --- gates the factorised path cannot take (below the promised bound, -inf resets): the
+    # element-wise path of the sub-tiles concerned gives the recurrence's answer
+    Case("g-below-bound-safe-T130", 1, 130, 1, 2, 64, 64, gate="safe", g_mode="below"),
+    Case("g-minus-inf-free-varlen", 1, 105, 1, 1, 32, 32, gate="free", g_mode="inf", cu=VARLEN),
+    Case("g-minus-inf-safe-C32", 1, 100, 1, 1, 64, 64, gate="safe", g_mode="inf", C=32),
     # --- fp16 inputs (g and state float32)
     Case("fp16-T1-safe-B2", 2, 1, 1, 1, 64, 64, dtype=F16, gate="safe"),
     Case("fp16-T64-safe", 1, 64, 1, 1, 64, 64, dtype=F16, gate="safe"),
     Case("fp16-T130-free-K96V16", 1, 130, 1, 1, 96, 16, dtype=F16, gate="free"),
     Case("fp16-varlen-free-gva2x4", 1, 105, 2, 4, 64, 64, dtype=F16, gate="free", cu=VARLEN),
     Case("fp16-T17-free-K16V96-C64", 1, 17, 1, 1, 16, 96, dtype=F16, gate="free", C=64),
-    Case("fp16-cumsum-dot-safe", 1, 64, 1, 1, 64, 64, dtype=F16, gate="safe", cfg=dict(cumsum="dot")),
+    Case("fp16-C32-below-bound", 1, 64, 1, 1, 64, 64, dtype=F16, gate="safe", g_mode="below", C=32),
 ]
 
 
@@ -132,13 +137,16 @@ def _reference(case: Case, x, g64):
 def _config(case: Case):
     if case.C is None and not case.cfg:
         return None
-    return ChunkFwdConfig(chunk_size=case.C or 32, sub_chunk=16, **(case.cfg or {}))
+    cfg = dict(case.cfg or {})
+    if case.dtype == F16:  # bf16 operands are wrong in Triton's interpreter: the tf32 inverse
+        cfg.setdefault("inverse_precision", "tf32")
+    return ChunkFwdConfig(chunk_size=case.C or 64, **cfg)
 
 
 # the cases the interpreter takes well over half a second for (the quick subset leaves them out)
 SLOW = {
     'C64-free-T130-K96', 'T130-K16V64-free-gva1x2-B2', 'T130-K64V96-safe-gva2x4', 'T17-K64V64-free-gva2x4-B2',
-    'cumsum-dot-gik-varlen-C64', 'fp16-T130-free-K96V16', 'fp16-varlen-free-gva2x4', 'gik-lowerbound',
+    'factors-fp32-gik-varlen-C32', 'fp16-T130-free-K96V16', 'g-below-bound-safe-T130', 'fp16-varlen-free-gva2x4', 'gik-lowerbound',
     'gik-lowerbound-varlen', 'gik-softplus', 'gik-softplus-varlen-noh0', 'varlen-K64V64-safe-gva1x2'
 }
 
@@ -163,7 +171,8 @@ def test_chunk_kda_matches_reference(case: Case):
 # ------------------------------------------------------------------ every element written
 
 POISON_CASES = [c for c in CASES if c.id in {
-    "T130-K96V16-safe", "varlen-K96V16-free-noh0", "varlen-K16V64-safe-C16", "T17-K64V64-free-gva2x4-B2"}]
+    "T130-K96V16-safe", "varlen-K96V16-free-noh0", "varlen-K16V64-safe-C32", "T17-K64V64-free-gva2x4-B2",
+    "g-minus-inf-safe-C32"}]
 
 
 @pytest.mark.parametrize("case", params(POISON_CASES, [c.id for c in POISON_CASES], {
@@ -206,7 +215,7 @@ def _prefix_states(x, g64, C, seqlens):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("C,cu,gate", [(32, None, "safe"), (16, VARLEN, "free")], ids=["B1-T100-C32", "varlen-C16"])
+@pytest.mark.parametrize("C,cu,gate", [(32, None, "safe"), (64, VARLEN, "free")], ids=["B1-T100-C32", "varlen-C64"])
 def test_chunk_kda_intermediate_states(C, cu, gate):
     T = cu[-1] if cu else 100
     x = make_inputs(1, T, 1, 2, 32, 48, seed=7, cu_seqlens=cu)
@@ -247,9 +256,16 @@ def test_chunk_kda_without_final_state_returns_none():
     assert_close(o2, ro2, TOL[torch.float32], "o without initial state")
 
 
-def test_chunk_kda_host_preprocessing_and_scale():
+def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch):
     """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel with allow_neg_eigval and an
-    explicit scale, against the reference fed the pre-processed inputs."""
+    explicit scale, against the reference fed the pre-processed inputs.  An inference call
+    computes them inside the kernels: no torch pre-pass runs."""
+    from kdagen.ops import chunk as chunk_op
+
+    def no_prepass(*a, **k):
+        raise AssertionError("an inference call ran the torch pre-processing")
+
+    monkeypatch.setattr(chunk_op, "preprocess", no_prepass)
     gen = torch.Generator().manual_seed(11)
     B, T, H, HV, K, V = 1, 50, 1, 2, 64, 32
     q = 3 * torch.randn(B, T, H, K, generator=gen)
@@ -276,8 +292,8 @@ def test_explicit_sub_chunk_beyond_the_gate_bound_is_refused_or_exact():
     refused with a ValueError (ConfigError is one) or still give the right answer -- not
     overflow silently."""
     x = make_inputs(1, 64, 1, 1, 32, 32, seed=9)
-    cfg = ChunkFwdConfig(chunk_size=64, sub_chunk=32)
     try:
+        cfg = ChunkFwdConfig(chunk_size=64, sub_chunk=32)
         o, ht = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
                                  safe_gate=True, lower_bound=-5.0, config=cfg)
     except ValueError as e:

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from kdagen.config import ChunkFwdConfig, RecurrentConfig
+from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
 from kdagen.tuning.space import SearchSpace, SearchSpaceError, estimate_smem, load_space, safe_eval
 
 H100_SMEM = 232448
@@ -12,20 +12,26 @@ CTX = dict(K=128, V=128, safe_sub_chunk=32, smem_limit=H100_SMEM)
 
 def test_default_chunk_fwd_space():
     space = load_space("chunk_fwd")
-    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 3 * 3 * 2 * 2  # ... x cumsum
+    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 2 * 2 * 2 * 2  # ... x factor_precision
     cands = space.candidates(CTX)
     assert cands and all(isinstance(c, ChunkFwdConfig) for c in cands)
     assert all(c.intra_num_stages == ChunkFwdConfig().intra_num_stages for c in cands)  # default
-    assert {c.sub_chunk for c in cands} == {16, 32} and {c.cumsum for c in cands} == {"scan", "dot"}
-    assert all(c.chunk_size % c.sub_chunk == 0 for c in cands)
+    assert {c.sub_chunk for c in cands} == {16} and {c.chunk_size for c in cands} == {32, 64}
+    assert {c.inverse_precision for c in cands} == {"bf16", "tf32"} and {c.state_prefetch for c in cands} == {True, False}
     assert cands == space.candidates(dict(CTX))  # deterministic order
     assert len(set(cands)) == len(cands)
 
 
-def test_safe_sub_chunk_filters():
+def test_the_forward_candidates_do_not_depend_on_the_gate_bound():
+    """The inference kernels check each sub-tile's decay span at run time (the element-wise path
+    takes any sub-tile over it), so an unbounded gate (safe_sub_chunk 0) has the same candidates.
+    The training forward's sub-tiles rely on the bound, and its space says so."""
     space = load_space("chunk_fwd")
+    assert space.candidates(dict(CTX, safe_sub_chunk=0)) == space.candidates(CTX)
+    train = SearchSpace.from_dict({"kernel": "chunk_train", "params": {"chunk_size": [32, 64], "sub_chunk": [16, 32]},
+                                   "constraints": ["sub_chunk <= max(safe_sub_chunk, 16)"]})
     for ssc in (16, 0):  # 0: the gate has no lower bound -> sub_chunk must be 16
-        cands = space.candidates(dict(CTX, safe_sub_chunk=ssc))
+        cands = train.candidates(dict(CTX, safe_sub_chunk=ssc))
         assert cands and {c.sub_chunk for c in cands} == {16}
 
 
@@ -52,13 +58,17 @@ def test_recurrent_space():
 
 
 def test_estimate_smem_formula():
-    c = ChunkFwdConfig(chunk_size=64, intra_block_k=64, intra_num_stages=2, state_block_v=32,
-                       state_num_stages=2)
+    c = ChunkFwdConfig(chunk_size=64, state_block_v=32, state_num_stages=2)
+    solve = 4 * 32 * 128 * 2 + 4 * 4 * 32 * 32
+    state = 2 * (3 * 64 * 128 + 64 * 64) * 2 + (128 + 64) * 32 * 2
+    assert estimate_smem("chunk_fwd", c, 128, 128, 2) == max(solve, state)
+    assert estimate_smem("chunk_fwd", c.replace(state_num_stages=3), 128, 128, 2) > max(solve, state)
+    t = ChunkTrainConfig(chunk_size=64, intra_block_k=64, intra_num_stages=2, state_block_v=32, state_num_stages=2)
     intra = 2 * 2 * 64 * 64 * 2 + 4 * 64 * 64 + 64 * 32 * 2
     state = 2 * ((3 * 64 * 128 + 64 * 64) * 2 + 64 * 32 * 2)
-    assert estimate_smem("chunk_fwd", c, 128, 128, 2) == max(intra, state)
-    fp32 = c.replace(intermediates="fp32")
-    assert estimate_smem("chunk_fwd", fp32, 128, 128, 2) > estimate_smem("chunk_fwd", c, 128, 128, 2)
+    assert estimate_smem("chunk_train", t, 128, 128, 2) == max(intra, state)
+    fp32 = t.replace(intermediates="fp32")
+    assert estimate_smem("chunk_train", fp32, 128, 128, 2) > estimate_smem("chunk_train", t, 128, 128, 2)
     assert estimate_smem("recurrent", RecurrentConfig(), 128, 128, 2) < 4096
 
 
@@ -161,15 +171,15 @@ def test_bad_files(tmp_path):
 
 def test_combination_rejected_by_config_is_skipped(tmp_path):
     # sub_chunk=64 is valid with chunk_size=64 but not with 32: that pair is skipped.
-    p = _write(tmp_path, {"kernel": "chunk_fwd",
+    p = _write(tmp_path, {"kernel": "chunk_train",
                           "params": {"chunk_size": [32, 64], "sub_chunk": [16, 64]}})
     cands = load_space(p).candidates(dict(K=64, V=64))
     assert [(c.chunk_size, c.sub_chunk) for c in cands] == [(32, 16), (64, 16), (64, 64)]
 
 
 def test_missing_context_name_is_an_error():
-    with pytest.raises(ValueError, match="safe_sub_chunk"):
-        load_space("chunk_fwd").candidates(dict(K=64, V=64, smem_limit=H100_SMEM))
+    with pytest.raises(ValueError, match="smem_limit"):
+        load_space("chunk_fwd").candidates(dict(K=64, V=64))
 
 
 def test_packaged_lookup_falls_back_to_repo_dir(monkeypatch):
@@ -209,13 +219,13 @@ def test_packaged_spaces_present_in_repo():
 
 def test_a_stage_names_the_launch_it_times():
     d = {"kernel": "chunk_fwd", "params": {"chunk_size": [32]},
-         "stages": {"state": {"launch": "chunk_state", "fields": ["state_block_v"]},
-                    "intra": {"launch": "chunk_intra", "fields": ["intra_block_k"]}}}
+         "stages": {"state": {"launch": "chunk_pass", "fields": ["state_block_v"]},
+                    "intra": {"launch": "chunk_solve", "fields": ["intra_num_warps"]}}}
     space = SearchSpace.from_dict(d)
-    assert space.stage_launches == {"state": "chunk_state", "intra": "chunk_intra"}
+    assert space.stage_launches == {"state": "chunk_pass", "intra": "chunk_solve"}
     assert SearchSpace.from_dict(space.to_dict()).stage_launches == space.stage_launches
     for bad in ({"state": {"launch": "chunk_bwd_state", "fields": ["state_block_v"]}},  # another family's
                 {"state": ["state_block_v"]},  # no launch named
-                {"a": {"launch": "chunk_state", "fields": []}, "b": {"launch": "chunk_state", "fields": []}}):
+                {"a": {"launch": "chunk_pass", "fields": []}, "b": {"launch": "chunk_pass", "fields": []}}):
         with pytest.raises(SearchSpaceError, match="launch"):
             SearchSpace.from_dict({**d, "stages": bad})

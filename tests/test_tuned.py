@@ -9,7 +9,7 @@ import kdagen.cache.lookup as tuned
 from kdagen.cache.store import TuningCache, make_entry
 from kdagen.config import ChunkFwdConfig, RecurrentConfig
 from kdagen.cache.gpus import get_profile
-from kdagen.cache.heuristics import default_chunk_config, default_recurrent_config
+from kdagen.cache.heuristics import default_chunk_config, default_recurrent_config, default_train_config
 from kdagen.codegen.lower import lower
 from kdagen.ops.inputs import select_spec
 
@@ -43,7 +43,8 @@ SHAPE = {"T": 4096, "B": 4, "N": 4}
 
 def test_cached_winner_is_used_for_its_exact_key(h200):
     plan = _plan()
-    won = ChunkFwdConfig(chunk_size=16, sub_chunk=16, intra_block_k=32, state_block_v=16)
+    won = ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=16)
+    assert won != default_chunk_config(plan)
     TuningCache(h200.name).store(keys.cache_key(plan, "chunk_fwd", SHAPE, h200),
                                  make_entry(config=won.to_dict(), kernel="chunk_fwd", time_ms=1.0, error=0.0))
     assert chunk_kernels(plan, None, SHAPE) == won
@@ -129,9 +130,12 @@ def test_a_change_to_the_code_that_renders_kernels_invalidates_their_winners(edi
 def test_a_template_invalidates_only_its_familys_winners(editable_copy):
     edit, hashes = editable_copy
     before = hashes()
-    after = edit("templates/chunk_state.py.j2")
+    after = edit("templates/chunk_pass.py.j2")
     assert after["chunk_fwd"] != before["chunk_fwd"]
     assert (after["chunk_bwd"], after["recurrent"]) == (before["chunk_bwd"], before["recurrent"])
+    # the training forward's templates are not the inference forward's
+    again = edit("templates/chunk_state.py.j2")
+    assert again["chunk_fwd"] == after["chunk_fwd"]
 
 
 def test_code_that_does_not_render_kernels_leaves_the_winners_alone(editable_copy):
@@ -157,10 +161,23 @@ def test_the_cache_key_carries_the_source_hash():
     assert key.source_hash == keys.source_hash("chunk_fwd") != keys.source_hash("recurrent")
 
 
-def test_default_state_tile_follows_the_number_of_state_programs():
+def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_programs():
     plan = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
-    few = default_chunk_config(plan, {"N": 2, "HV": 16})  # 2*16*4 = 128 programs at BV=32
-    many = default_chunk_config(plan, {"N": 1, "HV": 96})  # 384 programs at BV=32
+    few = default_train_config(plan, {"N": 2, "HV": 16})  # 2*16*4 = 128 programs at BV=32
+    many = default_train_config(plan, {"N": 1, "HV": 96})  # 384 programs at BV=32
     assert (few.state_block_v, few.state_num_warps) == (16, 4)
     assert (many.state_block_v, many.state_num_warps) == (32, 2)
-    assert default_chunk_config(plan) == many  # no shape: the default measured at (1, 8192, 96, 128)
+    assert default_train_config(plan) == many  # no shape: the default measured at (1, 8192, 96, 128)
+
+
+def test_default_inference_forward_by_head_dim():
+    """64-row chunks (two 32-row halves) with a 3-deep state pipeline up to K=128; above it the
+    state pass's tiles are twice as wide, and 32-row chunks on two stages keep them in shared
+    memory.  fp16 takes the tf32 inverse (its range), bf16 the bf16 one."""
+    sel = select_spec(False, True, -5.0, False, False)
+    c128 = default_chunk_config(lower(sel, 128, 128, "bfloat16", "chunk", False), {"N": 2, "HV": 16})
+    assert (c128.chunk_size, c128.state_num_stages, c128.state_block_v, c128.inverse_precision) == (64, 3, 32, "bf16")
+    c256 = default_chunk_config(lower(sel, 256, 256, "bfloat16", "chunk", False))
+    assert (c256.chunk_size, c256.state_num_stages, c256.intra_num_warps) == (32, 2, 8)
+    assert default_chunk_config(lower(sel, 64, 64, "float16", "chunk", False)).inverse_precision == "tf32"
+    assert default_chunk_config(lower(sel, 64, 16, "bfloat16", "chunk", False)).state_block_v == 16

@@ -3,7 +3,22 @@ tuner measures its candidates against."""
 from __future__ import annotations
 
 from ..codegen.lower import Plan
-from ..config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
+from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
+
+
+def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
+    """The inference forward.  On the H200 (bf16, K=V=128, bench/RESULTS.md, run 17): chunks of
+    64 rows built from two 32-row halves, the solve on 4 warps, and a state pass with 32-wide V
+    tiles on 4 warps, pipelined 3 deep with v, beta and G_n prefetched, were the fastest
+    measured at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32) and (8, 1024, 8, K=V=64); the
+    64-row state pass takes half the sequential steps of a 32-row one (0.53 against 0.81 ms at
+    (1, 8192, 96)).  Above K=128 a row of the state pass's tiles is twice as wide: 32-row
+    chunks, two pipeline stages (their shared memory) and 8 warps in the solve."""
+    if plan.BK > 128:
+        return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
+                              state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
+    return ChunkFwdConfig(chunk_size=64, intra_num_warps=4, state_block_v=min(32, plan.BV), state_num_warps=4,
+                          state_num_stages=3, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
 
 
 # Below about two state-pass programs per SM of a 132-SM GPU the state pass is latency bound
@@ -14,8 +29,8 @@ from ..config import ChunkBwdConfig, ChunkFwdConfig, RecurrentConfig
 STATE_PROGRAMS_LOW = 256
 
 
-def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
-    """``shape``: optional {"N": sequences, "HV": value heads} of the call."""
+def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainConfig:
+    """The forward of a training call.  ``shape``: optional {"N": sequences, "HV": value heads}."""
     # C=32 with the whole K row in one intra tile and a 32-wide V tile on 2 warps in the state
     # pass: the fastest stage-by-stage combination of the H200 sweep at (1, 8192, 96, 128)
     # (intra 1.52 ms, state 0.86 ms; bench/RESULTS.md).
@@ -28,7 +43,7 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     if shape and "N" in shape and "HV" in shape and plan.BV >= 32:
         if shape["N"] * shape["HV"] * -(-plan.V // 32) < STATE_PROGRAMS_LOW:
             bv, warps = 16, 4
-    return ChunkFwdConfig(
+    return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
         state_block_v=bv, state_num_warps=warps, state_num_stages=2,
     )
@@ -57,13 +72,17 @@ def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
     )
 
 
-def default_config(family: str, plan: Plan, shape: dict | None = None, fwd_config: ChunkFwdConfig | None = None):
+def default_config(family: str, plan: Plan, shape: dict | None = None,
+                   train_config: ChunkTrainConfig | None = None):
     """The heuristic config of a family at a call's ``shape`` ({"N", "HV", ...}, optional); the
-    backward's takes the chunk lengths of ``fwd_config`` (default: the forward's heuristic)."""
+    backward's takes the chunk lengths of ``train_config`` (default: the training forward's
+    heuristic)."""
     if family == "chunk_fwd":
         return default_chunk_config(plan, shape)
+    if family == "chunk_train":
+        return default_train_config(plan, shape)
     if family == "chunk_bwd":
-        fwd = fwd_config or default_chunk_config(plan, shape)
+        fwd = train_config or default_train_config(plan, shape)
         return default_chunk_bwd_config(plan).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
     if family == "recurrent":
         return default_recurrent_config(plan)

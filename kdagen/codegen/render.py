@@ -11,23 +11,27 @@ from functools import lru_cache
 
 import jinja2
 
-from ..config import ChunkBwdConfig, ChunkFwdConfig, ConfigError, RecurrentConfig, _Config
+from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, ConfigError, RecurrentConfig, _Config
 from ..dtypes import dtype
 from ..resources import templates_dir
 from ..version import __version__
+from ..spec.structure import EXP_BUDGET
 from .lower import Plan
 
 # which template renders which kernel, and the config family it takes
 TEMPLATES = {
-    "chunk_intra": ("chunk_intra.py.j2", ChunkFwdConfig),
-    "chunk_state": ("chunk_state.py.j2", ChunkFwdConfig),
+    "chunk_solve": ("chunk_solve.py.j2", ChunkFwdConfig),
+    "chunk_pass": ("chunk_pass.py.j2", ChunkFwdConfig),
+    "chunk_intra": ("chunk_intra.py.j2", ChunkTrainConfig),
+    "chunk_state": ("chunk_state.py.j2", ChunkTrainConfig),
     "recurrent": ("recurrent.py.j2", RecurrentConfig),
     "chunk_bwd_state": ("chunk_bwd_state.py.j2", ChunkBwdConfig),
     "chunk_bwd_dqkw": ("chunk_bwd_dqkw.py.j2", ChunkBwdConfig),
     "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
 }
 # the kernels of each config family, in launch order
-FAMILY_KERNELS = {"chunk_fwd": ("chunk_intra", "chunk_state"),
+FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass"),
+                  "chunk_train": ("chunk_intra", "chunk_state"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"),
                   "recurrent": ("recurrent",)}
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
@@ -53,9 +57,9 @@ def _env() -> jinja2.Environment:
 
 
 def _check_config(plan: Plan, config: _Config) -> None:
-    if isinstance(config, ChunkFwdConfig) and plan.diag_mode == "factorised" and config.sub_chunk > plan.safe_sub_chunk:
+    if isinstance(config, ChunkTrainConfig) and plan.diag_mode == "factorised" and config.sub_chunk > plan.safe_sub_chunk:
         raise ConfigError(
-            f"chunk_fwd: sub_chunk={config.sub_chunk} exceeds the {plan.safe_sub_chunk}-token sub-tile the "
+            f"chunk_train: sub_chunk={config.sub_chunk} exceeds the {plan.safe_sub_chunk}-token sub-tile the "
             f"gate's lower bound {plan.lower_bound} makes safe for {plan.dtype} (exp would overflow)")
 
 
@@ -64,7 +68,9 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     these and on plan fields, never on the config.  Each is made only for the kernels that use
     it, since what it reads from the config is part of that kernel's source (its header line)."""
     v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
-    if kernel in ("chunk_state", "chunk_bwd_state"):  # one program holds a whole K row
+    if kernel in ("chunk_solve", "chunk_pass"):
+        v.update(_forward_vars(kernel, plan, config))
+    elif kernel in ("chunk_state", "chunk_bwd_state"):  # one program holds a whole K row
         v["k_mask"] = plan.K != plan.BK
     elif kernel in ("chunk_intra", "chunk_bwd_intra"):
         sub = config.sub_chunk
@@ -77,6 +83,43 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             v["cumsum_dot"] = config.cumsum == "dot"
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
+    return v
+
+
+# The forward solve (chunk_solve.py.j2): halves of HALF rows, sub-tiles of config.sub_chunk rows.
+HALF = 32
+LOG2E = 1.4426950408889634
+# A log decay below this is raised to it: exp(-40) = 4e-18 is below float32 resolution
+# relative to anything the state holds, and the cumulated sums of a chunk stay finite (-inf,
+# a reset, becomes a decay to 4e-18)
+G_FLOOR = -40.0
+
+
+def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
+    """The forward's template values.  Dot operands: bf16 inputs multiply in bf16; fp16 inputs
+    take the factored products in fp32 (tf32), since exp(span) overflows fp16; fp32 inputs are
+    exact (ieee) throughout."""
+    halves = config.chunk_size // HALF
+    v = {"k_mask": plan.K != plan.BK, "halves": halves}
+    if kernel == "chunk_pass":
+        v["prefetch"] = config.state_prefetch
+        return v
+    low = dtype(plan.dtype)
+    exact = plan.dtype == "float32"
+    ab = "tl.bfloat16" if plan.dtype == "bfloat16" else "tl.float32"
+    ab_kw = "" if plan.dtype == "bfloat16" else (', input_precision="ieee"' if exact else ', input_precision="tf32"')
+    inv = "ieee" if exact else config.inverse_precision
+    v.update(
+        n_sub=HALF // config.sub_chunk, sub=config.sub_chunk,
+        # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^HALF = 0
+        neumann_steps=(HALF - 1).bit_length() - 1,
+        ab_dtype=ab, ab_kw=ab_kw, out_dtype=low.tl, out_kw=', input_precision="ieee"' if exact else "",
+        inv_cast=".to(tl.bfloat16)" if inv == "bf16" else "",
+        inv_kw="" if inv == "bf16" else f', input_precision="{inv}"',
+        factor_low=config.factor_precision == "input" and plan.dtype == "bfloat16",
+        # the factorised products hold exp(-D) <= exp(span): the exponent budget of the dot
+        # dtype (structure.EXP_BUDGET), in log2 units
+        span_limit=repr(EXP_BUDGET * LOG2E), g_floor=repr(G_FLOOR), log2e=repr(LOG2E))
     return v
 
 

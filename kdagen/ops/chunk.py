@@ -1,11 +1,14 @@
 """`chunk_kda`: the chunkwise form (prefill and training) -- the public op, its autograd
 Function, and the block that sets the backward's config.
 
-A call is validated and pre-processed once (:func:`_prepare`); its forward config and, when
-some input requires grad, its backward config are resolved together (:func:`_configs`: the
-caller's, a ``chunk_bwd_config`` block's, the tuned winner for this GPU and shape, or the
-heuristic).  The forward launches are described by :mod:`kdagen.ops.chunk_fwd`, the backward
-launches by :mod:`kdagen.ops.chunk_bwd`; neither imports this module.
+A call is validated once (:func:`_prepare`).  An inference call runs the two launches of
+:mod:`kdagen.ops.chunk_fwd`, which compute the l2-norm, the gate and the beta sigmoid of
+FLA's in-kernel flags inside the kernels.  A training call (some input requires grad) runs the
+forward of :mod:`kdagen.ops.chunk_train`, which also keeps what the backward
+(:mod:`kdagen.ops.chunk_bwd`) reads; its l2-norm and beta sigmoid run as torch ops, which
+autograd differentiates.  Configs are resolved together (:func:`_configs`: the caller's, a
+``chunk_bwd_config`` block's, the tuned winner for this GPU and shape, or the heuristic).
+None of those modules imports this one.
 """
 from __future__ import annotations
 
@@ -14,13 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cache.heuristics import default_train_config
 from ..cache.lookup import resolve
 from ..codegen.lower import Plan, lower
-from ..config import ChunkBwdConfig, ChunkFwdConfig
+from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
 from ..dtypes import dtype, storage
 from ..kernels import build
 from . import chunk_bwd as bwd
 from .chunk_fwd import prepare_chunk_fwd
+from .chunk_train import prepare_chunk_train
 from .inputs import Dims, check_inputs, check_kwargs, check_runnable, preprocess, select_spec
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
@@ -51,6 +56,10 @@ class _Call:
     scale: float
     cu_seqlens: torch.Tensor | None
     state_dtype: str  # of the initial state (float32 without one): part of the tuned winners' key
+    # FLA's in-kernel flags, for the inference kernels (a training call applied them as torch ops)
+    l2norm: bool = False
+    beta_sigmoid: bool = False
+    beta_scale: float = 1.0
 
     @property
     def shape(self) -> dict:
@@ -61,50 +70,73 @@ class _Call:
 
 def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-             allow_neg_eigval=False, safe_gate=False, lower_bound=None) -> tuple[_Call, dict]:
-    """Validate the arguments, choose the spec and plan, and pre-process the inputs with torch ops
-    (autograd differentiates them): the call and its contiguous inputs by name."""
+             allow_neg_eigval=False, safe_gate=False, lower_bound=None,
+             in_kernel: bool = True) -> tuple[_Call, dict]:
+    """Validate the arguments and choose the spec and plan: the call and its contiguous inputs by
+    name.  ``in_kernel``: the l2-norm and beta sigmoid are left to the kernels (the inference
+    forward); otherwise they are applied here as torch ops, which autograd differentiates."""
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                  A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel)
     spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval only takes effect with use_beta_sigmoid_in_kernel=True")
+    flags = {}
+    if in_kernel:
+        flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                     beta_scale=2.0 if allow_neg_eigval else 1.0)
+    else:
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
     x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state)
+    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags)
     return call, x
 
 
-def _configs(call: _Call, config: ChunkFwdConfig | None, bwd_config: ChunkBwdConfig | None,
-             training: bool) -> tuple[ChunkFwdConfig, ChunkBwdConfig | None]:
-    """The forward's config and, when training, the backward's, at the forward's chunk lengths."""
-    fwd = resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype)
+def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: bool):
+    """The forward's config (a :class:`ChunkFwdConfig` for inference) or, when training, the
+    training forward's :class:`ChunkTrainConfig` and the backward's, with one chunk length.
+    A :class:`ChunkFwdConfig` given to a training call pins its chunk length only."""
     if not training:
-        return fwd, None
+        if config is not None and not isinstance(config, ChunkFwdConfig):
+            raise TypeError(f"chunk_kda: an inference call takes a ChunkFwdConfig, got {type(config).__name__}")
+        return resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype), None
+    if config is not None and not isinstance(config, (ChunkFwdConfig, ChunkTrainConfig)):
+        raise TypeError(f"chunk_kda: config must be a ChunkFwdConfig or ChunkTrainConfig, got {type(config).__name__}")
     if bwd_config is None and _BWD_OVERRIDE:
         bwd_config = _BWD_OVERRIDE[-1]
     b = resolve("chunk_bwd", call.plan, bwd_config, call.shape, call.state_dtype)
-    if (b.chunk_size, b.sub_chunk) != (fwd.chunk_size, fwd.sub_chunk):
-        b = b.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
-    return fwd, b
+    if isinstance(config, ChunkTrainConfig):
+        train = config
+    else:
+        train = default_train_config(call.plan, call.shape)  # not tuned: it runs at the backward's chunk length
+        train = train.replace(chunk_size=config.chunk_size if config is not None else b.chunk_size,
+                              sub_chunk=b.sub_chunk)
+    if (b.chunk_size, b.sub_chunk) != (train.chunk_size, train.sub_chunk):
+        b = b.replace(chunk_size=train.chunk_size, sub_chunk=train.sub_chunk)
+    return train, b
 
 
 def _forward_launches(call: _Call, x: dict, config: ChunkFwdConfig, output_final_state: bool,
-                      return_intermediate_states: bool = False, state_dtype=torch.float32, store_vn: bool = False):
+                      return_intermediate_states: bool = False):
     return prepare_chunk_fwd(
         x["q"], x["k"], x["v"], x["g"], x["beta"], scale=call.scale, initial_state=x["initial_state"],
         output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
-        return_intermediate_states=return_intermediate_states, state_dtype=state_dtype, store_vn=store_vn)
+        return_intermediate_states=return_intermediate_states, l2norm=call.l2norm, beta_sigmoid=call.beta_sigmoid,
+        beta_scale=call.beta_scale)
 
 
-def _training_launches(call: _Call, x: dict, config: ChunkFwdConfig, bwd_config: ChunkBwdConfig,
+def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig,
                        output_final_state: bool):
     """The forward launches of a training call -- also writing the per-chunk states (in the
     backward config's ``state_dtype``) and V' -- and the backward's :class:`~.chunk_bwd.BwdMeta`."""
-    launches, outs = _forward_launches(call, x, config, output_final_state, return_intermediate_states=True,
-                                       state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True)
+    launches, outs = prepare_chunk_train(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], scale=call.scale, initial_state=x["initial_state"],
+        output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
+        plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
+        return_intermediate_states=True, state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True)
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
 
 
@@ -159,7 +191,19 @@ def chunk_kda(
     Returns ``(o, final_state)`` -- o [B, T, HV, V] in v's dtype, final_state float32
     [N, HV, K, V] or None -- and with ``return_intermediate_states=True`` also the float32
     states entering each chunk, [NT_total, HV, K, V].
-    ``config`` overrides the tuned/heuristic kernel config.
+    ``config`` overrides the tuned/heuristic kernel config: a :class:`~kdagen.config.ChunkFwdConfig`
+    (inference), or for a training call a :class:`~kdagen.config.ChunkTrainConfig` (a
+    ChunkFwdConfig there pins the chunk length only).
+
+    Gates.  ``g`` is a per-token log decay (<= 0).  The inference kernels check, per 16-row
+    sub-tile, that the gate decays by at most exp(-80) (a lower bound of -5 per token
+    guarantees it): such sub-tiles take the factorised tensor-core path, and any other sub-tile
+    (g below the bound, -inf as a full reset) the element-wise path, so the result is the
+    recurrence's either way.  ``safe_gate``/``lower_bound`` choose the spec (and the tuned
+    winners) but are a promise the inference kernels do not rely on.  A log decay below -40
+    is treated as -40 (a decay to 4e-18, below float32 resolution).  NaN in any input gives
+    NaN in its sequence's outputs.  The training forward relies on ``lower_bound`` for its
+    factorised tiles (``safe_gate=True``) and gives NaN where g breaks it.
     """
     check_kwargs("chunk_kda", kwargs)
     if isinstance(q, torch.Tensor):
@@ -169,7 +213,8 @@ def chunk_kda(
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
+                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+                       in_kernel=not training)
     if training and return_intermediate_states:
         raise ValueError(
             "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
@@ -203,7 +248,7 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
 
 def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                            use_gate_in_kernel=False, safe_gate=False, lower_bound=None, cu_seqlens=None,
-                           A_log=None, dt_bias=None, config: ChunkFwdConfig | None = None,
+                           A_log=None, dt_bias=None, config: ChunkTrainConfig | ChunkFwdConfig | None = None,
                            bwd_config: ChunkBwdConfig | None = None, do=None, dht=None, with_rerun=False):
     """Describe the forward launches and the backward launches of a training call of chunk_kda
     (nothing runs; for compile-only checks, tests, the tuner and the benchmark):
@@ -217,7 +262,7 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     step runs."""
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
-                       lower_bound=lower_bound)
+                       lower_bound=lower_bound, in_kernel=False)
     config, bwd_config = _configs(call, config, bwd_config, True)
     fwd, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
     inputs = {n: x[n] for n in bwd.INPUT_NAMES}

@@ -1,40 +1,27 @@
-"""The forward of `chunk_kda`, described as two launches (nothing here validates or runs):
+"""The forward of a training call of `chunk_kda`, described as two launches (nothing here
+validates or runs):
 
 1. intra  (grid: chunks x value heads)   -> qg, kg, W, U, A_qk, G_n
 2. state  (grid: V tiles x sequences x value heads) walks the chunks of each sequence,
-   fusing V' = U - W S, O and the state update; per-chunk states are not written unless
-   asked for (prefix caching, or the backward of a training call).
+   fusing V' = U - W S, O and the state update, and keeps the state entering every chunk and
+   V' for the backward.
+
+The backward re-runs launch 1 to rebuild what it reads (:mod:`kdagen.ops.chunk_bwd`).  An
+inference call runs :mod:`kdagen.ops.chunk_fwd` instead.
 """
 from __future__ import annotations
 
 import torch
 import triton
 
-from ..config import ChunkFwdConfig
+from ..config import ChunkTrainConfig
 from ..dtypes import storage
 from ..kernels import Launch, dummy_pointer
+from .schedule import chunk_schedule
 
 
-def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
-    """(number of chunks, chunk_indices [NT,2] int32 or None, chunk_offsets [N] int32 or None).
-
-    chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
-    global index of sequence n's first chunk.  Built with tensor ops on the host (a packed
-    batch can hold thousands of sequences) and copied to the device once."""
-    if seqlens is None:
-        return B * triton.cdiv(T, C), None, None
-    cu = torch.tensor(seqlens, dtype=torch.int64)
-    nchunks = (cu[1:] - cu[:-1] + C - 1) // C
-    offsets = torch.cumsum(nchunks, 0) - nchunks
-    total = int(nchunks.sum())
-    seq = torch.repeat_interleave(torch.arange(len(nchunks)), nchunks)
-    within = torch.arange(total) - torch.repeat_interleave(offsets, nchunks)
-    idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
-    return total, idx.to(device=device, dtype=torch.int32), offsets.to(device=device, dtype=torch.int32)
-
-
-def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
-                      seqlens, dims, plan, config: ChunkFwdConfig, built, A_log=None, dt_bias=None,
+def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
+                      seqlens, dims, plan, config: ChunkTrainConfig, built, A_log=None, dt_bias=None,
                       return_intermediate_states=False, state_dtype=torch.float32, store_vn=False):
     """Allocate outputs and describe both launches (used for running and compile-only).
     ``state_dtype``: storage of the per-chunk states (float32 for callers; the training

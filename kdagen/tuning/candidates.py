@@ -8,7 +8,7 @@ import time
 import torch
 
 from ..codegen.lower import Plan
-from ..config import ChunkFwdConfig
+from ..config import ChunkTrainConfig
 from ..dtypes import dtype as as_dtype
 from ..ops.chunk import chunk_bwd_config, chunk_kda, chunk_kda_bwd_launches, chunk_kda_launches
 from ..ops.recurrent import fused_recurrent_kda, fused_recurrent_kda_launch
@@ -50,7 +50,7 @@ class KernelCandidate:
     K = V = 128, two heads and 1024 tokens: per candidate, per shape)."""
 
     def __init__(self, family: str, launch: str | None, plan: Plan, spec_args: dict, dtype: torch.dtype,
-                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None,
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkTrainConfig | None = None,
                  state_dtype=torch.float32):
         self.family, self.launch, self.plan, self.spec_args = family, launch, plan, spec_args
         self.state_dtype = state_dtype
@@ -189,7 +189,7 @@ class StagedCandidates:
     ``stages``: (stage, the kernel it times) pairs."""
 
     def __init__(self, family: str, stages: tuple, plan: Plan, spec_args: dict, dtype: torch.dtype,
-                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkFwdConfig | None = None,
+                 shape: tuple[int, int, int, int], device="cuda", fwd_config: ChunkTrainConfig | None = None,
                  state_dtype=torch.float32):
         self.by_stage = {st: KernelCandidate(family, launch, plan, spec_args, dtype, shape, device, fwd_config,
                                              state_dtype) for st, launch in stages}

@@ -15,9 +15,9 @@ import torch
 from triton.backends.compiler import GPUTarget
 
 from ..cache.gpus import GpuProfile
-from ..cache.heuristics import default_chunk_config, default_config
+from ..cache.heuristics import default_config, default_train_config
 from ..codegen.lower import Plan
-from ..config import ChunkBwdConfig, ChunkFwdConfig, config_from_dict
+from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, config_from_dict
 from ..dtypes import dtype as as_dtype
 from ..kernels import build, compile_for_target
 from ..ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
@@ -50,7 +50,7 @@ def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, in
 
 
 def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
-                 shape: tuple[int, int, int, int] = COMPILE_SHAPE, fwd_config: ChunkFwdConfig | None = None,
+                 shape: tuple[int, int, int, int] = COMPILE_SHAPE, fwd_config: ChunkTrainConfig | None = None,
                  with_forward: bool = False, state_dtype=torch.float32):
     """The launches (kernels + arguments) a config produces for inputs of ``shape`` (B, T, H,
     HV), on CPU tensors.  A backward config: its three launches, after (``with_forward``)
@@ -61,7 +61,7 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
         launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **spec_args)
         return launches
     if isinstance(config, ChunkBwdConfig):
-        fwd_cfg = (fwd_config or default_chunk_config(plan)).replace(chunk_size=config.chunk_size,
+        fwd_cfg = (fwd_config or default_train_config(plan)).replace(chunk_size=config.chunk_size,
                                                                      sub_chunk=config.sub_chunk)
         fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
                                              with_rerun=with_forward, **spec_args)
@@ -94,7 +94,7 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
 
     args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
     cfg = config_from_dict(family, config)
-    fcfg = None if fwd_config is None else config_from_dict("chunk_fwd", fwd_config)
+    fcfg = None if fwd_config is None else config_from_dict("chunk_train", fwd_config)
     try:
         launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None,
                                 state_dtype=as_dtype(state_dtype).torch)
@@ -223,7 +223,7 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
 
 
 def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: list, jobs: int,
-               gpu: GpuProfile, fwd_config: ChunkFwdConfig | None = None, progress: bool = True,
+               gpu: GpuProfile, fwd_config: ChunkTrainConfig | None = None, progress: bool = True,
                pool: CompilePool | None = None, state_dtype=torch.float32) -> float:
     """Compile every ``(stage, config)``'s launches (a backward config's with the training
     forward of ``fwd_config``) for ``gpu``, specialised at ``shape``'s check shape, in

@@ -12,12 +12,12 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..cache.gpus import GpuProfile
-from ..cache.heuristics import default_chunk_config, default_config
+from ..cache.heuristics import default_config, default_train_config
 from ..cache.keys import cache_key, source_hash
 from ..cache.paths import studies_dir
 from ..cache.store import TuningCache, make_entry
 from ..codegen.lower import Plan
-from ..config import ChunkFwdConfig
+from ..config import ChunkTrainConfig
 from ..dtypes import dtype as as_dtype
 from ..spec import Recurrence
 from .candidates import KernelCandidate, StagedCandidates, StageView
@@ -45,7 +45,7 @@ class FamilyResult(NamedTuple):
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
                 progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
-                fwd_config: ChunkFwdConfig | None = None, isolate: bool = False, device: str = "cuda",
+                fwd_config: ChunkTrainConfig | None = None, isolate: bool = False, device: str = "cuda",
                 worker: IsolatedCandidate | None = None, pool: CompilePool | None = None,
                 state_dtype=torch.float32) -> FamilyResult:
     """Tune one family at one shape on the current GPU, with initial states of ``state_dtype``.
@@ -54,13 +54,13 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     when given).  ``isolate``: build, check and time the candidates in a worker process
     (:mod:`kdagen.tuning.isolation`), so a config that faults the GPU is one failed trial; ``worker``:
     the isolated worker to use (it is remade with this shape's candidates and left open).
-    ``fwd_config``: for ``chunk_bwd``, the forward config at this shape (its chunk lengths
-    are the backward's; default: the forward's heuristic)."""
+    ``fwd_config``: for ``chunk_bwd``, the training forward's config at this shape (its chunk
+    lengths are the backward's; default: its heuristic)."""
     space = space or load_space(family)
     ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
     hint = {"N": shape[0], "HV": shape[3]}
     if family == "chunk_bwd" and fwd_config is None:
-        fwd_config = default_chunk_config(plan, hint)
+        fwd_config = default_train_config(plan, hint)
     default = default_config(family, plan, hint, fwd_config)
     stages = list(space.stages) if space.stages else [None]
     results = {}
@@ -216,32 +216,26 @@ def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, s
                    pool: CompilePool | None = None, echo: Callable[..., None] = _print,
                    state_dtype="fp32", on_tuned=None) -> TuningCache:
     """Tune every compile-checked family of :func:`compile_all` at its shapes on this GPU (the
-    backward at the forward winner's chunk length), with initial states of ``state_dtype``, and
-    store the winners with their measured errors.  ``pool``: the compile processes for the
+    backward at its own chunk length, see below), with initial states of ``state_dtype``, and
+    store the winners with their measured errors.  The backward is tuned with the training
+    forward (:class:`~kdagen.config.ChunkTrainConfig`) at its own heuristic chunk length: the
+    inference forward's winner does not run in training.  ``pool``: the compile processes for the
     compiles ahead of each search (none: nothing is compiled ahead).  ``echo(line, err=False)``
     prints.  ``on_tuned(family, K, V, shape, winner, time_ms, default_ms, error)``: called after
     each family and shape (``winner`` None: no candidate passed)."""
     dtype, state = as_dtype(dtype).torch, as_dtype(state_dtype)
     cache = TuningCache(gpu.name)
-    fwd_winners: dict[tuple, ChunkFwdConfig] = {}  # (K, V, shape) -> the forward's winner
     # one isolated worker measures every family and shape: its start-up is paid once
     with IsolatedCandidate(StagedCandidates) as worker:
         for (K, V, fam), (plan, spec, surveys) in surveys_all.items():
             by_stage = {s.stage: s.survivors for s in surveys}
             for shape, hint in tuning_shapes(fam, K, shapes, decode_batches):
                 t0 = time.time()
-                if fam == "chunk_bwd":  # the compile survey ran at the default chunk length
-                    fwd = fwd_winners.get((K, V, shape))
-                    if fwd is not None:
-                        by_stage = {st: [c.replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
-                                         for c in cs] for st, cs in by_stage.items()}
                 winner, ms, default_ms, error, _ = tune_family(
                     fam, plan, spec, spec_args, gpu, dtype, shape, space=space, seed=seed, progress=not quiet,
                     candidates_by_stage=by_stage, jobs=pool.jobs if pool else 1,
-                    fwd_config=fwd_winners.get((K, V, shape)), isolate=True, worker=worker, pool=pool,
+                    isolate=True, worker=worker, pool=pool,
                     state_dtype=state.torch)
-                if fam == "chunk_fwd" and winner is not None:
-                    fwd_winners[(K, V, shape)] = winner
                 if on_tuned is not None:
                     on_tuned(fam, K, V, shape, winner, ms, default_ms, error)
                 if winner is None:

@@ -180,7 +180,15 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
     real allocation may differ by a few KiB (the tuner treats an ``OutOfResources`` at build
     time as a failed trial, so an optimistic estimate is harmless).
 
-    ``chunk_fwd`` (C=chunk_size, BK=intra_block_k, BV=min(state_block_v, V), e=elem_bytes,
+    ``chunk_fwd`` (C=chunk_size, BV=min(state_block_v, V), e=elem_bytes):
+
+    * solve launch: the dot operands of one 32-row half, four ``32*K`` tiles, and its fp32
+      ``32*32`` matrices (A_kk, A_qk, L, P): ``4*32*K*e + 4*4*32*32``;
+    * state pass, per pipeline stage: the ``C*K`` tiles of bk, qg and kgL and the ``C*C`` P;
+      once: the state and X as dot operands, ``(K*BV + C*BV)*e``:
+      ``state_num_stages*(3*C*K + C*C)*e + (K + C)*BV*e``.
+
+    ``chunk_train`` (C=chunk_size, BK=intra_block_k, BV=min(state_block_v, V),
     i = 4 if intermediates == "fp32" else e):
 
     * intra launch: k and q tiles ``2*C*BK`` elements, double-buffered ``intra_num_stages``
@@ -189,7 +197,7 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
     * state launch, per pipeline stage: the ``C*K`` tiles of W, k and q, the ``C*C`` Aqk
       and a ``C*BV`` u tile: ``state_num_stages*((3*C*K + C*C)*i + C*BV*e)``.
 
-    The estimate is the larger of the two.  ``recurrent`` keeps its state in registers and
+    For both the estimate is the larger of the two launches'.  ``recurrent`` keeps its state in registers and
     only stages the q/k vectors and a v slice: ``(2*K + block_v)*e``.
 
     ``chunk_bwd``, the largest of: the reverse state pass, per stage, the ``C*K`` tiles of
@@ -200,6 +208,11 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
     """
     e = int(elem_bytes)
     if kernel == "chunk_fwd":
+        C, BV = config.chunk_size, min(config.state_block_v, V)
+        solve = 4 * 32 * K * e + 4 * 4 * 32 * 32
+        state = config.state_num_stages * (3 * C * K + C * C) * e + (K + C) * BV * e
+        return int(max(solve, state))
+    if kernel == "chunk_train":
         C, BK = config.chunk_size, config.intra_block_k
         BV = min(config.state_block_v, V)
         i = 4 if config.intermediates == "fp32" else e

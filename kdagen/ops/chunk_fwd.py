@@ -1,0 +1,73 @@
+"""The forward of an inference call of `chunk_kda`, described as two launches (nothing here
+validates or runs):
+
+1. solve (grid: chunks x value heads) -> qg, bk, kgL, P, G_n.  Each chunk's triangular system
+   is solved where its q, k, g and beta are loaded; v is not read.  The l2-norm of q and k,
+   the in-kernel gate and the beta sigmoid are computed here, from the raw inputs.
+2. pass  (grid: V tiles x sequences x value heads) walks the chunks of each sequence with the
+   state in registers: X = beta v - bk S, o = qg S + P X, S <- exp(G_n) S + kgL^T X.
+
+Per chunk (L = (I + A_kk)^-1, G the gate's cumulated sum within the chunk):
+    qg = scale q exp(G),  bk = beta k exp(G),  kgL = L^T (k exp(G_n - G)),  P = A_qk L
+which is the chunkwise form of DESIGN.md with U = L beta V and W = L (beta exp(G) k) folded
+into the pass: V' = U - W S = L X, so A_qk V' = P X and kg^T V' = kgL^T X.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..config import ChunkFwdConfig
+from ..kernels import Launch, dummy_pointer
+from .schedule import chunk_schedule
+
+
+def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
+                      seqlens, dims, plan, config: ChunkFwdConfig, built, A_log=None, dt_bias=None,
+                      return_intermediate_states=False, l2norm=False, beta_sigmoid=False, beta_scale=1.0):
+    """Allocate the outputs and describe both launches (to run them, time them, or compile them
+    for another GPU).  ``l2norm``, ``beta_sigmoid``/``beta_scale``: q/k are raw and normalised
+    by the solve, beta is raw and ``beta_scale * sigmoid(beta)`` is used (FLA's in-kernel flags).
+    With ``return_intermediate_states`` the pass also writes the float32 state entering each
+    chunk, [NT_total, HV, K, V]."""
+    B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
+    C = config.chunk_size
+    dev = q.device
+    NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
+    NT = triton.cdiv(T, C)
+    qg = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev)
+    bk = torch.empty_like(qg)
+    kgl = torch.empty_like(qg)
+    pm = torch.empty(B, T, HV, C, dtype=q.dtype, device=dev)
+    gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
+    o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
+    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=torch.float32, device=dev)
+          if return_intermediate_states else None)
+    dummy = dummy_pointer(dev)
+    cu = cu_seqlens.to(dev) if cu_seqlens is not None else dummy
+    flags = dict(IS_VARLEN=cu_seqlens is not None, BETA_SIGMOID=bool(beta_sigmoid), BETA_SCALE=float(beta_scale))
+    solve_args = dict(q=q, k=k, g=g, beta=beta)
+    if plan.gate_has_A:
+        solve_args["A_log"] = A_log
+    if plan.gate_has_bias:
+        solve_args["dt_bias"] = dt_bias
+    solve_args.update(qg=qg, bk=bk, kgl=kgl, pm=pm, gn=gn, cu_seqlens=cu,
+                      chunk_indices=chunk_indices if chunk_indices is not None else dummy,
+                      T=T, NT=NT, scale=float(scale))
+    solve = Launch("chunk_solve", built.fns[0], (NT_total, HV), solve_args,
+                   dict(H=H, HV=HV, K=K, BT=C, BH=min(C, 32), BC=config.sub_chunk, BK=plan.BK,
+                        L2NORM=bool(l2norm), **flags),
+                   config.intra_num_warps, config.intra_num_stages)
+    bv = min(config.state_block_v, plan.BV)
+    pass_args = dict(v=v, beta=beta, qg=qg, bk=bk, kgl=kgl, pm=pm, gn=gn, o=o,
+                     h0=initial_state if initial_state is not None else dummy,
+                     ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
+                     cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
+                     T=T, NT=NT)
+    state = Launch("chunk_pass", built.fns[1], (triton.cdiv(V, bv), N * HV), pass_args,
+                   dict(HV=HV, K=K, V=V, BT=C, BH=min(C, 32), BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
+                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states,
+                        LOOP_STAGES=config.state_num_stages, **flags),
+                   config.state_num_warps, 1)
+    return (solve, state), (o, ht, hs)

@@ -1,0 +1,23 @@
+"""Where the chunks of a call lie: the schedule both chunk forms launch over."""
+from __future__ import annotations
+
+import torch
+import triton
+
+
+def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
+    """(number of chunks, chunk_indices [NT,2] int32 or None, chunk_offsets [N] int32 or None).
+
+    chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
+    global index of sequence n's first chunk.  Built with tensor ops on the host (a packed
+    batch can hold thousands of sequences) and copied to the device once."""
+    if seqlens is None:
+        return B * triton.cdiv(T, C), None, None
+    cu = torch.tensor(seqlens, dtype=torch.int64)
+    nchunks = (cu[1:] - cu[:-1] + C - 1) // C
+    offsets = torch.cumsum(nchunks, 0) - nchunks
+    total = int(nchunks.sum())
+    seq = torch.repeat_interleave(torch.arange(len(nchunks)), nchunks)
+    within = torch.arange(total) - torch.repeat_interleave(offsets, nchunks)
+    idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
+    return total, idx.to(device=device, dtype=torch.int32), offsets.to(device=device, dtype=torch.int32)
