@@ -265,7 +265,7 @@ def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *,
                     rows.append(row)
                     echo(f"  {pass_:<6} {shape.label:<18} {lib.name:<7} " + (
                         f"failed: {row['failed']}" if row["failed"] else
-                        f"{row['ms']:.4f} ms  error {'-' if row['error'] is None else format(row['error'], '.1e')}"))
+                        f"{_ms(row['ms'])}  error {'-' if row['error'] is None else format(row['error'], '.1e')}"))
             del x, ref
             if str(device).startswith("cuda"):
                 torch.cuda.empty_cache()

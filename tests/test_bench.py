@@ -1,0 +1,212 @@
+"""`kdagen bench` on the CPU: kdagen in Triton's interpreter, a fake FLA, a fake timer.  What it
+checks against float64, the numbers it derives from the times, the files it writes, and the
+command line around it."""
+import csv
+import json
+import sys
+import types
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from kdagen.cli import main
+from kdagen.spec.reference import naive_recurrent_kda
+from kdagen.tuning import benchmark as BM
+
+SHAPE = BM.Shape(1, 24, 2, 16, 16)
+
+
+def _fake_fla(monkeypatch, broken: bool = False):
+    """A module tree `fla.ops.kda` whose ops are the float64 reference cast to v's dtype
+    (differentiable, so fwdbwd runs), recording each call."""
+    calls = []
+
+    def chunk_kda(q, k, v, g, beta, initial_state=None, output_final_state=False, safe_gate=False,
+                  lower_bound=None, **kw):
+        calls.append(("chunk", tuple(q.shape), safe_gate, lower_bound))
+        if broken:
+            raise RuntimeError("fake FLA failure\nsecond line")
+        o, s = naive_recurrent_kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=True)
+        return o.to(v.dtype), s.float()
+
+    def fused_recurrent_kda(q, k, v, g, beta, initial_state=None, output_final_state=False, **kw):
+        calls.append(("recurrent", tuple(q.shape)))
+        o, s = naive_recurrent_kda(q, k, v, g, beta, initial_state=initial_state, output_final_state=True)
+        return o.to(v.dtype), s.float()
+
+    fla, ops, kda = (types.ModuleType(n) for n in ("fla", "fla.ops", "fla.ops.kda"))
+    fla.__version__ = "9.9.9"
+    kda.chunk_kda, kda.fused_recurrent_kda = chunk_kda, fused_recurrent_kda
+    fla.ops, ops.kda = ops, kda
+    for name, mod in (("fla", fla), ("fla.ops", ops), ("fla.ops.kda", kda)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    return calls
+
+
+class FakeTimer:
+    """Runs the timed callable once (so it must work) and answers the next time in ``times``."""
+
+    def __init__(self, times):
+        self.times, self.calls = list(times), 0
+
+    def __call__(self, fn):
+        fn()
+        self.calls += 1
+        return self.times.pop(0)
+
+
+def test_run_checks_both_libraries_against_float64_and_derives_the_bandwidth(monkeypatch):
+    calls = _fake_fla(monkeypatch)
+    timer = FakeTimer([0.5, 2.0, 4.0, 0.01, 0.03])  # copy; fwd kdagen, fla; decode kdagen, fla
+    libs = [BM.kdagen_library(), BM.fla_library()]
+    res = BM.run([SHAPE], libs, ["fwd", "decode"], device="cpu", dtype=torch.float32, timer=timer,
+                 echo=lambda s: None, copy_bytes=1 << 20)
+    assert timer.calls == 5 and res["copy_gbs"] == pytest.approx(2 * (1 << 20) / 0.5e-3 / 1e9)
+    assert res["env"]["fla"] == "9.9.9" and res["env"]["kdagen"] and res["dtype"] == "float32"
+    rows = {(r["pass"], r["library"]): r for r in res["rows"]}
+    assert list(rows) == [("fwd", "kdagen"), ("fwd", "fla"), ("decode", "kdagen"), ("decode", "fla")]
+    for r in rows.values():
+        assert r["failed"] is None and r["error"] == max(r["err_o"], r["err_state"])
+    assert rows[("fwd", "kdagen")]["error"] < 1e-4  # the kernels in the interpreter, fp32
+    assert rows[("fwd", "fla")]["error"] < 1e-6  # the fake is the reference
+    # the least traffic of the forward: every input once, o and the fp32 final state once
+    B, T, H, K, V = 1, 24, 2, 16, 16
+    fwd_bytes = 4 * (2 * B * T * H * K + B * T * H * V + B * T * H * K + B * T * H + B * H * K * V) + \
+        4 * (B * T * H * V + B * H * K * V)
+    r = rows[("fwd", "fla")]
+    assert r["bytes"] == fwd_bytes and r["ms"] == 4.0
+    assert r["tbs"] == pytest.approx(fwd_bytes / 4e-3 / 1e12)
+    assert r["pct_copy"] == pytest.approx(100 * r["tbs"] * 1e3 / res["copy_gbs"])
+    assert rows[("decode", "kdagen")]["T"] == 24 and rows[("decode", "kdagen")]["timing"] == "eager"
+    # FLA was called with the gate bound, warmed up before it was timed, and decode with one token
+    assert ("chunk", (B, T, H, K), True, BM.LOWER) in calls and ("recurrent", (B, 1, H, K)) in calls
+    lines = BM.table_lines(res)
+    (fwd_line,) = [ln for ln in lines if " fwd " in ln]
+    assert "2.000 ms" in fwd_line and "4.000 ms" in fwd_line and fwd_line.rstrip().endswith("x2.00")
+    (dec_line,) = [ln for ln in lines if " decode " in ln]
+    assert "10.0 us" in dec_line and "30.0 us" in dec_line and dec_line.rstrip().endswith("x3.00")
+    assert "fla/kdagen > 1: kdagen is faster" in lines[0]
+
+
+def test_a_failing_library_gets_a_row_that_says_why_and_the_run_goes_on(monkeypatch):
+    _fake_fla(monkeypatch, broken=True)
+    res = BM.run([SHAPE], [BM.kdagen_library(), BM.fla_library()], ["fwd"], device="cpu", dtype=torch.float32,
+                 timer=FakeTimer([1.0, 2.0]), echo=lambda s: None, copy_bytes=1 << 20)
+    kd, fl = res["rows"]
+    assert kd["failed"] is None and kd["ms"] == 2.0
+    assert fl["failed"] == "RuntimeError: fake FLA failure" and fl["ms"] is None
+    lines = BM.table_lines(res)
+    assert any("failed" in ln and "2.000 ms" in ln for ln in lines)
+    assert lines[-1] == "  fla fwd 1,24,2,16 failed: RuntimeError: fake FLA failure"
+
+
+@pytest.mark.slow
+def test_forward_and_backward_are_timed_with_gradients_of_every_input(monkeypatch):
+    _fake_fla(monkeypatch)
+    seen = []
+
+    def timer(fn):
+        grads = fn()
+        seen.append([g.shape for g in grads])
+        return 3.0
+
+    res = BM.run([SHAPE], [BM.kdagen_library(), BM.fla_library()], ["fwdbwd"], device="cpu", dtype=torch.float32,
+                 timer=timer, echo=lambda s: None, copy_bytes=1 << 20)
+    x = BM.inputs(SHAPE, torch.float32, "cpu", 0)
+    for r in res["rows"]:
+        assert r["failed"] is None and r["error"] is None  # no gradient check here (the tests have it)
+        n_in = sum(t.numel() * t.element_size() for t in x.values())
+        n_out = x["v"].numel() * 4 + x["initial_state"].numel() * 4
+        assert r["bytes"] == 3 * n_in + 2 * n_out
+    assert seen[1:] == [[x[n].shape for n in BM.GRAD_NAMES]] * 2
+
+
+def test_results_round_trip_through_json_and_csv(tmp_path):
+    res = {"env": {"device": "test"}, "dtype": "bfloat16", "copy_gbs": 4000.0, "rows": [
+        dict(shape="1,64,2,64", B=1, T=64, H=2, K=64, V=64, library="kdagen", timing="eager", error=1e-3,
+             err_o=1e-3, err_state=5e-4, ms=1.0, bytes=10, tbs=1.0, pct_copy=25.0, failed=None, **{"pass": "fwd"})]}
+    BM.write_json(res, tmp_path / "r.json")
+    assert BM.read_json(tmp_path / "r.json") == res
+    BM.write_csv(res, tmp_path / "r.csv")
+    with open(tmp_path / "r.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert tuple(row) == BM.CSV_FIELDS and row["library"] == "kdagen" and float(row["ms"]) == 1.0
+
+
+def test_plot_draws_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    res = {"env": {"device": "test", "kdagen": "0", "fla": "1"}, "dtype": "bfloat16", "copy_gbs": 1.0, "rows": [
+        dict(shape=s, library=lib, ms=ms, failed=None, **{"pass": p})
+        for s in ("1,64,2,64", "2,64,2,64") for p in ("fwd", "decode") for lib, ms in (("kdagen", 1.0), ("fla", 2.0))]}
+    BM.plot(res, str(tmp_path / "c.png"))
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(BM.Unavailable, match=r"pip install 'kdagen\[plot\]'"):
+        BM.check_plot_available()
+
+
+def test_each_warm_up_process_compiles_its_share_of_the_autotuning_candidates():
+    from triton.runtime import autotuner
+
+    original = autotuner.Autotuner.prune_configs
+    try:
+        autotuner.Autotuner.prune_configs = lambda self, kwargs: list(range(10))
+        with BM._ConfigShare(1, 4):
+            assert autotuner.Autotuner.prune_configs(None, {}) == [1, 5, 9]
+        with BM._ConfigShare(12, 14):  # a share with nothing in it keeps the first
+            assert autotuner.Autotuner.prune_configs(None, {}) == [0]
+        assert autotuner.Autotuner.prune_configs(None, {}) == list(range(10))
+    finally:
+        autotuner.Autotuner.prune_configs = original
+
+
+def test_a_warm_up_worker_runs_fla_at_every_shape_and_pass(monkeypatch):
+    calls = _fake_fla(monkeypatch)
+    msg = BM.fla_share_worker(0, 2, [SHAPE, BM.Shape(2, 8, 1, 16, 32)], ["fwd", "decode"], "fp32", device="cpu")
+    assert msg == "worker 0: 4 calls"
+    assert [c[0] for c in calls] == ["chunk", "recurrent", "chunk", "recurrent"]
+
+
+@pytest.fixture
+def cpu_bench(monkeypatch):
+    """`kdagen bench` measuring on the CPU with a fake FLA and a fake timer; ``warmed`` records
+    the FLA warm-up's arguments."""
+    _fake_fla(monkeypatch)
+    monkeypatch.setattr(BM, "cuda_device", lambda: "cpu")
+    monkeypatch.setattr(BM, "median_timer", lambda fn: (fn(), 1.5)[1])
+    monkeypatch.setattr(BM, "COPY_BYTES", 1 << 20)
+    warmed = []
+    monkeypatch.setattr(BM, "warm_fla", lambda *a, **k: warmed.append(a))
+    return warmed
+
+
+def test_bench_compare_fla_prints_a_table_and_writes_json_and_csv(cpu_bench, tmp_path, monkeypatch):
+    out = tmp_path / "res"
+    r = CliRunner().invoke(main, ["bench", "--compare", "fla", "--shapes", "1,24,2,16", "--dtype", "fp32",
+                                  "--out", str(out), "--fla-warm-jobs", "3"])
+    assert r.exit_code == 0, r.output
+    ((shapes, passes, dt, jobs),) = cpu_bench
+    assert shapes == [BM.Shape(1, 24, 2, 16, 16)] and passes == ["fwd"] and dt == torch.float32 and jobs == 3
+    assert "kdagen time" in r.output and "fla time" in r.output and "x1.00" in r.output
+    assert f"wrote {out}.json, {out}.csv" in r.output
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert [row["library"] for row in res["rows"]] == ["kdagen", "fla"]
+    assert out.with_suffix(".csv").read_text().startswith(",".join(BM.CSV_FIELDS))
+    # an earlier run printed again, where there is no GPU
+    monkeypatch.setattr(BM, "cuda_device", lambda: pytest.fail("--from measured"))
+    again = CliRunner().invoke(main, ["bench", "--from", str(out) + ".json"])
+    assert again.exit_code == 0, again.output
+    table = [ln for ln in r.output.splitlines() if ln.startswith("  ")][-3:]
+    assert table == [ln for ln in again.output.splitlines() if ln.startswith("  ")][-3:]
+
+
+def test_bench_alone_times_kdagen_without_fla(cpu_bench, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fla", None)  # not needed without --compare
+    r = CliRunner().invoke(main, ["bench", "--shapes", "1,24,2,16", "--dtype", "fp32", "--passes", "decode",
+                                  "--out", str(tmp_path / "k")])
+    assert r.exit_code == 0, r.output
+    assert "kdagen time" in r.output and "fla" not in r.output and not cpu_bench
