@@ -610,11 +610,17 @@ def bench(shapes, passes, compare, dtype_name, out_prefix, plot_path, from_json,
     except BM.Unavailable as e:
         raise click.UsageError(str(e)) from None
     dt = as_dtype(dtype_name).torch
-    if compare == "fla":
-        jobs = BM.default_warm_jobs() if fla_warm_jobs is None else fla_warm_jobs
-        BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo)
-    result = BM.run(bench_shapes, libraries, passes, device=device, dtype=dt, timer=BM.median_timer, seed=seed,
-                    echo=click.echo, copy_bytes=BM.COPY_BYTES)
+    try:
+        if compare == "fla":
+            jobs = BM.default_warm_jobs() if fla_warm_jobs is None else fla_warm_jobs
+            BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo)
+        result = BM.run(bench_shapes, libraries, passes, device=device, dtype=dt, timer=BM.median_timer, seed=seed,
+                        echo=click.echo, copy_bytes=BM.COPY_BYTES,
+                        on_row=lambda so_far: BM.write_json(so_far, out_prefix + ".json") if out_prefix else None)
+    except KeyboardInterrupt:
+        kept = f"; the rows measured so far are in {out_prefix}.json" if out_prefix else ""
+        click.echo(f"\ninterrupted{kept}", err=True)
+        sys.exit(130)
     _bench_report(BM, result, out_prefix, plot_path, write_json=True)
 
 

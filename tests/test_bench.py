@@ -91,8 +91,11 @@ def test_run_checks_both_libraries_against_float64_and_derives_the_bandwidth(mon
 
 def test_a_failing_library_gets_a_row_that_says_why_and_the_run_goes_on(monkeypatch):
     _fake_fla(monkeypatch, broken=True)
+    so_far = []
     res = BM.run([SHAPE], [BM.kdagen_library(), BM.fla_library()], ["fwd"], device="cpu", dtype=torch.float32,
-                 timer=FakeTimer([1.0, 2.0]), echo=lambda s: None, copy_bytes=1 << 20)
+                 timer=FakeTimer([1.0, 2.0]), echo=lambda s: None, copy_bytes=1 << 20,
+                 on_row=lambda r: so_far.append(len(r["rows"])))
+    assert so_far == [1, 2]  # the result is handed out after each row (a run cut short keeps them)
     kd, fl = res["rows"]
     assert kd["failed"] is None and kd["ms"] == 2.0
     assert fl["failed"] == "RuntimeError: fake FLA failure" and fl["ms"] is None
@@ -210,3 +213,22 @@ def test_bench_alone_times_kdagen_without_fla(cpu_bench, tmp_path, monkeypatch):
                                   "--out", str(tmp_path / "k")])
     assert r.exit_code == 0, r.output
     assert "kdagen time" in r.output and "fla" not in r.output and not cpu_bench
+
+
+def test_an_interrupted_bench_keeps_the_rows_it_measured(cpu_bench, tmp_path, monkeypatch):
+    real_run = BM.run
+
+    def cut_after_one_row(*a, on_row=None, **k):
+        def row_then_interrupt(so_far):
+            on_row(so_far)
+            raise KeyboardInterrupt  # e.g. `timeout -s INT`
+
+        return real_run(*a, on_row=row_then_interrupt, **k)
+
+    monkeypatch.setattr(BM, "run", cut_after_one_row)
+    out = tmp_path / "cut"
+    r = CliRunner().invoke(main, ["bench", "--compare", "fla", "--shapes", "1,24,2,16", "--dtype", "fp32",
+                                  "--out", str(out)])
+    assert r.exit_code == 130 and "Traceback" not in r.output
+    assert f"the rows measured so far are in {out}.json" in r.output
+    assert [row["library"] for row in BM.read_json(str(out) + ".json")["rows"]] == ["kdagen"]

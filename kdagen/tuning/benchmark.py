@@ -246,12 +246,15 @@ def environment(libraries: Iterable[Library], device: str) -> dict:
 
 def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *, device: str, dtype=torch.bfloat16,
         timer: Callable = median_timer, seed: int = 0, echo: Callable[[str], None] = print,
-        copy_bytes: int = 1 << 30) -> dict:
-    """Check and time every library at every shape and pass; returns ``{"env", "copy_gbs",
-    "dtype", "rows"}`` (what :func:`write_json` writes)."""
+        copy_bytes: int = 1 << 30, on_row: Callable[[dict], None] | None = None) -> dict:
+    """Check and time every library at every shape and pass; returns ``{"env", "dtype",
+    "copy_gbs", "rows"}`` (what :func:`write_json` writes).  ``on_row(result so far)`` after each
+    row (the command line writes it: a run cut short keeps what it measured)."""
     copy = copy_gbs(timer, device, copy_bytes)
     echo(f"device copy: {copy / 1e3:.2f} TB/s (read + write, median)")
     rows = []
+    result = {"env": environment(libraries, device), "dtype": str(dtype).replace("torch.", ""), "copy_gbs": copy,
+              "rows": rows}
     for shape in shapes:
         for decode in (False, True):
             todo = [p for p in passes if (p == "decode") == decode]
@@ -263,14 +266,15 @@ def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *,
                 for lib in libraries:
                     row = measure(lib, pass_, shape, x, ref, timer, copy, device)
                     rows.append(row)
+                    if on_row is not None:
+                        on_row(result)
                     echo(f"  {pass_:<6} {shape.label:<18} {lib.name:<7} " + (
                         f"failed: {row['failed']}" if row["failed"] else
                         f"{_ms(row['ms'])}  error {'-' if row['error'] is None else format(row['error'], '.1e')}"))
             del x, ref
             if str(device).startswith("cuda"):
                 torch.cuda.empty_cache()
-    return {"env": environment(libraries, device), "dtype": str(dtype).replace("torch.", ""), "copy_gbs": copy,
-            "rows": rows}
+    return result
 
 
 def _ms(ms: float) -> str:
