@@ -129,7 +129,7 @@ def sync_free():
         claim("no host synchronisation on the decode path", None, "needs a GPU (the CPU-side rule is "
               "tests/test_serving.py::test_decode_reads_no_device_value)")
         return
-    geo = Geometry(5, 4, 128, 128)
+    geo = Geometry(16, 32, 128, 128)  # the timing's shapes: the same compiled kernels serve both
     gen = generator(1)
     R._FAST.clear()
     done = []
@@ -157,7 +157,7 @@ def sync_free():
               f"after {done}: {type(e).__name__}: {str(e)[:300]}")
     # prefill (the lead wires cu_seqlens_cpu through chunk_kda; reported, not required here)
     T, lens = 200, [0, 70, 71, 200]
-    x = Geometry(1, 2, 128, 128).tokens(gen, True)  # [1, 1, ...]: widen to T tokens
+    x = Geometry(1, 32, 128, 128).tokens(gen, True)  # [1, 1, ...]: widen to T tokens
     x = {n: t.expand(1, T, *t.shape[2:]).contiguous() for n, t in x.items()}
     cu = torch.tensor(lens, device=DEV)
     for name, kw in (("batch", {}), ("packed, cu_seqlens_cpu given", dict(cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens)))):
@@ -176,10 +176,25 @@ def sync_free():
 # ----------------------------------------------------------------------------------- graph
 
 
+def capture(fn, warm=None) -> "torch.cuda.CUDAGraph":
+    """``fn`` captured in a CUDA graph, after three calls of ``warm`` (default ``fn``) on a side
+    stream (compiles, and the op's first, validating call, stay out of the graph)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            (warm or fn)()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
 def graph_replay(steps=12):
     """Capture one packed decode step; replay it with new tokens copied into its static inputs."""
     name = "packed decode captured in a CUDA graph and replayed"
-    geo = Geometry(6, 4, 128, 128) if GPU else Geometry(3, 1, 16, 16, torch.float32)
+    geo = Geometry(16, 32, 128, 128) if GPU else Geometry(3, 1, 16, 16, torch.float32)
     gen = generator(2)
     pool, slots = geo.pool(gen)
     pool_eager = pool.clone()
@@ -190,17 +205,8 @@ def graph_replay(steps=12):
                                                       cu_seqlens=cu, out=o)
     try:
         if GPU:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            scratch = pool.clone()
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    call(scratch, out, static)  # warm: compiled, validated, on the fast path
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call(pool, out, static)
-            replay = graph.replay
+            scratch = pool.clone()  # the warm-up calls (compiled, validated, on the fast path) step it instead
+            replay = capture(lambda: call(pool, out, static), warm=lambda: call(scratch, out, static)).replay
         else:  # the dry run: the same loop, the call run directly
             replay = lambda: call(pool, out, static)  # noqa: E731
         worst_eager, worst_ref = 0.0, 0.0
@@ -245,7 +251,7 @@ def gate_patterns(T):
 
 
 def gates():
-    H, K, V, T = (2, 128, 128, 150) if GPU else (1, 16, 16, 40)
+    H, K, V, T = (32, 128, 128, 150) if GPU else (1, 16, 16, 40)
     dtype = torch.bfloat16 if GPU else torch.float32
     tol = 1e-2 if GPU else 1e-5
     gen = generator(3)
@@ -304,16 +310,7 @@ def copy_ceiling_gbs() -> float:
 def graph_us(fn, per_graph=10) -> float:
     """Microseconds per call, replaying a CUDA graph of ``per_graph`` calls."""
     from triton.testing import do_bench
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(per_graph):
-            fn()
+    graph = capture(lambda: [fn() for _ in range(per_graph)])
     return do_bench(graph.replay, warmup=20, rep=200, return_mode="median") * 1e3 / per_graph
 
 
