@@ -247,9 +247,12 @@ class _Direct:
         """For a launch that has run on a GPU (outside the interpreter), else None."""
         if desc.fn is None or not hasattr(desc.fn, "warmup") or desc.args["q"].device.type != "cuda":
             return None
-        kernel = desc.fn.warmup(**desc.args, **desc.constexprs, grid=desc.grid, num_warps=desc.num_warps,
-                                num_stages=desc.num_stages)  # the JIT's cached binary of that launch
-        return cls(kernel, desc.args, desc.constexprs, desc.grid) if hasattr(kernel, "run") else None
+        try:
+            kernel = desc.fn.warmup(**desc.args, **desc.constexprs, grid=desc.grid, num_warps=desc.num_warps,
+                                    num_stages=desc.num_stages)  # the JIT's cached binary of that launch
+            return cls(kernel, desc.args, desc.constexprs, desc.grid)
+        except Exception:  # noqa: BLE001 - e.g. an asynchronous compile: the generic launcher serves instead
+            return None
 
     def __call__(self, args: dict) -> bool:
         """Launch; False (nothing launched) when a pointer's alignment differs from the
