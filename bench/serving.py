@@ -420,9 +420,9 @@ def eager_split():
             _, _, args = R._outputs_and_args(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=entry.scale,
                                              initial_state=pool, output_final_state=False, state_indices=slots,
                                              out=out, dims=entry.dims, cu_seqlens=cu)
-            d = entry.desc
-            row["generic_launch_us"] = eager_us(lambda: generic_launch(d.fn, d.grid, args, d.constexprs, d.num_warps,
-                                                                       d.num_stages))
+            e = entry
+            row["generic_launch_us"] = eager_us(lambda: generic_launch(e.fn, e.grid, args, e.constexprs, e.num_warps,
+                                                                       e.num_stages))
             row["direct"] = entry.direct is not None
             if entry.direct is not None:
                 row["direct_launch_us"] = eager_us(lambda: entry.direct(args))

@@ -183,6 +183,25 @@ def test_packed_decode_equals_the_batch_form():
     assert len(R._FAST) == 2
 
 
+def test_the_fast_path_keeps_no_tensor_and_a_bounded_number_of_geometries(monkeypatch):
+    import gc
+    import weakref
+
+    R._FAST.clear()
+    monkeypatch.setattr(R, "_FAST_MAX", 2)
+    gen = torch.Generator().manual_seed(3)
+    for n in (1, 2, 3):  # three packed batch sizes: three geometries
+        pool = torch.randn(P, HV, K, V, generator=gen)
+        idx = torch.arange(n, dtype=torch.int32)
+        x = [z[:, :n].contiguous() for z in _step(gen, True)]
+        kdagen.fused_recurrent_kda(*x, initial_state=pool, ssm_state_indices=idx, cu_seqlens=torch.arange(n + 1))
+        assert 1 <= len(R._FAST) <= 2
+    alive = weakref.ref(pool)
+    del pool
+    gc.collect()
+    assert alive() is None, "a fast-path entry keeps the caller's pool alive"
+
+
 def test_direct_launch_passes_pointers_as_integers_and_rechecks_alignment(monkeypatch):
     """The fast path's GPU launcher (exercised here with a stand-in compiled kernel)."""
     seen = []

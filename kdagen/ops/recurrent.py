@@ -152,8 +152,10 @@ def fused_recurrent_kda(
         desc()
         # the fast path passes the caller's tensors as they are, so only contiguous ones qualify
         if sig is not None and all(x.is_contiguous() for x in (q, k, v, g, beta)):
-            _FAST[sig] = _Entry(desc, float(scale), dims, "A_log" in desc.args, "dt_bias" in desc.args,
-                                _Direct.of(desc))
+            if len(_FAST) >= _FAST_MAX:
+                _FAST.clear()
+            _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages, float(scale),
+                                dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc))
         return o, ht  # the launch description already leaves out a final state nobody asked for
     if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
         host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
@@ -167,8 +169,7 @@ def fused_recurrent_kda(
         state_indices=ssm_state_indices, out=out, dims=hit.dims, cu_seqlens=cu_seqlens,
         A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None)
     if hit.direct is None or not hit.direct(args):
-        d = hit.desc
-        launch(d.fn, d.grid, args, d.constexprs, d.num_warps, d.num_stages)
+        launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
 
 
@@ -225,6 +226,7 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
 # the arguments and launch.  Any difference in the signature -- including a bad shape --
 # takes the full, validating path.  No value takes part: reading one would synchronise.
 _FAST: dict = {}
+_FAST_MAX = 4096  # geometries kept (a packed decode has one per batch size); beyond, start again
 
 
 class _Direct:
@@ -269,7 +271,12 @@ class _Direct:
 
 @dataclass(frozen=True)
 class _Entry:
-    desc: Launch  # the first call's launch: its kernel, grid, constexprs and launch parameters
+    """What the first call of a geometry found (no tensors: an entry keeps none alive)."""
+    fn: object
+    grid: tuple
+    constexprs: dict
+    num_warps: int
+    num_stages: int
     scale: float
     dims: Dims
     with_A: bool  # the kernel takes A_log / dt_bias (the plan's in-kernel gate reads them)
