@@ -13,6 +13,7 @@ from click.core import ParameterSource
 
 from .dtypes import SHORT_NAMES, dtype as as_dtype
 from .spec import GATES, MEMBERS
+from .tuning.benchmark import PASSES
 from .tuning.families import FAMILIES
 from .version import __version__
 
@@ -56,17 +57,20 @@ class _HeadDims(_IntTuples):
         return [(d[0], d[-1]) for d in super().convert(value, param, ctx)]
 
 
-class _Batches(click.ParamType):
-    name = "B,B,..."
+class _List(click.ParamType):
+    """Values separated by ','; ``parse`` turns one into its value, or None when it is not
+    accepted (``expected`` says what is)."""
+
+    def __init__(self, name: str, parse, expected: str):
+        self.name, self.parse, self.expected = name, parse, expected
 
     def convert(self, value, param, ctx):
         if isinstance(value, list):
             return value
-        fields = [f.strip() for f in str(value).split(",") if f.strip()]
-        if not fields or not all(f.isdigit() and int(f) > 0 for f in fields):
-            self.fail(f"{value!r}: expected batch sizes (positive integers) separated by ',', e.g. 1,64,256",
-                      param, ctx)
-        return [int(f) for f in fields]
+        out = [self.parse(f.strip()) for f in str(value).split(",") if f.strip()]
+        if not out or None in out:
+            self.fail(f"{value!r}: expected {self.expected}", param, ctx)
+        return list(dict.fromkeys(out))
 
 
 class _LowerBound(click.ParamType):
@@ -89,27 +93,16 @@ class _LowerBound(click.ParamType):
         return bound
 
 
-class _Passes(click.ParamType):
-    name = "PASS,..."
-
-    def convert(self, value, param, ctx):
-        from .tuning.benchmark import PASSES
-
-        if isinstance(value, list):
-            return value
-        fields = [f.strip() for f in str(value).split(",") if f.strip()]
-        bad = [f for f in fields if f not in PASSES]
-        if bad or not fields:
-            self.fail(f"{value!r}: expected passes among {', '.join(PASSES)} separated by ','", param, ctx)
-        return list(dict.fromkeys(fields))
-
-
 HEAD_DIMS = _HeadDims()
 CHUNK_SHAPES = _IntTuples("B,T,H,K[;...]", (4,), "B,T,H,K (positive integers), several separated by ';', e.g. "
                                                  "'1,8192,96,128;2,16384,16,128'")
 BENCH_SHAPES = _IntTuples("B,T,H,K[,V][;...]", (4, 5), "B,T,H,K or B,T,H,K,V (positive integers), several "
                                                        "separated by ';', e.g. '1,8192,96,128;2,16384,16,128'")
 LOWER_BOUND = _LowerBound()
+BATCHES = _List("B,...", lambda f: int(f) if f.isdigit() and int(f) > 0 else None,
+                "batch sizes (positive integers) separated by ',', e.g. 1,64,256")
+PASS_LIST = _List("PASS,...", lambda f: f if f in PASSES else None,
+                  f"passes among {', '.join(PASSES)} separated by ','")
 
 
 def _given(name: str) -> bool:
@@ -385,7 +378,7 @@ _tuning_options = _options(
                  help="a search-space JSON file of your own (one family)"),
     click.option("--shapes", type=CHUNK_SHAPES, default=DEFAULT_SHAPES, show_default=True,
                  help="tuning shapes B,T,H,K of the chunk forms, separated by ';'"),
-    click.option("--decode-batches", "batches", type=_Batches(), default="1,64,256", show_default=True,
+    click.option("--decode-batches", "batches", type=BATCHES, default="1,64,256", show_default=True,
                  help="tuning batch sizes of decode (32 heads, one token)"),
     click.option("--seed", type=int, default=0, show_default=True, help="seed of the tuner's sampler"),
     click.option("--quiet", is_flag=True, help="no progress bar or progress lines (the summary is still printed)"),
@@ -467,7 +460,8 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
     cc = gpu.compute_capability
     click.echo(f"kdagen {__version__}: build for {gpu.name} (sm_{cc[0]}{cc[1]}, "
                f"{gpu.sm_count} SMs, {gpu.smem_per_block_bytes // 1024} KiB smem/block); spec {spec.name} "
-               f"hash {spec.hash} ({_gate_text(spec)}); {'compile-check and tune' if will_tune else 'compile-check only'}")
+               f"hash {spec.hash} ({_gate_text(spec)}); "
+               f"{'compile-check and tune' if will_tune else 'compile-check only'}")
     if not will_tune and not compile_only:
         here = current.name if current else "no CUDA GPU"
         click.echo(f"  (not tuning: this machine has {here}, not {gpu.name})")
@@ -564,7 +558,7 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
 @main.command()
 @click.option("--shapes", type=BENCH_SHAPES, default="1,8192,96,128;2,16384,16,128", show_default=True,
               help="B,T,H,K or B,T,H,K,V separated by ';' (decode: B sequences of one token)")
-@click.option("--passes", type=_Passes(), default="fwd", show_default=True,
+@click.option("--passes", type=PASS_LIST, default="fwd", show_default=True,
               help="fwd (forward), fwdbwd (forward and backward), decode (one recurrent step), separated by ','")
 @click.option("--compare", type=click.Choice(["none", "fla"]), default="none", show_default=True,
               help="also check and time flash-linear-attention's ops in the same process")
@@ -614,8 +608,8 @@ def bench(shapes, passes, compare, dtype_name, out_prefix, plot_path, from_json,
         if compare == "fla":
             jobs = BM.default_warm_jobs() if fla_warm_jobs is None else fla_warm_jobs
             BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo)
-        result = BM.run(bench_shapes, libraries, passes, device=device, dtype=dt, timer=BM.median_timer, seed=seed,
-                        echo=click.echo, copy_bytes=BM.COPY_BYTES,
+        result = BM.run(bench_shapes, libraries, passes, device=device, dtype=dt, timer=BM.median_timer,
+                        graph_timer=BM.graph_median_timer, seed=seed, echo=click.echo, copy_bytes=BM.COPY_BYTES,
                         on_row=lambda so_far: BM.write_json(so_far, out_prefix + ".json") if out_prefix else None)
     except KeyboardInterrupt:
         kept = f"; the rows measured so far are in {out_prefix}.json" if out_prefix else ""

@@ -125,6 +125,25 @@ def test_forward_and_backward_are_timed_with_gradients_of_every_input(monkeypatc
     assert seen[1:] == [[x[n].shape for n in BM.GRAD_NAMES]] * 2
 
 
+def test_decode_is_timed_from_a_cuda_graph_or_eagerly_when_it_cannot_be_captured(monkeypatch):
+    _fake_fla(monkeypatch)
+    graphed = []
+
+    def graph_timer(fn):
+        fn()
+        graphed.append(1)
+        if len(graphed) == 2:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return 0.002
+
+    res = BM.run([SHAPE], [BM.kdagen_library(), BM.fla_library()], ["fwd", "decode"], device="cpu",
+                 dtype=torch.float32, timer=FakeTimer([1.0, 2.0, 3.0, 0.02]), graph_timer=graph_timer,
+                 echo=lambda s: None, copy_bytes=1 << 20)
+    assert [(r["pass"], r["library"], r["timing"], r["ms"]) for r in res["rows"]] == [
+        ("fwd", "kdagen", "eager", 2.0), ("fwd", "fla", "eager", 3.0),
+        ("decode", "kdagen", "graph", 0.002), ("decode", "fla", "eager", 0.02)]
+
+
 def test_results_round_trip_through_json_and_csv(tmp_path):
     res = {"env": {"device": "test"}, "dtype": "bfloat16", "copy_gbs": 4000.0, "rows": [
         dict(shape="1,64,2,64", B=1, T=64, H=2, K=64, V=64, library="kdagen", timing="eager", error=1e-3,
@@ -181,6 +200,7 @@ def cpu_bench(monkeypatch):
     _fake_fla(monkeypatch)
     monkeypatch.setattr(BM, "cuda_device", lambda: "cpu")
     monkeypatch.setattr(BM, "median_timer", lambda fn: (fn(), 1.5)[1])
+    monkeypatch.setattr(BM, "graph_median_timer", lambda fn: (fn(), 0.5)[1])
     monkeypatch.setattr(BM, "COPY_BYTES", 1 << 20)
     warmed = []
     monkeypatch.setattr(BM, "warm_fla", lambda *a, **k: warmed.append(a))

@@ -113,6 +113,14 @@ def median_timer(fn: Callable[[], Any]) -> float:
     return do_bench(fn, warmup=50, rep=200, return_mode="median")
 
 
+def graph_median_timer(fn: Callable[[], Any]) -> float:
+    """Milliseconds per call of ``fn`` captured in a CUDA graph and replayed, as a decode loop
+    runs it (the tuner times decode alike): the median of Triton's ``do_bench_cudagraph``."""
+    from triton.testing import do_bench_cudagraph
+
+    return float(do_bench_cudagraph(fn, rep=100, return_mode="median"))
+
+
 def _sync(device: str) -> None:
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
@@ -171,40 +179,19 @@ def pass_fn(lib: Library, pass_: str, x: dict) -> tuple[Callable[[], Any], Calla
     return fwd_bwd, None, 2 * nbytes + out_bytes + out_bytes + nbytes
 
 
-def graphed(fn: Callable[[], Any], device: str) -> tuple[Callable[[], Any], str]:
-    """``fn`` captured in a CUDA graph (its replay, and 'graph'), as a decode loop runs it;
-    ``fn`` itself and 'eager' off a GPU or when it cannot be captured."""
-    if not str(device).startswith("cuda"):
-        return fn, "eager"
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return g.replay, "graph"
-    except Exception:  # noqa: BLE001 - a library whose call cannot be captured is timed eagerly
-        torch.cuda.synchronize()
-        return fn, "eager"
-
-
 def copy_gbs(timer: Callable, device: str, n_bytes: int = 1 << 30) -> float:
     """GB/s of a device-to-device copy of ``n_bytes`` (read and written)."""
     a = torch.empty(n_bytes // 4, dtype=torch.float32, device=device).uniform_()
     b = torch.empty_like(a)
     ms = timer(lambda: b.copy_(a))
-    del a, b
     return 2 * n_bytes / (ms * 1e-3) / 1e9
 
 
 def measure(lib: Library, pass_: str, shape: Shape, x: dict, ref, timer: Callable, copy: float,
-            device: str) -> dict:
-    """One row: check ``lib`` at ``pass_`` against ``ref`` and time it.  A library that fails
-    gets a row that says why, and the benchmark goes on."""
+            device: str, graph_timer: Callable | None = None) -> dict:
+    """One row: check ``lib`` at ``pass_`` against ``ref`` and time it (decode with
+    ``graph_timer`` when given and the call can be captured, else eagerly with ``timer``).  A
+    library that fails gets a row that says why, and the benchmark goes on."""
     row: dict[str, Any] = dict(shape=shape.label, **asdict(shape), library=lib.name, timing="eager", error=None,
                                err_o=None, err_state=None, ms=None, bytes=None, tbs=None, pct_copy=None, failed=None)
     row["pass"] = pass_
@@ -217,10 +204,16 @@ def measure(lib: Library, pass_: str, shape: Shape, x: dict, ref, timer: Callabl
             _sync(device)
             row["err_o"], row["err_state"] = rel(o, ref[0]), rel(s, ref[1])
             row["error"] = max(row["err_o"], row["err_state"])
-        if pass_ == "decode":
-            fn, row["timing"] = graphed(fn, device)
-        ms = timer(fn)
-        row.update(ms=ms, bytes=nbytes, tbs=nbytes / (ms * 1e-3) / 1e12, pct_copy=100 * nbytes / (ms * 1e-3) / 1e9 / copy)
+        ms = None
+        if pass_ == "decode" and graph_timer is not None:
+            try:
+                ms, row["timing"] = graph_timer(fn), "graph"
+            except Exception:  # noqa: BLE001 - a call that cannot be captured is timed eagerly
+                _sync_quietly(device)
+        if ms is None:
+            ms = timer(fn)
+        gbs = nbytes / (ms * 1e-3) / 1e9
+        row.update(ms=ms, bytes=nbytes, tbs=gbs / 1e3, pct_copy=100 * gbs / copy)
     except Exception as e:  # noqa: BLE001 - one library's failure is reported in its row
         _sync_quietly(device)
         row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
@@ -245,9 +238,11 @@ def environment(libraries: Iterable[Library], device: str) -> dict:
 
 
 def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *, device: str, dtype=torch.bfloat16,
-        timer: Callable = median_timer, seed: int = 0, echo: Callable[[str], None] = print,
-        copy_bytes: int = 1 << 30, on_row: Callable[[dict], None] | None = None) -> dict:
-    """Check and time every library at every shape and pass; returns ``{"env", "dtype",
+        timer: Callable = median_timer, graph_timer: Callable | None = None, seed: int = 0,
+        echo: Callable[[str], None] = print, copy_bytes: int = 1 << 30,
+        on_row: Callable[[dict], None] | None = None) -> dict:
+    """Check and time every library at every shape and pass (decode from a CUDA graph with
+    ``graph_timer``, see :func:`measure`); returns ``{"env", "dtype",
     "copy_gbs", "rows"}`` (what :func:`write_json` writes).  ``on_row(result so far)`` after each
     row (the command line writes it: a run cut short keeps what it measured)."""
     copy = copy_gbs(timer, device, copy_bytes)
@@ -264,7 +259,7 @@ def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *,
             ref = reference(x)
             for pass_ in todo:
                 for lib in libraries:
-                    row = measure(lib, pass_, shape, x, ref, timer, copy, device)
+                    row = measure(lib, pass_, shape, x, ref, timer, copy, device, graph_timer)
                     rows.append(row)
                     if on_row is not None:
                         on_row(result)

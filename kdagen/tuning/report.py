@@ -181,8 +181,8 @@ class BuildSummary:
                      [(fam, st, _dims(K, V), f"{ok}/{total}", len(fails), drop_reasons(fails) or "-")
                       for fam, st, K, V, ok, total, fails in self.compiled], align="lllrr")
         if self.tuned:
-            out.append(f"tuned on this {self.gpu_name} (median times; speed-up: the heuristic default's time over "
-                       "the winner's)")
+            out.append(f"winners measured on this {self.gpu_name} (median times; speed-up: the heuristic default's "
+                       "time over the winner's)")
             rows = []
             for fam, K, V, shape, winner, ms, dms, err in self.tuned:
                 B, T, H, _ = shape
