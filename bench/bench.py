@@ -447,18 +447,14 @@ def decode_variants(batches):
 
 
 CHUNK_VARIANTS = [
-    ("c64_ik64w8", ChunkFwdConfig(intra_num_warps=8)),
-    ("c64_ik32w4", ChunkFwdConfig(intra_block_k=32)),
-    ("c64_ik128w8", ChunkFwdConfig(intra_block_k=128, intra_num_warps=8)),
-    ("c64_bv32w4", ChunkFwdConfig(state_block_v=32, state_num_warps=4)),
     ("c32", ChunkFwdConfig(chunk_size=32)),
-    ("c32_ik32w4", ChunkFwdConfig(chunk_size=32, intra_block_k=32)),
-    ("c32_ik128w4", ChunkFwdConfig(chunk_size=32, intra_block_k=128)),
-    ("c32_bv32w2", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=2)),
-    ("c32_bv32w4", ChunkFwdConfig(chunk_size=32, state_block_v=32, state_num_warps=4)),
+    ("c64_w8", ChunkFwdConfig(intra_num_warps=8)),
     ("c64_tf32inv", ChunkFwdConfig(inverse_precision="tf32")),
-    ("c32_default_cumsum_dot", ChunkFwdConfig(chunk_size=32, intra_block_k=128, state_block_v=32, state_num_warps=2,
-                                              cumsum="dot")),
+    ("c64_factors_fp32", ChunkFwdConfig(factor_precision="fp32")),
+    ("c64_bv16", ChunkFwdConfig(state_block_v=16)),
+    ("c64_bv64", ChunkFwdConfig(state_block_v=64)),
+    ("c64_no_prefetch", ChunkFwdConfig(state_prefetch=False)),
+    ("c64_2stages", ChunkFwdConfig(state_num_stages=2)),
 ]
 
 

@@ -21,8 +21,9 @@ import time
 SHAPES = [(1, 8192, 96, 128, 128), (2, 16384, 16, 128, 128), (1, 512, 2, 128, 128), (2, 200, 2, 96, 192)]
 
 
-def _worker(index, count, shapes, queue):
-    import torch
+def keep_share_of_configs(index, count):
+    """From now on in this process, every Triton autotuner keeps only its candidates index,
+    index + count, ... (at least one): worker ``index`` of ``count`` compiles its share."""
     from triton.runtime import autotuner
 
     original = autotuner.Autotuner.prune_configs
@@ -32,6 +33,12 @@ def _worker(index, count, shapes, queue):
         return configs[index::count] or configs[:1]
 
     autotuner.Autotuner.prune_configs = my_share
+
+
+def _worker(index, count, shapes, queue):
+    import torch
+
+    keep_share_of_configs(index, count)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from bench import GRAD_NAMES, LOWER, inputs  # the benchmark's own input recipe
     from fla.ops.kda import chunk_kda

@@ -6,6 +6,7 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
     python bench/static_report.py "d.replace(chunk_size=64)" "d.replace(state_num_warps=4)"
     python bench/static_report.py --bwd                # the backward's three launches
     python bench/static_report.py --bwd "d.replace(dqkw_num_warps=8)"   # d: default ChunkBwdConfig
+    python bench/static_report.py --layer "d.replace(chunk_size=32)"     # the layer's call (flags in kernel)
 
 Each argument is a Python expression over ``d`` (the default ChunkFwdConfig) and
 ``ChunkFwdConfig``.  Uses the ptxas shipped in the Triton wheel.
@@ -79,17 +80,32 @@ def main(argv):
                 print(f"{e:<48} {name:<10} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
                       f"{r['mma_sync']:>8} {r['cp_async']:>8}")
         return
+    layer = argv[:1] == ["--layer"]
+    if layer:  # the KDA layer's call: raw q/k (l2-norm), raw gate with A_log/dt_bias, raw beta, in the kernels
+        argv = argv[1:]
     spec = select_spec(False, True, -5.0, False, False)
     plan = lower_for(spec, "chunk_fwd", 128, 128, torch.bfloat16)
     d = default_chunk_config(plan)
     exprs = argv or ["d"]
-    print(f"{'config':<48} {'kernel':<6} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} {'cp.async':>8}")
+    print(f"{'config':<48} {'kernel':<11} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} "
+          f"{'cp.async':>8}")
     for e in exprs:
         cfg = eval(e, {"d": d, "ChunkFwdConfig": ChunkFwdConfig})  # noqa: S307 - a developer tool
-        for ln, stage in zip(launches_for(plan, cfg, torch.bfloat16, {"safe_gate": True, "lower_bound": -5.0}),
-                             ("intra", "state")):
+        if layer:
+            from kdagen.ops.chunk import chunk_kda_launches
+
+            x = [torch.zeros(1, 128, 1, 128, dtype=torch.bfloat16) for _ in range(3)]
+            launches, _ = chunk_kda_launches(
+                *x, torch.zeros(1, 128, 1, 128), torch.zeros(1, 128, 1, dtype=torch.bfloat16),
+                initial_state=torch.zeros(1, 1, 128, 128), output_final_state=True, config=cfg,
+                use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                lower_bound=-5.0, A_log=torch.zeros(1), dt_bias=torch.zeros(128))
+        else:
+            launches = launches_for(plan, cfg, torch.bfloat16, {"safe_gate": True, "lower_bound": -5.0})
+        for ln in launches:
+            stage = ln.kernel
             r = report(ln)
-            print(f"{e:<48} {stage:<6} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
+            print(f"{e:<48} {stage:<11} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
                   f"{r['mma_sync']:>8} {r['cp_async']:>8}")
 
 

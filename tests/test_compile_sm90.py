@@ -244,6 +244,13 @@ def _check_ok(entry):
     assert entry["num_warps"] == entry["launch_num_warps"]
 
 
+def _compiled_pair(entries, kinds, extra):
+    """The two launches of a chunk forward, compiled, within shared memory: (entries, constexprs)."""
+    assert [e["kind"] for e in entries] == list(kinds), entries
+    _check_smem(entries, extra)
+    return entries, [e["constexprs"] for e in entries]
+
+
 def _check_smem(entries, extra):
     for e in entries:
         _check_ok(e)
@@ -258,10 +265,7 @@ def _check_smem(entries, extra):
 def test_chunk_kernels_compile_for_sm90(case, compiled):
     """The inference forward: the solve and the state pass."""
     cid, dtype, K, V, gate, cfg, extra = case
-    entries = compiled["chunk:" + cid]
-    assert [e["kind"] for e in entries] == ["chunk_solve", "chunk_pass"], entries
-    _check_smem(entries, extra)
-    solve, state = (e["constexprs"] for e in entries)
+    entries, (solve, state) = _compiled_pair(compiled["chunk:" + cid], ("chunk_solve", "chunk_pass"), extra)
     assert solve["K"] == K and state["K"] == K and state["V"] == V
     assert solve["BT"] == state["BT"] and solve["BK"] == state["BK"] == 1 << (K - 1).bit_length()
     if cfg is not None:  # the config really reached the kernels
@@ -281,10 +285,7 @@ def test_chunk_kernels_compile_for_sm90(case, compiled):
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_training_forward_kernels_compile_for_sm90(case, compiled):
     cid, dtype, K, V, gate, cfg, extra = case
-    entries = compiled["train:" + cid]
-    assert [e["kind"] for e in entries] == ["chunk_intra", "chunk_state"], entries
-    _check_smem(entries, extra)
-    intra, state = (e["constexprs"] for e in entries)
+    entries, (intra, state) = _compiled_pair(compiled["train:" + cid], ("chunk_intra", "chunk_state"), extra)
     assert intra["K"] == K and intra["V"] == V and state["K"] == K and state["V"] == V
     assert intra["BT"] == state["BT"] and state["STORE_HS"] and state["STORE_VN"]
     if cfg is not None:  # the config really reached the kernels

@@ -7,7 +7,7 @@ from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, Recurrent
 
 
 def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
-    """The inference forward.  On the H200 (bf16, K=V=128, bench/RESULTS.md, run 17): chunks of
+    """The inference forward.  On the H200 (bf16, K=V=128, bench/RESULTS.md, runs 23-26): chunks of
     64 rows built from two 32-row halves, the solve on 4 warps, and a state pass with 32-wide V
     tiles on 4 warps, pipelined 3 deep with v, beta and G_n prefetched, were the fastest
     measured at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32) and (8, 1024, 8, K=V=64); the

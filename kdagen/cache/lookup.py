@@ -8,7 +8,7 @@ from functools import lru_cache
 from ..codegen.lower import Plan
 from ..config import config_from_dict
 from .heuristics import default_config
-from .keys import cache_key
+from .keys import cache_key, shape_bucket
 
 
 @lru_cache(maxsize=1)
@@ -40,10 +40,13 @@ def lookup_winner(plan: Plan, kernel: str, shape: dict, state_dtype: str = "floa
     gpu = _current_gpu()
     if gpu is None or not shape:
         return None
-    key = cache_key(plan, kernel, shape, gpu, state_dtype)
-    memo_key = key.key_string()
+    # memoised per (family, plan, shape bucket, state dtype, GPU): an op call pays a dict look-up,
+    # not the key's construction and hashing
+    memo_key = (kernel, plan, shape_bucket(kernel, int(shape["T"]), int(shape["B"]), int(shape["N"])), state_dtype,
+                gpu.name)
     if memo_key in _MEMO:
         return _MEMO[memo_key]
+    key = cache_key(plan, kernel, shape, gpu, state_dtype)
     cfg = None
     try:
         entry = _cache_for(gpu.name).lookup(key)

@@ -6,6 +6,7 @@ same bytes, and the kernel's name ends in a hash of those bytes.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -89,6 +90,11 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
 # The forward solve (chunk_solve.py.j2): halves of HALF rows, sub-tiles of config.sub_chunk rows.
 HALF = 32
 LOG2E = 1.4426950408889634
+# The largest decay span (natural log) of a sub-tile the factorised products take: exp(span) and
+# |k| exp(span) stay in float32/bf16 range (3.4e38 = exp(88.7)) for |k| up to ~2000.  One above
+# the exponent budget a gate bound is checked against (structure.EXP_BUDGET), so that sub-tiles
+# whose gate sits at the bound (16 tokens at -5: 80) take the fast path despite rounding.
+SPAN_LIMIT = EXP_BUDGET + 1.0
 # A log decay below this is raised to it: exp(-40) = 4e-18 is below float32 resolution
 # relative to anything the state holds, and the cumulated sums of a chunk stay finite (-inf,
 # a reset, becomes a decay to 4e-18)
@@ -119,7 +125,9 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
         factor_low=config.factor_precision == "input" and plan.dtype == "bfloat16",
         # the factorised products hold exp(-D) <= exp(span): the exponent budget of the dot
         # dtype (structure.EXP_BUDGET), in log2 units
-        span_limit=repr(EXP_BUDGET * LOG2E), g_floor=repr(G_FLOOR), log2e=repr(LOG2E))
+        # one channel's gate in the element-wise path: z and the bias of that channel alone
+        gate_expr_column=re.sub(r"\bb_bias\b", "b_bias_d", re.sub(r"\bb_z\b", "b_zd", plan.gate_expr)),
+        span_limit=repr(SPAN_LIMIT * LOG2E), g_floor=repr(G_FLOOR), log2e=repr(LOG2E))
     return v
 
 
