@@ -303,3 +303,24 @@ def test_explicit_sub_chunk_beyond_the_gate_bound_is_refused_or_exact():
     ro, rh = naive_recurrent_kda(q, k, v, g, beta, initial_state=x.h0.to(F64), output_final_state=True)
     assert_close(o, ro, TOL[torch.float32], "o with sub_chunk=32")
     assert_close(ht, rh, TOL[torch.float32], "final state with sub_chunk=32")
+
+
+def test_packed_call_with_host_offsets_reads_nothing_back(monkeypatch):
+    """cu_seqlens_cpu (FLA's keyword) gives the chunk schedule its lengths: cu_seqlens itself is
+    not read on the host (on a GPU that read is a synchronisation), and the result is the same."""
+    x = make_inputs(1, VARLEN[-1], 1, 2, 32, 32, seed=5, cu_seqlens=VARLEN)
+    ref = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
+                           cu_seqlens=x.cu_seqlens, safe_gate=True, lower_bound=-5.0)
+    cu = x.cu_seqlens
+    real_tolist = torch.Tensor.tolist
+
+    def guarded(t):
+        assert t is not cu, "cu_seqlens was read back to the host"
+        return real_tolist(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", guarded)
+    got = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
+                           cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(VARLEN), safe_gate=True, lower_bound=-5.0)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    with pytest.raises(ValueError, match="cu_seqlens_cpu"):
+        kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 3]))

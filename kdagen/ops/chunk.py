@@ -71,12 +71,13 @@ class _Call:
 def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
              allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-             in_kernel: bool = True) -> tuple[_Call, dict]:
+             in_kernel: bool = True, cu_seqlens_cpu=None) -> tuple[_Call, dict]:
     """Validate the arguments and choose the spec and plan: the call and its contiguous inputs by
     name.  ``in_kernel``: the l2-norm and beta sigmoid are left to the kernels (the inference
     forward); otherwise they are applied here as torch ops, which autograd differentiates."""
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                 A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel)
+                                 A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
+                                 cu_seqlens_cpu=cu_seqlens_cpu)
     spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval only takes effect with use_beta_sigmoid_in_kernel=True")
@@ -182,9 +183,15 @@ def chunk_kda(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     config: ChunkFwdConfig | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
     **kwargs,
 ):
     """Chunkwise KDA with flash-linear-attention's signature and layout.
+
+    Packed sequences (``cu_seqlens``): the chunk schedule is built on the host from the
+    sequences' lengths.  Given ``cu_seqlens_cpu`` (FLA's keyword: the same offsets on the host)
+    the call reads nothing back from the device; without it, it reads ``cu_seqlens`` once (one
+    synchronisation per call).
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K] (log decay, or the raw gate input
     with ``use_gate_in_kernel``); beta: [B, T, HV]; initial_state: [N, HV, K, V].
@@ -196,7 +203,7 @@ def chunk_kda(
     ChunkFwdConfig there pins the chunk length only).
 
     Gates.  ``g`` is a per-token log decay (<= 0).  The inference kernels check, per 16-row
-    sub-tile, that the gate decays by at most exp(-80) (a lower bound of -5 per token
+    sub-tile, that the gate decays by at most exp(-81) (a lower bound of -5 per token
     guarantees it): such sub-tiles take the factorised tensor-core path, and any other sub-tile
     (g below the bound, -inf as a full reset) the element-wise path, so the result is the
     recurrence's either way.  ``safe_gate``/``lower_bound`` choose the spec (and the tuned
@@ -214,7 +221,7 @@ def chunk_kda(
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                       in_kernel=not training)
+                       in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu)
     if training and return_intermediate_states:
         raise ValueError(
             "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
