@@ -109,7 +109,7 @@ def test_recurrent_refuses_inputs_that_want_gradients_even_after_a_fast_path_ent
 
 
 def test_chunk_schedule_of_a_packed_batch():
-    from kdagen.ops.chunk_fwd import chunk_schedule
+    from kdagen.ops.schedule import chunk_schedule
 
     total, idx, offs = chunk_schedule([0, 1, 40, 40, 105], 1, 105, 32, "cpu")  # lengths 1, 39, 0, 65
     assert total == 1 + 2 + 0 + 3
