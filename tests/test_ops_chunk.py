@@ -324,3 +324,17 @@ def test_packed_call_with_host_offsets_reads_nothing_back(monkeypatch):
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     with pytest.raises(ValueError, match="cu_seqlens_cpu"):
         kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor([0, 3]))
+
+
+def test_opt_in_value_check_names_the_first_bad_element():
+    """check_inputs=True: a g below the promised bound is refused with its index; the default
+    (no check) computes the recurrence for it (the inference kernels' element-wise path)."""
+    x = make_inputs(1, 40, 1, 1, 32, 32, seed=2)
+    g = x.g.clone()
+    g[0, 7, 0, 3] = -9.0
+    with pytest.raises(ValueError, match=r"g\[0, 7, 0, 3\]"):
+        kdagen.chunk_kda(x.q, x.k, x.v, g, x.beta, safe_gate=True, lower_bound=-5.0, check_inputs=True)
+    o, _ = kdagen.chunk_kda(x.q, x.k, x.v, g, x.beta, safe_gate=True, lower_bound=-5.0)
+    q, k, v, _, beta = x.ref_args()
+    ro, _ = naive_recurrent_kda(q, k, v, g.to(F64), beta)
+    assert_close(o, ro, TOL[torch.float32], "o with g below the bound, unchecked")

@@ -24,6 +24,7 @@ from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
 from ..dtypes import dtype, storage
 from ..kernels import build
 from . import chunk_bwd as bwd
+from . import checks
 from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
 from .inputs import Dims, check_inputs, check_kwargs, check_runnable, preprocess, select_spec
@@ -184,6 +185,7 @@ def chunk_kda(
     dt_bias: torch.Tensor | None = None,
     config: ChunkFwdConfig | None = None,
     cu_seqlens_cpu: torch.LongTensor | None = None,
+    check_inputs: bool | None = None,
     **kwargs,
 ):
     """Chunkwise KDA with flash-linear-attention's signature and layout.
@@ -192,6 +194,11 @@ def chunk_kda(
     sequences' lengths.  Given ``cu_seqlens_cpu`` (FLA's keyword: the same offsets on the host)
     the call reads nothing back from the device; without it, it reads ``cu_seqlens`` once (one
     synchronisation per call).
+
+    ``check_inputs=True`` (or ``KDAGEN_CHECK_INPUTS=1`` at import) also checks the inputs' values
+    -- NaN/inf, g > 0, g below a promised ``lower_bound``, bad offsets -- and raises a ValueError
+    naming the argument and its first bad index; it costs one synchronisation (see
+    :mod:`kdagen.ops.checks`).
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K] (log decay, or the raw gate input
     with ``use_gate_in_kernel``); beta: [B, T, HV]; initial_state: [N, HV, K, V].
@@ -222,6 +229,11 @@ def chunk_kda(
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
                        in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu)
+    if checks.wanted(check_inputs):
+        checks.check_values("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                            cu_seqlens=cu_seqlens, gate_bound=checks.promised_bound(safe_gate, lower_bound,
+                                                                                    use_gate_in_kernel),
+                            raw_gate=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias)
     if training and return_intermediate_states:
         raise ValueError(
             "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "

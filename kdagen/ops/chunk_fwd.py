@@ -19,7 +19,7 @@ import triton
 
 from ..config import ChunkFwdConfig
 from ..kernels import Launch, dummy_pointer
-from .schedule import chunk_schedule
+from .schedule import chunk_schedule, to_device
 
 
 def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
@@ -45,7 +45,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=torch.float32, device=dev)
           if return_intermediate_states else None)
     dummy = dummy_pointer(dev)
-    cu = cu_seqlens.to(dev) if cu_seqlens is not None else dummy
+    cu = to_device(cu_seqlens, dev) if cu_seqlens is not None else dummy
     flags = dict(IS_VARLEN=cu_seqlens is not None, BETA_SIGMOID=bool(beta_sigmoid), BETA_SCALE=float(beta_scale))
     solve_args = dict(q=q, k=k, g=g, beta=beta)
     if plan.gate_has_A:

@@ -17,7 +17,7 @@ import triton
 from ..config import ChunkTrainConfig
 from ..dtypes import storage
 from ..kernels import Launch, dummy_pointer
-from .schedule import chunk_schedule
+from .schedule import chunk_schedule, to_device
 
 
 def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
@@ -46,7 +46,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
           if return_intermediate_states else None)
     vn = torch.empty(B, T, HV, V, dtype=inter, device=dev) if store_vn else None
     dummy = dummy_pointer(dev)
-    cu = cu_seqlens.to(dev) if cu_seqlens is not None else dummy
+    cu = to_device(cu_seqlens, dev) if cu_seqlens is not None else dummy
     intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
     if plan.gate_has_A:
         intra_args["A_log"] = A_log

@@ -20,12 +20,12 @@ def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
     seq = torch.repeat_interleave(torch.arange(len(nchunks)), nchunks)
     within = torch.arange(total) - torch.repeat_interleave(offsets, nchunks)
     idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
-    return total, _to_device(idx, device), _to_device(offsets, device)
+    return total, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
 
 
-def _to_device(x: torch.Tensor, device) -> torch.Tensor:
-    """int32 on ``device``; to a GPU through pinned memory, asynchronously (the host does not wait)."""
-    x = x.to(torch.int32)
-    if torch.device(device).type != "cuda":
+def to_device(x: torch.Tensor, device) -> torch.Tensor:
+    """``x`` on ``device``; from the host to a GPU through pinned memory, asynchronously (the host
+    does not wait for the device)."""
+    if x.device == torch.device(device) or x.device.type != "cpu" or torch.device(device).type != "cuda":
         return x.to(device)
     return x.pin_memory().to(device, non_blocking=True)
