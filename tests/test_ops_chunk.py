@@ -338,3 +338,36 @@ def test_opt_in_value_check_names_the_first_bad_element():
     q, k, v, _, beta = x.ref_args()
     ro, _ = naive_recurrent_kda(q, k, v, g.to(F64), beta)
     assert_close(o, ro, TOL[torch.float32], "o with g below the bound, unchecked")
+
+
+def test_chunk_size_keyword_as_fla(monkeypatch):
+    """chunk_size=32 or 64 pins the chunk length (of the training forward and backward too);
+    anything else is FLA's ValueError, not an unexpected-keyword TypeError."""
+    from kdagen.kernels import Launch
+
+    x = make_inputs(1, 70, 1, 1, 32, 32, seed=4)
+    seen = []
+    real = Launch.__call__
+
+    def spy(self):
+        seen.append(self.constexprs["BT"])
+        return real(self)
+
+    monkeypatch.setattr(Launch, "__call__", spy)
+    q, k, v, g, beta = x.ref_args()
+    ro, _ = naive_recurrent_kda(q, k, v, g, beta, initial_state=x.h0.to(F64))
+    for C in (32, 64):
+        seen.clear()
+        o, _ = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, chunk_size=C)
+        assert seen == [C, C]
+        assert_close(o, ro, TOL[torch.float32], f"o at chunk_size={C}")
+    seen.clear()
+    leaves = {n: t.clone().requires_grad_(True) for n, t in dict(q=x.q, k=x.k, v=x.v).items()}
+    o, _ = kdagen.chunk_kda(**leaves, g=x.g, beta=x.beta, chunk_size=64)
+    o.sum().backward()
+    assert seen and all(c == 64 for c in seen)  # training forward, re-run and backward
+    for bad in (16, 48, 128):
+        with pytest.raises(ValueError, match="chunk_size must be either 32 or 64"):
+            kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, chunk_size=bad)
+    with pytest.raises(ValueError, match="disagrees"):
+        kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, chunk_size=32, config=ChunkFwdConfig(chunk_size=64))

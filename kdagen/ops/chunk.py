@@ -186,6 +186,7 @@ def chunk_kda(
     config: ChunkFwdConfig | None = None,
     cu_seqlens_cpu: torch.LongTensor | None = None,
     check_inputs: bool | None = None,
+    chunk_size: int | None = None,
     **kwargs,
 ):
     """Chunkwise KDA with flash-linear-attention's signature and layout.
@@ -194,6 +195,9 @@ def chunk_kda(
     sequences' lengths.  Given ``cu_seqlens_cpu`` (FLA's keyword: the same offsets on the host)
     the call reads nothing back from the device; without it, it reads ``cu_seqlens`` once (one
     synchronisation per call).
+
+    ``chunk_size`` (32 or 64, as FLA) pins the chunk length; by default it is the tuned winner's
+    or the heuristic's (64 for K <= 128).
 
     ``check_inputs=True`` (or ``KDAGEN_CHECK_INPUTS=1`` at import) also checks the inputs' values
     -- NaN/inf, g > 0, g below a promised ``lower_bound``, bad offsets -- and raises a ValueError
@@ -220,6 +224,10 @@ def chunk_kda(
     factorised tiles (``safe_gate=True``) and gives NaN where g breaks it.
     """
     check_kwargs("chunk_kda", kwargs)
+    if chunk_size is not None and chunk_size not in (32, 64):
+        raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
+    if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
+        raise ValueError(f"chunk_kda: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
     if isinstance(q, torch.Tensor):
         check_runnable(q)
     training = torch.is_grad_enabled() and any(
@@ -239,6 +247,10 @@ def chunk_kda(
             "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
             "backward; call it under torch.no_grad() / torch.inference_mode() or detach the inputs")
     config, bwd_config = _configs(call, config, None, training)
+    if chunk_size is not None and config.chunk_size != chunk_size:
+        config = config.replace(chunk_size=chunk_size)
+        if bwd_config is not None:
+            bwd_config = bwd_config.replace(chunk_size=chunk_size)
     if training:
         return _ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
                                        x["dt_bias"], (call, config, bwd_config, output_final_state))
