@@ -27,7 +27,7 @@ from . import chunk_bwd as bwd
 from . import checks
 from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
-from .inputs import Dims, check_inputs, check_kwargs, check_runnable, preprocess, select_spec
+from .inputs import Dims, check_beta_flags, check_inputs, check_kwargs, check_runnable, preprocess, select_spec
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
 
@@ -80,10 +80,9 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
                                  A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
                                  cu_seqlens_cpu=cu_seqlens_cpu)
     spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
-        raise ValueError("allow_neg_eigval only takes effect with use_beta_sigmoid_in_kernel=True")
     flags = {}
     if in_kernel:
+        check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
         flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
                      beta_scale=2.0 if allow_neg_eigval else 1.0)
     else:
@@ -96,14 +95,15 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
     return call, x
 
 
-def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: bool):
+def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: bool, chunk_size: int | None = None):
     """The forward's config (a :class:`ChunkFwdConfig` for inference) or, when training, the
     training forward's :class:`ChunkTrainConfig` and the backward's, with one chunk length.
-    A :class:`ChunkFwdConfig` given to a training call pins its chunk length only."""
+    ``chunk_size``, or a :class:`ChunkFwdConfig` given to a training call, pins that length."""
     if not training:
         if config is not None and not isinstance(config, ChunkFwdConfig):
             raise TypeError(f"chunk_kda: an inference call takes a ChunkFwdConfig, got {type(config).__name__}")
-        return resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype), None
+        fwd = resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype)
+        return (fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)), None
     if config is not None and not isinstance(config, (ChunkFwdConfig, ChunkTrainConfig)):
         raise TypeError(f"chunk_kda: config must be a ChunkFwdConfig or ChunkTrainConfig, got {type(config).__name__}")
     if bwd_config is None and _BWD_OVERRIDE:
@@ -115,6 +115,8 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
         train = default_train_config(call.plan, call.shape)  # not tuned: it runs at the backward's chunk length
         train = train.replace(chunk_size=config.chunk_size if config is not None else b.chunk_size,
                               sub_chunk=b.sub_chunk)
+    if chunk_size is not None:
+        train = train.replace(chunk_size=chunk_size)
     if (b.chunk_size, b.sub_chunk) != (train.chunk_size, train.sub_chunk):
         b = b.replace(chunk_size=train.chunk_size, sub_chunk=train.sub_chunk)
     return train, b
@@ -246,11 +248,7 @@ def chunk_kda(
         raise ValueError(
             "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
             "backward; call it under torch.no_grad() / torch.inference_mode() or detach the inputs")
-    config, bwd_config = _configs(call, config, None, training)
-    if chunk_size is not None and config.chunk_size != chunk_size:
-        config = config.replace(chunk_size=chunk_size)
-        if bwd_config is not None:
-            bwd_config = bwd_config.replace(chunk_size=chunk_size)
+    config, bwd_config = _configs(call, config, None, training, chunk_size)
     if training:
         return _ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
                                        x["dt_bias"], (call, config, bwd_config, output_final_state))

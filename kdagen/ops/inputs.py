@@ -210,15 +210,20 @@ def select_spec(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | 
     return S.kda(gate)
 
 
+def check_beta_flags(use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> None:
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("allow_neg_eigval only takes effect with use_beta_sigmoid_in_kernel=True")
+
+
 def preprocess(q, k, beta, use_qk_l2norm_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
                allow_neg_eigval: bool):
+    """FLA's in-kernel flags applied as torch ops (autograd differentiates them)."""
+    check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if use_qk_l2norm_in_kernel:
         q = torch.nn.functional.normalize(q.float(), p=2, dim=-1).to(q.dtype)
         k = torch.nn.functional.normalize(k.float(), p=2, dim=-1).to(k.dtype)
     if use_beta_sigmoid_in_kernel:
         beta = torch.sigmoid(beta.float()) * (2.0 if allow_neg_eigval else 1.0)
-    elif allow_neg_eigval:
-        raise ValueError("allow_neg_eigval only takes effect with use_beta_sigmoid_in_kernel=True")
     return q, k, beta
 
 
