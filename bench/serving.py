@@ -135,8 +135,9 @@ def sync_free():
     done = []
     torch.cuda.synchronize()
     try:
-        torch.cuda.set_sync_debug_mode("error")
-        host_cu = geo.cu().cpu()  # made before the mode is on: reading it back is a synchronisation
+        # every input is made (and copied to the device) first: only the op runs in the mode
+        host_cu = geo.cu().cpu()
+        calls = []
         for form in ("batch", "packed", "packed, cu_seqlens on the host"):
             packed = form != "batch"
             for pool_dtype in (torch.float32, torch.bfloat16):
@@ -144,9 +145,15 @@ def sync_free():
                 out = torch.empty_like(geo.tokens(gen, packed)["v"])
                 for call in range(3):  # the first call of a geometry, then the fast path
                     cu = None if not packed else (host_cu if "host" in form else geo.cu())
-                    kdagen.fused_recurrent_kda(**geo.tokens(gen, packed), initial_state=pool, ssm_state_indices=slots,
-                                               cu_seqlens=cu, out=out)
-                    done.append(f"{form}/{str(pool_dtype)[6:]}/call{call}")
+                    calls.append((f"{form}/{str(pool_dtype)[6:]}/call{call}",
+                                  dict(**geo.tokens(gen, packed), initial_state=pool, ssm_state_indices=slots,
+                                       cu_seqlens=cu, out=out)))
+        torch.cuda.synchronize()
+        for name, kw in calls:
+            torch.cuda.set_sync_debug_mode("error")
+            kdagen.fused_recurrent_kda(**kw)
+            torch.cuda.set_sync_debug_mode("default")
+            done.append(name)
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", True,
               f"{len(done)} calls: first and later calls of the batch and packed forms (cu_seqlens on the device "
@@ -154,7 +161,9 @@ def sync_free():
     except Exception as e:  # noqa: BLE001
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", False,
-              f"after {done}: {type(e).__name__}: {str(e)[:300]}")
+              f"after {done}: {type(e).__name__}: {str(e)[:300]} at "
+              + " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}"
+                            for f in reversed(traceback.extract_tb(e.__traceback__)[-4:])))
     # prefill (the lead wires cu_seqlens_cpu through chunk_kda; reported, not required here)
     T, lens = 200, [0, 70, 71, 200]
     x = Geometry(1, 32, 128, 128).tokens(gen, True)  # [1, 1, ...]: widen to T tokens
