@@ -256,10 +256,12 @@ def test_chunk_kda_without_final_state_returns_none():
     assert_close(o2, ro2, TOL[torch.float32], "o without initial state")
 
 
-def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch):
+@pytest.mark.parametrize("K", [64, 80])
+def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K):
     """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel with allow_neg_eigval and an
     explicit scale, against the reference fed the pre-processed inputs.  An inference call
-    computes them inside the kernels: no torch pre-pass runs."""
+    computes them inside the kernels: no torch pre-pass runs.  K=80: the norms of rows padded
+    to 128 channels."""
     from kdagen.ops import chunk as chunk_op
 
     def no_prepass(*a, **k):
@@ -267,7 +269,7 @@ def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch):
 
     monkeypatch.setattr(chunk_op, "preprocess", no_prepass)
     gen = torch.Generator().manual_seed(11)
-    B, T, H, HV, K, V = 1, 50, 1, 2, 64, 32
+    B, T, H, HV, V = 1, 50, 1, 2, 32
     q = 3 * torch.randn(B, T, H, K, generator=gen)
     k = 2 * torch.randn(B, T, H, K, generator=gen)
     v = torch.randn(B, T, HV, V, generator=gen)
