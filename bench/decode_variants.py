@@ -1,0 +1,71 @@
+"""Decode (fused_recurrent_kda, packed, state pool) timed per RecurrentConfig, from CUDA-graph
+replay, at H=32, K=V=128, for an fp32 and a bf16 pool: which tile and warp count moves the state
+closest to the copy ceiling.
+
+    PYTHONPATH=. python3 bench/decode_variants.py --out "$OUT" [--batches 16,256]
+
+Prints one line per (batch, pool dtype, config): time per step, % of copy, and the difference of
+o and of the pool against the heuristic config's (they must agree to rounding).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--batches", default="16,256")
+    ap.add_argument("--block-v", default="16,32,64,128")
+    ap.add_argument("--warps", default="1,2,4,8")
+    args = ap.parse_args()
+    import kdagen
+    from kdagen.config import RecurrentConfig
+    from serving import copy_ceiling_gbs, decode_case, graph_us
+
+    ceil = copy_ceiling_gbs()
+    print(f"copy ceiling {ceil:.0f} GB/s", flush=True)
+    rows = []
+    for B in map(int, args.batches.split(",")):
+        for pool_dtype in (torch.float32, torch.bfloat16):
+            _, nbytes, _, (x, pool, slots, cu, out) = decode_case(B, True, pool_dtype)
+            p0 = pool.clone()
+            ref = None
+            for bv in map(int, args.block_v.split(",")):
+                for w in map(int, args.warps.split(",")):
+                    cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1)
+                    row = dict(B=B, pool=str(pool_dtype)[6:], block_v=bv, num_warps=w)
+                    try:
+                        pool.copy_(p0)
+                        fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
+                                                                cu_seqlens=cu, out=out, config=cfg)
+                        fn()
+                        torch.cuda.synchronize()
+                        got = (out.float().clone(), pool.float().clone())
+                        if ref is None:
+                            ref = got
+                        row["diff"] = [float((got[0] - ref[0]).abs().max()), float((got[1] - ref[1]).abs().max())]
+                        us = graph_us(fn)
+                        row.update(us=us, pct_copy=100 * nbytes / (us * 1e-6) / 1e9 / ceil)
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                    rows.append(row)
+                    print(f"B={B:4d} {row['pool']:9s} BV={bv:4d} warps={w} "
+                          f"{row.get('us', float('nan')):8.1f} us {row.get('pct_copy', float('nan')):5.1f}% "
+                          f"diff {row.get('diff')} {row.get('error', '')}", flush=True)
+            del x, pool, p0, out
+            torch.cuda.empty_cache()
+    with open(os.path.join(args.out, "decode_variants.json"), "w") as f:
+        json.dump(dict(copy_GBps=ceil, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
