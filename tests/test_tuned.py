@@ -61,6 +61,10 @@ def test_cached_winner_is_used_for_its_exact_key(h200):
 def test_recurrent_winner_and_fallback(h200):
     plan = _plan("recurrent")
     assert recurrent_kernels(plan, None, {"T": 1, "B": 8, "N": 8}) == default_recurrent_config(plan)
+    # a half-width pool has its own heuristic (half the bytes per program: narrower tiles, one warp)
+    half = tuned.resolve("recurrent", plan, None, {"T": 1, "B": 8, "N": 8}, "bfloat16")
+    assert half == default_recurrent_config(plan, "bfloat16") != default_recurrent_config(plan)
+    assert (half.block_v, half.num_warps) == (32, 1)
     won = RecurrentConfig(block_v=16, num_warps=2)
     TuningCache(h200.name).store(keys.cache_key(plan, "recurrent", {"T": 1, "B": 8, "N": 8}, h200),
                                  make_entry(config=won.to_dict(), kernel="recurrent", time_ms=0.01, error=0.0))

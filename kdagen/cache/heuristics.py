@@ -49,11 +49,17 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     )
 
 
-def default_recurrent_config(plan: Plan) -> RecurrentConfig:
-    # K=V=128: BV=64 on 4 warps moves the state at 94% of copy bandwidth at B=256 on the H200;
-    # 1 warp at BV >= 64 spills registers and collapses (bench/RESULTS.md)
-    bv = min(64, plan.BV) if plan.K <= 128 else min(32, plan.BV)
-    return RecurrentConfig(block_v=bv, num_warps=4, num_stages=1)
+def default_recurrent_config(plan: Plan, state_dtype: str = "float32") -> RecurrentConfig:
+    """``state_dtype``: of the state the call reads and writes (its decode pool).  K=V=128 on the
+    H200 (bench/RESULTS.md, run 30, a packed decode step from graph replay): a float32 pool moves
+    fastest with BV=64 on 4 warps (271.7 us at B=256, 93% of copy; 16.6 us at B=16); a half-width
+    pool, half the bytes per program, with BV=32 on one warp (208.1 against 229.6 us at B=256,
+    11.1 against 13.3 us at B=16).  One warp at BV >= 64 spills registers and collapses."""
+    if plan.K > 128:
+        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=4, num_stages=1)
+    if state_dtype in ("bfloat16", "float16"):
+        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1)
+    return RecurrentConfig(block_v=min(64, plan.BV), num_warps=4, num_stages=1)
 
 
 def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
@@ -73,10 +79,10 @@ def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
 
 
 def default_config(family: str, plan: Plan, shape: dict | None = None,
-                   train_config: ChunkTrainConfig | None = None):
+                   train_config: ChunkTrainConfig | None = None, state_dtype: str = "float32"):
     """The heuristic config of a family at a call's ``shape`` ({"N", "HV", ...}, optional); the
     backward's takes the chunk lengths of ``train_config`` (default: the training forward's
-    heuristic)."""
+    heuristic); the recurrent form's depends on the ``state_dtype`` of its pool."""
     if family == "chunk_fwd":
         return default_chunk_config(plan, shape)
     if family == "chunk_train":
@@ -85,5 +91,5 @@ def default_config(family: str, plan: Plan, shape: dict | None = None,
         fwd = train_config or default_train_config(plan, shape)
         return default_chunk_bwd_config(plan).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
     if family == "recurrent":
-        return default_recurrent_config(plan)
+        return default_recurrent_config(plan, state_dtype)
     raise ValueError(f"unknown kernel family {family!r}")

@@ -65,4 +65,5 @@ def resolve(family: str, plan: Plan, explicit, shape: dict, state_dtype: str = "
     GPU, else the heuristic."""
     if explicit is not None:
         return explicit
-    return lookup_winner(plan, family, shape, state_dtype) or default_config(family, plan, shape)
+    return (lookup_winner(plan, family, shape, state_dtype)
+            or default_config(family, plan, shape, state_dtype=state_dtype))
