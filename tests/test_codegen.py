@@ -19,7 +19,7 @@ def test_plan_decisions():
     assert (p.BK, p.BV) == (128, 256)
     assert p.diag_mode == "factorised" and p.safe_sub_chunk == 16
     assert p.stages == ("intra", "state")
-    assert "tl.sigmoid" in p.gate_expr and "-5.0" in p.gate_expr and p.gate_has_A and p.gate_has_bias
+    assert "tl.fdiv(1.0, 1.0 + tl.exp(-(" in p.gate_expr and "-5.0" in p.gate_expr and p.gate_has_A and p.gate_has_bias
     p = lower(S.kda(), 64, 64, "float16", "chunk")
     assert p.diag_mode == "elementwise" and p.safe_sub_chunk is None and p.gate_expr == "b_z"
     p = lower(S.kda(S.gate_softplus()), 64, 64, "float16", "recurrent", gate_in_kernel=True)

@@ -20,7 +20,8 @@ g_min = sp.Symbol("g_min", negative=True)  # lower bound of the gate (a constant
 
 
 class Sigmoid(sp.Function):
-    """Logistic function, kept as a named function so it prints as ``tl.sigmoid``."""
+    """Logistic function, kept as a named function so it prints as one expression
+    (``1 / (1 + exp(-x))`` with Triton's fast division)."""
 
     nargs = 1
 
