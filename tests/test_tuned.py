@@ -58,6 +58,17 @@ def test_cached_winner_is_used_for_its_exact_key(h200):
     assert chunk_kernels(plan, mine, SHAPE) == mine
 
 
+def test_the_forward_heuristic_takes_32_row_chunks_with_the_gate_in_the_kernel():
+    """Measured on the H200 (bench/RESULTS.md, run 34): the layer's call (gate in the kernel) is
+    faster with 32-row chunks at every measured shape, the plain call with 64-row ones."""
+    given = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk")
+    in_kernel = lower(select_spec(True, True, -5.0, True, True), 128, 128, "bfloat16", "chunk", True)
+    assert default_chunk_config(given).chunk_size == 64
+    assert default_chunk_config(in_kernel).chunk_size == 32
+    # everything else alike
+    assert default_chunk_config(in_kernel).replace(chunk_size=64) == default_chunk_config(given)
+
+
 def test_recurrent_winner_and_fallback(h200):
     plan = _plan("recurrent")
     assert recurrent_kernels(plan, None, {"T": 1, "B": 8, "N": 8}) == default_recurrent_config(plan)

@@ -13,12 +13,18 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     measured at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32) and (8, 1024, 8, K=V=64); the
     64-row state pass takes half the sequential steps of a 32-row one (0.53 against 0.81 ms at
     (1, 8192, 96)).  Above K=128 a row of the state pass's tiles is twice as wide: 32-row
-    chunks, two pipeline stages (their shared memory) and 8 warps in the solve."""
+    chunks, two pipeline stages (their shared memory) and 8 warps in the solve.
+
+    With the gate computed in the kernel (the KDA layer's call: raw gate, A_log, dt_bias, and
+    the l2-norm and beta sigmoid alongside), the solve's extra work makes one 32-row half per
+    program pay: 32-row chunks measured 2.019 / 1.366 / 1.167 ms against 64-row chunks' 2.082 /
+    1.391 / 1.375 ms at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32) (bench/RESULTS.md, run 34)."""
     if plan.BK > 128:
         return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
                               state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
-    return ChunkFwdConfig(chunk_size=64, intra_num_warps=4, state_block_v=min(32, plan.BV), state_num_warps=4,
-                          state_num_stages=3, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
+    return ChunkFwdConfig(chunk_size=32 if plan.gate_in_kernel else 64, intra_num_warps=4,
+                          state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=3,
+                          inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
 
 
 # Below about two state-pass programs per SM of a 132-SM GPU the state pass is latency bound
