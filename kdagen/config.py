@@ -210,3 +210,21 @@ def config_from_dict(kernel: str, d: dict[str, Any]) -> _Config:
     except KeyError:
         raise ConfigError(f"unknown kernel family {kernel!r}; known: {sorted(CONFIG_TYPES)}") from None
     return cls.from_dict(d)
+
+
+@dataclass(frozen=True)
+class RecurrentBwdConfig(_Config):
+    """Backward of the recurrent form (``fused_recurrent_kda`` with gradients): one program per
+    (V tile, sequence, value head) walks the sequence forwards keeping a checkpoint every
+    ``segment`` tokens, then the segments backwards, recomputing each one's states from its
+    checkpoint (:mod:`kdagen.ops.recurrent_bwd`).  All fields are launch parameters."""
+
+    kernel: ClassVar[str] = "recurrent_bwd"
+    block_v: int = 32  # BV: the V tile of one program (partial sums over V tiles are added on the host)
+    segment: int = 16  # BT: tokens between checkpoints (and states recomputed into scratch at a time)
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self):
+        self._check_pow2("block_v", "segment", "num_warps")
+        self._check_stages("num_stages")

@@ -91,21 +91,32 @@ def test_non_contiguous_steps_are_never_taken_by_the_fast_path():
     assert not R._FAST
 
 
-def test_recurrent_refuses_inputs_that_want_gradients_even_after_a_fast_path_entry():
+def test_recurrent_takes_the_autograd_path_even_after_a_fast_path_entry():
+    """A decode geometry's fast-path entry never serves a call whose input wants a gradient: that
+    call goes through the autograd Function (and its gradient is the reference's); under
+    no_grad the same tensor gets no graph; once autograd is back, the graph again."""
     R._FAST.clear()
     gen = torch.Generator().manual_seed(4)
     q, k, v, g, beta = _step(gen, 2, 1, 1, 16, 16)
     h0 = torch.randn(2, 1, 16, 16, generator=gen)
     kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
     assert len(R._FAST) == 1
-    with pytest.raises(RuntimeError, match="forward-only"):
-        kdagen.fused_recurrent_kda(q.clone().requires_grad_(), k, v, g, beta, initial_state=h0,
-                                   output_final_state=True)
     qg = q.clone().requires_grad_()
+    o, ht = kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert o.requires_grad and type(o.grad_fn).__name__.startswith("_RecurrentKDAFunction")
+    do = torch.randn(o.shape, generator=gen)
+    (o * do).sum().backward()
+    q64 = q.to(torch.float64).requires_grad_()
+    ro, _ = naive_recurrent_kda(q64, *(t.to(torch.float64) for t in (k, v, g, beta)),
+                                initial_state=h0.to(torch.float64))
+    (ro * do.to(torch.float64)).sum().backward()
+    assert _rel(qg.grad, q64.grad) < 1e-5
     with torch.no_grad():  # fine without autograd
-        kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
-    with pytest.raises(RuntimeError, match="forward-only"):  # and refused again once autograd is back
-        kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
+        o, _ = kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert not o.requires_grad
+    o, _ = kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
+    assert o.requires_grad  # autograd is back
+    assert len(R._FAST) == 2  # the no_grad call's own entry; no entry for the calls with gradients
 
 
 def test_chunk_schedule_of_a_packed_batch():

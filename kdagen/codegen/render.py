@@ -12,7 +12,8 @@ from functools import lru_cache
 
 import jinja2
 
-from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, ConfigError, RecurrentConfig, _Config
+from ..config import (ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, ConfigError, RecurrentBwdConfig,
+                      RecurrentConfig, _Config)
 from ..dtypes import dtype
 from ..resources import templates_dir
 from ..version import __version__
@@ -26,6 +27,7 @@ TEMPLATES = {
     "chunk_intra": ("chunk_intra.py.j2", ChunkTrainConfig),
     "chunk_state": ("chunk_state.py.j2", ChunkTrainConfig),
     "recurrent": ("recurrent.py.j2", RecurrentConfig),
+    "recurrent_bwd": ("recurrent_bwd.py.j2", RecurrentBwdConfig),
     "chunk_bwd_state": ("chunk_bwd_state.py.j2", ChunkBwdConfig),
     "chunk_bwd_dqkw": ("chunk_bwd_dqkw.py.j2", ChunkBwdConfig),
     "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
@@ -34,7 +36,8 @@ TEMPLATES = {
 FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass"),
                   "chunk_train": ("chunk_intra", "chunk_state"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"),
-                  "recurrent": ("recurrent",)}
+                  "recurrent": ("recurrent",),
+                  "recurrent_bwd": ("recurrent_bwd",)}
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 
@@ -71,7 +74,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
     if kernel in ("chunk_solve", "chunk_pass"):
         v.update(_forward_vars(kernel, plan, config))
-    elif kernel in ("chunk_state", "chunk_bwd_state"):  # one program holds a whole K row
+    elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd"):  # one program holds a whole K row
         v["k_mask"] = plan.K != plan.BK
     elif kernel in ("chunk_intra", "chunk_bwd_intra"):
         sub = config.sub_chunk

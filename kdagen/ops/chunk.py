@@ -27,7 +27,8 @@ from . import chunk_bwd as bwd
 from . import checks
 from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
-from .inputs import Dims, check_beta_flags, check_inputs, check_kwargs, check_runnable, preprocess, select_spec
+from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
+                     preprocess, select_spec, state_layout)
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
 
@@ -61,6 +62,7 @@ class _Call:
     l2norm: bool = False
     beta_sigmoid: bool = False
     beta_scale: float = 1.0
+    state_v_first: bool = False  # the initial, final and intermediate states are [.., V, K]
 
     @property
     def shape(self) -> dict:
@@ -72,13 +74,13 @@ class _Call:
 def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
              allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-             in_kernel: bool = True, cu_seqlens_cpu=None) -> tuple[_Call, dict]:
+             in_kernel: bool = True, cu_seqlens_cpu=None, state_v_first: bool = False) -> tuple[_Call, dict]:
     """Validate the arguments and choose the spec and plan: the call and its contiguous inputs by
     name.  ``in_kernel``: the l2-norm and beta sigmoid are left to the kernels (the inference
     forward); otherwise they are applied here as torch ops, which autograd differentiates."""
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                  A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
-                                 cu_seqlens_cpu=cu_seqlens_cpu)
+                                 cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
     spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
     flags = {}
     if in_kernel:
@@ -91,14 +93,18 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
     x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags)
+    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
+                 state_v_first=state_v_first)
     return call, x
 
 
-def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: bool, chunk_size: int | None = None):
+def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: bool, chunk_size: int | None = None,
+             disable_recompute: bool = False):
     """The forward's config (a :class:`ChunkFwdConfig` for inference) or, when training, the
     training forward's :class:`ChunkTrainConfig` and the backward's, with one chunk length.
-    ``chunk_size``, or a :class:`ChunkFwdConfig` given to a training call, pins that length."""
+    ``chunk_size``, or a :class:`ChunkFwdConfig` given to a training call, pins that length.
+    ``disable_recompute`` (FLA's keyword) makes the backward's config keep the forward's
+    intermediates instead of recomputing them (``store_intermediates=True``)."""
     if not training:
         if config is not None and not isinstance(config, ChunkFwdConfig):
             raise TypeError(f"chunk_kda: an inference call takes a ChunkFwdConfig, got {type(config).__name__}")
@@ -119,6 +125,8 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
         train = train.replace(chunk_size=chunk_size)
     if (b.chunk_size, b.sub_chunk) != (train.chunk_size, train.sub_chunk):
         b = b.replace(chunk_size=train.chunk_size, sub_chunk=train.sub_chunk)
+    if disable_recompute and not b.store_intermediates:
+        b = b.replace(store_intermediates=True)
     return train, b
 
 
@@ -129,7 +137,7 @@ def _forward_launches(call: _Call, x: dict, config: ChunkFwdConfig, output_final
         output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
         return_intermediate_states=return_intermediate_states, l2norm=call.l2norm, beta_sigmoid=call.beta_sigmoid,
-        beta_scale=call.beta_scale)
+        beta_scale=call.beta_scale, state_v_first=call.state_v_first)
 
 
 def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig,
@@ -140,7 +148,8 @@ def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_confi
         x["q"], x["k"], x["v"], x["g"], x["beta"], scale=call.scale, initial_state=x["initial_state"],
         output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
-        return_intermediate_states=True, state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True)
+        return_intermediate_states=True, state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True,
+        state_v_first=call.state_v_first)
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
 
 
@@ -181,12 +190,17 @@ def chunk_kda(
     allow_neg_eigval: bool = False,
     safe_gate: bool = False,
     lower_bound: float | None = None,
+    disable_recompute: bool = False,
     return_intermediate_states: bool = False,
+    state_v_first: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
+    cp_context=None,
+    use_graph: bool = False,
+    max_num_seqs: int | None = None,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     config: ChunkFwdConfig | None = None,
-    cu_seqlens_cpu: torch.LongTensor | None = None,
     check_inputs: bool | None = None,
     chunk_size: int | None = None,
     **kwargs,
@@ -209,8 +223,34 @@ def chunk_kda(
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K] (log decay, or the raw gate input
     with ``use_gate_in_kernel``); beta: [B, T, HV]; initial_state: [N, HV, K, V].
     Returns ``(o, final_state)`` -- o [B, T, HV, V] in v's dtype, final_state float32
-    [N, HV, K, V] or None -- and with ``return_intermediate_states=True`` also the float32
-    states entering each chunk, [NT_total, HV, K, V].
+    [N, HV, K, V] or None -- and with ``return_intermediate_states=True`` (inference only) also
+    the states entering each chunk in FLA's layout, ``h``: [B, NT, HV, K, V] with
+    NT = ceil(T / chunk length) for a fixed-length batch, and [1, NT_total, HV, K, V] with
+    ``cu_seqlens`` (NT_total: the chunks of all sequences, sequence by sequence; sequence n's
+    start after the ceil(len_m / C) chunks of every sequence m < n; a length-0 sequence has
+    none).  The chunk length is ``chunk_size`` when given (else the config's: pin it to know
+    it).  Unlike FLA (which returns them in k's dtype), the states are float32: cast them if
+    the cache is kept lower.
+
+    ``state_v_first=True`` (FLA's keyword; ``transpose_state_layout``, its deprecated name,
+    works as in FLA): every state -- initial_state, the final state, the intermediate states
+    and, in training, the initial state's gradient -- is [.., HV, V, K] instead of
+    [.., HV, K, V].  The kernels load and store that layout (nothing is transposed around the
+    call); the math is the same.
+
+    FLA's other keywords:
+    ``disable_recompute=True``: the backward keeps the forward's intermediates instead of
+    recomputing them (``ChunkBwdConfig.store_intermediates``); no effect without a gradient.
+    ``cp_context`` (context parallelism): not supported, only None is accepted.
+    ``use_graph`` (FLA: a device-built, fixed-shape chunk list so a varlen call can be captured
+    in a CUDA graph): a fixed-length call (no ``cu_seqlens``) reads nothing on the host and
+    launches a schedule fixed by the shapes, so ``use_graph=True`` changes nothing;
+    with ``cu_seqlens`` kdagen builds the chunk schedule on the host from the lengths, which a
+    graph replay could not follow, so ``use_graph=True`` is refused (ValueError).
+    ``max_num_seqs``: the padded sequence count of ``use_graph`` with ``cu_seqlens`` (refused
+    above); checked to be a positive int or None and not read otherwise, as in FLA.
+    ``A_log``, ``dt_bias``, ``chunk_size`` (FLA takes them through ``**kwargs``) are named here.
+    Any other keyword is a TypeError.
     ``config`` overrides the tuned/heuristic kernel config: a :class:`~kdagen.config.ChunkFwdConfig`
     (inference), or for a training call a :class:`~kdagen.config.ChunkTrainConfig` (a
     ChunkFwdConfig there pins the chunk length only).
@@ -225,7 +265,10 @@ def chunk_kda(
     NaN in its sequence's outputs.  The training forward relies on ``lower_bound`` for its
     factorised tiles (``safe_gate=True``) and gives NaN where g breaks it.
     """
+    state_v_first = state_layout("chunk_kda", state_v_first, kwargs)
     check_kwargs("chunk_kda", kwargs)
+    check_cp_context("chunk_kda", cp_context)
+    _check_graph_flags(use_graph, max_num_seqs, cu_seqlens)
     if chunk_size is not None and chunk_size not in (32, 64):
         raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
@@ -238,7 +281,7 @@ def chunk_kda(
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                       in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu)
+                       in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
     if checks.wanted(check_inputs):
         checks.check_values("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                             cu_seqlens=cu_seqlens, gate_bound=checks.promised_bound(safe_gate, lower_bound,
@@ -248,7 +291,7 @@ def chunk_kda(
         raise ValueError(
             "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
             "backward; call it under torch.no_grad() / torch.inference_mode() or detach the inputs")
-    config, bwd_config = _configs(call, config, None, training, chunk_size)
+    config, bwd_config = _configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
         return _ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
                                        x["dt_bias"], (call, config, bwd_config, output_final_state))
@@ -256,21 +299,45 @@ def chunk_kda(
     for launch in launches:
         launch()
     if return_intermediate_states:
-        return o, ht, hs
+        return o, ht, _fla_layout(hs, call)
     return o, ht
+
+
+def _fla_layout(hs: torch.Tensor, call: _Call) -> torch.Tensor:
+    """The per-chunk states [NT_total, HV, ., .] as FLA returns them (views, no copy):
+    [B, NT, HV, ., .] for a fixed-length batch (NT_total = B * NT, batch-major) and
+    [1, NT_total, HV, ., .] with cu_seqlens."""
+    if call.cu_seqlens is None:
+        return hs.view(call.dims.B, -1, *hs.shape[1:])
+    return hs.unsqueeze(0)
+
+
+def _check_graph_flags(use_graph, max_num_seqs, cu_seqlens) -> None:
+    if not isinstance(use_graph, bool):
+        raise TypeError(f"chunk_kda: use_graph must be a bool, got {type(use_graph).__name__}")
+    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
+                                     or max_num_seqs < 1):
+        raise ValueError(f"chunk_kda: max_num_seqs must be a positive int or None, got {max_num_seqs!r}")
+    if use_graph and cu_seqlens is not None:
+        raise ValueError(
+            "chunk_kda: use_graph=True with cu_seqlens is not supported: kdagen builds the packed call's chunk "
+            "schedule on the host from the sequence lengths, which a CUDA-graph replay with new lengths would not "
+            "follow.  Capture fixed-length calls (no cu_seqlens), or decode with fused_recurrent_kda (capturable "
+            "with a device cu_seqlens)")
 
 
 def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                        use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
                        allow_neg_eigval=False, safe_gate=False, lower_bound=None, return_intermediate_states=False,
-                       cu_seqlens=None, A_log=None, dt_bias=None, config=None):
+                       cu_seqlens=None, A_log=None, dt_bias=None, config=None, state_v_first=False):
     """Validate, plan, generate and describe the forward launches of chunk_kda without running
     them (the op runs them; the tuner and the benchmark time them one by one; compile-only
     checks compile them): ``(launches, (o, final_state, per-chunk states))``."""
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound)
+                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+                       state_v_first=state_v_first)
     config, _ = _configs(call, config, None, False)
     return _forward_launches(call, x, config, output_final_state, return_intermediate_states)
 
@@ -278,7 +345,8 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
 def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                            use_gate_in_kernel=False, safe_gate=False, lower_bound=None, cu_seqlens=None,
                            A_log=None, dt_bias=None, config: ChunkTrainConfig | ChunkFwdConfig | None = None,
-                           bwd_config: ChunkBwdConfig | None = None, do=None, dht=None, with_rerun=False):
+                           bwd_config: ChunkBwdConfig | None = None, do=None, dht=None, with_rerun=False,
+                           state_v_first=False):
     """Describe the forward launches and the backward launches of a training call of chunk_kda
     (nothing runs; for compile-only checks, tests, the tuner and the benchmark):
     ``(fwd_launches, bwd_launches, bwd_outputs)``.
@@ -291,7 +359,7 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     step runs."""
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
-                       lower_bound=lower_bound, in_kernel=False)
+                       lower_bound=lower_bound, in_kernel=False, state_v_first=state_v_first)
     config, bwd_config = _configs(call, config, bwd_config, True)
     fwd, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
     inputs = {n: x[n] for n in bwd.INPUT_NAMES}

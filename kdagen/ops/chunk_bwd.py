@@ -30,7 +30,7 @@ import triton
 from ..codegen.lower import Plan
 from ..config import ChunkBwdConfig
 from ..kernels import Launch, build, dummy_pointer
-from .inputs import Dims
+from .inputs import Dims, state_shape
 
 INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
 KEPT_INTERMEDIATES = ("qg", "kg", "w", "aqk", "gn")  # what the backward reads (V' replaces U)
@@ -54,6 +54,7 @@ class BwdMeta(Dims):
     chunk_offsets: torch.Tensor  # or the dummy
     fwd_intra: Any  # the forward intra Launch with its tensor arguments taken out
     inter_dtype: torch.dtype
+    state_v_first: bool = False  # the initial state, dht and dh0 are [.., V, K]
 
 
 def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
@@ -71,7 +72,7 @@ def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
         is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
         fwd_intra=dataclasses.replace(intra, args=stripped),
-        inter_dtype=a["qg"].dtype)
+        inter_dtype=a["qg"].dtype, state_v_first=state.constexprs["STATE_V_FIRST"])
 
 
 def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -116,14 +117,14 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     # it rounded is bit-identical for them and halves its traffic
     du = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
     dhs = torch.empty(NTt, HV, K, V, dtype=hs.dtype, device=dev)
-    dh0 = torch.empty(N, HV, K, V, dtype=f32, device=dev) if need_dh0 else None
+    dh0 = torch.empty(state_shape(N, HV, K, V, meta.state_v_first), dtype=f32, device=dev) if need_dh0 else None
     state_args = dict(qg=inter["qg"], kg=inter["kg"], w=inter["w"], aqk=inter["aqk"], gn=inter["gn"],
                       do=do, dht=dht if dht is not None else dummy,
                       du=du, dhs=dhs, dh0=dh0 if dh0 is not None else dummy,
                       cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
     state = Launch("chunk_bwd_state", built.fns[0], (NV, N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
-                        STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen),
+                        STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen, STATE_V_FIRST=meta.state_v_first),
                    cfg.state_num_warps, cfg.state_num_stages)
     dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
     dkg = torch.empty_like(dqg)

@@ -19,17 +19,20 @@ import triton
 
 from ..config import ChunkFwdConfig
 from ..kernels import Launch, dummy_pointer
+from .inputs import state_shape
 from .schedule import chunk_schedule, to_device
 
 
 def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkFwdConfig, built, A_log=None, dt_bias=None,
-                      return_intermediate_states=False, l2norm=False, beta_sigmoid=False, beta_scale=1.0):
+                      return_intermediate_states=False, l2norm=False, beta_sigmoid=False, beta_scale=1.0,
+                      state_v_first=False):
     """Allocate the outputs and describe both launches (to run them, time them, or compile them
     for another GPU).  ``l2norm``, ``beta_sigmoid``/``beta_scale``: q/k are raw and normalised
     by the solve, beta is raw and ``beta_scale * sigmoid(beta)`` is used (FLA's in-kernel flags).
     With ``return_intermediate_states`` the pass also writes the float32 state entering each
-    chunk, [NT_total, HV, K, V]."""
+    chunk, [NT_total, HV, K, V].  ``state_v_first``: the initial, final and per-chunk states are
+    stored [.., V, K] (the kernel's loads and stores address them so; nothing is transposed)."""
     B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
     C = config.chunk_size
     dev = q.device
@@ -41,8 +44,8 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     pm = torch.empty(B, T, HV, C, dtype=q.dtype, device=dev)
     gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
-    hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=torch.float32, device=dev)
+    ht = torch.empty(state_shape(N, HV, K, V, state_v_first), dtype=torch.float32, device=dev) if output_final_state else None
+    hs = (torch.empty(state_shape(max(NT_total, 1), HV, K, V, state_v_first), dtype=torch.float32, device=dev)
           if return_intermediate_states else None)
     dummy = dummy_pointer(dev)
     cu = to_device(cu_seqlens, dev) if cu_seqlens is not None else dummy
@@ -68,6 +71,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     state = Launch("chunk_pass", built.fns[1], (triton.cdiv(V, bv), N * HV), pass_args,
                    dict(HV=HV, K=K, V=V, BT=C, BH=min(C, 32), BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                         STORE_HT=output_final_state, STORE_HS=return_intermediate_states,
+                        STATE_V_FIRST=bool(state_v_first),
                         LOOP_STAGES=config.state_num_stages, **flags),
                    config.state_num_warps, 1)
     return (solve, state), (o, ht, hs)

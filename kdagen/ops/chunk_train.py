@@ -17,17 +17,20 @@ import triton
 from ..config import ChunkTrainConfig
 from ..dtypes import storage
 from ..kernels import Launch, dummy_pointer
+from .inputs import state_shape
 from .schedule import chunk_schedule, to_device
 
 
 def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkTrainConfig, built, A_log=None, dt_bias=None,
-                      return_intermediate_states=False, state_dtype=torch.float32, store_vn=False):
+                      return_intermediate_states=False, state_dtype=torch.float32, store_vn=False,
+                      state_v_first=False):
     """Allocate outputs and describe both launches (used for running and compile-only).
     ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
     forward may keep them in the input dtype for its backward).  ``store_vn``: the state
     pass also writes V' = U - W S (the backward's, in the intermediates' dtype) to the
-    state launch's ``vn`` argument."""
+    state launch's ``vn`` argument.  ``state_v_first``: the initial and final states are stored
+    [.., V, K] (the per-chunk states stay [K, V]: they are the backward's)."""
     B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
     C = config.chunk_size
     dev = q.device
@@ -41,7 +44,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     aqk = torch.empty(B, T, HV, C, dtype=inter, device=dev)
     gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
-    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+    ht = torch.empty(state_shape(N, HV, K, V, state_v_first), dtype=torch.float32, device=dev) if output_final_state else None
     hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=state_dtype, device=dev)
           if return_intermediate_states else None)
     vn = torch.empty(B, T, HV, V, dtype=inter, device=dev) if store_vn else None
@@ -70,6 +73,6 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     state = Launch("chunk_state", built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                         STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
-                        IS_VARLEN=cu_seqlens is not None),
+                        IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
                    config.state_num_warps, config.state_num_stages)
     return (intra, state), (o, ht, hs)

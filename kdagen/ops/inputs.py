@@ -15,8 +15,9 @@ from .. import spec as S
 from ..codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM
 from ..dtypes import TORCH_DTYPES
 
-# FLA arguments that change nothing in kdagen's computation and are accepted for drop-in use
-IGNORED_KWARGS = ("disable_recompute", "use_graph", "max_num_seqs", "cu_seqlens_cpu", "cp_context")
+# Keywords fused_recurrent_kda takes through **kwargs for drop-in use (FLA 0.6.0's recurrent op
+# swallows any keyword): they change nothing in its computation.  ``cp_context`` must be None.
+RECURRENT_IGNORED_KWARGS = ("disable_recompute", "use_graph", "max_num_seqs", "cp_context")
 
 
 @dataclass(frozen=True)
@@ -43,13 +44,14 @@ def _float(name, x):
 
 def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_indices=None,
                  A_log=None, dt_bias=None, gate_in_kernel=False, cu_seqlens_cpu=None,
-                 sync_seqlens: bool = True) -> tuple[Dims, list[int] | None]:
+                 sync_seqlens: bool = True, state_v_first: bool = False) -> tuple[Dims, list[int] | None]:
     """Validate the arguments of chunk_kda / fused_recurrent_kda from their shapes, dtypes and
     devices (no values are read from the device, except as ``sync_seqlens`` says).
 
     Returns the dimensions and, with cu_seqlens, its values on the host as
     :func:`host_seqlens` gives them (None when they would need a device read and
-    ``sync_seqlens`` is False: the decode path, which never synchronises)."""
+    ``sync_seqlens`` is False: the decode path, which never synchronises).  ``state_v_first``:
+    the initial state (or pool) is [.., HV, V, K] instead of [.., HV, K, V]."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _tensor(name, x)
         _float(name, x)
@@ -113,9 +115,12 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
         _float("initial_state", initial_state)
         rows = initial_state.shape[0] if initial_state.dim() == 4 else None
         want_rows = rows if state_indices is not None else N
-        if initial_state.dim() != 4 or tuple(initial_state.shape) != (want_rows, HV, K, V):
-            what = "[P, HV, K, V] (a state pool)" if state_indices is not None else f"[N, HV, K, V] = {(N, HV, K, V)}"
-            raise ValueError(f"initial_state must have shape {what}, got {tuple(initial_state.shape)}")
+        tail, names = ((V, K), "V, K") if state_v_first else ((K, V), "K, V")
+        if initial_state.dim() != 4 or tuple(initial_state.shape) != (want_rows, HV, *tail):
+            what = (f"[P, HV, {names}] (a state pool)" if state_indices is not None
+                    else f"[N, HV, {names}] = {(N, HV, *tail)}")
+            layout = " (state_v_first=True)" if state_v_first else ""
+            raise ValueError(f"initial_state must have shape {what}{layout}, got {tuple(initial_state.shape)}")
         if initial_state.device != dev:
             raise ValueError(f"initial_state is on {initial_state.device} but the inputs are on {dev}")
         if not initial_state.is_contiguous():
@@ -227,7 +232,37 @@ def preprocess(q, k, beta, use_qk_l2norm_in_kernel: bool, use_beta_sigmoid_in_ke
     return q, k, beta
 
 
-def check_kwargs(op: str, kwargs: dict):
-    unknown = [k for k in kwargs if k not in IGNORED_KWARGS]
+def check_kwargs(op: str, kwargs: dict, ignored: tuple[str, ...] = ()) -> None:
+    """Refuse keywords neither the op's signature nor ``ignored`` names (a TypeError, as Python's
+    own), and a ``cp_context`` that is not None (context parallelism is not implemented)."""
+    unknown = [k for k in kwargs if k not in ignored]
     if unknown:
         raise TypeError(f"{op}() got unexpected keyword argument(s) {unknown}")
+    check_cp_context(op, kwargs.get("cp_context"))
+
+
+def check_cp_context(op: str, cp_context) -> None:
+    if cp_context is not None:
+        raise ValueError(f"{op}: cp_context (FLA's context parallelism across devices) is not supported by kdagen; "
+                         "only cp_context=None is accepted (run each rank's sequences as separate calls)")
+
+
+def state_layout(op: str, state_v_first, kwargs: dict) -> bool:
+    """``state_v_first``, or FLA's deprecated name for it, ``transpose_state_layout`` (taken out
+    of ``kwargs`` with FLA's DeprecationWarning; both at once is FLA's ValueError)."""
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise ValueError(f"{op}: cannot pass both `state_v_first` and the deprecated `transpose_state_layout`")
+        import warnings
+
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.", DeprecationWarning,
+                      stacklevel=3)
+        state_v_first = kwargs.pop("transpose_state_layout")
+    if not isinstance(state_v_first, bool):
+        raise TypeError(f"{op}: state_v_first must be a bool, got {type(state_v_first).__name__}")
+    return state_v_first
+
+
+def state_shape(N: int, HV: int, K: int, V: int, state_v_first: bool) -> tuple[int, int, int, int]:
+    """The shape of N states: [N, HV, K, V], or [N, HV, V, K] with ``state_v_first``."""
+    return (N, HV, V, K) if state_v_first else (N, HV, K, V)

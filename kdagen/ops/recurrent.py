@@ -14,19 +14,20 @@ from ..config import RecurrentConfig
 from ..dtypes import dtype
 from ..kernels import Launch, build, dummy_pointer, launch
 from . import checks
-from .inputs import Dims, check_kwargs, check_runnable, host_seqlens, preprocess, select_spec
+from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_kwargs, check_runnable, host_seqlens, preprocess,
+                     select_spec, state_layout, state_shape)
 from .inputs import check_inputs as _validate
 
 
 def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_state, state_indices, out,
-                      dims, cu_seqlens=None, A_log=None, dt_bias=None):
+                      dims, cu_seqlens=None, A_log=None, dt_bias=None, state_v_first=False):
     """Allocate o (and the final state) and lay out the kernel's non-constexpr arguments."""
     dev = q.device
     o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=dev)
     if state_indices is not None:
         ht = initial_state  # the pool, updated in place
     elif output_final_state:
-        ht = torch.empty(dims.N, dims.HV, dims.K, dims.V, dtype=torch.float32, device=dev)
+        ht = torch.empty(state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first), dtype=torch.float32, device=dev)
     else:
         ht = None
     dummy = dummy_pointer(dev)
@@ -57,18 +58,19 @@ def _on_device(cu_seqlens, dev):
 
 
 def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
-                      state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None):
+                      state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None, state_v_first=False):
     H, HV, K, V, N = dims.H, dims.HV, dims.K, dims.V, dims.N
     cfg: RecurrentConfig = built.config
     o, ht, args = _outputs_and_args(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=state_indices, out=out, dims=dims, cu_seqlens=cu_seqlens,
-        A_log=A_log if plan.gate_has_A else None, dt_bias=dt_bias if plan.gate_has_bias else None)
+        A_log=A_log if plan.gate_has_A else None, dt_bias=dt_bias if plan.gate_has_bias else None,
+        state_v_first=state_v_first)
     bv = min(cfg.block_v, plan.BV)
     launch = Launch("recurrent", built.fns[0], (triton.cdiv(V, bv), N * HV), args,
                     dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                          STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
-                         IS_VARLEN=cu_seqlens is not None),
+                         IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
                     cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
 
@@ -89,11 +91,13 @@ def fused_recurrent_kda(
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
     lower_bound: float | None = None,
+    state_v_first: bool = False,
     cu_seqlens: torch.LongTensor | None = None,
     ssm_state_indices: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: RecurrentConfig | None = None,
     check_inputs: bool | None = None,
+    cu_seqlens_cpu: torch.LongTensor | None = None,
     **kwargs,
 ):
     """Recurrent KDA (decode) with flash-linear-attention's signature and layout.
@@ -130,9 +134,20 @@ def fused_recurrent_kda(
     g > 0, bad cu_seqlens offsets, and duplicate or out-of-pool slots
     (:mod:`kdagen.ops.checks`).  It synchronises with the device, so it is off by default.
     """
-    check_kwargs("fused_recurrent_kda", kwargs)
+    if kwargs:
+        state_v_first = state_layout("fused_recurrent_kda", state_v_first, kwargs)
+        check_kwargs("fused_recurrent_kda", kwargs, RECURRENT_IGNORED_KWARGS)
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
+                                       for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
+        return _fused_recurrent_kda_train(
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, state_v_first=state_v_first,
+            cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices, out=out, config=config,
+            check_inputs=check_inputs, cu_seqlens_cpu=cu_seqlens_cpu)
     flags = (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-             allow_neg_eigval, lower_bound, config)
+             allow_neg_eigval, lower_bound, config, state_v_first)
     try:
         sig = _signature(q, k, v, g, beta, initial_state, ssm_state_indices, out, cu_seqlens, A_log, dt_bias, flags)
         hit = _FAST.get(sig)
@@ -145,7 +160,7 @@ def fused_recurrent_kda(
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
             allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-            ssm_state_indices=ssm_state_indices, out=out, config=config)
+            ssm_state_indices=ssm_state_indices, out=out, config=config, state_v_first=state_v_first)
         if check:
             _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
                           use_gate_in_kernel)
@@ -167,7 +182,7 @@ def fused_recurrent_kda(
     o, ht, args = _outputs_and_args(
         q, k, v, g, beta, scale=hit.scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=ssm_state_indices, out=out, dims=hit.dims, cu_seqlens=cu_seqlens,
-        A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None)
+        A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None, state_v_first=state_v_first)
     if hit.direct is None or not hit.direct(args):
         launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
@@ -183,19 +198,17 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
                                output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                                use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
                                cu_seqlens=None, ssm_state_indices=None, out=None,
-                               config: RecurrentConfig | None = None):
+                               config: RecurrentConfig | None = None, state_v_first=False):
     """Validate, plan, build and describe the one launch of :func:`fused_recurrent_kda`
     (nothing runs): ``(launch, (o, final_state), (scale, dims))``.  Calling ``launch()``
     again rewrites the same outputs; the tuner times it this way, without the op's Python
     work, and under CUDA-graph replay as a decode loop runs it."""
     dims, _ = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
-                        gate_in_kernel=use_gate_in_kernel, sync_seqlens=False)
+                        gate_in_kernel=use_gate_in_kernel, sync_seqlens=False, state_v_first=state_v_first)
     check_runnable(q)
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                       for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
-        raise RuntimeError("fused_recurrent_kda is forward-only (decode): its output carries no gradient. "
-                           "Use chunk_kda for training, or call it under torch.no_grad()/inference_mode()")
+    if not isinstance(state_v_first, bool):
+        raise TypeError(f"fused_recurrent_kda: state_v_first must be a bool, got {type(state_v_first).__name__}")
     spec = select_spec(use_gate_in_kernel, False, lower_bound, A_log is not None, dt_bias is not None)
     if scale is None:
         scale = dims.K ** -0.5
@@ -214,8 +227,77 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     launch, (o, ht) = prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
-        A_log=A_log, dt_bias=dt_bias, out=out)
+        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
     return launch, (o, ht if (output_final_state or ssm_state_indices is not None) else None), (scale, dims)
+
+
+# --- training: the autograd path -----------------------------------------------------------
+
+
+class _RecurrentKDAFunction(torch.autograd.Function):
+    """fused_recurrent_kda with gradients.  The forward is the decode kernel (it stores nothing
+    for the backward); the backward is :mod:`kdagen.ops.recurrent_bwd`.  Used only when some
+    input requires grad; the inputs are validated and pre-processed already."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, run):
+        meta, fwd_plan, built, output_final_state = run
+        d = meta.dims
+        launch, (o, ht) = prepare_recurrent(
+            q, k, v, g, beta, scale=meta.scale, initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=meta.cu_seqlens, state_indices=None, dims=d, plan=fwd_plan, built=built, A_log=A_log,
+            dt_bias=dt_bias, state_v_first=meta.state_v_first)
+        launch()
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, A_log, dt_bias)
+        ctx.meta = meta
+        ctx.like = {n: None if t is None else (t.shape, t.dtype) for n, t in
+                    dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias).items()}
+        return o, ht
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dht):
+        from . import recurrent_bwd
+
+        return recurrent_bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht) + (None,)
+
+
+def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
+                               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                               allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, ssm_state_indices, out,
+                               config, check_inputs, cu_seqlens_cpu):
+    """A call that some input's gradient flows through: validate (reading the sequence lengths
+    on the host, for the backward's segment schedule), pre-process with torch ops and run the
+    autograd Function."""
+    from . import recurrent_bwd
+
+    if ssm_state_indices is not None:
+        raise ValueError("fused_recurrent_kda: ssm_state_indices (an in-place state pool update) has no gradient; "
+                         "call it under torch.no_grad()/inference_mode(), or pass initial_state [N, HV, K, V] "
+                         "without ssm_state_indices to train through it")
+    if out is not None:
+        raise ValueError("fused_recurrent_kda: out= (writing o into a given tensor) has no gradient; leave out=None "
+                         "when some input requires grad")
+    if not isinstance(state_v_first, bool):
+        raise TypeError(f"fused_recurrent_kda: state_v_first must be a bool, got {type(state_v_first).__name__}")
+    check_runnable(q)
+    dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                              A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
+                              cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
+    if checks.wanted(check_inputs):
+        _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, use_gate_in_kernel)
+    spec = select_spec(use_gate_in_kernel, False, lower_bound, A_log is not None, dt_bias is not None)
+    scale = dims.K ** -0.5 if scale is None else scale
+    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
+    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
+    built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N}, state))
+    meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(),
+                                          state_v_first)
+    x = [t if t is None or t.is_contiguous() else t.contiguous()
+         for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
+    o, ht = _RecurrentKDAFunction.apply(*x, (meta, plan, built, output_final_state))
+    return o, (ht if output_final_state else None)
 
 
 # --- the per-token fast path -------------------------------------------------------------
