@@ -88,10 +88,11 @@ for n, (a, b) in enumerate(zip(unpack(o1, first), unpack(o2, second))):
 report.append(("chunked prefill: final states", rel(s2, s_one)))
 
 # ---- 2. prefix cache: restore the snapshot entering chunk c of each prompt, prefill the rest
-# snapshots are [total chunks, HV, K, V]; sequence n's chunks start after the chunks of those before it
+# snapshots are [1, total chunks, HV, K, V] (FLA's layout for packed sequences); sequence n's
+# chunks start after the chunks of those before it
 first_chunk = [0, -(-prompt[0] // C)]
 c = [2, 1]  # the cached prefix: c[n] whole chunks of prompt n
-restored = torch.stack([snapshots[first_chunk[n] + c[n]] for n in range(2)])
+restored = torch.stack([snapshots[0, first_chunk[n] + c[n]] for n in range(2)])
 rest = [(0, c[0] * C, prompt[0]), (1, c[1] * C, prompt[1])]
 x3, cu3 = packed(rest)
 o3, s3 = kdagen.chunk_kda(**x3, cu_seqlens=cu3, initial_state=restored, output_final_state=True, **prefill)

@@ -227,8 +227,10 @@ def test_chunk_kda_intermediate_states(C, cu, gate):
     o, ht, hs = out
     seqlens = cu if cu else [0, T]
     ref = _prefix_states(x, x.g.to(F64), C, seqlens)
-    assert tuple(hs.shape) == tuple(ref.shape), (tuple(hs.shape), tuple(ref.shape))
+    # FLA's layout: [B, NT, HV, K, V] (B = 1 here), [1, NT_total, HV, K, V] with cu_seqlens
+    assert tuple(hs.shape) == (1,) + tuple(ref.shape), (tuple(hs.shape), tuple(ref.shape))
     assert hs.dtype == torch.float32
+    hs = hs[0]
     for c in range(ref.shape[0]):
         assert_close(hs[c], ref[c], TOL[torch.float32], f"state entering chunk {c}")
     q, k, v, g, beta = x.ref_args()

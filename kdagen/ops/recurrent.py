@@ -133,6 +133,28 @@ def fused_recurrent_kda(
     and raises a ValueError naming the argument and its first bad index for NaN/inf inputs,
     g > 0, bad cu_seqlens offsets, and duplicate or out-of-pool slots
     (:mod:`kdagen.ops.checks`).  It synchronises with the device, so it is off by default.
+
+    ``state_v_first=True`` (FLA's keyword; its deprecated name ``transpose_state_layout`` works
+    as in FLA): every state -- initial_state, the pool, the final state, and the initial state's
+    gradient -- is [.., HV, V, K] instead of [.., HV, K, V]; the kernel addresses that layout
+    (nothing is transposed).
+
+    Gradients.  When autograd is on and some input requires grad, the call runs an autograd
+    Function (the decode path above is not involved): the forward is the same kernel, storing
+    nothing extra, and the backward is generated from the spec (:mod:`kdagen.ops.recurrent_bwd`:
+    it recomputes the states from checkpoints every few tokens and walks them back), giving
+    gradients for q, k, v, g, beta, the initial state and, with the in-kernel gate, A_log and
+    dt_bias; the l2-norm and the beta sigmoid of the in-kernel flags are torch ops that autograd
+    differentiates, as in chunk_kda's training path.  ``ssm_state_indices`` (an in-place pool
+    update) and ``out=`` are refused there (ValueError).  The backward needs the sequence lengths
+    on the host: ``cu_seqlens_cpu`` gives them without reading ``cu_seqlens`` back (one
+    synchronisation otherwise); the decode path never reads them.  (FLA 0.6.0's own
+    fused_recurrent_kda returns outputs without a gradient.)
+
+    FLA's chunk keywords ``disable_recompute``, ``use_graph``, ``max_num_seqs`` are accepted and
+    change nothing here (the op launches one kernel whose grid depends only on the shapes, and it
+    can be captured in a CUDA graph with a device cu_seqlens); ``cp_context`` must be None.  Any
+    other keyword is a TypeError.
     """
     if kwargs:
         state_v_first = state_layout("fused_recurrent_kda", state_v_first, kwargs)
