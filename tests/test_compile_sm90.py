@@ -1,5 +1,5 @@
 """Compile-only checks for Hopper (sm_90): every generated template -- chunk intra, chunk
-state, recurrent -- over several shapes, dtypes, gates and configs, through
+state, recurrent and its backward -- over several shapes, dtypes, gates and configs, through
 ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``; no GPU is needed.
 
 The launches come from the ops' own launch builders (``chunk_kda_launches`` and
@@ -53,6 +53,7 @@ CHUNK_CASES = [
     ("bf16-K256V256-C64-3stages", "bfloat16", 256, 256, "safe", dict(chunk_size=64, state_num_stages=3),
      dict(over_smem="chunk_pass")),
     ("bf16-varlen-intermediate-states", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True)),
+    ("bf16-varlen-states-v-first", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True, v_first=True)),
 ]
 
 # the training forward (ChunkTrainConfig): the same cover as before the inference forward existed
@@ -95,6 +96,15 @@ REC_CASES = [
     ("bf16-K96V192-varlen-BV16", "bfloat16", 96, 192, "direct", 16, dict(varlen=True)),
     ("bf16-gate-in-kernel-lowerbound-BV64", "bfloat16", 128, 128, "gik_lb", 64, {}),
     ("fp16-gate-in-kernel-softplus-BV16", "float16", 128, 128, "gik_sp", 16, {}),
+    ("bf16-K128V128-BV64-pool-v-first", "bfloat16", 128, 128, "direct", 64, dict(pool="float32", v_first=True)),
+]
+
+# the recurrent backward: (id, dtype, K, V, gate, RecurrentBwdConfig fields or None, extra)
+REC_BWD_CASES = [
+    ("bf16-K128V128-default", "bfloat16", 128, 128, "direct", None, {}),
+    ("bf16-K96V192-varlen-BV64-v-first", "bfloat16", 96, 192, "direct", dict(block_v=64), dict(varlen=True, v_first=True)),
+    ("fp16-gate-in-kernel-lowerbound-BV16-seg32", "float16", 128, 128, "gik_lb", dict(block_v=16, segment=32), {}),
+    ("bf16-K256V256-gate-in-kernel-softplus", "bfloat16", 256, 256, "gik_sp", None, {}),
 ]
 
 
@@ -104,7 +114,7 @@ def _worker_compile(jobs):
     import torch
     from triton.backends.compiler import GPUTarget
 
-    from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
+    from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig, RecurrentConfig
     from kdagen.kernels import CompileReport, compile_for_target
     from kdagen.ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
     from kdagen.cache.lookup import resolve
@@ -113,6 +123,7 @@ def _worker_compile(jobs):
     from kdagen.kernels import build
     from kdagen.ops.inputs import check_inputs, select_spec
     from kdagen.ops.recurrent import prepare_recurrent
+    from kdagen.ops.recurrent_bwd import RecurrentBwdMeta, prepare_recurrent_bwd
 
     target = GPUTarget("cuda", 90, 32)
     HV = 2
@@ -157,10 +168,11 @@ def _worker_compile(jobs):
                 varlen = extra.get("varlen", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
                 N = 3 if varlen else 2
+                vf = extra.get("v_first", False)
                 launches, _ = chunk_kda_launches(
-                    q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True,
-                    return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
-                    config=None if cfg is None else ChunkFwdConfig(**cfg), **gate_kwargs(gate, K))
+                    q, k, v, g, beta, initial_state=torch.zeros((N, HV, V, K) if vf else (N, HV, K, V)),
+                    output_final_state=True, return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
+                    config=None if cfg is None else ChunkFwdConfig(**cfg), state_v_first=vf, **gate_kwargs(gate, K))
                 results[f"{family}:{cid}"] = [report("chunk_solve", launches[0]), report("chunk_pass", launches[1])]
             elif family == "train":
                 varlen = extra.get("varlen", False)
@@ -171,6 +183,23 @@ def _worker_compile(jobs):
                     q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True, cu_seqlens=cu,
                     config=None if cfg is None else ChunkTrainConfig(**cfg), **kw)
                 results[f"{family}:{cid}"] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
+            elif family == "recurrent_bwd":
+                varlen, vf = extra.get("varlen", False), extra.get("v_first", False)
+                q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
+                N = 3 if varlen else 2
+                kw = gate_kwargs(gate, K)
+                gik = kw.get("use_gate_in_kernel", False)
+                A_log, dt_bias = kw.get("A_log"), kw.get("dt_bias")
+                h0 = torch.zeros((N, HV, V, K) if vf else (N, HV, K, V))
+                dims, seqlens = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu, A_log=A_log,
+                                             dt_bias=dt_bias, gate_in_kernel=gik, state_v_first=vf)
+                spec = select_spec(gik, False, kw.get("lower_bound"), A_log is not None, dt_bias is not None)
+                plan = lower(spec, K, V, as_dtype(q.dtype).name, "recurrent", gik)
+                meta = RecurrentBwdMeta(dims, seqlens, cu, K ** -0.5, plan, RecurrentBwdConfig(**(cfg or {})), vf)
+                launch, _ = prepare_recurrent_bwd(meta, dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log,
+                                                             dt_bias=dt_bias), h0, torch.zeros_like(v),
+                                                  torch.zeros_like(h0), True)
+                results[f"{family}:{cid}"] = [report("recurrent_bwd", launch)]
             else:
                 varlen = extra.get("varlen", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 3, 70 if varlen else 1, varlen)
@@ -179,20 +208,23 @@ def _worker_compile(jobs):
                 gik = kw.get("use_gate_in_kernel", False)
                 A_log, dt_bias = kw.get("A_log"), kw.get("dt_bias")
                 pool = extra.get("pool")
+                vf = extra.get("v_first", False)
                 if pool is not None:
-                    h0 = torch.zeros(5, HV, K, V, dtype=getattr(torch, pool))
+                    h0 = torch.zeros((5, HV, V, K) if vf else (5, HV, K, V), dtype=getattr(torch, pool))
                     idx = torch.tensor([4, -1, 1], dtype=torch.int32)
                 else:
                     h0, idx = torch.zeros(N, HV, K, V), None
                 dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu,
-                                       state_indices=idx, A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik)
+                                       state_indices=idx, A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik,
+                                       state_v_first=vf)
                 spec = select_spec(gik, False, kw.get("lower_bound"), A_log is not None, dt_bias is not None)
                 plan = lower(spec, K, V, as_dtype(q.dtype).name, "recurrent", gik)
                 built = build(plan, resolve("recurrent", plan, None if cfg is None else RecurrentConfig(block_v=cfg),
                                             {"T": dims.T, "B": dims.B, "N": dims.N}))
                 launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                               output_final_state=True, cu_seqlens=cu, state_indices=idx,
-                                              dims=dims, plan=plan, built=built, A_log=A_log, dt_bias=dt_bias)
+                                              dims=dims, plan=plan, built=built, A_log=A_log, dt_bias=dt_bias,
+                                              state_v_first=vf)
                 results[f"{family}:{cid}"] = [report("recurrent", launch)]
         except Exception as e:
             results[f"{family}:{cid}"] = [dict(kind="build", error=f"{type(e).__name__}: {e}"[:4000])]
@@ -225,7 +257,7 @@ def compiled():
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
     env["PYTHONWARNINGS"] = "ignore"
     jobs = ([("chunk", c) for c in CHUNK_CASES] + [("train", c) for c in TRAIN_CASES]
-            + [("recurrent", c) for c in REC_CASES])
+            + [("recurrent", c) for c in REC_CASES] + [("recurrent_bwd", c) for c in REC_BWD_CASES])
     # two workers of similar cost: alternate the (expensive) chunk cases between them
     halves = [jobs[0::2], jobs[1::2]]
     with ThreadPoolExecutor(2) as ex:
@@ -280,6 +312,7 @@ def test_chunk_kernels_compile_for_sm90(case, compiled):
         assert solve["IS_VARLEN"] and state["IS_VARLEN"]
     if extra.get("states"):
         assert state["STORE_HS"]
+    assert state["STATE_V_FIRST"] == bool(extra.get("v_first"))
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
@@ -309,4 +342,19 @@ def test_recurrent_kernel_compiles_for_sm90(case, compiled):
     if bv is not None:
         assert c["BV"] == bv
     assert c["USE_INDICES"] == ("pool" in extra)
+    assert c["IS_VARLEN"] == bool(extra.get("varlen"))
+    assert c["STATE_V_FIRST"] == bool(extra.get("v_first"))
+
+
+@pytest.mark.parametrize("case", REC_BWD_CASES, ids=[c[0] for c in REC_BWD_CASES])
+def test_recurrent_backward_compiles_for_sm90(case, compiled):
+    cid, dtype, K, V, gate, cfg, extra = case
+    entries = compiled["recurrent_bwd:" + cid]
+    assert [e["kind"] for e in entries] == ["recurrent_bwd"], entries
+    e = entries[0]
+    _check_ok(e)
+    assert 0 <= e["shared_bytes"] <= SMEM_LIMIT
+    c = e["constexprs"]
+    assert c["K"] == K and c["V"] == V and c["STATE_V_FIRST"] == bool(extra.get("v_first"))
+    assert c["BV"] == min((cfg or {}).get("block_v", 32), V)
     assert c["IS_VARLEN"] == bool(extra.get("varlen"))
