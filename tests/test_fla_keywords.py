@@ -202,11 +202,13 @@ def test_disable_recompute_keeps_the_intermediates():
     assert torch.equal(o1, o2)
 
 
-def test_cp_context_is_refused_unless_none(no_launch):
+def test_cp_context_and_num_accepted_tokens_are_refused_unless_none(no_launch):
     x = make_inputs(1, 8, 1, 1, 16, 16, seed=1)
     for op in (kdagen.chunk_kda, kdagen.fused_recurrent_kda):
         with pytest.raises(ValueError, match="cp_context"):
             op(x.q, x.k, x.v, x.g, x.beta, cp_context=object())
+    with pytest.raises(ValueError, match="num_accepted_tokens"):
+        kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, num_accepted_tokens=torch.ones(1, dtype=torch.int32))
     assert not no_launch
 
 
@@ -230,7 +232,8 @@ def test_recurrent_accepts_the_chunk_only_keywords_without_effect():
     x = make_inputs(2, 3, 1, 1, 16, 16, seed=3)
     ref = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True)
     got = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
-                                     disable_recompute=True, use_graph=True, max_num_seqs=8, cp_context=None)
+                                     disable_recompute=True, use_graph=True, max_num_seqs=8, cp_context=None,
+                                     num_accepted_tokens=None)
     assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
 
 

@@ -16,8 +16,9 @@ from ..codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM
 from ..dtypes import TORCH_DTYPES
 
 # Keywords fused_recurrent_kda takes through **kwargs for drop-in use (FLA 0.6.0's recurrent op
-# swallows any keyword): they change nothing in its computation.  ``cp_context`` must be None.
-RECURRENT_IGNORED_KWARGS = ("disable_recompute", "use_graph", "max_num_seqs", "cp_context")
+# swallows any keyword): they change nothing in its computation.  ``cp_context`` and
+# ``num_accepted_tokens`` (speculative decoding, a keyword of FLA's fused_recurrent_kda_fwd) must be None.
+RECURRENT_IGNORED_KWARGS = ("disable_recompute", "use_graph", "max_num_seqs", "cp_context", "num_accepted_tokens")
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,9 @@ def check_kwargs(op: str, kwargs: dict, ignored: tuple[str, ...] = ()) -> None:
     if unknown:
         raise TypeError(f"{op}() got unexpected keyword argument(s) {unknown}")
     check_cp_context(op, kwargs.get("cp_context"))
+    if kwargs.get("num_accepted_tokens") is not None:
+        raise ValueError(f"{op}: num_accepted_tokens (speculative decoding) is not supported by kdagen; only None "
+                         "is accepted")
 
 
 def check_cp_context(op: str, cp_context) -> None:
