@@ -189,3 +189,23 @@ def test_refusals_with_gradients(no_launch):
     with pytest.raises(ValueError, match="out="):
         kdagen.fused_recurrent_kda(q, x.k, x.v, x.g, x.beta, out=torch.empty_like(x.v))
     assert not no_launch
+
+
+@pytest.mark.slow
+def test_gpu_script_dry_run(tmp_path):
+    """bench/recurrent_bwd_gpu.py --tiny: the script's kdagen part runs in the interpreter and
+    reports every check OK (its table and JSON written)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(repo / "bench" / "recurrent_bwd_gpu.py"), "--tiny", "--out",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "all kdagen checks OK" in proc.stdout
+    res = json.loads((tmp_path / "recurrent_bwd.json").read_text())
+    assert not res["failed"] and res["timing"]["kdagen fused_recurrent_kda"][1] is not None
