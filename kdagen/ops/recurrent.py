@@ -159,15 +159,6 @@ def fused_recurrent_kda(
     if kwargs:
         state_v_first = state_layout("fused_recurrent_kda", state_v_first, kwargs)
         check_kwargs("fused_recurrent_kda", kwargs, RECURRENT_IGNORED_KWARGS)
-    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad
-                                       for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
-        return _fused_recurrent_kda_train(
-            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-            allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, state_v_first=state_v_first,
-            cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices, out=out, config=config,
-            check_inputs=check_inputs, cu_seqlens_cpu=cu_seqlens_cpu)
     flags = (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
              allow_neg_eigval, lower_bound, config, state_v_first)
     try:
@@ -175,6 +166,17 @@ def fused_recurrent_kda(
         hit = _FAST.get(sig)
     except (AttributeError, TypeError):  # not a tensor, or unhashable: the full path says what is wrong
         hit = sig = None
+    if hit is None and torch.is_grad_enabled() and any(
+            isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias)):
+        # (never a fast-path hit: entries are made by calls without gradients, and the signature
+        # holds every tensor's requires_grad and the grad mode)
+        return _fused_recurrent_kda_train(
+            q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+            allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, state_v_first=state_v_first,
+            cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices, out=out, config=config,
+            check_inputs=check_inputs, cu_seqlens_cpu=cu_seqlens_cpu)
     check = checks.wanted(check_inputs)
     if hit is None:
         desc, (o, ht), (scale, dims) = fused_recurrent_kda_launch(
