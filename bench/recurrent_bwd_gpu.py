@@ -16,7 +16,8 @@ process on the same inputs; prints a compact table (under 90 s on an H200).
 3. state_v_first in bf16: chunk_kda's V-first final and intermediate states are the K-first ones
    transposed; a V-first bf16 state pool decoded with ssm_state_indices matches the K-first pool
    transposed; the recurrent backward's V-first dh0 is the K-first one transposed; and, with FLA,
-   kdagen's V-first final states match FLA's V-first ones (the layouts agree).
+   kdagen's V-first final state matches FLA's recurrent V-first one (and, with ``--fla-chunk``,
+   FLA's chunk_kda's): the layouts agree.
 Exit status 1 when a kdagen check fails its bound.  FLA missing: reported, kdagen still runs.
 """
 from __future__ import annotations
@@ -216,7 +217,7 @@ def timing_section(fla, dev, tiny, fla_chunk):
     return res
 
 
-def state_v_first_section(fla, dev, tiny):
+def state_v_first_section(fla, dev, tiny, fla_chunk=False):
     """V-first vs K-first (transposed) in bf16, and vs FLA's V-first states."""
     dt = torch.float32 if tiny else torch.bfloat16
     B, T, H, HV, K, V = (1, 40, 1, 2, 32, 48) if tiny else (2, 300, 2, 4, 128, 64)
@@ -252,19 +253,25 @@ def state_v_first_section(fla, dev, tiny):
         dh0.append(tr(h0.grad) if v_first else h0.grad)
     checks.append(("recurrent backward dh0", rel(dh0[1], dh0[0])))
     for name, e in checks:
-        ok = e <= 1e-6 or (name.startswith("decode pool") and e <= 1e-2)
+        # the same arithmetic on other addresses: equal up to the order of a reduction (a layout
+        # slip is an O(1) error); the pool is bf16, rounded once more after an fp32 update
+        ok = e <= 1e-5 or (name.startswith("decode pool") and e <= 1e-2)
         say(f"  {name:34}{e:9.1e}  {'OK' if ok else 'FAIL'}")
         if not ok:
             FAILED.append(f"state_v_first {name}: {e:.1e}")
     if fla is not None:
         try:
             with torch.no_grad():
-                _, hf = fla["chunk"](**xv, output_final_state=True, state_v_first=True)
                 _, hr = fla["recurrent"](**xv, output_final_state=True, state_v_first=True)
-            say(f"  {'FLA chunk_kda V-first final state':34}{rel(h2, hf):9.1e}  (kdagen's V-first vs FLA's)")
-            say(f"  {'FLA recurrent V-first final state':34}{rel(h2, hr):9.1e}  (kdagen's V-first vs FLA's)")
-            if rel(h2, hf) > 2e-2:
-                FAILED.append("state_v_first: kdagen's V-first final state differs from FLA's")
+                theirs = [("FLA recurrent V-first final state", hr)]
+                if fla_chunk:  # FLA's chunk forward autotunes (slow when cold)
+                    theirs.append(("FLA chunk_kda V-first final state", fla["chunk"](
+                        **xv, output_final_state=True, state_v_first=True)[1]))
+            for name, h in theirs:
+                e = rel(h2, h)
+                say(f"  {name:34}{e:9.1e}  (kdagen chunk_kda's V-first vs FLA's)")
+                if not e <= 2e-2:
+                    FAILED.append(f"state_v_first: kdagen's V-first final state differs from FLA's ({name}: {e:.1e})")
         except Exception as e:  # noqa: BLE001
             say(f"  FLA with state_v_first failed: {type(e).__name__}: {str(e)[:100]}")
 
@@ -286,7 +293,7 @@ def main():
             + (f", FLA {fla['version']}" if fla else ""))
     errors_section(fla, dev, args.tiny)
     timing = timing_section(fla, dev, args.tiny, args.fla_chunk)
-    state_v_first_section(fla, dev, args.tiny)
+    state_v_first_section(fla, dev, args.tiny, args.fla_chunk)
     say(f"\n{'FAILED: ' + '; '.join(FAILED) if FAILED else 'all kdagen checks OK'} ({time.time() - T0:.0f} s)")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
