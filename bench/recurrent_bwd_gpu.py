@@ -213,7 +213,12 @@ def timing_section(fla, dev, tiny, fla_chunk):
         say(f"{name:28}{f:10.3f}" + (f"{fb:10.3f}" if fb is not None else f"{'no bwd':>10}"))
     a, b = res.get("kdagen fused_recurrent_kda"), res.get("FLA fused_recurrent_kda")
     if a and b:
-        say(f"{'FLA / kdagen, forward':28}{b[0] / a[0]:10.2f}")
+        say(f"{'FLA / kdagen recurrent, fwd':28}{b[0] / a[0]:10.2f}")
+    c, d = res.get("kdagen chunk_kda"), res.get("FLA chunk_kda")
+    if c and d and c[1] and d[1]:
+        say(f"{'FLA / kdagen chunk':28}{d[0] / c[0]:10.2f}{d[1] / c[1]:10.2f}")
+    if a and a[1] and d and d[1]:
+        say(f"{'FLA chunk / kdagen recurrent':28}{d[0] / a[0]:10.2f}{d[1] / a[1]:10.2f}")
     return res
 
 
@@ -279,11 +284,12 @@ def state_v_first_section(fla, dev, tiny, fla_chunk=False):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="directory for recurrent_bwd.json / recurrent_bwd.log")
-    ap.add_argument("--tiny", action="store_true", help="tiny shapes in Triton's CPU interpreter (fp32), no FLA")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes in Triton's CPU interpreter (fp32)")
     ap.add_argument("--fla-chunk", action="store_true", help="also time both chunk_kda forward+backward")
+    ap.add_argument("--with-fla", action="store_true", help="with --tiny: run FLA's part too (a CPU-capable FLA)")
     args = ap.parse_args()
-    if args.tiny:
-        dev, fla = "cpu", None
+    if args.tiny:  # an FLA on the path runs there too (the tests put a fake one there)
+        dev, fla = "cpu", (load_fla() if args.with_fla else None)
     else:
         if not torch.cuda.is_available():
             print("no GPU: run with --tiny (TRITON_INTERPRET=1) for a dry run", file=sys.stderr)

@@ -191,10 +191,28 @@ def test_refusals_with_gradients(no_launch):
     assert not no_launch
 
 
+FAKE_FLA = """
+import torch
+import kdagen
+
+__version__ = "0.6.0-fake"
+
+
+def chunk_kda(*args, **kwargs):
+    return kdagen.chunk_kda(*args, **kwargs)
+
+
+def fused_recurrent_kda(*args, **kwargs):  # forward-only, as FLA 0.6.0's
+    with torch.no_grad():
+        return kdagen.fused_recurrent_kda(*args, **kwargs)
+"""
+
+
 @pytest.mark.slow
 def test_gpu_script_dry_run(tmp_path):
-    """bench/recurrent_bwd_gpu.py --tiny: the script's kdagen part runs in the interpreter and
-    reports every check OK (its table and JSON written)."""
+    """bench/recurrent_bwd_gpu.py --tiny: the script runs in the interpreter, with a fake FLA (kdagen's
+    ops, the recurrent one forward-only as FLA 0.6.0's) standing in for the real one: every kdagen
+    check is OK, FLA's recurrent gradients are reported missing, not failed, and its JSON is written."""
     import json
     import os
     import subprocess
@@ -202,10 +220,23 @@ def test_gpu_script_dry_run(tmp_path):
     from pathlib import Path
 
     repo = Path(__file__).resolve().parent.parent
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(repo / "bench" / "recurrent_bwd_gpu.py"), "--tiny", "--out",
-                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "all kdagen checks OK" in proc.stdout
+    kda = tmp_path / "site" / "fla" / "ops" / "kda"
+    kda.mkdir(parents=True)
+    (tmp_path / "site" / "fla" / "__init__.py").write_text('__version__ = "0.6.0-fake"\n')
+    (tmp_path / "site" / "fla" / "ops" / "__init__.py").write_text("")
+    (kda / "__init__.py").write_text(FAKE_FLA)
+    path = [str(repo), str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    proc = subprocess.run([sys.executable, str(repo / "bench" / "recurrent_bwd_gpu.py"), "--tiny", "--with-fla",
+                           "--fla-chunk", "--out", str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "all kdagen checks OK" in out
+    assert "FLA 0.6.0-fake plain" in out and "(outputs carry no gradient)" in out
+    assert "FLA recurrent V-first final state" in out and "FLA chunk_kda V-first final state" in out
     res = json.loads((tmp_path / "recurrent_bwd.json").read_text())
-    assert not res["failed"] and res["timing"]["kdagen fused_recurrent_kda"][1] is not None
+    assert not res["failed"]
+    timing = res["timing"]
+    assert timing["kdagen fused_recurrent_kda"][1] is not None and timing["FLA fused_recurrent_kda"][1] is None
+    assert timing["FLA chunk_kda"][1] is not None
