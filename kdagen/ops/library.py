@@ -1,0 +1,288 @@
+"""The public ops as ``torch.library`` custom ops, so that ``torch.compile(fullgraph=True)``
+traces a model that calls them: Dynamo sees one opaque op per call (with a fake
+implementation for shapes) instead of kdagen's Python (validation, look-ups, launch code).
+
+Eager calls do not come here: ``chunk_kda`` and ``fused_recurrent_kda`` route to
+:func:`chunk_kda_traced` / :func:`fused_recurrent_kda_traced` only while
+``torch.compiler.is_compiling()``, so decode's eager latency has no dispatcher in it.
+
+Why ``custom_op`` and not ``triton_op`` + ``wrap_triton``: ``triton_op`` needs the op's body to
+be traceable on fake tensors down to the kernel launches.  Ours is not: the configs come from
+look-ups keyed by the GPU and by shape buckets, the launch layer keeps per-device dummy
+pointers and per-geometry fast paths, and packed sequences build their chunk schedule from
+the values of ``cu_seqlens`` on the host.  An opaque op runs exactly the eager code, so a
+compiled model gets the very kernels (and bits) of an eager one.
+
+The ops (namespace: the top-level package, ``kdagen`` here, the package's name in an export):
+
+- ``chunk_kda_infer``: the inference forward (no autograd).
+- ``chunk_kda_train``: the training forward; returns o, the final state and what the backward
+  reads (the per-chunk states, V' and, when the config stores them, the intra intermediates).
+  Its autograd formula calls ``chunk_kda_bwd``.
+- ``fused_recurrent_kda``: decode; mutates a state pool (``ssm_state_indices``) and ``out``.
+
+Not traced (a ValueError says so): packed sequences in ``chunk_kda`` (their chunk count depends
+on the values of ``cu_seqlens``), ``return_intermediate_states``, ``config=``, a
+``chunk_bwd_config`` block, and the value check.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..kernels import _DUMMY
+from .inputs import check_kwargs, preprocess
+
+NAMESPACE = __name__.split(".")[0]  # kdagen, or the exported package's name
+_EMPTY = (0,)
+_N_SAVED = 7  # hs, vn, qg, kg, w, aqk, gn
+
+
+def _empty(x: Tensor) -> Tensor:
+    return x.new_empty(_EMPTY, dtype=torch.float32)
+
+
+def _keep_dummies(fn):
+    """Run ``fn`` (a fake implementation, which runs kdagen's preparation on fake tensors)
+    without letting it store a fake dummy pointer for the eager launches."""
+    def wrapped(*args, **kwargs):
+        saved = dict(_DUMMY)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _DUMMY.clear()
+            _DUMMY.update(saved)
+    return wrapped
+
+
+# --- chunk_kda: inference ---------------------------------------------------------------
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_kda_infer", mutates_args=())
+def chunk_kda_infer(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+                    A_log: Optional[Tensor], dt_bias: Optional[Tensor], scale: Optional[float],
+                    output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+                    use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
+                    lower_bound: Optional[float], chunk_size: Optional[int]) -> tuple[Tensor, Tensor]:
+    from .chunk import chunk_kda
+
+    with torch.no_grad():
+        o, ht = chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                          output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                          use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                          allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+                          A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size)
+    return o, (ht if ht is not None else _empty(q))
+
+
+@chunk_kda_infer.register_fake
+def _(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_qk_l2norm_in_kernel,
+      use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, chunk_size):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    o = v.new_empty(v.shape)
+    N = initial_state.shape[0] if initial_state is not None else B
+    ht = q.new_empty((N, HV, K, V), dtype=torch.float32) if output_final_state else _empty(q)
+    return o, ht
+
+
+# --- chunk_kda: training forward and backward -------------------------------------------
+
+def _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate,
+                   lower_bound, chunk_size):
+    """The validated call and its configs, resolved as an eager training call resolves them
+    (without a ``chunk_bwd_config`` block, which :func:`chunk_kda_traced` refuses)."""
+    from ..cache.lookup import resolve
+    from .chunk import _configs, _prepare
+
+    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
+                       use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
+                       in_kernel=False)
+    bwd = resolve("chunk_bwd", call.plan, None, call.shape, call.state_dtype)
+    train, bwd = _configs(call, None, bwd, True, chunk_size)
+    return call, x, train, bwd
+
+
+def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_gate_in_kernel,
+                   safe_gate, lower_bound, chunk_size, run: bool):
+    from .chunk import _training_launches
+
+    call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
+                                         safe_gate, lower_bound, chunk_size)
+    launches, (o, ht, hs), _ = _training_launches(call, x, train, bwd, output_final_state)
+    if run:
+        for launch in launches:
+            launch()
+    a = launches[0].args
+    vn = launches[1].args["vn"]
+    inter = [a[n] if bwd.store_intermediates else _empty(q) for n in ("qg", "kg", "w", "aqk", "gn")]
+    return (o, ht if ht is not None else _empty(q), hs, vn, *inter)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_kda_train", mutates_args=())
+def chunk_kda_train(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+                    A_log: Optional[Tensor], dt_bias: Optional[Tensor], scale: Optional[float],
+                    output_final_state: bool, use_gate_in_kernel: bool, safe_gate: bool, lower_bound: Optional[float],
+                    chunk_size: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                                        Tensor, Tensor]:
+    """(o, final state or empty, then what the backward reads: hs, vn, qg, kg, w, aqk, gn --
+    the last five empty unless the backward's config stores them)."""
+    return _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
+                          use_gate_in_kernel, safe_gate, lower_bound, chunk_size, run=True)
+
+
+@chunk_kda_train.register_fake
+@_keep_dummies
+def _(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_gate_in_kernel, safe_gate,
+      lower_bound, chunk_size):
+    # kdagen's own preparation on fake tensors: the configs (hence the chunk count and the
+    # stored dtypes) are those the op will run.  The configs are chosen per head dim and shape
+    # bucket, so the shapes are specialised (int() guards a symbolic one).
+    xs = [None if t is None else t.new_empty([int(s) for s in t.shape])
+          for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
+    return _train_outputs(*xs, scale, output_final_state, use_gate_in_kernel, safe_gate, lower_bound, chunk_size,
+                          run=False)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_kda_bwd", mutates_args=())
+def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+                  A_log: Optional[Tensor], dt_bias: Optional[Tensor], saved: list[Tensor], do: Tensor,
+                  dht: Optional[Tensor], scale: Optional[float], output_final_state: bool, use_gate_in_kernel: bool,
+                  safe_gate: bool, lower_bound: Optional[float], chunk_size: Optional[int],
+                  needs: list[bool]) -> list[Tensor]:
+    """The gradients of (q, k, v, g, beta, initial_state, A_log, dt_bias), empty where not needed."""
+    from . import chunk_bwd as B
+    from .chunk import _training_launches
+
+    call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
+                                         safe_gate, lower_bound, chunk_size)
+    # the backward's description of the forward's chunks (its launches are not run)
+    _, _, meta = _training_launches(call, x, train, bwd, output_final_state)
+    hs, vn = saved[0], saved[1]
+    full = [x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state, x["A_log"], x["dt_bias"], hs, vn]
+    if bwd.store_intermediates:
+        full += list(saved[2:])
+    like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
+    grads = B.backward(meta, full, like, tuple(needs), do, dht)
+    return [gr if gr is not None else _empty(q) for gr in grads]
+
+
+@chunk_kda_bwd.register_fake
+def _(q, k, v, g, beta, initial_state, A_log, dt_bias, saved, do, dht, scale, output_final_state, use_gate_in_kernel,
+      safe_gate, lower_bound, chunk_size, needs):
+    xs = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) if need and x is not None else _empty(q)
+            for x, need in zip(xs, needs)]
+
+
+_TRAIN_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "scale", "output_final_state",
+               "use_gate_in_kernel", "safe_gate", "lower_bound", "chunk_size")
+
+
+def _setup_context(ctx, inputs, output):
+    args = dict(zip(_TRAIN_ARGS, inputs))
+    ctx.save_for_backward(*(args[n] for n in _TRAIN_ARGS[:8] if args[n] is not None), *output[2:])
+    ctx.present = tuple(args[n] is not None for n in _TRAIN_ARGS[:8])
+    ctx.flags = {n: args[n] for n in _TRAIN_ARGS[8:]}
+    ctx.mark_non_differentiable(*output[2:])
+
+
+def _backward(ctx, do, dht, *_):
+    saved = list(ctx.saved_tensors)
+    xs = [saved.pop(0) if p else None for p in ctx.present]
+    needs = [bool(n) and p for n, p in zip(ctx.needs_input_grad[:8], ctx.present)]
+    f = ctx.flags
+    grads = chunk_kda_bwd._opoverload(
+        *xs, saved, do, dht if f["output_final_state"] else None, f["scale"], f["output_final_state"],
+        f["use_gate_in_kernel"], f["safe_gate"], f["lower_bound"], f["chunk_size"], needs)
+    return tuple(gr if n else None for gr, n in zip(grads, needs)) + (None,) * (len(_TRAIN_ARGS) - 8)
+
+
+chunk_kda_train.register_autograd(_backward, setup_context=_setup_context)
+
+
+def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                     return_intermediate_states, cu_seqlens, A_log, dt_bias, config, cu_seqlens_cpu, check_inputs,
+                     chunk_size, kwargs):
+    """``chunk_kda`` while torch.compile traces: one registered op per call."""
+    from .chunk import _BWD_OVERRIDE
+
+    check_kwargs("chunk_kda", kwargs)
+    for name, given in (("cu_seqlens (packed sequences)", cu_seqlens is not None or cu_seqlens_cpu is not None),
+                        ("return_intermediate_states", bool(return_intermediate_states)),
+                        ("config", config is not None), ("check_inputs", bool(check_inputs)),
+                        ("a chunk_bwd_config block", bool(_BWD_OVERRIDE))):
+        if given:
+            raise ValueError(f"chunk_kda under torch.compile: {name} is not supported; call chunk_kda outside "
+                             "the compiled region (torch.compiler.disable) for it")
+    if chunk_size is not None and chunk_size not in (32, 64):
+        raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
+    training = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    if training:
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        out = chunk_kda_train._opoverload(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
+                                  use_gate_in_kernel, safe_gate, lower_bound, chunk_size)
+        o, ht = out[0], out[1]
+    else:
+        o, ht = chunk_kda_infer._opoverload(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
+                                    use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                    allow_neg_eigval, safe_gate, lower_bound, chunk_size)
+    return o, (ht if output_final_state else None)
+
+
+# --- fused_recurrent_kda ----------------------------------------------------------------
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_kda", mutates_args=("initial_state", "out"))
+def fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                           dt_bias: Optional[Tensor], scale: Optional[float], initial_state: Optional[Tensor],
+                           output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
+                           use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, lower_bound: Optional[float],
+                           cu_seqlens: Optional[Tensor], ssm_state_indices: Optional[Tensor],
+                           out: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """(o, or empty when written to ``out``; the new final state, or empty when there is none or
+    it is the pool, updated in place)."""
+    from .recurrent import fused_recurrent_kda
+
+    o, ht = fused_recurrent_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                                initial_state=initial_state, output_final_state=output_final_state,
+                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+                                use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                                lower_bound=lower_bound, cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices,
+                                out=out)
+    return (_empty(q) if out is not None else o), (ht if ht is not None and ssm_state_indices is None else _empty(q))
+
+
+@fused_recurrent_kda_op.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+      use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices,
+      out):
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
+    o = _empty(q) if out is not None else v.new_empty(v.shape)
+    new_state = output_final_state and ssm_state_indices is None
+    return o, (q.new_empty((N, HV, K, V), dtype=torch.float32) if new_state else _empty(q))
+
+
+def fused_recurrent_kda_traced(q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
+                               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                               allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices, out, config,
+                               check_inputs, kwargs):
+    """``fused_recurrent_kda`` while torch.compile traces: one registered op per call."""
+    check_kwargs("fused_recurrent_kda", kwargs)
+    for name, given in (("config", config is not None), ("check_inputs", bool(check_inputs))):
+        if given:
+            raise ValueError(f"fused_recurrent_kda under torch.compile: {name} is not supported; call it outside "
+                             "the compiled region (torch.compiler.disable) for it")
+    o, ht = fused_recurrent_kda_op._opoverload(
+        q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens,
+        ssm_state_indices, out)
+    if out is not None:
+        o = out
+    if ssm_state_indices is not None:
+        return o, initial_state
+    return o, (ht if output_final_state else None)
+
+

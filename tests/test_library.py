@@ -1,0 +1,114 @@
+"""The ops registered with torch.library (kdagen.ops.library): torch.compile(fullgraph=True)
+traces a module that calls chunk_kda (forward and backward) and fused_recurrent_kda with no
+graph break and gives eager's bits; torch.library.opcheck passes on every registered op."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kdagen
+from kdagen.ops import library as L
+
+B, T, H, K = 1, 40, 2, 16  # T straddles the chunks; two heads
+
+
+def _inputs(seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, K, generator=gen)
+    g = -5 * torch.rand(B, T, H, K, generator=gen)
+    beta = torch.rand(B, T, H, generator=gen)
+    h0 = torch.randn(B, H, K, K, generator=gen)
+    return q, k, v, g, beta, h0
+
+
+class _Layer(torch.nn.Module):
+    """Prefill with chunk_kda (differentiated), then one decode step into a state pool."""
+
+    def forward(self, q, k, v, g, beta, h0, pool, slots):
+        o, ht = kdagen.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                 use_qk_l2norm_in_kernel=True, safe_gate=True, lower_bound=-5.0)
+        with torch.no_grad():
+            o1, pool = kdagen.fused_recurrent_kda(q[:, -1:], k[:, -1:], v[:, -1:], g[:, -1:], beta[:, -1:],
+                                                  initial_state=pool, ssm_state_indices=slots,
+                                                  use_qk_l2norm_in_kernel=True)
+            o2, h2 = kdagen.fused_recurrent_kda(q[:, -1:], k[:, -1:], v[:, -1:], g[:, -1:], beta[:, -1:],
+                                                initial_state=ht, output_final_state=True)
+        return (o * o).sum() + ht.sum(), o1, o2, h2
+
+
+def _run(module, leaves):
+    xs = [t.clone().requires_grad_() for t in leaves]
+    pool = torch.randn(3, H, K, K, generator=torch.Generator().manual_seed(1))
+    slots = torch.tensor([2])
+    loss, o1, o2, h2 = module(*xs, pool, slots)
+    loss.backward()
+    return [loss, o1, o2, h2, pool] + [x.grad for x in xs]
+
+
+@pytest.mark.slow
+def test_fullgraph_compile_matches_eager_bit_for_bit():
+    leaves = _inputs()
+    torch._dynamo.reset()
+    compiled = torch.compile(_Layer(), backend="aot_eager", fullgraph=True)  # fullgraph: a graph break raises
+    got = _run(compiled, leaves)
+    want = _run(_Layer(), leaves)
+    names = ["loss", "o (decode, pool)", "o (decode)", "state (decode)", "pool"] + [
+        f"d{n}" for n in ("q", "k", "v", "g", "beta", "h0")]
+    for n, a, b in zip(names, got, want):
+        assert a is not None and torch.equal(a, b), n
+    # the pool slot the decode step used was updated in place by the compiled call too
+    assert not torch.equal(got[4][2], torch.randn(3, H, K, K, generator=torch.Generator().manual_seed(1))[2])
+
+
+def test_compiled_region_refuses_what_it_cannot_trace():
+    q, k, v, g, beta, h0 = _inputs()
+    torch._dynamo.reset()
+    f = torch.compile(lambda q: kdagen.chunk_kda(q, k, v, g, beta, cu_seqlens=torch.tensor([0, T]))[0],
+                      backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="cu_seqlens .packed sequences. is not supported"):
+        f(q)
+
+
+def test_the_eager_path_does_not_dispatch_through_the_registered_ops(monkeypatch):
+    """Eager calls run kdagen's Python directly (decode latency): the compiled-path wrappers are
+    not entered."""
+    import kdagen.ops.chunk as C
+    import kdagen.ops.recurrent as R
+
+    calls = []
+    monkeypatch.setattr(C, "chunk_kda_traced", lambda *a, **kw: calls.append("chunk"))
+    monkeypatch.setattr(R, "fused_recurrent_kda_traced", lambda *a, **kw: calls.append("recurrent"))
+    q, k, v, g, beta, h0 = _inputs()
+    with torch.no_grad():
+        o, _ = kdagen.fused_recurrent_kda(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1])
+        o2, _ = kdagen.chunk_kda(q[:, :8], k[:, :8], v[:, :8], g[:, :8], beta[:, :8])
+    assert o.shape == v[:, :1].shape and o2.shape == v[:, :8].shape and not calls
+
+
+@pytest.mark.slow
+def test_opcheck_chunk_infer():
+    q, k, v, g, beta, h0 = _inputs()
+    torch.library.opcheck(L.chunk_kda_infer, (q, k, v, g, beta, h0, None, None, None, True, True, False, False, False,
+                                              True, -5.0, None))
+
+
+@pytest.mark.slow
+def test_opcheck_chunk_train_and_backward():
+    xs = [t.clone().requires_grad_() for t in _inputs()]
+    args = (*xs, None, None, None, True, False, True, -5.0, None)
+    torch.library.opcheck(L.chunk_kda_train, args)
+    with torch.no_grad():
+        out = L.chunk_kda_train(*args)
+    plain = [x.detach() for x in xs]
+    do, dht = torch.randn_like(out[0]), torch.randn_like(out[1])
+    torch.library.opcheck(L.chunk_kda_bwd, (*plain, None, None, list(out[2:]), do, dht, None, True, False, True,
+                                            -5.0, None, [True] * 6 + [False, False]))
+
+
+def test_opcheck_fused_recurrent_with_a_pool():
+    q, k, v, g, beta, _ = _inputs()
+    pool = torch.randn(4, H, K, K)
+    torch.library.opcheck(L.fused_recurrent_kda_op, (q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], None, None,
+                                                     None, pool, True, False, False, False, False, None, None,
+                                                     torch.tensor([2]), None))
