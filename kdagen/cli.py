@@ -550,7 +550,7 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
             dims = f"'{dims}'"
         click.echo(f"next: on a machine with this GPU ({gpu.name}), `kdagen tune --head-dim {dims}{bound}` tunes these "
                    f"kernels and stores the winners; `kdagen inspect --head-dim {_dims_text(head_dims[:1])}{bound}` "
-                   "prints their source (`kdagen export` is not built yet)")
+                   "prints their source, and `kdagen export` packages them")
 
 
 # --- bench ------------------------------------------------------------------------------
@@ -638,13 +638,94 @@ def _bench_report(BM, result: dict, out_prefix: str | None, plot_path: str | Non
 
 # --- export -----------------------------------------------------------------------------
 
+GPU_LIST = _List("GPU,...", lambda f: f.strip().lower() or None, "GPU profile names separated by ','")
+DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
+                   f"input dtypes among {', '.join(SHORT_NAMES)} separated by ','")
+
+
 @main.command()
-@click.option("--out", "out_dir", default=None, help="directory of the standalone package")
-def export(out_dir):
-    """Export tuned kernels as a standalone package (not built yet)."""
-    click.echo("kdagen export is not built yet: a standalone package of generated sources and frozen "
-               "configs registered with torch.library is planned; nothing was written.", err=True)
-    sys.exit(2)
+@click.option("--gpu", "gpu_names", type=GPU_LIST, required=True,
+              help="GPU profile names whose tuned configs the package carries, e.g. h800,h20 (a GPU without "
+                   "winners gets the heuristic configs, marked in the manifest)")
+@click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
+              help="the recurrence (kernels are generated for kda only)")
+@click.option("--head-dim", "head_dims", type=HEAD_DIMS, default="128", show_default=True,
+              help="head dims K or K,V, several separated by ';' (exactly these are exported)")
+@click.option("--dtype", "dtypes", type=DTYPE_LIST, default="bf16", show_default=True,
+              help="input dtypes of q, k, v, separated by ',' (exactly these are exported)")
+@click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
+              help="the gate's lower bound chunk_kda is exported for (its safe_gate=True, lower_bound), or "
+                   "'none' (safe_gate=False)")
+@click.option("--cache", "cache_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="a tuning cache file (e.g. copied from the GPU machine); repeat for several GPUs; default: "
+                   "each GPU's file in kdagen's cache directory")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="directory to write the package into (as OUT/NAME/)")
+@click.option("--name", required=True, help="the package's name (a Python identifier), e.g. kda_h800")
+@click.option("--date", default=None,
+              help="the date recorded in the manifest (default: the newest exported winner's measurement "
+                   "time), so that the same inputs give the same bytes")
+def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, cache_files, out_dir, name, date):
+    """Export the kernels of a spec, head dims and dtypes, with each GPU's tuned configs, as a
+    standalone package OUT/NAME/ that needs torch and triton only: chunk_kda and
+    fused_recurrent_kda (FLA's signatures, autograd, torch.compile), the generated Triton
+    sources, a manifest, a README and a test file.  The same inputs give byte-identical files.
+    """
+    import keyword
+
+    from .cache.gpus import get_profile
+    from .cache.store import TuningCache
+    from .export import ExportError, Request, export_package, read_cache_file
+    from .export.contents import as_dtype_names
+
+    _kernel_spec(spec_name)
+    if not name.isidentifier() or keyword.iskeyword(name) or name in ("kdagen", "torch", "triton"):
+        raise click.BadParameter(f"{name!r} is not a usable package name: a Python identifier other than "
+                                 "kdagen, torch or triton, e.g. kda_h800", param_hint="--name")
+    gpus = []
+    for g in gpu_names:
+        try:
+            gpus.append(get_profile(g))
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--gpu") from None
+    by_name = {g.name: g for g in gpus}
+    _lower_all(_spec_args(lower_bound), ["chunk_fwd", "recurrent"], head_dims, "fp32")  # head dims checked
+    caches, paths = {}, {}
+    try:
+        for path in cache_files:
+            data = read_cache_file(path)
+            gname = data["metadata"]["gpu_name"]
+            if gname not in by_name:
+                raise click.BadParameter(f"{path} holds the winners of {gname!r}, which is not among --gpu "
+                                         f"({', '.join(by_name)})", param_hint="--cache")
+            if gname in caches:
+                raise click.BadParameter(f"two cache files for {gname!r}: {paths[gname]} and {path}",
+                                         param_hint="--cache")
+            caches[gname], paths[gname] = data, path
+        for g in gpus:
+            if g.name not in caches:
+                default = TuningCache(g.name).path
+                if default.is_file():
+                    caches[g.name], paths[g.name] = read_cache_file(str(default)), str(default)
+    except ExportError as e:
+        raise click.BadParameter(str(e), param_hint="--cache") from None
+    request = Request(name=name, gpus=tuple(gpus), head_dims=tuple(head_dims), dtypes=as_dtype_names(dtypes),
+                      lower_bound=lower_bound, caches=caches, cache_paths=paths, date=date, spec_name=spec_name)
+    try:
+        root, contents = export_package(request, out_dir)
+    except ExportError as e:
+        raise click.UsageError(str(e)) from None
+    for w in contents.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(f"kdagen {__version__}: exported {name} to {root}")
+    click.echo(f"  {len(contents.sources)} kernel sources for {len(contents.plans)} plans "
+               f"(head dims {_dims_text(head_dims)}; dtypes {', '.join(request.dtypes)})")
+    for g in gpus:
+        m = contents.winner_meta[g.name]
+        what = f"{m['entries']} tuned winners from {paths[g.name]}" if m["entries"] else "heuristic configs"
+        click.echo(f"  {g.name}: {what}")
+    click.echo(f"next: `pip install {root}` or copy {root / name} into a project; "
+               f"`TRITON_INTERPRET=1 python -m pytest {root / 'tests'}` checks it on a CPU")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -183,10 +183,26 @@ def check_runnable(q: torch.Tensor) -> None:
                          "interpreter: set TRITON_INTERPRET=1 before importing triton)")
 
 
+def gate_choice(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | None, has_A: bool,
+                has_bias: bool) -> tuple[str, float | None, bool, bool]:
+    """Which KDA gate FLA's flags describe, without sympy: (gate, bound, has A_log, has dt_bias)
+    with gate "direct", "lower_bound" or "softplus" (:func:`select_spec` builds its spec; an
+    exported package looks its specs up by it)."""
+    if lower_bound is not None and not lower_bound < 0:
+        raise ValueError(f"lower_bound must be negative, got {lower_bound}")
+    if not use_gate_in_kernel:
+        return "direct", ((-5.0 if lower_bound is None else lower_bound) if safe_gate else None), False, False
+    if lower_bound is not None:
+        return "lower_bound", lower_bound, bool(has_A), bool(has_bias)
+    if not has_A:
+        raise ValueError("use_gate_in_kernel without lower_bound needs A_log (the softplus gate's rate)")
+    return "softplus", None, True, bool(has_bias)
+
+
 @lru_cache(maxsize=64)
 def select_spec(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | None,
                 has_A: bool, has_bias: bool) -> S.Recurrence:
-    """The KDA spec FLA's flags describe.
+    """The KDA spec FLA's flags describe (:func:`gate_choice`).
 
     - g given (default): the direct gate; ``safe_gate=True`` promises g >= lower_bound
       (default -5), which lets the diagonal tiles use tensor cores.
@@ -194,17 +210,12 @@ def select_spec(use_gate_in_kernel: bool, safe_gate: bool, lower_bound: float | 
     - use_gate_in_kernel without: g = -exp(A_log) * softplus(z + dt_bias).
     A missing A_log / dt_bias is substituted out of the expression (A_log=None -> rate 1).
     """
-    if lower_bound is not None and not lower_bound < 0:
-        raise ValueError(f"lower_bound must be negative, got {lower_bound}")
-    if not use_gate_in_kernel:
-        if safe_gate:
-            return S.kda(S.gate_direct(-5.0 if lower_bound is None else lower_bound))
-        return S.kda(S.gate_direct(None))
-    gate = S.gate_lower_bound(lower_bound) if lower_bound is not None else S.gate_softplus()
+    name, bound, has_A, has_bias = gate_choice(use_gate_in_kernel, safe_gate, lower_bound, has_A, has_bias)
+    if name == "direct":
+        return S.kda(S.gate_direct(bound))
+    gate = S.gate_lower_bound(bound) if name == "lower_bound" else S.gate_softplus()
     subs = {}
     if not has_A:
-        if lower_bound is None:
-            raise ValueError("use_gate_in_kernel without lower_bound needs A_log (the softplus gate's rate)")
         subs[S.A_log] = 0
     if not has_bias:
         subs[S.dt_bias] = 0

@@ -1,0 +1,204 @@
+"""What an export holds, decided from the request and the tuning caches: the gate variants and
+plans, the tuned winners per GPU (or the heuristic, marked), and the kernel sources every config
+the package may run is rendered to.  Nothing is written here (:mod:`.writer` writes)."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..cache.gpus import GpuProfile
+from ..cache.heuristics import default_config
+from ..cache.keys import source_hash
+from ..codegen.lower import Plan, lower
+from ..codegen.render import FAMILY_KERNELS, GeneratedSource, render
+from ..config import ChunkFwdConfig, ConfigError, config_from_dict
+from ..dtypes import dtype as as_dtype
+from ..ops.inputs import gate_choice, select_spec
+from ..version import __version__
+
+CHUNK_SIZES = (32, 64)  # chunk_kda's chunk_size keyword (FLA's): every exported config also at these
+# shapes the heuristics are asked at: they vary launch parameters with the state pass's programs
+HEURISTIC_SHAPES = ({"T": 64, "B": 1, "N": 1, "HV": 1}, {"T": 8192, "B": 64, "N": 64, "HV": 64})
+FAMILY_FORM = {"chunk_fwd": "chunk", "chunk_bwd": "chunk", "recurrent": "recurrent"}
+_CONFIG_LINE = re.compile(r"^# config : (.*) \(the other fields are launch parameters\)$", re.M)
+
+
+class ExportError(ValueError):
+    """A request that cannot be exported (the command line's usage error)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str
+    gpus: tuple[GpuProfile, ...]
+    head_dims: tuple[tuple[int, int], ...]
+    dtypes: tuple[str, ...]  # canonical names
+    lower_bound: float | None
+    caches: dict[str, dict]  # GPU name -> the parsed cache file
+    cache_paths: dict[str, str]  # GPU name -> the file it was read from (for the manifest)
+    date: str | None = None
+    spec_name: str = "kda"
+
+
+@dataclass
+class Contents:
+    request: Request
+    variants: dict[str, tuple]  # form -> the gate variant (gate_choice's tuple) it is exported for
+    specs: dict[str, Any]  # form -> the spec (sympy Recurrence)
+    plans: list[Plan]
+    sources: dict[str, GeneratedSource] = field(default_factory=dict)  # name -> source
+    source_rows: list[dict] = field(default_factory=list)  # {kernel, plan, fields, name}
+    winners: dict = field(default_factory=dict)  # gpu -> family -> plan id -> state dtype -> bucket -> config
+    winner_meta: dict = field(default_factory=dict)  # gpu -> {"entries", "versions", "newest", "stale"}
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_cache_file(path: str) -> dict:
+    """A tuning cache file (any machine's): its JSON, checked as far as the export reads it."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ExportError(f"cannot read tuning cache {path}: {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != 1 or not isinstance(data.get("entries"), dict) \
+            or not isinstance(data.get("metadata"), dict) or "gpu_name" not in data["metadata"]:
+        raise ExportError(f"{path} is not a kdagen tuning cache (schema 1 with metadata.gpu_name and entries)")
+    return data
+
+
+def variants(lower_bound: float | None) -> dict[str, tuple]:
+    """The gate variant each form is exported for: g given directly, the chunk form with the
+    bound (chunk_kda's safe_gate=True, lower_bound), the recurrent form as fused_recurrent_kda
+    chooses it (it reads no bound)."""
+    chunk = gate_choice(False, lower_bound is not None, lower_bound, False, False)
+    recurrent = gate_choice(False, False, lower_bound, False, False)
+    return {"chunk": _key(chunk), "recurrent": _key(recurrent)}
+
+
+def _key(choice) -> tuple:
+    name, bound, has_A, has_bias = choice
+    return (name, None if bound is None else float(bound), bool(has_A), bool(has_bias))
+
+
+def collect(req: Request) -> Contents:
+    var = variants(req.lower_bound)
+    specs = {form: select_spec(False, key[1] is not None, key[1], False, False) for form, key in var.items()}
+    plans = [lower(specs[form], K, V, dt, form) for K, V in req.head_dims for dt in req.dtypes
+             for form in ("chunk", "recurrent")]
+    c = Contents(req, var, specs, plans)
+    for gpu in req.gpus:
+        _winners(c, gpu)
+    for pid, plan in enumerate(plans):
+        for family in (("chunk_fwd", "chunk_bwd") if plan.form == "chunk" else ("recurrent",)):
+            for cfg in _configs_of(c, pid, plan, family):
+                _render(c, pid, plan, cfg)
+    return c
+
+
+def _winners(c: Contents, gpu: GpuProfile) -> None:
+    """The newest entry per (family, plan, state dtype, bucket) of ``gpu``'s cache whose spec,
+    head dims, dtype and kernel sources are the exported ones (any versions: they are recorded)."""
+    data = c.request.caches.get(gpu.name)
+    meta = {"entries": 0, "versions": [], "newest": None, "stale": 0}
+    c.winner_meta[gpu.name] = meta
+    if data is None:
+        c.warnings.append(f"{gpu.name}: no tuning cache (kdagen's cache directory has none; --cache FILE takes "
+                          "one copied from that GPU's machine); the package runs the heuristic configs there "
+                          "(marked in the manifest)")
+        return
+    chosen: dict[tuple, dict] = {}
+    for key_string, entry in sorted(data["entries"].items()):
+        key = entry.get("key") or {}
+        family = key.get("kernel")
+        if family not in FAMILY_FORM or key.get("gpu_name") != gpu.name:
+            continue
+        for pid, plan in enumerate(c.plans):
+            if (plan.form == FAMILY_FORM[family] and key.get("spec_hash") == plan.tuning_spec_hash
+                    and (key.get("K"), key.get("V")) == (plan.K, plan.V) and key.get("dtype") == plan.dtype):
+                if key.get("source_hash") != source_hash(family):
+                    meta["stale"] += 1
+                    continue
+                slot = (family, pid, key["state_dtype"], key["shape_bucket"])
+                old = chosen.get(slot)
+                if old is None or (entry.get("measured_at") or "") > (old.get("measured_at") or ""):
+                    chosen[slot] = entry
+    if meta["stale"]:
+        c.warnings.append(f"{gpu.name}: {meta['stale']} cached winner(s) were tuned on other kernel sources "
+                          "(another kdagen or template version) and are not exported")
+    versions = set()
+    for (family, pid, state, bucket), entry in sorted(chosen.items()):
+        try:
+            cfg = config_from_dict(family, entry["config"])
+        except (ConfigError, TypeError) as e:
+            c.warnings.append(f"{gpu.name}: skipped a {family} winner with an unreadable config ({e})")
+            continue
+        c.winners.setdefault(gpu.name, {}).setdefault(family, {}).setdefault(str(pid), {}).setdefault(
+            state, {})[bucket] = cfg.to_dict()
+        meta["entries"] += 1
+        k = entry["key"]
+        versions.add((k.get("triton_version"), k.get("torch_version"), k.get("cuda_version"),
+                      k.get("kdagen_version")))
+        if entry.get("measured_at") and (meta["newest"] is None or entry["measured_at"] > meta["newest"]):
+            meta["newest"] = entry["measured_at"]
+    meta["versions"] = [dict(zip(("triton", "torch", "cuda", "kdagen"), v)) for v in sorted(versions, key=str)]
+    if not meta["entries"]:
+        c.warnings.append(f"{gpu.name}: no tuned winners for these kernels in "
+                          f"{c.request.cache_paths.get(gpu.name, 'its cache')}; the package runs the heuristic "
+                          "configs there (marked in the manifest)")
+
+
+def _configs_of(c: Contents, pid: int, plan: Plan, family: str) -> list:
+    """Every config a call of ``family`` on ``plan`` may run in the package: the winners of every
+    GPU and the heuristics, each also at chunk_kda's chunk sizes; for the backward, the training
+    forward's config it runs with (chosen as kdagen.ops.chunk._configs chooses it)."""
+    base = [config_from_dict(family, d) for gpu in sorted(c.winners)
+            for per_state in c.winners[gpu].get(family, {}).get(str(pid), {}).values() for d in per_state.values()]
+    base += [default_config(family, plan, shape) for shape in HEURISTIC_SHAPES]
+    out = []
+    for cfg in base:
+        if family == "recurrent":
+            out.append(cfg)
+            continue
+        for C in (cfg.chunk_size,) + CHUNK_SIZES:
+            if family == "chunk_fwd":
+                out.append(cfg.replace(chunk_size=C))
+            else:
+                for shape in HEURISTIC_SHAPES:
+                    train = default_config("chunk_train", plan, shape).replace(chunk_size=C, sub_chunk=cfg.sub_chunk)
+                    out += [train, cfg.replace(chunk_size=C, sub_chunk=train.sub_chunk)]
+    return out
+
+
+def _render(c: Contents, pid: int, plan: Plan, cfg) -> None:
+    for kernel in FAMILY_KERNELS[cfg.kernel]:
+        src = render(kernel, plan, cfg)
+        m = _CONFIG_LINE.search(src.text)
+        fields = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv) if m else {}
+        row = {"kernel": kernel, "plan": pid, "fields": fields, "name": src.name}
+        if row not in c.source_rows:
+            c.source_rows.append(row)
+        c.sources[src.name] = src
+
+
+def describe(c: Contents) -> str:
+    """What the package was exported for, in one paragraph (its contract)."""
+    r = c.request
+    chunk, rec = c.variants["chunk"], c.variants["recurrent"]
+    gate = ("g given directly; chunk_kda with " + (f"safe_gate=True, lower_bound={chunk[1]:g}" if chunk[1] is not None
+                                                   else "safe_gate=False (no lower bound)")
+            + ", fused_recurrent_kda with any lower_bound (it reads none); use_gate_in_kernel=False")
+    dims = ", ".join(f"K={K} V={V}" for K, V in r.head_dims)
+    dts = ", ".join(r.dtypes)
+    gpus = ", ".join(f"{g.name} ({'tuned' if c.winner_meta[g.name]['entries'] else 'heuristic'})" for g in r.gpus)
+    return (f"Exported for: spec {r.spec_name} (chunk form hash {c.specs['chunk'].hash}), {gate}; head dims "
+            f"{dims}; dtypes {dts}; GPUs {gpus}.")
+
+
+def as_dtype_names(short: list[str]) -> tuple[str, ...]:
+    return tuple(as_dtype(s).name for s in short)
+
+
+__all__ = ["Request", "Contents", "ExportError", "collect", "describe", "read_cache_file", "variants",
+           "as_dtype_names", "__version__"]
