@@ -48,11 +48,6 @@ def test_verify_reports_failure_with_nonzero_exit(runner, monkeypatch):
     assert r.exit_code == 1 and "FAIL" in r.output
 
 
-def test_export_is_not_built_and_says_so(runner):
-    r = runner.invoke(main, ["export"])
-    assert r.exit_code != 0 and "not built yet" in r.output
-
-
 def test_bench_needs_a_gpu(runner, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on any machine
     r = runner.invoke(main, ["bench"])

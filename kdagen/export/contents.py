@@ -103,6 +103,7 @@ def _winners(c: Contents, gpu: GpuProfile) -> None:
     data = c.request.caches.get(gpu.name)
     meta = {"entries": 0, "versions": [], "newest": None, "stale": 0}
     c.winner_meta[gpu.name] = meta
+    c.winners[gpu.name] = {}  # an exported GPU, even without winners (the package runs the heuristic)
     if data is None:
         c.warnings.append(f"{gpu.name}: no tuning cache (kdagen's cache directory has none; --cache FILE takes "
                           "one copied from that GPU's machine); the package runs the heuristic configs there "

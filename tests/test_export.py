@@ -1,0 +1,277 @@
+"""`kdagen export`: the package it writes runs without kdagen (proved: its import is blocked in
+the subprocess), passes its own float64 test file, gives kdagen's bits (outputs and gradients,
+fp32 in the interpreter), compiles with torch.compile and passes opcheck; its selector runs the
+exported winners per GPU and bucket; the same inputs give byte-identical files."""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import kdagen
+from kdagen.cache.gpus import get_profile
+from kdagen.cache.keys import cache_key
+from kdagen.cache.store import TuningCache, make_entry
+from kdagen.cli import main
+from kdagen.codegen.lower import lower
+from kdagen.config import ChunkFwdConfig, RecurrentConfig
+from kdagen.export.vendor import vendor
+from kdagen.ops.inputs import select_spec
+
+NAME = "kda_ci"
+K = V = 32
+WHEN = "2026-11-30T12:00:00+00:00"
+CHUNK_WINNER = ChunkFwdConfig(chunk_size=32, state_block_v=16, state_num_warps=2)
+DECODE_WINNER = RecurrentConfig(block_v=16, num_warps=2)
+
+
+def _cache_file(d: Path) -> Path:
+    """An h800 tuning cache as `kdagen build` writes it: a chunk forward winner at the bucket of
+    (1, 40) tokens, a decode winner for one sequence, and a winner tuned on other sources."""
+    gpu = get_profile("h800")
+    cache = TuningCache("h800", cache_dir=d)
+    chunk = lower(select_spec(False, True, -5.0, False, False), K, V, "float32", "chunk")
+    rec = lower(select_spec(False, False, None, False, False), K, V, "float32", "recurrent")
+    shape = {"T": 40, "B": 1, "N": 1}
+    for plan, family, cfg in ((chunk, "chunk_fwd", CHUNK_WINNER), (rec, "recurrent", DECODE_WINNER)):
+        entry = make_entry(config=cfg, kernel=family, time_ms=1.0, error=1e-7)
+        entry["measured_at"] = WHEN
+        cache.store(cache_key(plan, family, shape, gpu), entry)
+    stale = cache_key(rec, "recurrent", {"T": 1, "B": 64, "N": 64}, gpu)
+    from dataclasses import replace
+    entry = make_entry(config=RecurrentConfig(block_v=32), kernel="recurrent", time_ms=1.0, error=None)
+    entry["measured_at"] = "2026-12-01T00:00:00+00:00"
+    cache.store(replace(stale, source_hash="0" * 16), entry)
+    return cache.path
+
+
+def _export(out: Path, cache: Path, *extra):
+    r = CliRunner().invoke(main, ["export", "--gpu", "h800,h20", "--head-dim", str(K), "--dtype", "fp32",
+                                  "--lower-bound", "-5", "--cache", str(cache), "--out", str(out), "--name", NAME,
+                                  *extra])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("export")
+    cache = _cache_file(d / "cache")
+    output = _export(d / "out", cache)
+    return d, cache, d / "out" / NAME, output
+
+
+def _files(root: Path) -> dict:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_same_inputs_give_byte_identical_files(exported, tmp_path):
+    d, cache, root, _ = exported
+    _export(tmp_path / "again", cache)
+    first, second = _files(root), _files(tmp_path / "again" / NAME)
+    assert first.keys() == second.keys() and len(first) > 30
+    assert [p for p in first if first[p] != second[p]] == []
+    # and the recorded date is an input: another --date changes the manifest, not the kernels
+    _export(tmp_path / "dated", cache, "--date", "2027-01-01")
+    dated = _files(tmp_path / "dated" / NAME)
+    assert {p for p in first if first[p] != dated[p]} == {f"{NAME}/manifest.json", "README.md"}
+
+
+def test_the_manifest_records_what_was_exported_and_warns_about_heuristic_gpus(exported):
+    d, cache, root, output = exported
+    m = json.loads((root / NAME / "manifest.json").read_text())
+    assert m["kdagen_version"] == kdagen.__version__ and m["date"] == WHEN and m["date_source"] == "newest exported winner"
+    gpus = {g["name"]: g for g in m["gpus"]}
+    assert gpus["h800"]["configs"] == "tuned" and gpus["h800"]["winners"] == 2
+    assert gpus["h800"]["compute_capability"] == [9, 0] and gpus["h800"]["stale_winners_left_out"] == 1
+    assert gpus["h800"]["measured_with"][0]["torch"] == torch.__version__
+    assert gpus["h20"]["configs"] == "heuristic" and gpus["h20"]["winners"] == 0
+    assert "warning: h20: no tuning cache" in output and "warning: h800: 1 cached winner(s) were tuned on other" in output
+    spec = select_spec(False, True, -5.0, False, False)
+    assert m["specs"]["chunk"]["hash"] == spec.hash and m["specs"]["chunk"]["text"] == spec.describe()
+    kernels = {p.stem for p in (root / NAME / "kernels").glob("kda_*.py")}
+    assert kernels == set(m["sources"])
+    # every kernel family's sources are there: inference and training forward, backward, decode
+    kinds = {n.split("_", 1)[1].rsplit("_", 1)[0] for n in kernels}
+    assert kinds == {"chunk_solve", "chunk_pass", "chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw",
+                     "chunk_bwd_intra", "recurrent"}
+    for name in kernels:  # readable, with kdagen's header
+        assert (root / NAME / "kernels" / f"{name}.py").read_text().startswith(f"# Generated by kdagen {kdagen.__version__}")
+    assert "requires-python" in (root / "pyproject.toml").read_text() and "torch" in m["requires"]
+
+
+def test_the_runtime_is_kdagens_code_with_only_the_generation_cut_out(exported):
+    d, cache, root, _ = exported
+    rt = root / NAME / "_runtime"
+    for m in vendor():
+        text = (rt / m.relpath).read_text()
+        assert text == m.text
+        for banned in ("import sympy", "import jinja2", "import optuna", "from ..spec", "codegen.render import"):
+            assert banned not in text, (m.relpath, banned)
+    # the launch code is kdagen's, byte for byte
+    for rel in ("ops/chunk.py", "ops/chunk_bwd.py", "ops/recurrent.py", "ops/library.py", "config.py"):
+        assert (rt / rel).read_text() == (Path(kdagen.__file__).parent / rel).read_text(), rel
+
+
+def test_the_selector_runs_each_gpus_exported_winners(exported, monkeypatch):
+    """The package's look-up (kdagen's shape buckets) on an h800 finds the winners, on an h20 the
+    heuristic, on a GPU the package was not exported for the heuristic with one warning."""
+    d, cache, root, _ = exported
+    monkeypatch.syspath_prepend(str(root))
+    import importlib
+
+    pkg = importlib.import_module(NAME)
+    lookup = importlib.import_module(f"{NAME}._runtime.cache.lookup")
+    exported_mod = importlib.import_module(f"{NAME}._runtime.exported")
+    spec = exported_mod.select_spec(False, True, -5.0, False, False)
+    plan = exported_mod.lower(spec, K, V, "float32", "chunk")
+    rplan = exported_mod.lower(exported_mod.select_spec(False, False, None, False, False), K, V, "float32", "recurrent")
+    for gpu, chunk_want, dec_want in (("h800", CHUNK_WINNER, DECODE_WINNER), ("h20", None, None)):
+        monkeypatch.setattr(lookup, "_current_gpu", lambda g=gpu: get_profile(g))
+        exported_mod._WARNED.clear()
+        got = lookup.resolve("chunk_fwd", plan, None, {"T": 40, "B": 1, "N": 1, "HV": 2})
+        assert got.to_dict() == (chunk_want or pkg.ChunkFwdConfig(**_heuristic("chunk_fwd", K))).to_dict()
+        dec = lookup.resolve("recurrent", rplan, None, {"T": 1, "B": 1, "N": 1})
+        assert dec.to_dict() == (dec_want or pkg.RecurrentConfig(**_heuristic("recurrent", K))).to_dict()
+        # another bucket: no winner, the heuristic
+        far = lookup.resolve("chunk_fwd", plan, None, {"T": 65536, "B": 8, "N": 8, "HV": 2})
+        assert far.to_dict() == _heuristic("chunk_fwd", K)
+    monkeypatch.setattr(lookup, "_current_gpu", lambda: get_profile("a100"))
+    with pytest.warns(UserWarning, match="no configs were exported for this GPU .a100."):
+        lookup.resolve("recurrent", rplan, None, {"T": 1, "B": 1, "N": 1})
+
+
+def _heuristic(family, K):
+    from kdagen.cache.heuristics import default_config
+
+    spec = select_spec(False, family != "recurrent", -5.0, False, False)
+    plan = lower(spec, K, K, "float32", "recurrent" if family == "recurrent" else "chunk")
+    return default_config(family, plan, {"T": 40, "B": 1, "N": 1, "HV": 2}).to_dict()
+
+
+def test_a_cache_file_of_another_gpu_or_not_a_cache_is_a_usage_error(exported, tmp_path):
+    d, cache, root, _ = exported
+    bad = tmp_path / "junk.json"
+    bad.write_text("{}")
+    for args, says in (([str(cache)], "holds the winners of 'h800', which is not among --gpu (h20)"),
+                       ([str(bad)], "is not a kdagen tuning cache")):
+        r = CliRunner().invoke(main, ["export", "--gpu", "h20", "--out", str(tmp_path), "--name", "p",
+                                      "--cache", *args])
+        assert r.exit_code == 2 and r.output.count("Error:") == 1 and says in r.output, r.output
+    assert not (tmp_path / "p").exists()
+
+
+SUBPROCESS = textwrap.dedent('''
+    import os, sys
+    os.environ["TRITON_INTERPRET"] = "1"
+
+    class Block:  # kdagen and the generator's dependencies cannot be imported here
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("kdagen", "jinja2", "optuna", "click"):
+                raise ImportError(name + " is blocked in this process")
+
+    sys.meta_path.insert(0, Block())
+    for banned in ("kdagen", "jinja2", "optuna"):
+        try:
+            __import__(banned)
+        except ImportError:
+            pass
+        else:
+            raise SystemExit(banned + " could be imported")
+    print("kdagen, jinja2, optuna: not importable")
+
+    import pytest
+    rc = pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[2]])
+    assert rc == 0, "the package's own tests failed"
+
+    import torch
+    import {name} as pkg
+    from {name}._runtime.ops import library
+    assert "sympy" not in sys.modules, "the package (or torch's import) pulled in sympy"
+
+    torch.manual_seed(0)
+    x = torch.load(sys.argv[1])
+    args = [x[n] for n in ("q", "k", "v", "g", "beta", "h0")]
+    out = {{}}
+    with torch.no_grad():
+        out["o"], out["ht"] = pkg.chunk_kda(*args[:5], initial_state=args[5], output_final_state=True,
+                                            safe_gate=True, lower_bound=-5.0)
+        out["o1"], out["h1"] = pkg.fused_recurrent_kda(*(a[:, :1] for a in args[:5]), initial_state=args[5],
+                                                       output_final_state=True)
+    leaves = [a.clone().requires_grad_() for a in args]
+    o, ht = pkg.chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, safe_gate=True,
+                          lower_bound=-5.0)
+    ((o * x["do"]).sum() + (ht * x["dht"]).sum()).backward()
+    for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
+        out["d" + n] = leaf.grad
+
+    def layer(q, k, v, g, beta, h0):
+        o, ht = pkg.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, safe_gate=True,
+                              lower_bound=-5.0)
+        with torch.no_grad():
+            o1, _ = pkg.fused_recurrent_kda(q[:, :1].detach(), k[:, :1].detach(), v[:, :1].detach(),
+                                            g[:, :1].detach(), beta[:, :1].detach(), initial_state=ht.detach())
+        return (o * x["do"]).sum() + (ht * x["dht"]).sum(), o1
+
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    leaves = [a.clone().requires_grad_() for a in args]
+    loss, out["o1_compiled"] = compiled(*leaves)
+    loss.backward()
+    for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
+        out["d" + n + "_compiled"] = leaf.grad
+    pool = torch.randn(3, *args[5].shape[1:])
+    torch.library.opcheck(library.fused_recurrent_kda_op, (*(a[:, :1] for a in args[:5]), None, None, None, pool,
+                          True, False, False, False, False, None, None, torch.tensor([1]), None))
+    assert hasattr(torch.ops.{name}, "chunk_kda_train")
+    torch.save(out, sys.argv[3])
+    print("done")
+''')
+
+
+@pytest.mark.slow
+def test_the_package_runs_without_kdagen_and_gives_kdagens_bits(exported, tmp_path):
+    d, cache, root, _ = exported
+    gen = torch.Generator().manual_seed(3)
+    B, T, H = 1, 40, 2
+    x = dict(q=torch.randn(B, T, H, K, generator=gen),
+             k=torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
+             v=torch.randn(B, T, H, V, generator=gen), g=-5 * torch.rand(B, T, H, K, generator=gen),
+             beta=torch.rand(B, T, H, generator=gen), h0=torch.randn(B, H, K, V, generator=gen),
+             do=torch.randn(B, T, H, V, generator=gen), dht=torch.randn(B, H, K, V, generator=gen))
+    torch.save(x, tmp_path / "in.pt")
+    script = tmp_path / "run.py"
+    script.write_text(SUBPROCESS.format(name=NAME))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "HOME": str(tmp_path), "TRITON_INTERPRET": "1",
+           "KDAGEN_CACHE_DIR": str(tmp_path / "nocache")}
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "in.pt"), str(root / "tests"),
+                        str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "kdagen, jinja2, optuna: not importable" in r.stdout and "4 passed" in r.stdout and "done" in r.stdout
+    got = torch.load(tmp_path / "out.pt")
+
+    args = [x[n] for n in ("q", "k", "v", "g", "beta", "h0")]
+    want = {}
+    with torch.no_grad():
+        want["o"], want["ht"] = kdagen.chunk_kda(*args[:5], initial_state=args[5], output_final_state=True,
+                                                 safe_gate=True, lower_bound=-5.0)
+        want["o1"], want["h1"] = kdagen.fused_recurrent_kda(*(a[:, :1] for a in args[:5]), initial_state=args[5],
+                                                            output_final_state=True)
+    leaves = [a.clone().requires_grad_() for a in args]
+    o, ht = kdagen.chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, safe_gate=True,
+                             lower_bound=-5.0)
+    ((o * x["do"]).sum() + (ht * x["dht"]).sum()).backward()
+    for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
+        want["d" + n] = leaf.grad
+    for n, w in want.items():
+        assert torch.equal(got[n], w), n
+    # the package's compiled module gives its eager bits
+    for n in ("q", "k", "v", "g", "beta", "h0"):
+        assert torch.equal(got[f"d{n}_compiled"], want[f"d{n}"]), n
+    with torch.no_grad():
+        o1, _ = kdagen.fused_recurrent_kda(*(a[:, :1] for a in args[:5]), initial_state=ht.detach())  # training's ht
+    assert torch.equal(got["o1_compiled"], o1)
