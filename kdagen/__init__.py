@@ -1,5 +1,6 @@
 """kdagen: a compiler-style kernel generator and autotuner for Kimi Delta Attention and the
 diagonal-plus-rank-1 family of linear-attention recurrences."""
+from .ops import library as _library  # noqa: F401 - registers the ops with torch.library (torch.compile)
 from .ops.chunk import chunk_kda
 from .ops.recurrent import fused_recurrent_kda
 from .version import __version__

@@ -29,7 +29,7 @@ from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
 from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
                      preprocess, select_spec, state_layout)
-from .library import chunk_kda_traced
+from .traced import chunk_kda_traced
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
 
@@ -266,14 +266,15 @@ def chunk_kda(
     NaN in its sequence's outputs.  The training forward relies on ``lower_bound`` for its
     factorised tiles (``safe_gate=True``) and gives NaN where g breaks it.
     """
-    if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.library)
+    if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
         return chunk_kda_traced(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
             use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
             safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
             cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
-            check_inputs=check_inputs, chunk_size=chunk_size, kwargs=kwargs)
+            check_inputs=check_inputs, chunk_size=chunk_size, bwd_override=bool(_BWD_OVERRIDE),
+            kwargs=kwargs)
     state_v_first = state_layout("chunk_kda", state_v_first, kwargs)
     check_kwargs("chunk_kda", kwargs)
     check_cp_context("chunk_kda", cp_context)

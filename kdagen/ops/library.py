@@ -3,8 +3,9 @@ traces a model that calls them: Dynamo sees one opaque op per call (with a fake
 implementation for shapes) instead of kdagen's Python (validation, look-ups, launch code).
 
 Eager calls do not come here: ``chunk_kda`` and ``fused_recurrent_kda`` route to
-:func:`chunk_kda_traced` / :func:`fused_recurrent_kda_traced` only while
-``torch.compiler.is_compiling()``, so decode's eager latency has no dispatcher in it.
+:mod:`.traced`, which calls these ops (from its registry, :data:`.traced.OPS`, filled here),
+only while ``torch.compiler.is_compiling()``, so decode's eager latency has no dispatcher in it.
+Importing kdagen imports this module.
 
 Why ``custom_op`` and not ``triton_op`` + ``wrap_triton``: ``triton_op`` needs the op's body to
 be traceable on fake tensors down to the kernel launches.  Ours is not: the configs come from
@@ -21,19 +22,20 @@ The ops (namespace: the top-level package, ``kdagen`` here, the package's name i
   Its autograd formula calls ``chunk_kda_bwd``.
 - ``fused_recurrent_kda``: decode; mutates a state pool (``ssm_state_indices``) and ``out``.
 
-Not traced (a ValueError says so): packed sequences in ``chunk_kda`` (their chunk count depends
-on the values of ``cu_seqlens``), ``return_intermediate_states``, ``config=``, a
-``chunk_bwd_config`` block, and the value check.
+What a compiled call cannot do is in :mod:`.traced`.
 """
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ..cache.lookup import resolve
 from ..kernels import _DUMMY
-from .inputs import check_kwargs, preprocess
+from . import chunk_bwd as B
+from .chunk import _configs, _prepare, _training_launches, chunk_kda
+from .recurrent import fused_recurrent_kda
+from .traced import NAMESPACE, OPS
 
-NAMESPACE = __name__.split(".")[0]  # kdagen, or the exported package's name
 _EMPTY = (0,)
 _N_SAVED = 7  # hs, vn, qg, kg, w, aqk, gn
 
@@ -63,8 +65,6 @@ def chunk_kda_infer(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, in
                     output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                     use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
                     lower_bound: Optional[float], chunk_size: Optional[int]) -> tuple[Tensor, Tensor]:
-    from .chunk import chunk_kda
-
     with torch.no_grad():
         o, ht = chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
@@ -90,10 +90,7 @@ def _(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state
 def _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate,
                    lower_bound, chunk_size):
     """The validated call and its configs, resolved as an eager training call resolves them
-    (without a ``chunk_bwd_config`` block, which :func:`chunk_kda_traced` refuses)."""
-    from ..cache.lookup import resolve
-    from .chunk import _configs, _prepare
-
+    (without a ``chunk_bwd_config`` block, which :func:`.traced.chunk_kda_traced` refuses)."""
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
                        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
                        in_kernel=False)
@@ -104,8 +101,6 @@ def _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_g
 
 def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_gate_in_kernel,
                    safe_gate, lower_bound, chunk_size, run: bool):
-    from .chunk import _training_launches
-
     call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
                                          safe_gate, lower_bound, chunk_size)
     launches, (o, ht, hs), _ = _training_launches(call, x, train, bwd, output_final_state)
@@ -150,9 +145,6 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, init
                   safe_gate: bool, lower_bound: Optional[float], chunk_size: Optional[int],
                   needs: list[bool]) -> list[Tensor]:
     """The gradients of (q, k, v, g, beta, initial_state, A_log, dt_bias), empty where not needed."""
-    from . import chunk_bwd as B
-    from .chunk import _training_launches
-
     call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
                                          safe_gate, lower_bound, chunk_size)
     # the backward's description of the forward's chunks (its launches are not run)
@@ -200,37 +192,6 @@ def _backward(ctx, do, dht, *_):
 chunk_kda_train.register_autograd(_backward, setup_context=_setup_context)
 
 
-def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-                     use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
-                     return_intermediate_states, cu_seqlens, A_log, dt_bias, config, cu_seqlens_cpu, check_inputs,
-                     chunk_size, kwargs):
-    """``chunk_kda`` while torch.compile traces: one registered op per call."""
-    from .chunk import _BWD_OVERRIDE
-
-    check_kwargs("chunk_kda", kwargs)
-    for name, given in (("cu_seqlens (packed sequences)", cu_seqlens is not None or cu_seqlens_cpu is not None),
-                        ("return_intermediate_states", bool(return_intermediate_states)),
-                        ("config", config is not None), ("check_inputs", bool(check_inputs)),
-                        ("a chunk_bwd_config block", bool(_BWD_OVERRIDE))):
-        if given:
-            raise ValueError(f"chunk_kda under torch.compile: {name} is not supported; call chunk_kda outside "
-                             "the compiled region (torch.compiler.disable) for it")
-    if chunk_size is not None and chunk_size not in (32, 64):
-        raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
-    training = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
-    if training:
-        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        out = chunk_kda_train._opoverload(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
-                                  use_gate_in_kernel, safe_gate, lower_bound, chunk_size)
-        o, ht = out[0], out[1]
-    else:
-        o, ht = chunk_kda_infer._opoverload(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
-                                    use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                    allow_neg_eigval, safe_gate, lower_bound, chunk_size)
-    return o, (ht if output_final_state else None)
-
-
 # --- fused_recurrent_kda ----------------------------------------------------------------
 
 @torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_kda", mutates_args=("initial_state", "out"))
@@ -242,8 +203,6 @@ def fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
                            out: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     """(o, or empty when written to ``out``; the new final state, or empty when there is none or
     it is the pool, updated in place)."""
-    from .recurrent import fused_recurrent_kda
-
     o, ht = fused_recurrent_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
                                 initial_state=initial_state, output_final_state=output_final_state,
                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
@@ -265,24 +224,5 @@ def _(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state
     return o, (q.new_empty((N, HV, K, V), dtype=torch.float32) if new_state else _empty(q))
 
 
-def fused_recurrent_kda_traced(q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
-                               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                               allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices, out, config,
-                               check_inputs, kwargs):
-    """``fused_recurrent_kda`` while torch.compile traces: one registered op per call."""
-    check_kwargs("fused_recurrent_kda", kwargs)
-    for name, given in (("config", config is not None), ("check_inputs", bool(check_inputs))):
-        if given:
-            raise ValueError(f"fused_recurrent_kda under torch.compile: {name} is not supported; call it outside "
-                             "the compiled region (torch.compiler.disable) for it")
-    o, ht = fused_recurrent_kda_op._opoverload(
-        q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
-        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens,
-        ssm_state_indices, out)
-    if out is not None:
-        o = out
-    if ssm_state_indices is not None:
-        return o, initial_state
-    return o, (ht if output_final_state else None)
-
-
+OPS.update(chunk_kda_infer=chunk_kda_infer._opoverload, chunk_kda_train=chunk_kda_train._opoverload,
+           fused_recurrent_kda=fused_recurrent_kda_op._opoverload)

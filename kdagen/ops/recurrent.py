@@ -17,7 +17,7 @@ from . import checks
 from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_kwargs, check_runnable, host_seqlens, preprocess,
                      select_spec, state_layout, state_shape)
 from .inputs import check_inputs as _validate
-from .library import fused_recurrent_kda_traced
+from .traced import fused_recurrent_kda_traced
 
 
 def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_state, state_indices, out,
@@ -157,7 +157,7 @@ def fused_recurrent_kda(
     can be captured in a CUDA graph with a device cu_seqlens); ``cp_context`` must be None.  Any
     other keyword is a TypeError.
     """
-    if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.library)
+    if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
         return fused_recurrent_kda_traced(
             q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

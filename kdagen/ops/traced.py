@@ -1,0 +1,76 @@
+"""What ``chunk_kda`` and ``fused_recurrent_kda`` do while torch.compile traces them
+(``torch.compiler.is_compiling()``): Dynamo sees one op registered with torch.library per call
+(:mod:`.library` registers them and fills :data:`OPS`), never kdagen's Python.
+
+Not traced (a ValueError says so; call the op outside the compiled region for it): packed
+sequences in ``chunk_kda`` (the per-chunk states the backward keeps have a count that depends on
+the values of ``cu_seqlens``), ``return_intermediate_states``, ``config=``, a
+``chunk_bwd_config`` block, and the value check (``check_inputs``).
+"""
+import torch
+
+from .inputs import check_kwargs, preprocess
+
+NAMESPACE = __name__.split(".")[0]  # kdagen, or an exported package's name
+OPS: dict = {}  # op name -> its OpOverload (filled by .library)
+
+
+def _op(name: str):
+    try:
+        return OPS[name]
+    except KeyError:
+        raise RuntimeError(f"{NAMESPACE}: the torch.library ops are not registered; import {NAMESPACE} "
+                           f"(it imports {NAMESPACE}.ops.library)") from None
+
+
+def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                     use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
+                     return_intermediate_states, cu_seqlens, A_log, dt_bias, config, cu_seqlens_cpu, check_inputs,
+                     chunk_size, bwd_override, kwargs):
+    """``chunk_kda`` while torch.compile traces: one registered op per call.  ``bwd_override``:
+    a ``chunk_bwd_config`` block is active."""
+    check_kwargs("chunk_kda", kwargs)
+    for name, given in (("cu_seqlens (packed sequences)", cu_seqlens is not None or cu_seqlens_cpu is not None),
+                        ("return_intermediate_states", bool(return_intermediate_states)),
+                        ("config", config is not None), ("check_inputs", bool(check_inputs)),
+                        ("a chunk_bwd_config block", bool(bwd_override))):
+        if given:
+            raise ValueError(f"chunk_kda under torch.compile: {name} is not supported; call chunk_kda outside "
+                             "the compiled region (torch.compiler.disable) for it")
+    if chunk_size is not None and chunk_size not in (32, 64):
+        raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
+    training = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    if training:
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        out = _op("chunk_kda_train")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
+                                  use_gate_in_kernel, safe_gate, lower_bound, chunk_size)
+        o, ht = out[0], out[1]
+    else:
+        o, ht = _op("chunk_kda_infer")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
+                                    use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                                    allow_neg_eigval, safe_gate, lower_bound, chunk_size)
+    return o, (ht if output_final_state else None)
+
+
+def fused_recurrent_kda_traced(q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
+                               use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                               allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices, out, config,
+                               check_inputs, kwargs):
+    """``fused_recurrent_kda`` while torch.compile traces: one registered op per call."""
+    check_kwargs("fused_recurrent_kda", kwargs)
+    for name, given in (("config", config is not None), ("check_inputs", bool(check_inputs))):
+        if given:
+            raise ValueError(f"fused_recurrent_kda under torch.compile: {name} is not supported; call it outside "
+                             "the compiled region (torch.compiler.disable) for it")
+    o, ht = _op("fused_recurrent_kda")(
+        q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+        use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens,
+        ssm_state_indices, out)
+    if out is not None:
+        o = out
+    if ssm_state_indices is not None:
+        return o, initial_state
+    return o, (ht if output_final_state else None)
+
+
