@@ -61,13 +61,28 @@ def test_fullgraph_compile_matches_eager_bit_for_bit():
     assert not torch.equal(got[4][2], torch.randn(3, H, K, K, generator=torch.Generator().manual_seed(1))[2])
 
 
+def test_compiled_inference_on_packed_sequences_matches_eager():
+    q, k, v, g, beta, h0 = _inputs()
+    cu = torch.tensor([0, 7, 30, T])
+    h0 = torch.randn(3, H, K, K)
+
+    def f(q, k, v, g, beta, h0, cu):
+        return kdagen.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(f, backend="aot_eager", fullgraph=True)(q, k, v, g, beta, h0, cu)
+        want = f(q, k, v, g, beta, h0, cu)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_compiled_region_refuses_what_it_cannot_trace():
     q, k, v, g, beta, h0 = _inputs()
     torch._dynamo.reset()
     f = torch.compile(lambda q: kdagen.chunk_kda(q, k, v, g, beta, cu_seqlens=torch.tensor([0, T]))[0],
                       backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match="cu_seqlens .packed sequences. is not supported"):
-        f(q)
+    with pytest.raises(Exception, match="training on packed sequences .cu_seqlens. is not supported"):
+        f(q.clone().requires_grad_())
 
 
 def test_the_eager_path_does_not_dispatch_through_the_registered_ops(monkeypatch):
@@ -90,7 +105,10 @@ def test_the_eager_path_does_not_dispatch_through_the_registered_ops(monkeypatch
 def test_opcheck_chunk_infer():
     q, k, v, g, beta, h0 = _inputs()
     torch.library.opcheck(L.chunk_kda_infer, (q, k, v, g, beta, h0, None, None, None, True, True, False, False, False,
-                                              True, -5.0, None))
+                                              True, -5.0, None, None, None))
+    cu = torch.tensor([0, 13, T])
+    torch.library.opcheck(L.chunk_kda_infer, (q, k, v, g, beta, torch.randn(2, H, K, K), None, None, None, True,
+                                              False, False, False, False, True, -5.0, None, cu, None))
 
 
 @pytest.mark.slow

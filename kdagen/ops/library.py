@@ -64,23 +64,26 @@ def chunk_kda_infer(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, in
                     A_log: Optional[Tensor], dt_bias: Optional[Tensor], scale: Optional[float],
                     output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                     use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
-                    lower_bound: Optional[float], chunk_size: Optional[int]) -> tuple[Tensor, Tensor]:
+                    lower_bound: Optional[float], chunk_size: Optional[int], cu_seqlens: Optional[Tensor],
+                    cu_seqlens_cpu: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     with torch.no_grad():
         o, ht = chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                           use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                           allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                          A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size)
+                          A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
+                          cu_seqlens_cpu=cu_seqlens_cpu)
     return o, (ht if ht is not None else _empty(q))
 
 
 @chunk_kda_infer.register_fake
 def _(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_qk_l2norm_in_kernel,
-      use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, chunk_size):
+      use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, chunk_size,
+      cu_seqlens, cu_seqlens_cpu):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     o = v.new_empty(v.shape)
-    N = initial_state.shape[0] if initial_state is not None else B
+    N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
     ht = q.new_empty((N, HV, K, V), dtype=torch.float32) if output_final_state else _empty(q)
     return o, ht
 

@@ -2,10 +2,10 @@
 (``torch.compiler.is_compiling()``): Dynamo sees one op registered with torch.library per call
 (:mod:`.library` registers them and fills :data:`OPS`), never kdagen's Python.
 
-Not traced (a ValueError says so; call the op outside the compiled region for it): packed
-sequences in ``chunk_kda`` (the per-chunk states the backward keeps have a count that depends on
-the values of ``cu_seqlens``), ``return_intermediate_states``, ``config=``, a
-``chunk_bwd_config`` block, and the value check (``check_inputs``).
+Not traced (a ValueError says so; call the op outside the compiled region for it): training on
+packed sequences in ``chunk_kda`` (the per-chunk states the backward keeps have a count that
+depends on the values of ``cu_seqlens``; inference on them is traced), ``return_intermediate_states``,
+``config=``, a ``chunk_bwd_config`` block, and the value check (``check_inputs``).
 """
 import torch
 
@@ -30,7 +30,9 @@ def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_sta
     """``chunk_kda`` while torch.compile traces: one registered op per call.  ``bwd_override``:
     a ``chunk_bwd_config`` block is active."""
     check_kwargs("chunk_kda", kwargs)
-    for name, given in (("cu_seqlens (packed sequences)", cu_seqlens is not None or cu_seqlens_cpu is not None),
+    training = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    for name, given in (("training on packed sequences (cu_seqlens)", training and cu_seqlens is not None),
                         ("return_intermediate_states", bool(return_intermediate_states)),
                         ("config", config is not None), ("check_inputs", bool(check_inputs)),
                         ("a chunk_bwd_config block", bool(bwd_override))):
@@ -39,8 +41,8 @@ def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_sta
                              "the compiled region (torch.compiler.disable) for it")
     if chunk_size is not None and chunk_size not in (32, 64):
         raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
-    training = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    if cu_seqlens_cpu is not None and not isinstance(cu_seqlens_cpu, torch.Tensor):
+        cu_seqlens_cpu = torch.tensor(cu_seqlens_cpu, dtype=torch.int64)
     if training:
         q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
         out = _op("chunk_kda_train")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
@@ -49,7 +51,7 @@ def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_sta
     else:
         o, ht = _op("chunk_kda_infer")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
                                     use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                    allow_neg_eigval, safe_gate, lower_bound, chunk_size)
+                                    allow_neg_eigval, safe_gate, lower_bound, chunk_size, cu_seqlens, cu_seqlens_cpu)
     return o, (ht if output_final_state else None)
 
 
