@@ -24,13 +24,14 @@ The ops (namespace: the top-level package, ``kdagen`` here, the package's name i
 
 What a compiled call cannot do is in :mod:`.traced`.
 """
+import dataclasses
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from ..cache.lookup import resolve
-from ..kernels import _DUMMY
+from ..kernels import _DUMMY, dummy_pointer
 from . import chunk_bwd as B
 from .chunk import _configs, _prepare, _training_launches, chunk_kda
 from .recurrent import fused_recurrent_kda
@@ -150,8 +151,7 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, init
     """The gradients of (q, k, v, g, beta, initial_state, A_log, dt_bias), empty where not needed."""
     call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
                                          safe_gate, lower_bound, chunk_size)
-    # the backward's description of the forward's chunks (its launches are not run)
-    _, _, meta = _training_launches(call, x, train, bwd, output_final_state)
+    meta = _backward_meta(call, x, train, bwd, output_final_state)
     hs, vn = saved[0], saved[1]
     full = [x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state, x["A_log"], x["dt_bias"], hs, vn]
     if bwd.store_intermediates:
@@ -159,6 +159,24 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, init
     like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
     grads = B.backward(meta, full, like, tuple(needs), do, dht)
     return [gr if gr is not None else _empty(q) for gr in grads]
+
+
+def _backward_meta(call, x, train, bwd, output_final_state):
+    """The backward's description of the forward's chunks (:class:`.chunk_bwd.BwdMeta`), from the
+    forward's launches described on the meta device: nothing is allocated or run.  (A batch of
+    equal-length sequences: the only pointers the description keeps are dummies, put back here
+    on the inputs' device.)"""
+    _, _, meta = _training_launches(call, {n: None if t is None else t.to("meta") for n, t in x.items()}, train, bwd,
+                                    output_final_state)
+    dummy = dummy_pointer(x["q"].device)
+
+    def real(a):
+        return dummy if isinstance(a, Tensor) and a.is_meta else a
+
+    fi = meta.fwd_intra
+    return dataclasses.replace(meta, cu_seqlens=real(meta.cu_seqlens), chunk_indices=real(meta.chunk_indices),
+                               chunk_offsets=real(meta.chunk_offsets),
+                               fwd_intra=dataclasses.replace(fi, args={n: real(a) for n, a in fi.args.items()}))
 
 
 @chunk_kda_bwd.register_fake
