@@ -656,6 +656,9 @@ DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
 @click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
               help="the gate's lower bound chunk_kda is exported for (its safe_gate=True, lower_bound), or "
                    "'none' (safe_gate=False)")
+@click.option("--gate-in-kernel", is_flag=True,
+              help="also export FLA's use_gate_in_kernel=True (g = lower_bound*sigmoid(exp(A_log)(z + dt_bias)), the "
+                   "softplus gate with --lower-bound none), with and without A_log and dt_bias")
 @click.option("--cache", "cache_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="a tuning cache file (e.g. copied from the GPU machine); repeat for several GPUs; default: "
                    "each GPU's file in kdagen's cache directory")
@@ -665,7 +668,7 @@ DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
 @click.option("--date", default=None,
               help="the date recorded in the manifest (default: the newest exported winner's measurement "
                    "time), so that the same inputs give the same bytes")
-def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, cache_files, out_dir, name, date):
+def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel, cache_files, out_dir, name, date):
     """Export the kernels of a spec, head dims and dtypes, with each GPU's tuned configs, as a
     standalone package OUT/NAME/ that needs torch and triton only: chunk_kda and
     fused_recurrent_kda (FLA's signatures, autograd, torch.compile), the generated Triton
@@ -710,7 +713,8 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, cache_files, ou
     except ExportError as e:
         raise click.BadParameter(str(e), param_hint="--cache") from None
     request = Request(name=name, gpus=tuple(gpus), head_dims=tuple(head_dims), dtypes=as_dtype_names(dtypes),
-                      lower_bound=lower_bound, caches=caches, cache_paths=paths, date=date, spec_name=spec_name)
+                      lower_bound=lower_bound, caches=caches, cache_paths=paths, date=date, spec_name=spec_name,
+                      gate_in_kernel=gate_in_kernel)
     try:
         root, contents = export_package(request, out_dir)
     except ExportError as e:

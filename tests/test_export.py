@@ -51,7 +51,7 @@ def _cache_file(d: Path) -> Path:
 
 def _export(out: Path, cache: Path, *extra):
     r = CliRunner().invoke(main, ["export", "--gpu", "h800,h20", "--head-dim", str(K), "--dtype", "fp32",
-                                  "--lower-bound", "-5", "--cache", str(cache), "--out", str(out), "--name", NAME,
+                                  "--lower-bound", "-5", "--gate-in-kernel", "--cache", str(cache), "--out", str(out), "--name", NAME,
                                   *extra])
     assert r.exit_code == 0, r.output
     return r.output
@@ -92,7 +92,11 @@ def test_the_manifest_records_what_was_exported_and_warns_about_heuristic_gpus(e
     assert gpus["h20"]["configs"] == "heuristic" and gpus["h20"]["winners"] == 0
     assert "warning: h20: no tuning cache" in output and "warning: h800: 1 cached winner(s) were tuned on other" in output
     spec = select_spec(False, True, -5.0, False, False)
-    assert m["specs"]["chunk"]["hash"] == spec.hash and m["specs"]["chunk"]["text"] == spec.describe()
+    specs = {(sp["form"], tuple(sp["gate"])): sp for sp in m["specs"]}
+    assert specs[("chunk", ("direct", -5.0, False, False))]["hash"] == spec.hash
+    assert specs[("chunk", ("direct", -5.0, False, False))]["text"] == spec.describe()
+    gik = select_spec(True, False, -5.0, True, False)  # --gate-in-kernel: A_log given, no dt_bias
+    assert specs[("recurrent", ("lower_bound", -5.0, True, False))]["hash"] == gik.hash and len(specs) == 10
     kernels = {p.stem for p in (root / NAME / "kernels").glob("kda_*.py")}
     assert kernels == set(m["sources"])
     # every kernel family's sources are there: inference and training forward, backward, decode
@@ -209,6 +213,19 @@ SUBPROCESS = textwrap.dedent('''
     for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
         out["d" + n] = leaf.grad
 
+    layer_kw = dict(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], safe_gate=True,
+                    lower_bound=-5.0, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    with torch.no_grad():
+        out["o_gate"], out["ht_gate"] = pkg.chunk_kda(*args[:3], x["z"], *args[4:5], initial_state=args[5],
+                                                      output_final_state=True, **layer_kw)
+        out["o1_gate"], _ = pkg.fused_recurrent_kda(*(a[:, :1] for a in args[:3]), x["z"][:, :1], args[4][:, :1],
+                                                    initial_state=args[5],
+                                                    **{{k: w for k, w in layer_kw.items() if k != "safe_gate"}})
+    gl = [t.clone().requires_grad_() for t in (x["z"], x["A_log"], x["dt_bias"])]
+    o, _ = pkg.chunk_kda(*args[:3], gl[0], args[4], **{{**layer_kw, "A_log": gl[1], "dt_bias": gl[2]}})
+    (o * x["do"]).sum().backward()
+    out["dz"], out["dA_log"], out["ddt_bias"] = (t.grad for t in gl)
+
     def layer(q, k, v, g, beta, h0):
         o, ht = pkg.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, safe_gate=True,
                               lower_bound=-5.0)
@@ -241,7 +258,9 @@ def test_the_package_runs_without_kdagen_and_gives_kdagens_bits(exported, tmp_pa
              k=torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
              v=torch.randn(B, T, H, V, generator=gen), g=-5 * torch.rand(B, T, H, K, generator=gen),
              beta=torch.rand(B, T, H, generator=gen), h0=torch.randn(B, H, K, V, generator=gen),
-             do=torch.randn(B, T, H, V, generator=gen), dht=torch.randn(B, H, K, V, generator=gen))
+             do=torch.randn(B, T, H, V, generator=gen), dht=torch.randn(B, H, K, V, generator=gen),
+             z=torch.randn(B, T, H, K, generator=gen), A_log=torch.randn(H, generator=gen),
+             dt_bias=torch.randn(H * K, generator=gen))
     torch.save(x, tmp_path / "in.pt")
     script = tmp_path / "run.py"
     script.write_text(SUBPROCESS.format(name=NAME))
@@ -251,7 +270,7 @@ def test_the_package_runs_without_kdagen_and_gives_kdagens_bits(exported, tmp_pa
                         str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "kdagen, jinja2, optuna: not importable" in r.stdout and "4 passed" in r.stdout and "done" in r.stdout
+    assert "kdagen, jinja2, optuna: not importable" in r.stdout and "5 passed" in r.stdout and "done" in r.stdout
     got = torch.load(tmp_path / "out.pt")
 
     args = [x[n] for n in ("q", "k", "v", "g", "beta", "h0")]
@@ -267,6 +286,18 @@ def test_the_package_runs_without_kdagen_and_gives_kdagens_bits(exported, tmp_pa
     ((o * x["do"]).sum() + (ht * x["dht"]).sum()).backward()
     for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
         want["d" + n] = leaf.grad
+    layer_kw = dict(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], safe_gate=True,
+                    lower_bound=-5.0, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    with torch.no_grad():
+        want["o_gate"], want["ht_gate"] = kdagen.chunk_kda(*args[:3], x["z"], args[4], initial_state=args[5],
+                                                           output_final_state=True, **layer_kw)
+        want["o1_gate"], _ = kdagen.fused_recurrent_kda(*(a[:, :1] for a in args[:3]), x["z"][:, :1],
+                                                        args[4][:, :1], initial_state=args[5],
+                                                    **{k: w for k, w in layer_kw.items() if k != "safe_gate"})
+    gl = [t.clone().requires_grad_() for t in (x["z"], x["A_log"], x["dt_bias"])]
+    o, _ = kdagen.chunk_kda(*args[:3], gl[0], args[4], **{**layer_kw, "A_log": gl[1], "dt_bias": gl[2]})
+    (o * x["do"]).sum().backward()
+    want["dz"], want["dA_log"], want["ddt_bias"] = (t.grad for t in gl)
     for n, w in want.items():
         assert torch.equal(got[n], w), n
     # the package's compiled module gives its eager bits

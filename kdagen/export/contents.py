@@ -41,14 +41,16 @@ class Request:
     cache_paths: dict[str, str]  # GPU name -> the file it was read from (for the manifest)
     date: str | None = None
     spec_name: str = "kda"
+    gate_in_kernel: bool = False  # also FLA's use_gate_in_kernel=True (the KDA layer's call)
 
 
 @dataclass
 class Contents:
     request: Request
-    variants: dict[str, tuple]  # form -> the gate variant (gate_choice's tuple) it is exported for
-    specs: dict[str, Any]  # form -> the spec (sympy Recurrence)
+    variants: dict[str, list[tuple]]  # form -> the gate variants (gate_choice's tuples) it is exported for
+    specs: dict[tuple, Any]  # (form, variant) -> the spec (sympy Recurrence)
     plans: list[Plan]
+    plan_gates: list[tuple]  # the variant of each plan
     sources: dict[str, GeneratedSource] = field(default_factory=dict)  # name -> source
     source_rows: list[dict] = field(default_factory=list)  # {kernel, plan, fields, name}
     winners: dict = field(default_factory=dict)  # gpu -> family -> plan id -> state dtype -> bucket -> config
@@ -68,13 +70,29 @@ def read_cache_file(path: str) -> dict:
     return data
 
 
-def variants(lower_bound: float | None) -> dict[str, tuple]:
-    """The gate variant each form is exported for: g given directly, the chunk form with the
+def variants(lower_bound: float | None, gate_in_kernel: bool = False) -> dict[str, list[tuple]]:
+    """The gate variants each form is exported for: g given directly, the chunk form with the
     bound (chunk_kda's safe_gate=True, lower_bound), the recurrent form as fused_recurrent_kda
-    chooses it (it reads no bound)."""
-    chunk = gate_choice(False, lower_bound is not None, lower_bound, False, False)
-    recurrent = gate_choice(False, False, lower_bound, False, False)
-    return {"chunk": _key(chunk), "recurrent": _key(recurrent)}
+    chooses it (it reads no bound); with ``gate_in_kernel`` also FLA's use_gate_in_kernel=True
+    with the bound's gate (the softplus gate without one), with and without A_log and dt_bias."""
+    out = {"chunk": [_key(gate_choice(False, lower_bound is not None, lower_bound, False, False))],
+           "recurrent": [_key(gate_choice(False, False, lower_bound, False, False))]}
+    if gate_in_kernel:
+        for has_A in (True, False):
+            for has_bias in (True, False):
+                if lower_bound is None and not has_A:
+                    continue  # the softplus gate needs A_log (its rate)
+                key = _key(gate_choice(True, False, lower_bound, has_A, has_bias))
+                for form in out:
+                    out[form].append(key)
+    return out
+
+
+def _spec(key: tuple):
+    name, bound, has_A, has_bias = key
+    if name == "direct":
+        return select_spec(False, bound is not None, bound, False, False)
+    return select_spec(True, False, bound, has_A, has_bias)
 
 
 def _key(choice) -> tuple:
@@ -83,11 +101,15 @@ def _key(choice) -> tuple:
 
 
 def collect(req: Request) -> Contents:
-    var = variants(req.lower_bound)
-    specs = {form: select_spec(False, key[1] is not None, key[1], False, False) for form, key in var.items()}
-    plans = [lower(specs[form], K, V, dt, form) for K, V in req.head_dims for dt in req.dtypes
-             for form in ("chunk", "recurrent")]
-    c = Contents(req, var, specs, plans)
+    var = variants(req.lower_bound, req.gate_in_kernel)
+    specs = {(form, key): _spec(key) for form, keys in var.items() for key in keys}
+    plans, gates = [], []
+    for K, V in req.head_dims:
+        for dt in req.dtypes:
+            for form, key in specs:
+                plans.append(lower(specs[(form, key)], K, V, dt, form, key[0] != "direct"))
+                gates.append(key)
+    c = Contents(req, var, specs, plans, gates)
     for gpu in req.gpus:
         _winners(c, gpu)
     for pid, plan in enumerate(plans):
@@ -109,7 +131,8 @@ def _winners(c: Contents, gpu: GpuProfile) -> None:
                           "one copied from that GPU's machine); the package runs the heuristic configs there "
                           "(marked in the manifest)")
         return
-    chosen: dict[tuple, dict] = {}
+    chosen: dict[tuple, tuple] = {}
+    stale: set[str] = set()
     for key_string, entry in sorted(data["entries"].items()):
         key = entry.get("key") or {}
         family = key.get("kernel")
@@ -119,17 +142,18 @@ def _winners(c: Contents, gpu: GpuProfile) -> None:
             if (plan.form == FAMILY_FORM[family] and key.get("spec_hash") == plan.tuning_spec_hash
                     and (key.get("K"), key.get("V")) == (plan.K, plan.V) and key.get("dtype") == plan.dtype):
                 if key.get("source_hash") != source_hash(family):
-                    meta["stale"] += 1
+                    stale.add(key_string)
                     continue
                 slot = (family, pid, key["state_dtype"], key["shape_bucket"])
                 old = chosen.get(slot)
-                if old is None or (entry.get("measured_at") or "") > (old.get("measured_at") or ""):
-                    chosen[slot] = entry
+                if old is None or (entry.get("measured_at") or "") > (old[1].get("measured_at") or ""):
+                    chosen[slot] = (key_string, entry)
+    meta["stale"] = len(stale)
     if meta["stale"]:
         c.warnings.append(f"{gpu.name}: {meta['stale']} cached winner(s) were tuned on other kernel sources "
                           "(another kdagen or template version) and are not exported")
-    versions = set()
-    for (family, pid, state, bucket), entry in sorted(chosen.items()):
+    versions, used = set(), set()
+    for (family, pid, state, bucket), (key_string, entry) in sorted(chosen.items()):
         try:
             cfg = config_from_dict(family, entry["config"])
         except (ConfigError, TypeError) as e:
@@ -137,7 +161,8 @@ def _winners(c: Contents, gpu: GpuProfile) -> None:
             continue
         c.winners.setdefault(gpu.name, {}).setdefault(family, {}).setdefault(str(pid), {}).setdefault(
             state, {})[bucket] = cfg.to_dict()
-        meta["entries"] += 1
+        used.add(key_string)  # one winner serves the direct gate's plan and the in-kernel gates' (same tuning spec)
+        meta["entries"] = len(used)
         k = entry["key"]
         versions.add((k.get("triton_version"), k.get("torch_version"), k.get("cuda_version"),
                       k.get("kdagen_version")))
@@ -186,14 +211,21 @@ def _render(c: Contents, pid: int, plan: Plan, cfg) -> None:
 def describe(c: Contents) -> str:
     """What the package was exported for, in one paragraph (its contract)."""
     r = c.request
-    chunk, rec = c.variants["chunk"], c.variants["recurrent"]
+    chunk = c.variants["chunk"][0]
     gate = ("g given directly; chunk_kda with " + (f"safe_gate=True, lower_bound={chunk[1]:g}" if chunk[1] is not None
                                                    else "safe_gate=False (no lower bound)")
-            + ", fused_recurrent_kda with any lower_bound (it reads none); use_gate_in_kernel=False")
+            + ", fused_recurrent_kda with any lower_bound (it reads none); ")
+    if r.gate_in_kernel:
+        gate += ("use_gate_in_kernel=True with " + (f"lower_bound={r.lower_bound:g}" if r.lower_bound is not None
+                                                     else "the softplus gate (lower_bound=None, A_log required)")
+                 + ", A_log and dt_bias each optional")
+    else:
+        gate += "use_gate_in_kernel=False"
     dims = ", ".join(f"K={K} V={V}" for K, V in r.head_dims)
     dts = ", ".join(r.dtypes)
     gpus = ", ".join(f"{g.name} ({'tuned' if c.winner_meta[g.name]['entries'] else 'heuristic'})" for g in r.gpus)
-    return (f"Exported for: spec {r.spec_name} (chunk form hash {c.specs['chunk'].hash}), {gate}; head dims "
+    spec = c.specs[("chunk", chunk)]
+    return (f"Exported for: spec {r.spec_name} (chunk form hash {spec.hash}), {gate}; head dims "
             f"{dims}; dtypes {dts}; GPUs {gpus}.")
 
 

@@ -49,7 +49,7 @@ def package_files(c: Contents) -> dict[str, str]:
         files[f"{name}/kernels/{src_name}.py"] = src.text
     contract = describe(c)
     table = {"exported_for": contract, "families": {f: list(k) for f, k in _families().items()},
-             "plans": [{"gate": list(c.variants[p.form]), "plan": p.to_dict()} for p in c.plans],
+             "plans": [{"gate": list(gate), "plan": p.to_dict()} for p, gate in zip(c.plans, c.plan_gates)],
              "sources": c.source_rows, "winners": c.winners}
     files[f"{name}/{RUNTIME}/exported.json"] = _json(table)
     manifest = _manifest(c, contract, files)
@@ -57,7 +57,7 @@ def package_files(c: Contents) -> dict[str, str]:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tdir)), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False)
     ctx = dict(name=name, version=__version__, manifest=manifest, contract=contract, runtime=RUNTIME,
-               head_dims=r.head_dims, dtypes=r.dtypes, lower_bound=r.lower_bound,
+               head_dims=r.head_dims, dtypes=r.dtypes, lower_bound=r.lower_bound, gate_in_kernel=r.gate_in_kernel,
                gpus=manifest["gpus"], date=manifest["date"])
     files[f"{name}/__init__.py"] = env.get_template("__init__.py.j2").render(**ctx)
     files["pyproject.toml"] = env.get_template("pyproject.toml.j2").render(**ctx)
@@ -76,8 +76,8 @@ def _manifest(c: Contents, contract: str, files: dict[str, str]) -> dict:
     r = c.request
     newest = [m["newest"] for m in c.winner_meta.values() if m["newest"]]
     date = r.date or (max(newest) if newest else None)
-    specs = {form: {"name": s.name, "hash": s.hash, "text": s.describe(), "gate": list(c.variants[form])}
-             for form, s in c.specs.items()}
+    specs = [{"form": form, "gate": list(gate), "name": s.name, "hash": s.hash, "text": s.describe()}
+             for (form, gate), s in c.specs.items()]
     gpus = []
     for g in r.gpus:
         m = c.winner_meta[g.name]
@@ -91,6 +91,7 @@ def _manifest(c: Contents, contract: str, files: dict[str, str]) -> dict:
                                                               "none: no winners and no --date"),
         "exported_for": contract, "specs": specs,
         "head_dims": [list(d) for d in r.head_dims], "dtypes": list(r.dtypes), "lower_bound": r.lower_bound,
+        "gate_in_kernel": r.gate_in_kernel,
         "gpus": gpus,
         "sources": {n: c.sources[n].source_hash[:16] for n in sorted(c.sources)},
         "runtime": {p: _sha(t) for p, t in sorted(files.items()) if p.startswith(f"{r.name}/{RUNTIME}/")},
