@@ -169,6 +169,45 @@ def test_a_cache_file_of_another_gpu_or_not_a_cache_is_a_usage_error(exported, t
     assert not (tmp_path / "p").exists()
 
 
+# The calls both processes make, with kdagen's ops here and the package's in the subprocess.
+CALLS = textwrap.dedent('''
+    import torch
+
+
+    def calls(ops, x):
+        """Every output and gradient of the calls, by name: the plain call and the KDA layer's call
+        (gate, l2-norm and beta sigmoid in the kernels), inference, training and decode."""
+        args = [x[n] for n in ("q", "k", "v", "g", "beta", "h0")]
+        out = {}
+        with torch.no_grad():
+            out["o"], out["ht"] = ops.chunk_kda(*args[:5], initial_state=args[5], output_final_state=True,
+                                                safe_gate=True, lower_bound=-5.0)
+            out["o1"], out["h1"] = ops.fused_recurrent_kda(*(a[:, :1] for a in args[:5]), initial_state=args[5],
+                                                           output_final_state=True)
+        leaves = [a.clone().requires_grad_() for a in args]
+        o, ht = ops.chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, safe_gate=True,
+                              lower_bound=-5.0)
+        ((o * x["do"]).sum() + (ht * x["dht"]).sum()).backward()
+        for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
+            out["d" + n] = leaf.grad
+        with torch.no_grad():  # decode from the training forward's state
+            out["o1_after_training"], _ = ops.fused_recurrent_kda(*(a[:, :1] for a in args[:5]),
+                                                                  initial_state=ht.detach())
+        layer = dict(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=-5.0,
+                     use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+        z = x["z"]
+        with torch.no_grad():
+            out["o_gate"], out["ht_gate"] = ops.chunk_kda(*args[:3], z, args[4], initial_state=args[5],
+                                                          output_final_state=True, safe_gate=True, **layer)
+            out["o1_gate"], _ = ops.fused_recurrent_kda(*(a[:, :1] for a in args[:3]), z[:, :1], args[4][:, :1],
+                                                        initial_state=args[5], **layer)
+        gl = [t.clone().requires_grad_() for t in (z, x["A_log"], x["dt_bias"])]
+        o, _ = ops.chunk_kda(*args[:3], gl[0], args[4], safe_gate=True, **{**layer, "A_log": gl[1], "dt_bias": gl[2]})
+        (o * x["do"]).sum().backward()
+        out["dz"], out["dA_log"], out["ddt_bias"] = (t.grad for t in gl)
+        return out
+''')
+
 SUBPROCESS = textwrap.dedent('''
     import os, sys
     os.environ["TRITON_INTERPRET"] = "1"
@@ -193,40 +232,15 @@ SUBPROCESS = textwrap.dedent('''
     assert rc == 0, "the package's own tests failed"
 
     import torch
-    import {name} as pkg
-    from {name}._runtime.ops import library
+    import NAME as pkg
+    from NAME._runtime.ops import library
+    from calls import calls
     assert "sympy" not in sys.modules, "the package (or torch's import) pulled in sympy"
 
-    torch.manual_seed(0)
     x = torch.load(sys.argv[1])
-    args = [x[n] for n in ("q", "k", "v", "g", "beta", "h0")]
-    out = {{}}
-    with torch.no_grad():
-        out["o"], out["ht"] = pkg.chunk_kda(*args[:5], initial_state=args[5], output_final_state=True,
-                                            safe_gate=True, lower_bound=-5.0)
-        out["o1"], out["h1"] = pkg.fused_recurrent_kda(*(a[:, :1] for a in args[:5]), initial_state=args[5],
-                                                       output_final_state=True)
-    leaves = [a.clone().requires_grad_() for a in args]
-    o, ht = pkg.chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, safe_gate=True,
-                          lower_bound=-5.0)
-    ((o * x["do"]).sum() + (ht * x["dht"]).sum()).backward()
-    for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
-        out["d" + n] = leaf.grad
+    out = calls(pkg, x)
 
-    layer_kw = dict(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], safe_gate=True,
-                    lower_bound=-5.0, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
-    with torch.no_grad():
-        out["o_gate"], out["ht_gate"] = pkg.chunk_kda(*args[:3], x["z"], *args[4:5], initial_state=args[5],
-                                                      output_final_state=True, **layer_kw)
-        out["o1_gate"], _ = pkg.fused_recurrent_kda(*(a[:, :1] for a in args[:3]), x["z"][:, :1], args[4][:, :1],
-                                                    initial_state=args[5],
-                                                    **{{k: w for k, w in layer_kw.items() if k != "safe_gate"}})
-    gl = [t.clone().requires_grad_() for t in (x["z"], x["A_log"], x["dt_bias"])]
-    o, _ = pkg.chunk_kda(*args[:3], gl[0], args[4], **{{**layer_kw, "A_log": gl[1], "dt_bias": gl[2]}})
-    (o * x["do"]).sum().backward()
-    out["dz"], out["dA_log"], out["ddt_bias"] = (t.grad for t in gl)
-
-    def layer(q, k, v, g, beta, h0):
+    def layer(q, k, v, g, beta, h0):  # compiled: no graph break (fullgraph), eager's bits
         o, ht = pkg.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, safe_gate=True,
                               lower_bound=-5.0)
         with torch.no_grad():
@@ -235,15 +249,17 @@ SUBPROCESS = textwrap.dedent('''
         return (o * x["do"]).sum() + (ht * x["dht"]).sum(), o1
 
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
-    leaves = [a.clone().requires_grad_() for a in args]
-    loss, out["o1_compiled"] = compiled(*leaves)
+    leaves = [x[n].clone().requires_grad_() for n in ("q", "k", "v", "g", "beta", "h0")]
+    loss, o1 = compiled(*leaves)
     loss.backward()
+    assert torch.equal(o1, out["o1_after_training"]), "compiled decode"
     for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
-        out["d" + n + "_compiled"] = leaf.grad
-    pool = torch.randn(3, *args[5].shape[1:])
-    torch.library.opcheck(library.fused_recurrent_kda_op, (*(a[:, :1] for a in args[:5]), None, None, None, pool,
-                          True, False, False, False, False, None, None, torch.tensor([1]), None))
-    assert hasattr(torch.ops.{name}, "chunk_kda_train")
+        assert torch.equal(leaf.grad, out["d" + n]), "compiled d" + n
+    pool = torch.randn(3, *x["h0"].shape[1:])
+    torch.library.opcheck(library.fused_recurrent_kda_op, (*(x[n][:, :1] for n in ("q", "k", "v", "g", "beta")),
+                          None, None, None, pool, True, False, False, False, False, None, None, torch.tensor([1]),
+                          None))
+    assert hasattr(torch.ops.NAME, "chunk_kda_train")
     torch.save(out, sys.argv[3])
     print("done")
 ''')
@@ -262,47 +278,20 @@ def test_the_package_runs_without_kdagen_and_gives_kdagens_bits(exported, tmp_pa
              z=torch.randn(B, T, H, K, generator=gen), A_log=torch.randn(H, generator=gen),
              dt_bias=torch.randn(H * K, generator=gen))
     torch.save(x, tmp_path / "in.pt")
+    (tmp_path / "calls.py").write_text(CALLS)
     script = tmp_path / "run.py"
-    script.write_text(SUBPROCESS.format(name=NAME))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "HOME": str(tmp_path), "TRITON_INTERPRET": "1",
-           "KDAGEN_CACHE_DIR": str(tmp_path / "nocache")}
+    script.write_text(SUBPROCESS.replace("NAME", NAME))
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root}:{tmp_path}", "HOME": str(tmp_path),
+           "TRITON_INTERPRET": "1", "KDAGEN_CACHE_DIR": str(tmp_path / "nocache")}
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "in.pt"), str(root / "tests"),
                         str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "kdagen, jinja2, optuna: not importable" in r.stdout and "5 passed" in r.stdout and "done" in r.stdout
     got = torch.load(tmp_path / "out.pt")
-
-    args = [x[n] for n in ("q", "k", "v", "g", "beta", "h0")]
-    want = {}
-    with torch.no_grad():
-        want["o"], want["ht"] = kdagen.chunk_kda(*args[:5], initial_state=args[5], output_final_state=True,
-                                                 safe_gate=True, lower_bound=-5.0)
-        want["o1"], want["h1"] = kdagen.fused_recurrent_kda(*(a[:, :1] for a in args[:5]), initial_state=args[5],
-                                                            output_final_state=True)
-    leaves = [a.clone().requires_grad_() for a in args]
-    o, ht = kdagen.chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, safe_gate=True,
-                             lower_bound=-5.0)
-    ((o * x["do"]).sum() + (ht * x["dht"]).sum()).backward()
-    for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
-        want["d" + n] = leaf.grad
-    layer_kw = dict(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], safe_gate=True,
-                    lower_bound=-5.0, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
-    with torch.no_grad():
-        want["o_gate"], want["ht_gate"] = kdagen.chunk_kda(*args[:3], x["z"], args[4], initial_state=args[5],
-                                                           output_final_state=True, **layer_kw)
-        want["o1_gate"], _ = kdagen.fused_recurrent_kda(*(a[:, :1] for a in args[:3]), x["z"][:, :1],
-                                                        args[4][:, :1], initial_state=args[5],
-                                                    **{k: w for k, w in layer_kw.items() if k != "safe_gate"})
-    gl = [t.clone().requires_grad_() for t in (x["z"], x["A_log"], x["dt_bias"])]
-    o, _ = kdagen.chunk_kda(*args[:3], gl[0], args[4], **{**layer_kw, "A_log": gl[1], "dt_bias": gl[2]})
-    (o * x["do"]).sum().backward()
-    want["dz"], want["dA_log"], want["ddt_bias"] = (t.grad for t in gl)
+    ns = {}
+    exec(CALLS, ns)
+    want = ns["calls"](kdagen, x)
+    assert got.keys() == want.keys() and len(want) == 17
     for n, w in want.items():
         assert torch.equal(got[n], w), n
-    # the package's compiled module gives its eager bits
-    for n in ("q", "k", "v", "g", "beta", "h0"):
-        assert torch.equal(got[f"d{n}_compiled"], want[f"d{n}"]), n
-    with torch.no_grad():
-        o1, _ = kdagen.fused_recurrent_kda(*(a[:, :1] for a in args[:5]), initial_state=ht.detach())  # training's ht
-    assert torch.equal(got["o1_compiled"], o1)
