@@ -682,9 +682,11 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel,
     from .export.contents import as_dtype_names
 
     _kernel_spec(spec_name)
-    if not name.isidentifier() or keyword.iskeyword(name) or name in ("kdagen", "torch", "triton"):
+    if not name.isidentifier() or keyword.iskeyword(name) or name in ("kdagen", "torch", "triton") \
+            or name in sys.stdlib_module_names:
         raise click.BadParameter(f"{name!r} is not a usable package name: a Python identifier other than "
-                                 "kdagen, torch or triton, e.g. kda_h800", param_hint="--name")
+                                 "kdagen, torch, triton or a standard-library module, e.g. kda_h800",
+                                 param_hint="--name")
     gpus = []
     for g in gpu_names:
         try:

@@ -147,6 +147,11 @@ def test_the_selector_runs_each_gpus_exported_winners(exported, monkeypatch):
     monkeypatch.setattr(lookup, "_current_gpu", lambda: get_profile("a100"))
     with pytest.warns(UserWarning, match="no configs were exported for this GPU .a100."):
         lookup.resolve("recurrent", rplan, None, {"T": 1, "B": 1, "N": 1})
+    # a config whose kernel source was not exported is refused, naming what was exported
+    assert exported_mod.build(plan, pkg.ChunkFwdConfig(chunk_size=32)).fns  # exported (chunk_size=32)
+    with pytest.raises(ValueError, match="chunk_solve kernel for config .*factor_precision=fp32.* was not exported"
+                                         ".*Exported for: spec kda"):
+        exported_mod.build(plan, pkg.ChunkFwdConfig(factor_precision="fp32"))
 
 
 def _heuristic(family, K):
