@@ -645,8 +645,8 @@ DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
 
 @main.command()
 @click.option("--gpu", "gpu_names", type=GPU_LIST, required=True,
-              help="GPU profile names whose tuned configs the package carries, e.g. h800,h20 (a GPU without "
-                   "winners gets the heuristic configs, marked in the manifest)")
+              help="GPU profile names whose tuned configs the package carries, e.g. h800,h20, or 'auto' (this "
+                   "machine's GPU); a GPU without winners gets the heuristic configs, marked in the manifest")
 @click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
               help="the recurrence (kernels are generated for kda only)")
 @click.option("--head-dim", "head_dims", type=HEAD_DIMS, default="128", show_default=True,
@@ -689,10 +689,20 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel,
                                  param_hint="--name")
     gpus = []
     for g in gpu_names:
+        if g == "auto":
+            from .cache.gpus import detect_current, known_names
+
+            here = detect_current()
+            if here is None:
+                raise click.BadParameter(f"'auto' names this machine's GPU and no CUDA GPU is visible here; name "
+                                         f"the GPUs ({', '.join(known_names())})", param_hint="--gpu")
+            gpus.append(here)
+            continue
         try:
             gpus.append(get_profile(g))
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--gpu") from None
+    gpus = list({g.name: g for g in gpus}.values())  # a GPU named twice (or by 'auto' too) once
     by_name = {g.name: g for g in gpus}
     _lower_all(_spec_args(lower_bound), ["chunk_fwd", "recurrent"], head_dims, "fp32")  # head dims checked
     caches, paths = {}, {}

@@ -93,6 +93,7 @@ BAD = [  # (arguments, what the error line must say)
     (["export", "--gpu", "h800", "--out", "x", "--name", "kda-h800"], ["--name", "'kda-h800'", "identifier"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "kdagen"], ["--name", "other than kdagen"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "json"], ["--name", "standard-library module"]),
+    (["export", "--gpu", "auto", "--out", "x", "--name", "p"], ["--gpu", "no CUDA GPU is visible", "h800"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--dtype", "fp8"], ["--dtype", "bf16"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--head-dim", "512"], ["--head-dim", "K=512"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--lower-bound", "1"], ["--lower-bound", "negative"]),
