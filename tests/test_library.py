@@ -130,3 +130,17 @@ def test_opcheck_fused_recurrent_with_a_pool():
     torch.library.opcheck(L.fused_recurrent_kda_op, (q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], None, None,
                                                      None, pool, True, False, False, False, False, None, None,
                                                      torch.tensor([2]), None))
+
+
+def test_every_keyword_of_the_ops_reaches_the_compiled_path():
+    """A keyword added to chunk_kda or fused_recurrent_kda must be routed through
+    kdagen.ops.traced too (else a compiled call would drop it)."""
+    import inspect
+
+    from kdagen.ops import traced as T
+
+    for op, wrapper in ((kdagen.chunk_kda, T.chunk_kda_traced),
+                        (kdagen.fused_recurrent_kda, T.fused_recurrent_kda_traced)):
+        mine = set(inspect.signature(op).parameters) - {"kwargs"}
+        routed = set(inspect.signature(wrapper).parameters) - {"kwargs", "bwd_override"}
+        assert mine == routed, f"{op.__name__}: not routed to the compiled path: {sorted(mine ^ routed)}"
