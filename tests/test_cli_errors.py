@@ -20,6 +20,7 @@ def runner(tmp_path, monkeypatch):
     from kdagen.tuning import benchmark as BM, driver as D
 
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # a command that wrongly went ahead writes here, not into the checkout
     monkeypatch.setattr(kdagen.cache.gpus, "detect_current", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
