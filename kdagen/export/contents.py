@@ -20,8 +20,10 @@ from ..ops.inputs import gate_choice, select_spec
 from ..version import __version__
 
 CHUNK_SIZES = (32, 64)  # chunk_kda's chunk_size keyword (FLA's): every exported config also at these
-# shapes the heuristics are asked at: they vary launch parameters with the state pass's programs
-HEURISTIC_SHAPES = ({"T": 64, "B": 1, "N": 1, "HV": 1}, {"T": 8192, "B": 64, "N": 64, "HV": 64})
+# shapes the heuristics are asked at (a grid over tokens, sequences and value heads): a heuristic
+# that varies with the shape gets each of its configs' kernels exported
+HEURISTIC_SHAPES = tuple({"T": T, "B": N, "N": N, "HV": HV} for T in (1, 64, 1024, 16384, 1 << 20)
+                         for N in (1, 8, 64, 1024) for HV in (1, 8, 32, 128))
 FAMILY_FORM = {"chunk_fwd": "chunk", "chunk_bwd": "chunk", "recurrent": "recurrent"}
 _CONFIG_LINE = re.compile(r"^# config : (.*) \(the other fields are launch parameters\)$", re.M)
 
@@ -181,7 +183,8 @@ def _configs_of(c: Contents, pid: int, plan: Plan, family: str) -> list:
     forward's config it runs with (chosen as kdagen.ops.chunk._configs chooses it)."""
     base = [config_from_dict(family, d) for gpu in sorted(c.winners)
             for per_state in c.winners[gpu].get(family, {}).get(str(pid), {}).values() for d in per_state.values()]
-    base += [default_config(family, plan, shape) for shape in HEURISTIC_SHAPES]
+    base = _once(base + [default_config(family, plan, shape) for shape in HEURISTIC_SHAPES])
+    trains = _once([default_config("chunk_train", plan, shape) for shape in HEURISTIC_SHAPES])
     out = []
     for cfg in base:
         if family == "recurrent":
@@ -191,10 +194,15 @@ def _configs_of(c: Contents, pid: int, plan: Plan, family: str) -> list:
             if family == "chunk_fwd":
                 out.append(cfg.replace(chunk_size=C))
             else:
-                for shape in HEURISTIC_SHAPES:
-                    train = default_config("chunk_train", plan, shape).replace(chunk_size=C, sub_chunk=cfg.sub_chunk)
+                for train in trains:
+                    train = train.replace(chunk_size=C, sub_chunk=cfg.sub_chunk)
                     out += [train, cfg.replace(chunk_size=C, sub_chunk=train.sub_chunk)]
-    return out
+    return _once(out)
+
+
+def _once(configs: list) -> list:
+    """Each config once, in order."""
+    return list({(type(x).__name__, x.canonical()): x for x in configs}.values())
 
 
 def _render(c: Contents, pid: int, plan: Plan, cfg) -> None:
