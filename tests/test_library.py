@@ -105,23 +105,23 @@ def test_the_eager_path_does_not_dispatch_through_the_registered_ops(monkeypatch
 def test_opcheck_chunk_infer():
     q, k, v, g, beta, h0 = _inputs()
     torch.library.opcheck(L.chunk_kda_infer, (q, k, v, g, beta, h0, None, None, None, True, True, False, False, False,
-                                              True, -5.0, None, None, None))
+                                              True, -5.0, None, None, None, False))
     cu = torch.tensor([0, 13, T])
     torch.library.opcheck(L.chunk_kda_infer, (q, k, v, g, beta, torch.randn(2, H, K, K), None, None, None, True,
-                                              False, False, False, False, True, -5.0, None, cu, None))
+                                              False, False, False, False, True, -5.0, None, cu, None, True))
 
 
 @pytest.mark.slow
 def test_opcheck_chunk_train_and_backward():
     xs = [t.clone().requires_grad_() for t in _inputs()]
-    args = (*xs, None, None, None, True, False, True, -5.0, None)
+    args = (*xs, None, None, None, True, False, True, -5.0, None, False, False)
     torch.library.opcheck(L.chunk_kda_train, args)
     with torch.no_grad():
         out = L.chunk_kda_train(*args)
     plain = [x.detach() for x in xs]
     do, dht = torch.randn_like(out[0]), torch.randn_like(out[1])
     torch.library.opcheck(L.chunk_kda_bwd, (*plain, None, None, list(out[2:]), do, dht, None, True, False, True,
-                                            -5.0, None, [True] * 6 + [False, False]))
+                                            -5.0, None, False, False, [True] * 6 + [False, False]))
 
 
 def test_opcheck_fused_recurrent_with_a_pool():
@@ -129,7 +129,7 @@ def test_opcheck_fused_recurrent_with_a_pool():
     pool = torch.randn(4, H, K, K)
     torch.library.opcheck(L.fused_recurrent_kda_op, (q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], None, None,
                                                      None, pool, True, False, False, False, False, None, None,
-                                                     torch.tensor([2]), None))
+                                                     torch.tensor([2]), None, False))
 
 
 def test_every_keyword_of_the_ops_reaches_the_compiled_path():
@@ -141,6 +141,6 @@ def test_every_keyword_of_the_ops_reaches_the_compiled_path():
 
     for op, wrapper in ((kdagen.chunk_kda, T.chunk_kda_traced),
                         (kdagen.fused_recurrent_kda, T.fused_recurrent_kda_traced)):
-        mine = set(inspect.signature(op).parameters) - {"kwargs"}
-        routed = set(inspect.signature(wrapper).parameters) - {"kwargs", "bwd_override"}
+        mine = set(inspect.signature(op).parameters) - {"kwargs"} - set(T.CHECKED_BEFORE_ROUTING)
+        routed = set(inspect.signature(wrapper).parameters) - {"bwd_override"}
         assert mine == routed, f"{op.__name__}: not routed to the compiled path: {sorted(mine ^ routed)}"

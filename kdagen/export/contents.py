@@ -14,7 +14,7 @@ from ..cache.heuristics import default_config
 from ..cache.keys import source_hash
 from ..codegen.lower import Plan, lower
 from ..codegen.render import FAMILY_KERNELS, GeneratedSource, render
-from ..config import ChunkFwdConfig, ConfigError, config_from_dict
+from ..config import ConfigError, RecurrentBwdConfig, config_from_dict
 from ..dtypes import dtype as as_dtype
 from ..ops.inputs import gate_choice, select_spec
 from ..version import __version__
@@ -115,7 +115,7 @@ def collect(req: Request) -> Contents:
     for gpu in req.gpus:
         _winners(c, gpu)
     for pid, plan in enumerate(plans):
-        for family in (("chunk_fwd", "chunk_bwd") if plan.form == "chunk" else ("recurrent",)):
+        for family in (("chunk_fwd", "chunk_bwd") if plan.form == "chunk" else ("recurrent", "recurrent_bwd")):
             for cfg in _configs_of(c, pid, plan, family):
                 _render(c, pid, plan, cfg)
     return c
@@ -180,7 +180,10 @@ def _winners(c: Contents, gpu: GpuProfile) -> None:
 def _configs_of(c: Contents, pid: int, plan: Plan, family: str) -> list:
     """Every config a call of ``family`` on ``plan`` may run in the package: the winners of every
     GPU and the heuristics, each also at chunk_kda's chunk sizes; for the backward, the training
-    forward's config it runs with (chosen as kdagen.ops.chunk._configs chooses it)."""
+    forward's config it runs with (chosen as kdagen.ops.chunk._configs chooses it).  The recurrent
+    backward is not tuned: its default config (all of its fields are launch parameters)."""
+    if family == "recurrent_bwd":
+        return [RecurrentBwdConfig()]
     base = [config_from_dict(family, d) for gpu in sorted(c.winners)
             for per_state in c.winners[gpu].get(family, {}).get(str(pid), {}).values() for d in per_state.values()]
     base = _once(base + [default_config(family, plan, shape) for shape in HEURISTIC_SHAPES])

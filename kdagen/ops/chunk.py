@@ -266,15 +266,6 @@ def chunk_kda(
     NaN in its sequence's outputs.  The training forward relies on ``lower_bound`` for its
     factorised tiles (``safe_gate=True``) and gives NaN where g breaks it.
     """
-    if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
-        return chunk_kda_traced(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
-            safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
-            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
-            check_inputs=check_inputs, chunk_size=chunk_size, bwd_override=bool(_BWD_OVERRIDE),
-            kwargs=kwargs)
     state_v_first = state_layout("chunk_kda", state_v_first, kwargs)
     check_kwargs("chunk_kda", kwargs)
     check_cp_context("chunk_kda", cp_context)
@@ -283,6 +274,15 @@ def chunk_kda(
         raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
         raise ValueError(f"chunk_kda: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
+    if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
+        return chunk_kda_traced(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+            safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
+            cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
+            check_inputs=check_inputs, chunk_size=chunk_size, bwd_override=bool(_BWD_OVERRIDE),
+            state_v_first=state_v_first, disable_recompute=disable_recompute)
     if isinstance(q, torch.Tensor):
         check_runnable(q)
     training = torch.is_grad_enabled() and any(

@@ -34,6 +34,7 @@ from ..cache.lookup import resolve
 from ..kernels import _DUMMY, dummy_pointer
 from . import chunk_bwd as B
 from .chunk import _configs, _prepare, _training_launches, chunk_kda
+from .inputs import state_shape
 from .recurrent import fused_recurrent_kda
 from .traced import NAMESPACE, OPS
 
@@ -66,47 +67,47 @@ def chunk_kda_infer(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, in
                     output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                     use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, safe_gate: bool,
                     lower_bound: Optional[float], chunk_size: Optional[int], cu_seqlens: Optional[Tensor],
-                    cu_seqlens_cpu: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                    cu_seqlens_cpu: Optional[Tensor], state_v_first: bool) -> tuple[Tensor, Tensor]:
     with torch.no_grad():
         o, ht = chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                           output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                           use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                           allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
                           A_log=A_log, dt_bias=dt_bias, chunk_size=chunk_size, cu_seqlens=cu_seqlens,
-                          cu_seqlens_cpu=cu_seqlens_cpu)
+                          cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
     return o, (ht if ht is not None else _empty(q))
 
 
 @chunk_kda_infer.register_fake
 def _(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_qk_l2norm_in_kernel,
       use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound, chunk_size,
-      cu_seqlens, cu_seqlens_cpu):
+      cu_seqlens, cu_seqlens_cpu, state_v_first):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     o = v.new_empty(v.shape)
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-    ht = q.new_empty((N, HV, K, V), dtype=torch.float32) if output_final_state else _empty(q)
+    ht = q.new_empty(state_shape(N, HV, K, V, state_v_first), dtype=torch.float32) if output_final_state else _empty(q)
     return o, ht
 
 
 # --- chunk_kda: training forward and backward -------------------------------------------
 
 def _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate,
-                   lower_bound, chunk_size):
+                   lower_bound, chunk_size, state_v_first, disable_recompute):
     """The validated call and its configs, resolved as an eager training call resolves them
     (without a ``chunk_bwd_config`` block, which :func:`.traced.chunk_kda_traced` refuses)."""
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
                        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
-                       in_kernel=False)
+                       in_kernel=False, state_v_first=state_v_first)
     bwd = resolve("chunk_bwd", call.plan, None, call.shape, call.state_dtype)
-    train, bwd = _configs(call, None, bwd, True, chunk_size)
+    train, bwd = _configs(call, None, bwd, True, chunk_size, disable_recompute)
     return call, x, train, bwd
 
 
 def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_gate_in_kernel,
-                   safe_gate, lower_bound, chunk_size, run: bool):
+                   safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute, run: bool):
     call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
-                                         safe_gate, lower_bound, chunk_size)
+                                         safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute)
     launches, (o, ht, hs), _ = _training_launches(call, x, train, bwd, output_final_state)
     if run:
         for launch in launches:
@@ -121,36 +122,38 @@ def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, outpu
 def chunk_kda_train(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                     A_log: Optional[Tensor], dt_bias: Optional[Tensor], scale: Optional[float],
                     output_final_state: bool, use_gate_in_kernel: bool, safe_gate: bool, lower_bound: Optional[float],
-                    chunk_size: Optional[int]) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                    chunk_size: Optional[int], state_v_first: bool,
+                    disable_recompute: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                                                         Tensor, Tensor]:
     """(o, final state or empty, then what the backward reads: hs, vn, qg, kg, w, aqk, gn --
     the last five empty unless the backward's config stores them)."""
     return _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
-                          use_gate_in_kernel, safe_gate, lower_bound, chunk_size, run=True)
+                          use_gate_in_kernel, safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute,
+                          run=True)
 
 
 @chunk_kda_train.register_fake
 @_keep_dummies
 def _(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_gate_in_kernel, safe_gate,
-      lower_bound, chunk_size):
+      lower_bound, chunk_size, state_v_first, disable_recompute):
     # kdagen's own preparation on fake tensors: the configs (hence the chunk count and the
     # stored dtypes) are those the op will run.  The configs are chosen per head dim and shape
     # bucket, so the shapes are specialised (int() guards a symbolic one).
     xs = [None if t is None else t.new_empty([int(s) for s in t.shape])
           for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
     return _train_outputs(*xs, scale, output_final_state, use_gate_in_kernel, safe_gate, lower_bound, chunk_size,
-                          run=False)
+                          state_v_first, disable_recompute, run=False)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::chunk_kda_bwd", mutates_args=())
 def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
                   A_log: Optional[Tensor], dt_bias: Optional[Tensor], saved: list[Tensor], do: Tensor,
                   dht: Optional[Tensor], scale: Optional[float], output_final_state: bool, use_gate_in_kernel: bool,
-                  safe_gate: bool, lower_bound: Optional[float], chunk_size: Optional[int],
-                  needs: list[bool]) -> list[Tensor]:
+                  safe_gate: bool, lower_bound: Optional[float], chunk_size: Optional[int], state_v_first: bool,
+                  disable_recompute: bool, needs: list[bool]) -> list[Tensor]:
     """The gradients of (q, k, v, g, beta, initial_state, A_log, dt_bias), empty where not needed."""
     call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
-                                         safe_gate, lower_bound, chunk_size)
+                                         safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute)
     meta = _backward_meta(call, x, train, bwd, output_final_state)
     hs, vn = saved[0], saved[1]
     full = [x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state, x["A_log"], x["dt_bias"], hs, vn]
@@ -181,14 +184,14 @@ def _backward_meta(call, x, train, bwd, output_final_state):
 
 @chunk_kda_bwd.register_fake
 def _(q, k, v, g, beta, initial_state, A_log, dt_bias, saved, do, dht, scale, output_final_state, use_gate_in_kernel,
-      safe_gate, lower_bound, chunk_size, needs):
+      safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute, needs):
     xs = (q, k, v, g, beta, initial_state, A_log, dt_bias)
     return [torch.empty_like(x, memory_format=torch.contiguous_format) if need and x is not None else _empty(q)
             for x, need in zip(xs, needs)]
 
 
 _TRAIN_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "scale", "output_final_state",
-               "use_gate_in_kernel", "safe_gate", "lower_bound", "chunk_size")
+               "use_gate_in_kernel", "safe_gate", "lower_bound", "chunk_size", "state_v_first", "disable_recompute")
 
 
 def _setup_context(ctx, inputs, output):
@@ -206,7 +209,8 @@ def _backward(ctx, do, dht, *_):
     f = ctx.flags
     grads = chunk_kda_bwd._opoverload(
         *xs, saved, do, dht if f["output_final_state"] else None, f["scale"], f["output_final_state"],
-        f["use_gate_in_kernel"], f["safe_gate"], f["lower_bound"], f["chunk_size"], needs)
+        f["use_gate_in_kernel"], f["safe_gate"], f["lower_bound"], f["chunk_size"], f["state_v_first"],
+        f["disable_recompute"], needs)
     return tuple(gr if n else None for gr, n in zip(grads, needs)) + (None,) * (len(_TRAIN_ARGS) - 8)
 
 
@@ -221,7 +225,7 @@ def fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
                            output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, lower_bound: Optional[float],
                            cu_seqlens: Optional[Tensor], ssm_state_indices: Optional[Tensor],
-                           out: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+                           out: Optional[Tensor], state_v_first: bool) -> tuple[Tensor, Tensor]:
     """(o, or empty when written to ``out``; the new final state, or empty when there is none or
     it is the pool, updated in place)."""
     o, ht = fused_recurrent_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
@@ -229,20 +233,20 @@ def fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                                 lower_bound=lower_bound, cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices,
-                                out=out)
+                                out=out, state_v_first=state_v_first)
     return (_empty(q) if out is not None else o), (ht if ht is not None and ssm_state_indices is None else _empty(q))
 
 
 @fused_recurrent_kda_op.register_fake
 def _(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
       use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices,
-      out):
+      out, state_v_first):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
     o = _empty(q) if out is not None else v.new_empty(v.shape)
     new_state = output_final_state and ssm_state_indices is None
-    return o, (q.new_empty((N, HV, K, V), dtype=torch.float32) if new_state else _empty(q))
+    return o, (q.new_empty(state_shape(N, HV, K, V, state_v_first), dtype=torch.float32) if new_state else _empty(q))
 
 
 OPS.update(chunk_kda_infer=chunk_kda_infer._opoverload, chunk_kda_train=chunk_kda_train._opoverload,

@@ -157,16 +157,17 @@ def fused_recurrent_kda(
     can be captured in a CUDA graph with a device cu_seqlens); ``cp_context`` must be None.  Any
     other keyword is a TypeError.
     """
+    if kwargs:
+        state_v_first = state_layout("fused_recurrent_kda", state_v_first, kwargs)
+        check_kwargs("fused_recurrent_kda", kwargs, RECURRENT_IGNORED_KWARGS)
     if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
         return fused_recurrent_kda_traced(
             q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
             allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-            ssm_state_indices=ssm_state_indices, out=out, config=config, check_inputs=check_inputs, kwargs=kwargs)
-    if kwargs:
-        state_v_first = state_layout("fused_recurrent_kda", state_v_first, kwargs)
-        check_kwargs("fused_recurrent_kda", kwargs, RECURRENT_IGNORED_KWARGS)
+            ssm_state_indices=ssm_state_indices, out=out, config=config, check_inputs=check_inputs,
+            state_v_first=state_v_first, cu_seqlens_cpu=cu_seqlens_cpu)
     flags = (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
              allow_neg_eigval, lower_bound, config, state_v_first)
     try:

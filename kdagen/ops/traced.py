@@ -2,17 +2,20 @@
 (``torch.compiler.is_compiling()``): Dynamo sees one op registered with torch.library per call
 (:mod:`.library` registers them and fills :data:`OPS`), never kdagen's Python.
 
-Not traced (a ValueError says so; call the op outside the compiled region for it): training on
+Not traced (a ValueError says so; call the op outside the compiled region for it): the gradient
+of ``fused_recurrent_kda``, training on
 packed sequences in ``chunk_kda`` (the per-chunk states the backward keeps have a count that
 depends on the values of ``cu_seqlens``; inference on them is traced), ``return_intermediate_states``,
 ``config=``, a ``chunk_bwd_config`` block, and the value check (``check_inputs``).
 """
 import torch
 
-from .inputs import check_kwargs, preprocess
+from .inputs import preprocess
 
 NAMESPACE = __name__.split(".")[0]  # kdagen, or an exported package's name
 OPS: dict = {}  # op name -> its OpOverload (filled by .library)
+# chunk_kda's keywords that change nothing in what it computes, checked by the op before it routes here
+CHECKED_BEFORE_ROUTING = ("cp_context", "use_graph", "max_num_seqs")
 
 
 def _op(name: str):
@@ -26,10 +29,10 @@ def _op(name: str):
 def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                      use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                      return_intermediate_states, cu_seqlens, A_log, dt_bias, config, cu_seqlens_cpu, check_inputs,
-                     chunk_size, bwd_override, kwargs):
-    """``chunk_kda`` while torch.compile traces: one registered op per call.  ``bwd_override``:
-    a ``chunk_bwd_config`` block is active."""
-    check_kwargs("chunk_kda", kwargs)
+                     chunk_size, bwd_override, state_v_first, disable_recompute):
+    """``chunk_kda`` while torch.compile traces: one registered op per call (the op has checked the
+    keywords of :data:`CHECKED_BEFORE_ROUTING` and the deprecated ones).  ``bwd_override``: a
+    ``chunk_bwd_config`` block is active."""
     training = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
     for name, given in (("training on packed sequences (cu_seqlens)", training and cu_seqlens is not None),
@@ -39,36 +42,39 @@ def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_sta
         if given:
             raise ValueError(f"chunk_kda under torch.compile: {name} is not supported; call chunk_kda outside "
                              "the compiled region (torch.compiler.disable) for it")
-    if chunk_size is not None and chunk_size not in (32, 64):
-        raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
     if cu_seqlens_cpu is not None and not isinstance(cu_seqlens_cpu, torch.Tensor):
         cu_seqlens_cpu = torch.tensor(cu_seqlens_cpu, dtype=torch.int64)
     if training:
         q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
         out = _op("chunk_kda_train")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
-                                  use_gate_in_kernel, safe_gate, lower_bound, chunk_size)
+                                  use_gate_in_kernel, safe_gate, lower_bound, chunk_size, state_v_first,
+                                  disable_recompute)
         o, ht = out[0], out[1]
     else:
         o, ht = _op("chunk_kda_infer")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
                                     use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                                    allow_neg_eigval, safe_gate, lower_bound, chunk_size, cu_seqlens, cu_seqlens_cpu)
+                                    allow_neg_eigval, safe_gate, lower_bound, chunk_size, cu_seqlens, cu_seqlens_cpu,
+                                    state_v_first)
     return o, (ht if output_final_state else None)
 
 
 def fused_recurrent_kda_traced(q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
                                use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                                allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices, out, config,
-                               check_inputs, kwargs):
-    """``fused_recurrent_kda`` while torch.compile traces: one registered op per call."""
-    check_kwargs("fused_recurrent_kda", kwargs)
-    for name, given in (("config", config is not None), ("check_inputs", bool(check_inputs))):
+                               check_inputs, state_v_first, cu_seqlens_cpu):
+    """``fused_recurrent_kda`` while torch.compile traces: one registered op per call (decode;
+    ``cu_seqlens_cpu`` only serves the backward, which is not traced)."""
+    training = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    for name, given in (("config", config is not None), ("check_inputs", bool(check_inputs)),
+                        ("its gradient (inputs that require grad)", training)):
         if given:
             raise ValueError(f"fused_recurrent_kda under torch.compile: {name} is not supported; call it outside "
                              "the compiled region (torch.compiler.disable) for it")
     o, ht = _op("fused_recurrent_kda")(
         q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens,
-        ssm_state_indices, out)
+        ssm_state_indices, out, state_v_first)
     if out is not None:
         o = out
     if ssm_state_indices is not None:
