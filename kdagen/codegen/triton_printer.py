@@ -10,6 +10,14 @@ from ..spec.symbols import Sigmoid, Softplus
 SOFTPLUS_CUTOFF = 20.0  # softplus(x) == x to fp32 precision above this
 
 
+def _sigmoid(x: str) -> str:
+    """1 / (1 + exp(-x)) with the fast division (div.full.f32, within 2 ulp): tl.sigmoid's IEEE
+    division is a multi-instruction sequence per element, which made the in-kernel gate cost 20%
+    of the forward's solve (bench/RESULTS.md, run 33).  The templates' beta sigmoid is the same
+    expression (the ``sigmoid`` macro of _macros.py.j2)."""
+    return f"tl.fdiv(1.0, 1.0 + tl.exp(-({x})))"
+
+
 class TritonPrinter(StrPrinter):
     def __init__(self, names: dict[sp.Symbol, str]):
         super().__init__({"full_prec": False})
@@ -46,10 +54,7 @@ class TritonPrinter(StrPrinter):
         return f"tl.log({self._print(e.args[0])})"
 
     def _print_Sigmoid(self, e):
-        # 1 / (1 + exp(-x)) with the fast division (div.full.f32, within 2 ulp): tl.sigmoid's
-        # IEEE division is a multi-instruction sequence per element, which made the in-kernel
-        # gate cost 20% of the forward's solve (bench/RESULTS.md, run 33)
-        return f"tl.fdiv(1.0, 1.0 + tl.exp(-({self._print(e.args[0])})))"
+        return _sigmoid(self._print(e.args[0]))
 
     def _print_Softplus(self, e):
         x = self._print(e.args[0])
@@ -57,7 +62,7 @@ class TritonPrinter(StrPrinter):
 
     def _print_tanh(self, e):
         x = self._print(e.args[0])
-        return f"(2.0 * tl.fdiv(1.0, 1.0 + tl.exp(-2.0 * ({x}))) - 1.0)"
+        return f"(2.0 * {_sigmoid(f'2.0 * ({x})')} - 1.0)"
 
     def _print_Abs(self, e):
         return f"tl.abs({self._print(e.args[0])})"
