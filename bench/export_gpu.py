@@ -209,7 +209,7 @@ def main():
                 else same(a, b)
             assert ok, f"compiled {label} differs from eager"
             ct = time.time() - t
-            te, tc = timer(run_e), timer(run_c)
+            te, tc = pair(run_e, run_c)  # interleaved twice, the lower median of each
         print(f"  {label:<14} eager {te:8.3f} ms  compiled {tc:8.3f} ms  ratio {tc / te:6.3f}  (compile {ct:.0f}s)")
     print(f"\ndone in {time.time() - T0:.0f}s")
 
