@@ -97,6 +97,7 @@ def main():
 
     from kdagen.spec.evaluate import gate_values, spec_recurrence
     from kdagen.spec.structure import analyze_structure, safe_sub_chunk
+    from kdagen import check_lowerable
     from kdagen.spec.verify import run_verify
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
@@ -105,7 +106,7 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(SPEC.describe())
     print(f"  structure  : {analyze_structure(SPEC).kind}; sub-chunk {safe_sub_chunk(SPEC).length}")
-    plans = S.check_lowerable(SPEC)  # raises NotLowerable, with the reason, for a spec the templates cannot lower
+    plans = check_lowerable(SPEC)  # raises NotLowerable, with the reason, for a spec the templates cannot lower
     print(f"  lowers to  : {', '.join(sorted({p.form + (' (gate in kernel)' if p.gate_in_kernel else '') for p in plans.values()}))}")
     print(f"  gate       : {plans[('chunk', True)].gate_expr}")
 

@@ -4,11 +4,8 @@ safe sub-tile length (:mod:`.structure`); the float64 references every kernel is
 against (:mod:`.reference`) and their self-checks (:mod:`.verify`)."""
 from .gates import GATES, Gate, gate_custom, gate_direct, gate_lower_bound, gate_softplus
 from .recurrence import DECAY_KINDS, MEMBERS, Input, Recurrence, deltanet, dplr, gdn, get_spec, gla, kda
-from .load import SpecLoadError, load_spec
-from .validate import NotLowerable, SpecError, check_lowerable, validate_spec
 from .symbols import A_log, Sigmoid, Softplus, a_free, b_free, beta, dt_bias, g, g_min, k, q, z
 
 __all__ = ["GATES", "Gate", "gate_custom", "gate_direct", "gate_lower_bound", "gate_softplus", "DECAY_KINDS",
            "MEMBERS", "Input", "Recurrence", "deltanet", "dplr", "gdn", "get_spec", "gla", "kda", "A_log",
-           "Sigmoid", "Softplus", "a_free", "b_free", "beta", "dt_bias", "g", "g_min", "k", "q", "z",
-           "SpecLoadError", "load_spec", "NotLowerable", "SpecError", "check_lowerable", "validate_spec"]
+           "Sigmoid", "Softplus", "a_free", "b_free", "beta", "dt_bias", "g", "g_min", "k", "q", "z"]

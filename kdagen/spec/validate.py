@@ -24,7 +24,12 @@ class SpecError(ValueError):
 
 
 class NotLowerable(ValueError):
-    """A well-formed spec kdagen's templates cannot generate kernels for (the message says why)."""
+    """A well-formed spec kdagen's templates cannot generate kernels for: the message says why
+    in full, ``reason`` in a line (for tables)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
 
 
 def validate_spec(spec: Recurrence) -> Recurrence:
@@ -107,7 +112,7 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
             raise NotLowerable(f"head dim {name}={d!r} is outside the supported range [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
     why = _template_assumptions(spec)
     if why:
-        raise NotLowerable(f"spec {spec.name!r} cannot be lowered: {why}")
+        raise NotLowerable(f"spec {spec.name!r} cannot be lowered: {why}", why)
     gated = spec.gate is not None and spec.gate.name != "direct"
     variants = [False, True] if gate_in_kernel is None and gated else [bool(gate_in_kernel)]
     plans = {}
@@ -118,11 +123,11 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
             except LoweringError as e:
                 if gik and (form, False) in plans:  # g given lowers: the gate expression is what is refused
                     raise NotLowerable(f"spec {spec.name!r}: its gate {spec.gate.name!r} cannot be computed in the "
-                                       f"kernels ({form} form): {e}") from None
+                                       f"kernels ({form} form): {e}", f"gate in kernel: {e}") from None
                 what = f"{form} form{', gate in kernel' if gik else ''}"
-                raise NotLowerable(f"spec {spec.name!r} cannot be lowered ({what}): {structure_text(spec)} with "
-                                   f"{spec.decay} decay, which kdagen's templates do not lower yet. The lowering "
-                                   f"says: {e}") from None
+                reason = f"{structure_text(spec)} with {spec.decay} decay, which kdagen's templates do not lower yet"
+                raise NotLowerable(f"spec {spec.name!r} cannot be lowered ({what}): {reason}. The lowering says: {e}",
+                                   f"{reason} ({what})") from None
     return plans
 
 
@@ -130,6 +135,8 @@ def lowering_status(spec: Recurrence) -> tuple[bool, str]:
     """(whether kernels are generated, what or why not) -- by trying :func:`check_lowerable`."""
     try:
         check_lowerable(spec)
-    except (NotLowerable, SpecError) as e:
+    except NotLowerable as e:
+        return False, e.reason
+    except SpecError as e:
         return False, str(e)
     return True, "chunk forward and backward, recurrent"
