@@ -93,6 +93,26 @@ class _LowerBound(click.ParamType):
         return bound
 
 
+class _SpecRef(click.ParamType):
+    """A spec: a member's name or a Recurrence in the user's file, ``path/to/file.py:NAME``
+    (:func:`kdagen.load_spec`).  Converted to the canonical reference (the file made absolute)
+    after the spec loads and validates."""
+
+    name = "NAME|FILE.py:NAME"
+
+    def convert(self, value, param, ctx):
+        from .spec.load import SpecLoadError, canonical_ref, load_spec
+
+        try:
+            load_spec(value)
+        except SpecLoadError as e:
+            self.fail(str(e), param, ctx)
+        return canonical_ref(value)
+
+
+SPEC_REF = _SpecRef()
+SPEC_HELP = (f"a member ({', '.join(MEMBERS)}) or a spec of your own: path/to/file.py:NAME, a Recurrence (or a "
+             "function returning one) in that file")
 HEAD_DIMS = _HeadDims()
 CHUNK_SHAPES = _IntTuples("B,T,H,K[;...]", (4,), "B,T,H,K (positive integers), several separated by ';', e.g. "
                                                  "'1,8192,96,128;2,16384,16,128'")
@@ -130,11 +150,79 @@ def _gpu_name(ctx, param, value):
         raise click.BadParameter(str(e), ctx, param) from None
 
 
-def _spec_args(lower_bound: float | None) -> dict:
+def _spec_args(lower_bound: float | None, spec_ref: str = "kda") -> dict:
     """The op arguments of the gate the kernels are built for: g given directly, bounded
     below by ``lower_bound`` when one is given.  (An in-kernel gate changes only the
-    printed gate expression, not the tiling, so it is tuned through this one.)"""
-    return {"safe_gate": lower_bound is not None, "lower_bound": lower_bound}
+    printed gate expression, not the tiling, so it is tuned through this one.)  Any spec but
+    the KDA member is named too (:func:`kdagen.tuning.families.family_spec`)."""
+    args = {"safe_gate": lower_bound is not None, "lower_bound": lower_bound}
+    if spec_ref != "kda":
+        args["spec"] = spec_ref
+    return args
+
+
+def _is_file_ref(ref: str) -> bool:
+    return ref not in MEMBERS
+
+
+def _resolve_spec(ref: str, lower_bound, gate: str | None = None):
+    """The spec a command runs: a member with ``gate`` and ``lower_bound`` (as
+    :func:`kdagen.spec.get_spec`), or a user's spec as its file writes it -- where
+    ``--lower-bound``, when given, replaces a direct gate's bound and is refused for a gate
+    expression, whose range sets its own bound."""
+    from .spec import gate_direct, get_spec
+    from .spec.load import load_spec
+
+    if not _is_file_ref(ref):
+        try:
+            return get_spec(ref, gate=gate, lower_bound=lower_bound)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    spec = load_spec(ref)
+    if gate is not None:
+        raise click.BadParameter(f"--gate chooses a member's gate; {spec.name!r} (from {ref}) has its own gate "
+                                 f"({_gate_text(spec)}): leave --gate out", param_hint="--gate")
+    if _given("lower_bound"):
+        if spec.gate is None:
+            raise click.BadParameter(f"{spec.name!r} has no decay, so it takes no bound: leave --lower-bound out",
+                                     param_hint="--lower-bound")
+        if spec.gate.name != "direct":
+            raise click.BadParameter(f"the gate of {spec.name!r} sets its own bound ({_gate_text(spec)}): leave "
+                                     "--lower-bound out", param_hint="--lower-bound")
+        return spec.with_gate(gate_direct(lower_bound))
+    return spec
+
+
+def _spec_bound(spec, lower_bound):
+    """The bound the kernels of a resolved spec may assume: a member's --lower-bound, a user
+    spec's own gate's bound."""
+    return spec.gate.lower_bound if spec.gate is not None else lower_bound
+
+
+def _check_head_dims(head_dims, param_hint: str = "--head-dim") -> None:
+    from .codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM
+
+    for K, V in head_dims:
+        for name, d in (("K", K), ("V", V)):
+            if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
+                raise click.BadParameter(f"head dim {name}={d!r} is outside the supported range "
+                                         f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]", param_hint=param_hint)
+
+
+def _check_lowerable(spec, ref: str, head_dims, dtype, forms=("chunk", "recurrent"), gate_in_kernel=False) -> dict:
+    """Lower ``spec`` at every head dim (:func:`kdagen.spec.check_lowerable`): the plans, or a usage
+    error on --spec that says why kdagen's templates cannot generate its kernels."""
+    from .spec.validate import NotLowerable, check_lowerable
+
+    plans = {}
+    for K, V in head_dims:
+        try:
+            for key, plan in check_lowerable(spec, K, V, as_dtype(dtype).name, forms, gate_in_kernel).items():
+                plans[(K, V) + key] = plan
+        except NotLowerable as e:
+            raise click.BadParameter(f"{e} (`kdagen verify --spec {ref}` checks its float64 recurrence)",
+                                     param_hint="--spec") from None
+    return plans
 
 
 def _gate_text(spec) -> str:
@@ -147,13 +235,6 @@ def _gate_text(spec) -> str:
 
 def _dims_text(head_dims) -> str:
     return ";".join(str(K) if K == V else f"{K},{V}" for K, V in head_dims)
-
-
-def _kernel_spec(spec_name: str):
-    """The usage error for a member kdagen has no kernels for (only KDA is generated)."""
-    if spec_name != "kda":
-        raise click.BadParameter(f"kdagen generates kernels for kda only; {spec_name!r} is a spec without "
-                                 f"kernels yet (`kdagen verify --spec {spec_name}` checks it)", param_hint="--spec")
 
 
 def _lower_all(spec_args: dict, families, head_dims, dtype, param_hint: str = "--head-dim") -> dict:
@@ -202,31 +283,33 @@ def main():
 # --- verify -----------------------------------------------------------------------------
 
 @main.command()
-@click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
-              help="the member of the family to check")
+@click.option("--spec", "spec_ref", default="kda", show_default=True, type=SPEC_REF,
+              help="the spec to check: " + SPEC_HELP)
 @click.option("--gate", default=None, type=click.Choice(list(GATES)),
-              help="the gate (default: the member's direct gate, g given)")
+              help="a member's gate (default: the member's direct gate, g given); a spec file's gate is its own")
 @click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
-              help="the gate's lower bound (log space), or 'none'; the softplus gate has none")
+              help="the gate's lower bound (log space), or 'none'; the softplus gate has none; a spec file's gate "
+                   "expression has its own")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
-def verify(spec_name, gate, lower_bound, seed):
+def verify(spec_ref, gate, lower_bound, seed):
     """Run the spec's and the float64 oracle's self-checks and print a table.
 
-    Checks: structure analysis and safe sub-chunk bound; the chunkwise reference against the
-    token-by-token recurrence on random shapes (T not a multiple of C, T=1, odd K/V, varlen,
-    GVA); the degenerate members; and an exact sympy check of the chunkwise form.
-    Exits 1 if any check fails.
+    Checks: structure analysis and safe sub-chunk bound; whether kdagen's templates lower the
+    spec; the chunkwise form against the token-by-token recurrence on random shapes (T not a
+    multiple of C, T=1, odd K/V, varlen, GVA) -- for a member with its hand-written references,
+    for any spec (a spec file's too) with the spec's own recurrence evaluated from its
+    expressions; the state carried across a split; the gate's range; for KDA the degenerate
+    members and an exact sympy check of the chunkwise form.  Exits 1 if any check fails.
     """
-    from .spec import get_spec
     from .spec.verify import run_verify
 
     if gate == "softplus" and not _given("lower_bound"):
         lower_bound = None  # the default bound is not the softplus gate's
-    try:
-        get_spec(spec_name, gate=gate, lower_bound=lower_bound)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    ok = run_verify(spec_name, gate, lower_bound, seed=seed, echo=click.echo)
+    spec = _resolve_spec(spec_ref, lower_bound, gate)
+    if _is_file_ref(spec_ref):
+        ok = run_verify(spec, seed=seed, echo=click.echo)
+    else:
+        ok = run_verify(spec_ref, gate, lower_bound, seed=seed, echo=click.echo)
     sys.exit(0 if ok else 1)
 
 
@@ -234,28 +317,32 @@ def verify(spec_name, gate, lower_bound, seed):
 
 @main.command("list")
 @click.option("--gpu", default=None, callback=_gpu_name, help="only this GPU's cached winners (a GPU profile name)")
-def list_cmd(gpu):
-    """List the specs and gates kdagen knows (and which have generated kernels), the GPU
-    profiles, and the cached tuned winners."""
+@click.option("--spec", "spec_refs", multiple=True, type=SPEC_REF,
+              help="list this spec (repeat for several) instead of every member: " + SPEC_HELP)
+def list_cmd(gpu, spec_refs):
+    """List the specs kdagen knows -- each member's structure, decay and whether kernels are
+    generated for it (decided by lowering it; when not, why) -- the gates, the GPU profiles,
+    and the cached tuned winners."""
     from .cache.gpus import PROFILES
     from .cache.paths import cache_dir, cache_dir_problem
     from .cache.store import TuningCache
-    from .codegen.lower import LoweringError, lower
     from .spec import get_spec
+    from .spec.load import load_spec
     from .spec.structure import analyze_structure
+    from .spec.validate import lowering_status
     from .tuning.driver import duration, error_text
 
     lb = float(DEFAULT_LOWER_BOUND)
-    click.echo(f"specs (hashes with the default gate bound {lb:g}, as build, verify and inspect use):")
-    for name in MEMBERS:
-        s = get_spec(name, lower_bound=lb)
-        try:
-            lower(s, 64, 64, "bfloat16", "chunk")
-            kernels = "kernels: chunk forward and backward, recurrent"
-        except LoweringError:
-            kernels = "spec only (no generated kernels yet)"
-        click.echo(f"  {name:<9} hash {s.hash}  structure {analyze_structure(s).kind:<5} decay {s.decay:<8} "
-                   f"({_gate_text(s)})  {kernels}")
+    click.echo(f"specs (a member's hash with the default gate bound {lb:g}, as build, verify and inspect use):")
+    for ref in spec_refs or MEMBERS:
+        s = load_spec(ref) if _is_file_ref(ref) else get_spec(ref, lower_bound=lb)
+        ok, what = lowering_status(s)
+        click.echo(f"  {s.name:<9} hash {s.hash}  structure {analyze_structure(s).kind:<5} decay {s.decay:<8} "
+                   f"({_gate_text(s)})  {'kernels: ' + what if ok else 'spec only (no generated kernels)'}")
+        if _is_file_ref(ref):
+            click.echo(f"            from {ref}")
+        if not ok:
+            click.echo(f"            why: {what}")
     click.echo("gates: " + ", ".join(GATES))
     click.echo("gpus:  " + ", ".join(PROFILES))
     d = cache_dir()
@@ -287,8 +374,8 @@ def list_cmd(gpu):
 # --- inspect ----------------------------------------------------------------------------
 
 @main.command()
-@click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
-              help="the member (kernels are generated for kda only)")
+@click.option("--spec", "spec_name", default="kda", show_default=True, type=SPEC_REF,
+              help="the spec whose kernels to print: " + SPEC_HELP)
 @click.option("--head-dim", "head_dims", type=HEAD_DIMS, default="128", show_default=True,
               help="one head dim: K, or K,V")
 @click.option("--dtype", "dtype_name", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES),
@@ -296,16 +383,17 @@ def list_cmd(gpu):
 @click.option("--form", default="chunk", show_default=True, type=click.Choice(["chunk", "chunk_bwd", "recurrent"]),
               help="chunk (forward), chunk_bwd (its backward) or recurrent (decode)")
 @click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
-              help="the gate's lower bound (enables factorised tiles), or 'none'")
-@click.option("--gate-in-kernel", type=click.Choice(["none", "lower_bound", "softplus"]), default="none",
-              show_default=True, help="print the in-kernel gate variant")
+              help="the gate's lower bound (enables factorised tiles), or 'none'; a spec file's gate expression "
+                   "has its own")
+@click.option("--gate-in-kernel", type=click.Choice(["none", "lower_bound", "softplus", "spec"]), default="none",
+              show_default=True, help="print the in-kernel gate variant: a member's lower_bound or softplus gate, "
+                                      "or 'spec' (the spec's own gate expression, e.g. a spec file's)")
 @click.option("--config", "config_json", default=None, help="config as JSON (default: the heuristic config)")
 @click.option("--kernel", default=None, help="only this kernel of the form (the error lists them)")
 @click.option("--plan-only", is_flag=True, help="print the plan and config, not the source")
 def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel, config_json, kernel, plan_only):
     """Print the plan, the config and the generated Triton source for a key."""
     from .cache.heuristics import default_config
-    from .codegen.lower import LoweringError, lower
     from .codegen.render import FAMILY_KERNELS, render
     from .config import config_from_dict
     from .ops.inputs import select_spec
@@ -326,18 +414,27 @@ def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel,
     if kernel and kernel not in kinds:
         raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form; its kernels: {', '.join(kinds)}",
                                  param_hint="--kernel")
-    try:
-        if spec_name != "kda":
-            spec = get_spec(spec_name, lower_bound=lower_bound)
-        else:
-            gik = gate_in_kernel != "none"
-            lb = lower_bound if gate_in_kernel != "softplus" else None
-            # fused_recurrent_kda has no safe_gate: with g given its kernel is the direct gate's
-            spec = select_spec(gik, lb is not None and not gik and form != "recurrent", lb, True, True)
-        plan = lower(spec, K, V, as_dtype(dtype_name).name, "recurrent" if form == "recurrent" else "chunk",
-                     gate_in_kernel != "none")
-    except (ValueError, LoweringError) as e:
-        raise click.UsageError(str(e)) from None
+    gik = gate_in_kernel != "none"
+    if _is_file_ref(spec_name) and gate_in_kernel in ("lower_bound", "softplus"):
+        raise click.BadParameter(f"{gate_in_kernel!r} is a member's gate; a spec file's gate is its own: "
+                                 "--gate-in-kernel spec computes it in the kernels", param_hint="--gate-in-kernel")
+    fname = "recurrent" if form == "recurrent" else "chunk"
+    if _is_file_ref(spec_name):
+        spec = _resolve_spec(spec_name, lower_bound)
+    else:
+        try:
+            if spec_name == "kda" and gate_in_kernel != "spec":
+                lb = lower_bound if gate_in_kernel != "softplus" else None
+                # fused_recurrent_kda has no safe_gate: with g given its kernel is the direct gate's
+                spec = select_spec(gik, lb is not None and not gik and form != "recurrent", lb, True, True)
+            else:
+                member_gate = gate_in_kernel if gate_in_kernel in ("lower_bound", "softplus") else None
+                lb = None if gate_in_kernel == "softplus" or (form == "recurrent" and not gik) else lower_bound
+                spec = get_spec(spec_name, gate=member_gate, lower_bound=lb)
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    _check_head_dims(head_dims)
+    plan = _check_lowerable(spec, spec_name, head_dims, dtype_name, (fname,), gik)[(K, V, fname, gik)]
     if config_json:
         try:
             config = config_from_dict(family, json.loads(config_json))
@@ -362,8 +459,8 @@ def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel,
 # --- build and tune ---------------------------------------------------------------------
 
 _tuning_options = _options(
-    click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
-                 help="the member to generate kernels for (kernels exist for kda only)"),
+    click.option("--spec", "spec_name", default="kda", show_default=True, type=SPEC_REF,
+                 help="the spec to generate kernels for: " + SPEC_HELP),
     click.option("--head-dim", "head_dims", type=HEAD_DIMS, default="128", show_default=True,
                  help="K or K,V; several separated by ';' (e.g. '128;96,192')"),
     click.option("--dtype", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES),
@@ -371,7 +468,8 @@ _tuning_options = _options(
     click.option("--state-dtype", default="fp32", show_default=True, type=click.Choice(SHORT_NAMES),
                  help="dtype of the initial state (a decode pool may be bf16); winners are keyed by it"),
     click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
-                 help="the gate's lower bound the kernels may assume (sets the safe sub-chunk), or 'none'"),
+                 help="the gate's lower bound the kernels may assume (sets the safe sub-chunk), or 'none'; a spec "
+                      "file's gate expression has its own"),
     click.option("--family", "families", multiple=True, type=click.Choice(list(FAMILIES)),
                  help="a kernel family; repeat for several (default: all)"),
     click.option("--space", "space_path", default=None, type=click.Path(exists=True, dir_okay=False),
@@ -436,9 +534,7 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
     from .tuning.space import SearchSpaceError, load_space
 
     # --- every argument, before anything compiles
-    _kernel_spec(spec_name)
     gpu = _resolve_gpu(gpu_name, command)
-    spec_args = _spec_args(lower_bound)
     families = [f for f in FAMILIES if f in families] if families else list(FAMILIES)
     user_space = None
     if space_path:
@@ -447,7 +543,19 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
         except (SearchSpaceError, ValueError, OSError) as e:
             raise click.BadParameter(str(e), param_hint="--space") from None
         families = [user_space.kernel]
+    # the spec: lowered as a whole (its structure, its gate in the kernels), then as each family is tuned
+    asked = _resolve_spec(spec_name, lower_bound)
+    lower_bound = _spec_bound(asked, lower_bound)
+    _check_head_dims(head_dims)
+    _check_lowerable(asked, spec_name, head_dims, dtype,
+                     tuple(dict.fromkeys("recurrent" if f == "recurrent" else "chunk" for f in families)), None)
+    spec_args = _spec_args(lower_bound, spec_name)
     plans = _lower_all(spec_args, families, head_dims, dtype)
+    try:
+        driver.check_tunable(spec_args)
+    except ValueError as e:
+        raise click.BadParameter(f"{e} (`kdagen verify --spec {spec_name}` checks its float64 recurrence)",
+                                 param_hint="--spec") from None
     current = None if compile_only else detect_current()
     will_tune = current is not None and current.name == gpu.name
     problem = cache_dir_problem()
@@ -462,6 +570,9 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
                f"{gpu.sm_count} SMs, {gpu.smem_per_block_bytes // 1024} KiB smem/block); spec {spec.name} "
                f"hash {spec.hash} ({_gate_text(spec)}); "
                f"{'compile-check and tune' if will_tune else 'compile-check only'}")
+    if asked.gate is not None and asked.gate.name != "direct":
+        click.echo(f"  ({asked.name} hash {asked.hash}: its gate, {_gate_text(asked)}, is computed inside its kernels, "
+                   "which are tuned as the spec above, with g given)")
     if not will_tune and not compile_only:
         here = current.name if current else "no CUDA GPU"
         click.echo(f"  (not tuning: this machine has {here}, not {gpu.name})")
@@ -487,7 +598,7 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
         summary.add_surveys(surveys)
         click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
         if n_empty:
-            _print_summary(summary, gpu, None, head_dims, lower_bound, shapes, will_tune)
+            _print_summary(summary, gpu, None, head_dims, lower_bound, shapes, will_tune, spec_name, asked)
             click.echo("error: some kernels have no config that compiles for this GPU", err=True)
             sys.exit(1)
         if will_tune:
@@ -513,7 +624,7 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
                 sys.exit(130)
             finally:
                 progress.close()
-    _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune)
+    _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_name, asked)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 
@@ -526,8 +637,10 @@ def _triton_cache_dir() -> str:
         return "Triton's cache directory"
 
 
-def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune) -> None:
-    """The closing table, where the results are, and the next command."""
+def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_ref="kda",
+                   spec=None) -> None:
+    """The closing table, where the results are, and the next command (for ``spec``, the spec
+    ``spec_ref`` names)."""
     from .cache.paths import generated_dir
     from .tuning.driver import duration, error_text
 
@@ -539,11 +652,15 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
     click.echo(f"generated sources: {generated_dir()}")
     click.echo(f"compiled kernels:  {_triton_cache_dir()} (Triton's cache)")
     dims = _dims_text(head_dims)
-    bound = "" if lower_bound == float(DEFAULT_LOWER_BOUND) else \
+    own_gate = spec is not None and spec.gate is not None and spec.gate.name != "direct"
+    bound = "" if lower_bound == float(DEFAULT_LOWER_BOUND) or own_gate else \
         f" --lower-bound {'none' if lower_bound is None else f'{lower_bound:g}'}"
+    if spec_ref != "kda":
+        bound = f" --spec {spec_ref}{bound}"
     if will_tune:
         shape_text = ";".join(",".join(map(str, s)) for s in shapes)
-        click.echo(f"next: `kdagen list --gpu {gpu.name}` lists the winners (chunk_kda and fused_recurrent_kda run "
+        ops = "chunk_kda and fused_recurrent_kda run" if spec_ref == "kda" else f"{spec.name}'s kernels run"
+        click.echo(f"next: `kdagen list --gpu {gpu.name}` lists the winners ({ops} "
                    f"them from now on); `kdagen bench --compare fla --shapes '{shape_text}'` times them against FLA")
     else:
         if ";" in dims:
@@ -647,8 +764,8 @@ DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
 @click.option("--gpu", "gpu_names", type=GPU_LIST, required=True,
               help="GPU profile names whose tuned configs the package carries, e.g. h800,h20, or 'auto' (this "
                    "machine's GPU); a GPU without winners gets the heuristic configs, marked in the manifest")
-@click.option("--spec", "spec_name", default="kda", show_default=True, type=click.Choice(list(MEMBERS)),
-              help="the recurrence (kernels are generated for kda only)")
+@click.option("--spec", "spec_name", default="kda", show_default=True, type=SPEC_REF,
+              help="the recurrence: " + SPEC_HELP + " (packages are written for kda's ops)")
 @click.option("--head-dim", "head_dims", type=HEAD_DIMS, default="128", show_default=True,
               help="head dims K or K,V, several separated by ';' (exactly these are exported)")
 @click.option("--dtype", "dtypes", type=DTYPE_LIST, default="bf16", show_default=True,
@@ -681,7 +798,13 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel,
     from .export import ExportError, Request, export_package, read_cache_file
     from .export.contents import as_dtype_names
 
-    _kernel_spec(spec_name)
+    _check_head_dims(head_dims)
+    spec = _resolve_spec(spec_name, lower_bound)
+    _check_lowerable(spec, spec_name, head_dims, "fp32", gate_in_kernel=None)
+    if spec_name != "kda":
+        raise click.BadParameter(f"{spec.name!r} lowers, but an exported package holds chunk_kda and "
+                                 "fused_recurrent_kda (FLA's KDA signatures and gates); packaging another spec's "
+                                 "kernels is not implemented yet", param_hint="--spec")
     if not name.isidentifier() or keyword.iskeyword(name) or name in ("kdagen", "torch", "triton") \
             or name in sys.stdlib_module_names:
         raise click.BadParameter(f"{name!r} is not a usable package name: a Python identifier other than "

@@ -68,7 +68,8 @@ BAD = [  # (arguments, what the error line must say)
     (["build", "--gpu", "h800", "--head-dim", "128;8"], ["--head-dim", "K=8", "supported range"]),
     (["build", "--gpu", "h800", "--shapes", "1,2,3"], ["--shapes", "B,T,H,K"]),
     (["build", "--gpu", "h800", "--space", "/no/such/space.json"], ["--space", "does not exist"]),
-    (["build", "--gpu", "h800", "--spec", "gdn"], ["--spec", "kda only", "kdagen verify --spec gdn"]),
+    (["build", "--gpu", "h800", "--spec", "dplr"], ["--spec", "'dplr'", "general DPLR structure", "do not lower yet",
+                                                    "kdagen verify --spec dplr"]),
     (["build", "--gpu", "h800", "--spec", "nope"], ["--spec", "kda"]),
     (["build", "--gpu", "h800", "--family", "nope"], ["--family", "chunk_fwd", "recurrent"]),
     (["build", "--gpu", "auto"], ["--gpu auto", "no CUDA GPU", "h800"]),
@@ -98,7 +99,7 @@ BAD = [  # (arguments, what the error line must say)
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--dtype", "fp8"], ["--dtype", "bf16"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--head-dim", "512"], ["--head-dim", "K=512"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--lower-bound", "1"], ["--lower-bound", "negative"]),
-    (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--spec", "gdn"], ["--spec", "kda only"]),
+    (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--spec", "dplr"], ["--spec", "general DPLR structure"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--cache", "/no/such.json"], ["--cache", "does not exist"]),
 ]
 

@@ -13,7 +13,7 @@ from ..dtypes import dtype as as_dtype
 from ..ops.chunk import chunk_bwd_config, chunk_kda, chunk_kda_bwd_launches, chunk_kda_launches
 from ..ops.recurrent import fused_recurrent_kda, fused_recurrent_kda_launch
 from ..spec.reference import naive_chunk_kda, naive_recurrent_kda
-from .families import TOLERANCE, check_shape
+from .families import TOLERANCE, check_shape, op_args
 from .isolation import IsolatedCandidate
 
 
@@ -74,10 +74,10 @@ class KernelCandidate:
 
     def _fwd(self, config, x, **kw):
         if self.family == "recurrent":  # (fused_recurrent_kda takes no safe_gate, as in FLA)
-            args = {n: a for n, a in self.spec_args.items() if n != "safe_gate"}
+            args = {n: a for n, a in op_args(self.spec_args).items() if n != "safe_gate"}
             return fused_recurrent_kda(**x, output_final_state=True, config=config, **args, **kw)
         fcfg = config if self.family == "chunk_fwd" else self.fwd_config
-        return chunk_kda(**x, output_final_state=True, config=fcfg, **self.spec_args, **kw)
+        return chunk_kda(**x, output_final_state=True, config=fcfg, **op_args(self.spec_args), **kw)
 
     def _fwd_bwd(self, config, x, do, dht):
         leaves = {n: x[n].detach().requires_grad_(True) for n in GRAD_INPUTS}
@@ -154,16 +154,17 @@ class KernelCandidate:
         if self.family == "recurrent":
             # decode: the op's one launch, replayed from a CUDA graph as a decode loop runs it (the
             # eager op's Python work, tens of us, would hide the differences of a few-us kernel)
-            args = {n: a for n, a in self.spec_args.items() if n != "safe_gate"}
+            args = {n: a for n, a in op_args(self.spec_args).items() if n != "safe_gate"}
             fn, _, _ = fused_recurrent_kda_launch(**x, output_final_state=True, config=config, **args)
         else:
             if self.family == "chunk_fwd":
-                launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **self.spec_args)
+                launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config,
+                                                 **op_args(self.spec_args))
                 before = []
             else:
                 before, launches, _ = chunk_kda_bwd_launches(
                     **x, output_final_state=True, config=self.fwd_config, bwd_config=config,
-                    do=torch.ones_like(x["v"]), **self.spec_args)
+                    do=torch.ones_like(x["v"]), **op_args(self.spec_args))
             timed = [ln for ln in launches if self.launch in (None, ln.kernel)]
             for ln in list(before) + list(launches[:launches.index(timed[0])]):  # what the timed launches read
                 ln()

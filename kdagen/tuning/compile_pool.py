@@ -24,8 +24,8 @@ from ..ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
 from ..ops.inputs import check_inputs
 from ..ops.recurrent import prepare_recurrent
 from ..spec import Recurrence
-from .families import (COMPILE_SHAPE, check_shape, elem_bytes, family_spec, log_progress, lower_for, space_context,
-                       stage_candidates)
+from .families import (COMPILE_SHAPE, check_shape, elem_bytes, family_spec, log_progress, lower_for, op_args,
+                       space_context, stage_candidates)
 from .space import SearchSpace, load_space
 
 
@@ -58,13 +58,13 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
     default: the heuristic at the backward's chunk lengths); ``state_dtype``: initial_state's."""
     x = _dummy_inputs(plan, dtype, shape, state_dtype)
     if isinstance(config, ChunkFwdConfig):
-        launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **spec_args)
+        launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **op_args(spec_args))
         return launches
     if isinstance(config, ChunkBwdConfig):
         fwd_cfg = (fwd_config or default_train_config(plan)).replace(chunk_size=config.chunk_size,
                                                                      sub_chunk=config.sub_chunk)
         fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
-                                             with_rerun=with_forward, **spec_args)
+                                             with_rerun=with_forward, **op_args(spec_args))
         return list(fwd) + list(bwd) if with_forward else bwd
     built = build(plan, config)
     dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,

@@ -23,7 +23,8 @@ from ..spec import Recurrence
 from .candidates import KernelCandidate, StagedCandidates, StageView
 from .compile_pool import CompilePool, compile_check, precompile
 from .engine import recorded_results, tune
-from .families import TOLERANCE, elem_bytes, family_spec, lower_for, space_context, stage_candidates
+from .families import (TOLERANCE, check_tunable, elem_bytes, family_spec, lower_for, op_args, space_context,
+                       stage_candidates)
 from .isolation import IsolatedCandidate
 from .space import SearchSpace, load_space
 

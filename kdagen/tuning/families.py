@@ -11,7 +11,8 @@ from ..cache.gpus import GpuProfile
 from ..codegen.lower import Plan, lower
 from ..dtypes import dtype as as_dtype
 from ..ops.inputs import select_spec
-from ..spec import Recurrence
+from ..spec import Recurrence, gate_direct
+from ..spec.load import load_spec
 from ..spec.structure import safe_sub_chunk
 from .space import SearchSpace
 
@@ -28,13 +29,45 @@ def log_progress(msg: str, enabled: bool = True):
 
 
 def family_spec(family: str, spec_args: dict) -> Recurrence:
-    """The spec a family's op builds its kernels for, given the op arguments (g given
-    directly) that tuning passes: ``chunk_kda`` takes ``safe_gate`` and ``lower_bound``;
-    ``fused_recurrent_kda`` has no ``safe_gate`` (FLA's signature), so its kernel is the
-    direct gate's whatever the bound.  Plans, cache keys and studies are made from this spec,
-    so a stored winner has the key the op looks up."""
+    """The spec a family's kernels are built and tuned for, given ``spec_args``: the op arguments
+    tuning passes (g given directly, ``safe_gate`` and ``lower_bound``) and, for any spec but the
+    KDA member, ``spec``: a member's name or ``/abs/path/file.py:NAME`` (:func:`kdagen.load_spec`;
+    plain text, so a compile worker rebuilds the same spec).
+
+    ``chunk_kda`` takes ``safe_gate`` and ``lower_bound``; ``fused_recurrent_kda`` has no
+    ``safe_gate`` (FLA's signature), so its kernel is the direct gate's whatever the bound.  Every
+    member is tuned alike: its recurrence with g given, bounded below by ``lower_bound`` for the
+    chunk forms -- the spec an op's plan looks its winners up by
+    (:func:`kdagen.codegen.lower.tuning_spec`), so a member's winners are stored under its own
+    keys.  Plans, cache keys and studies are made from this spec."""
     safe = bool(spec_args.get("safe_gate", False)) and family != "recurrent"
-    return select_spec(False, safe, spec_args.get("lower_bound"), False, False)
+    ref = spec_args.get("spec", "kda")
+    if ref == "kda":
+        return select_spec(False, safe, spec_args.get("lower_bound"), False, False)
+    spec = load_spec(ref)
+    if spec.decay == "identity":
+        return spec
+    return spec.with_gate(gate_direct(spec_args.get("lower_bound") if safe else None))
+
+
+def op_args(spec_args: dict) -> dict:
+    """The keyword arguments of the op a candidate runs (``spec_args`` without ``spec``)."""
+    return {n: a for n, a in spec_args.items() if n != "spec"}
+
+
+def check_tunable(spec_args: dict) -> None:
+    """Raise ValueError unless the ops the tuner runs candidates through (``chunk_kda``,
+    ``fused_recurrent_kda``) compute ``spec_args``'s spec: their kernels are the KDA structure's
+    with a per-channel decay and a = beta k, whose sources for a spec of that form differ from
+    the KDA member's only in their header and name."""
+    spec = family_spec("chunk_fwd", spec_args)
+    kda_like = select_spec(False, False, None, False, False)
+    same = (spec.decay == kda_like.decay and spec.a == kda_like.a and spec.b == kda_like.b
+            and spec.write_key == kda_like.write_key and spec.readout == kda_like.readout)
+    if not same:
+        raise ValueError(f"spec {spec.name!r} lowers, but kdagen's tuner runs its candidates through chunk_kda and "
+                         f"fused_recurrent_kda, which compute the KDA recurrence, not {spec.name!r}'s "
+                         f"({spec.decay} decay): its own op is not wired into the tuner yet")
 
 
 def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype, gate_in_kernel: bool = False) -> Plan:
