@@ -667,7 +667,7 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
             dims = f"'{dims}'"
         click.echo(f"next: on a machine with this GPU ({gpu.name}), `kdagen tune --head-dim {dims}{bound}` tunes these "
                    f"kernels and stores the winners; `kdagen inspect --head-dim {_dims_text(head_dims[:1])}{bound}` "
-                   "prints their source, and `kdagen export` packages them")
+                   f"prints their source{', and `kdagen export` packages them' if spec_ref == 'kda' else ''}")
 
 
 # --- bench ------------------------------------------------------------------------------

@@ -259,4 +259,5 @@ def test_build_a_user_spec_compile_only(tmp_path):
     assert f"spec kda_sigmoid3 hash {user.with_gate(S.gate_direct(-3.0)).hash} (gate direct, g >= -3)" in r.stdout
     assert f"kda_sigmoid3 hash {user.hash}: its gate, gate sigmoid3, g >= -3, is computed inside" in r.stdout
     assert "recurrent K=32 V=32: 2/2 candidate configs compiled for h100" in r.stdout
-    assert f"--spec {USER}" in r.stdout and "--lower-bound" not in r.stdout.split("next:")[1]
+    nxt = r.stdout.split("next:")[1]
+    assert f"--spec {USER}" in nxt and "--lower-bound" not in nxt and "kdagen export" not in nxt
