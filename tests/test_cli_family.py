@@ -261,3 +261,60 @@ def test_build_a_user_spec_compile_only(tmp_path):
     assert "recurrent K=32 V=32: 2/2 candidate configs compiled for h100" in r.stdout
     nxt = r.stdout.split("next:")[1]
     assert f"--spec {USER}" in nxt and "--lower-bound" not in nxt and "kdagen export" not in nxt
+
+
+def test_build_on_the_gpu_stores_a_user_specs_winners_under_its_own_keys(tmp_path, monkeypatch):
+    """`kdagen build --spec FILE.py:SPEC` on a (faked) H200: the winners land under the spec's own
+    keys, the spec's kernels (its gate in-kernel) find them, and KDA's do not."""
+    import kdagen.cache.gpus
+    import kdagen.cache.lookup as TU
+    from kdagen.cache.gpus import get_profile
+    from kdagen.cache.heuristics import default_config
+    from kdagen.cache.store import TuningCache
+    from kdagen.codegen.lower import lower
+    from kdagen.ops.inputs import select_spec
+    from kdagen.tuning import compile_pool as CP, driver as D
+
+    h200 = get_profile("h200")
+    monkeypatch.setattr(kdagen.cache.gpus, "detect_current", lambda *a, **k: h200)
+    monkeypatch.setattr(TU, "_current_gpu", lambda: h200)
+    monkeypatch.setattr(TU, "_MEMO", {})
+    TU._cache_for.cache_clear()
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(D, "compile_check",
+                        lambda fam, plan, *a, **k: [CP.CompileSurvey(fam, None, 1, [default_config(fam, plan)])])
+    seen = []
+
+    def fake_tune_family(fam, plan, spec, spec_args, gpu, dt, shape, fwd_config=None, **kw):
+        seen.append((fam, spec.name, spec_args.get("spec")))
+        d = default_config(fam, plan, {"N": shape[0], "HV": shape[3]}, fwd_config)
+        return d.replace(num_warps=2) if fam == "recurrent" else d.replace(chunk_size=32, sub_chunk=16), \
+            1.0, 2.0, 1e-3, {}
+
+    monkeypatch.setattr(D, "tune_family", fake_tune_family)
+    r = CliRunner().invoke(main, ["build", "--gpu", "h200", "--spec", USER, "--head-dim", "32", "--dtype", "fp32",
+                             "--shapes", "1,64,2,32", "--decode-batches", "2", "--family", "chunk_fwd",
+                             "--family", "recurrent"])
+    assert r.exit_code == 0, r.output
+    assert {s[1] for s in seen} == {"kda_sigmoid3"} and {s[2] for s in seen} == {USER}
+    user = load_spec(USER)
+    entries = TuningCache("h200").entries()
+    from kdagen.cache.keys import cache_key
+
+    def key(spec, fam, form, hint):
+        return cache_key(lower(spec, 32, 32, "float32", form), fam, hint, h200, "float32").key_string()
+
+    chunk_hint, dec_hint = dict(T=64, B=1, N=1), dict(T=1, B=2, N=2)
+    # the spec's own tuning specs: g given, bounded by its gate for the chunk form, unbounded for decode
+    assert set(entries) == {key(user.with_gate(S.gate_direct(-3.0)), "chunk_fwd", "chunk", chunk_hint),
+                            key(user.with_gate(S.gate_direct(None)), "recurrent", "recurrent", dec_hint)}
+    assert key(select_spec(False, True, -3.0, False, False), "chunk_fwd", "chunk", chunk_hint) not in entries
+    shape = {"T": 64, "B": 1, "N": 1, "HV": 2}
+    TU._MEMO.clear()
+    mine = lower(user, 32, 32, "float32", "chunk", True)  # the spec's kernels, its gate in-kernel
+    assert TU.resolve("chunk_fwd", mine, None, shape).chunk_size == 32
+    assert TU.resolve("recurrent", lower(user, 32, 32, "float32", "recurrent", True), None,
+                      {**shape, "N": 2, "B": 2, "T": 1}).num_warps == 2
+    kdas = lower(select_spec(False, True, -3.0, False, False), 32, 32, "float32", "chunk")
+    assert TU.resolve("chunk_fwd", kdas, None, shape) == default_config("chunk_fwd", kdas, shape)
