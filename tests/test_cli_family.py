@@ -155,6 +155,8 @@ BAD = [
     (["list", "--spec", "nope"], ["--spec", "unknown spec 'nope'", "file.py:NAME"]),
     (["inspect", "--spec", USER, "--gate-in-kernel", "softplus"], ["--gate-in-kernel", "--gate-in-kernel spec"]),
     (["inspect", "--spec", "dplr"], ["--spec", "general DPLR structure", "kdagen verify --spec dplr"]),
+    (["inspect", "--spec", "kda", "--gate-in-kernel", "spec"], ["its gate 'direct' cannot be computed in the kernels",
+                                                              "needs a gate expression"]),
     (["build", "--gpu", "h100", "--spec", USER, "--lower-bound", "-2"], ["--lower-bound", "sets its own bound"]),
     (["build", "--gpu", "h100", "--spec", "gdn"], ["--spec", "'gdn'", "kdagen verify --spec gdn"]),
     (["build", "--gpu", "h100", "--spec", USER, "--head-dim", "8"], ["--head-dim", "K=8", "supported range"]),

@@ -121,7 +121,8 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
             try:
                 plans[(form, gik)] = lower(spec, K, V, dtype, form, gik)
             except LoweringError as e:
-                if gik and (form, False) in plans:  # g given lowers: the gate expression is what is refused
+                if gik and _lowers(lower, LoweringError, spec, K, V, dtype, form):
+                    # g given lowers: the gate expression is what is refused
                     raise NotLowerable(f"spec {spec.name!r}: its gate {spec.gate.name!r} cannot be computed in the "
                                        f"kernels ({form} form): {e}", f"gate in kernel: {e}") from None
                 what = f"{form} form{', gate in kernel' if gik else ''}"
@@ -129,6 +130,14 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
                 raise NotLowerable(f"spec {spec.name!r} cannot be lowered ({what}): {reason}. The lowering says: {e}",
                                    f"{reason} ({what})") from None
     return plans
+
+
+def _lowers(lower, error, spec, K, V, dtype, form) -> bool:
+    try:
+        lower(spec, K, V, dtype, form, False)
+    except error:
+        return False
+    return True
 
 
 def lowering_status(spec: Recurrence) -> tuple[bool, str]:
