@@ -5,6 +5,7 @@ code 2 and one ``Error:`` line that says what was wrong and what is accepted."""
 from __future__ import annotations
 
 import json
+import importlib.util
 import sys
 import time
 
@@ -563,6 +564,10 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
         raise click.UsageError(f"{problem}: kdagen {command} writes the kernels it generates"
                                f"{' and the winners it tunes' if will_tune else ''} there; set KDAGEN_CACHE_DIR to "
                                "a writable directory")
+    if will_tune and importlib.util.find_spec("optuna") is None:
+        # checked before the compile-check, which would otherwise run first and then stop at the tuner
+        raise click.UsageError(f"kdagen {command} tunes on this {gpu.name} with optuna, which is not installed: "
+                               "`pip install optuna` (or `--compile-only` to compile-check without tuning)")
 
     spec = driver.family_spec("chunk_fwd", spec_args)
     cc = gpu.compute_capability

@@ -167,3 +167,20 @@ def test_a_bad_argument_in_a_real_process_prints_no_traceback(tmp_path):
                            timeout=300)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")], r.stderr
+
+
+def test_build_on_a_matching_gpu_without_optuna_stops_before_compiling(runner, monkeypatch):
+    """The tuner needs optuna: on a matching GPU without it, build says so before its compile-check
+    (which would otherwise run for a minute and then stop at the tuner); --compile-only is offered."""
+    import importlib.util
+
+    import kdagen.cache.gpus
+    from kdagen.cache.gpus import get_profile
+
+    monkeypatch.setattr(kdagen.cache.gpus, "detect_current", lambda *a, **k: get_profile("h200"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optuna" else real(name, *a))
+    result = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "64"])
+    assert result.exit_code == 2, result.output
+    line = _one_error_line(result)
+    assert "optuna" in line and "--compile-only" in line
