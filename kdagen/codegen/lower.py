@@ -55,7 +55,9 @@ class Plan:
     gate_dbias: str
     lower_bound: float | None
     safe_sub_chunk: int | None  # None: factorised diagonal tiles are not safe
-    diag_mode: str  # 'factorised' | 'elementwise' (chunk form only)
+    # 'factorised' | 'elementwise' (per-channel decay) | 'scalar' (a decay shared by all channels,
+    # or none: exp(G_i - G_j) is one number per (i, j), so a diagonal tile is one dot times it)
+    diag_mode: str
     stages: tuple[str, ...]
 
     def to_dict(self):
@@ -88,12 +90,23 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
     if form not in ("chunk", "recurrent"):
         raise LoweringError(f"form must be 'chunk' or 'recurrent', got {form!r}")
     st = analyze_structure(spec)
-    if st.kind != "kda" or spec.decay != "channel":
-        raise LoweringError(f"kdagen generates kernels for the KDA structure (per-channel decay, a, b and "
-                            f"the write key tied to k); spec {spec.name!r} is {st.kind!r} with "
-                            f"{spec.decay!r} decay ({st.reason}). Other members are not generated yet.")
+    if st.kind != "kda":
+        raise LoweringError(f"kdagen generates kernels for the KDA structure (a = beta k, b = D k and the write "
+                            f"key beta k: one A_kk, WY form) with identity, scalar or per-channel decay; spec "
+                            f"{spec.name!r} is {st.kind!r} ({st.reason}). Other structures are not generated yet.")
     gate = spec.gate
     names = dict(GATE_NAMES)
+    if gate is None:  # identity decay: no gate is read, G = 0
+        if gate_in_kernel:
+            raise LoweringError(f"spec {spec.name!r} has no decay, so it has no gate to compute in the kernel")
+        stages = ("intra", "state") if form == "chunk" else ("recurrent",)
+        return Plan(
+            spec_name=spec.name, spec_hash=spec.hash, tuning_spec_hash=spec.hash, form=form,
+            structure=st.kind, decay=spec.decay,
+            K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V), dtype=dtype,
+            gate_in_kernel=False, gate_name="none", gate_expr="b_z", gate_has_A=False, gate_has_bias=False,
+            gate_dz="", gate_dA="", gate_dbias="", lower_bound=None, safe_sub_chunk=None, diag_mode="scalar",
+            stages=stages)
     if gate_in_kernel:
         if gate.name == "direct":
             raise LoweringError("gate_in_kernel needs a gate expression (lower_bound, softplus or custom), "
@@ -114,7 +127,10 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
         d_z = d_A = d_bias = ""
     # the factorised diagonal tile casts exp(a - G) <= exp(|g_min| BC) to the dot dtype
     bound = safe_sub_chunk(spec, budget=EXP_BUDGET_BY_DTYPE[dtype])
-    diag_mode = "factorised" if bound.length is not None and bound.length >= 16 else "elementwise"
+    if spec.decay == "scalar":  # exp(G_i - G_j) <= 1 for j <= i, one per (i, j): no bound needed
+        diag_mode = "scalar"
+    else:
+        diag_mode = "factorised" if bound.length is not None and bound.length >= 16 else "elementwise"
     stages = ("intra", "state") if form == "chunk" else ("recurrent",)
     return Plan(
         spec_name=spec.name, spec_hash=spec.hash, tuning_spec_hash=tuning_spec(spec, form).hash, form=form,

@@ -211,6 +211,9 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
         shape, dtype = like["dt_bias"]
         ddt_bias = out["dbias_part"].sum(0).reshape(shape).to(dtype)
     dh0 = out["dh0"].to(h0.dtype) if need_dh0 else None
-    grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], out["dg"].to(like["g"][1]),
+    dg = out["dg"]
+    if meta.plan.decay == "scalar":  # g broadcast over the channels: its gradient is their sum
+        dg = dg.sum(-1)
+    grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], dg.to(like["g"][1]),
              out["dbeta"].to(like["beta"][1]), dh0, dA_log, ddt_bias)
     return tuple(x if n else None for x, n in zip(grads, need[:8]))

@@ -45,15 +45,24 @@ def _float(name, x):
 
 def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_indices=None,
                  A_log=None, dt_bias=None, gate_in_kernel=False, cu_seqlens_cpu=None,
-                 sync_seqlens: bool = True, state_v_first: bool = False) -> tuple[Dims, list[int] | None]:
+                 sync_seqlens: bool = True, state_v_first: bool = False,
+                 decay: str = "channel") -> tuple[Dims, list[int] | None]:
     """Validate the arguments of chunk_kda / fused_recurrent_kda from their shapes, dtypes and
     devices (no values are read from the device, except as ``sync_seqlens`` says).
 
     Returns the dimensions and, with cu_seqlens, its values on the host as
     :func:`host_seqlens` gives them (None when they would need a device read and
     ``sync_seqlens`` is False: the decode path, which never synchronises).  ``state_v_first``:
-    the initial state (or pool) is [.., HV, V, K] instead of [.., HV, K, V]."""
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+    the initial state (or pool) is [.., HV, V, K] instead of [.., HV, K, V].  ``decay``: the
+    spec's decay kind, which sets g's layout: [B, T, HV, K] ('channel'), [B, T, HV] ('scalar'),
+    no g at all ('identity': g must be None)."""
+    if decay == "identity":
+        if g is not None:
+            raise ValueError("this recurrence has no decay, so it takes no gate g; pass g=None")
+        tensors = (("q", q), ("k", k), ("v", v), ("beta", beta))
+    else:
+        tensors = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    for name, x in tensors:
         _tensor(name, x)
         _float(name, x)
     if q.dim() != 4:
@@ -66,8 +75,11 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     HV, V = v.shape[2], v.shape[3]
     if HV % H != 0 or HV == 0:
         raise ValueError(f"v has HV={HV} heads, which must be a positive multiple of q/k's H={H} heads (GVA)")
-    if tuple(g.shape) != (B, T, HV, K):
+    if decay == "channel" and tuple(g.shape) != (B, T, HV, K):
         raise ValueError(f"g must have shape [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(g.shape)}")
+    if decay == "scalar" and tuple(g.shape) != (B, T, HV):
+        raise ValueError(f"g must have shape [B, T, HV] = {(B, T, HV)} (one log decay per token and value "
+                         f"head), got {tuple(g.shape)}")
     if tuple(beta.shape) != (B, T, HV):
         raise ValueError(f"beta must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}")
     if not (k.dtype == q.dtype and v.dtype == q.dtype):
@@ -76,7 +88,7 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
         if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
             raise ValueError(f"head dim {name}={d} is outside the supported range [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
     dev = q.device
-    for name, x in (("k", k), ("v", v), ("g", g), ("beta", beta)):
+    for name, x in tensors[1:]:
         if x.device != dev:
             raise ValueError(f"{name} is on {x.device} but q is on {dev}; all inputs must share a device")
     if scale is not None and not isinstance(scale, (int, float)):

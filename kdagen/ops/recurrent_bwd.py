@@ -148,6 +148,8 @@ def backward(meta: RecurrentBwdMeta, saved, like: dict, need: tuple[bool, ...], 
         dq = dq.view(B, T, H, HV // H, K).sum(3)
         dk = dk.view(B, T, H, HV // H, K).sum(3)
     dg = out["dg"].sum(0).view(B, T, HV, K)
+    if meta.plan.decay == "scalar":  # g broadcast over the channels: its gradient is their sum
+        dg = dg.sum(-1)
     dbeta = out["dbeta"].sum(0).view(B, T, HV)
     dA_log = ddt_bias = None
     if out["dA_part"] is not None:

@@ -1,0 +1,193 @@
+"""Generic entries for any spec :func:`kdagen.codegen.lower.lower` can lower: ``chunk_member``
+(chunkwise form: prefill and training, with autograd) and ``fused_recurrent_member`` (decode,
+with a state pool, and a backward).  The spec decides everything the kernels do -- its decay
+kind (identity / scalar / per channel) sets g's layout and the plan's diagonal mode, its gate
+the in-kernel gate -- so a member no library ships runs through here with no template edit.
+The FLA-named ops of the other members (:mod:`kdagen.ops.family`) are thin wrappers over these.
+
+g's layout by the spec's decay: [B, T, HV, K] (channel), [B, T, HV] (scalar), none (identity:
+g must be None).  With ``use_gate_in_kernel`` g is the gate's raw input z in that layout; a
+gate parameter laid out per channel (dt_bias) may be given per value head ([HV]) for a scalar
+decay, where every channel shares it.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import spec as S
+from ..codegen.lower import lower
+from ..dtypes import dtype
+from ..kernels import build, dummy_pointer
+from . import checks
+from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_runnable, preprocess,
+                     state_layout)
+from .inputs import check_inputs as _validate
+
+
+def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A_log, dt_bias):
+    """(g as the kernels read it, A_log, dt_bias) after the checks that depend on the spec."""
+    if spec.decay == "identity":
+        if g is not None:
+            raise ValueError(f"{op}: spec {spec.name!r} has no decay, so it takes no gate; pass g=None")
+        if use_gate_in_kernel or A_log is not None or dt_bias is not None:
+            raise ValueError(f"{op}: spec {spec.name!r} has no decay: use_gate_in_kernel, A_log and dt_bias "
+                             "do not apply")
+        return None, None, None
+    if g is None:
+        raise ValueError(f"{op}: spec {spec.name!r} has a {spec.decay} decay: g is required")
+    if not use_gate_in_kernel:
+        if A_log is not None or dt_bias is not None:
+            raise ValueError(f"{op}: A_log/dt_bias are only used with use_gate_in_kernel=True")
+        return g, None, None
+    if spec.gate.name == "direct":
+        raise ValueError(f"{op}: use_gate_in_kernel=True needs a gate expression in the spec; spec "
+                         f"{spec.name!r} takes g directly")
+    free = spec.gate.substituted.free_symbols
+    for name, sym, x in (("A_log", S.A_log, A_log), ("dt_bias", S.dt_bias, dt_bias)):
+        if sym in free and x is None:
+            raise ValueError(f"{op}: the gate {spec.gate.name!r} reads {name}; pass it (or a spec whose gate "
+                             f"does not read it)")
+        if sym not in free and x is not None:
+            raise ValueError(f"{op}: the gate {spec.gate.name!r} does not read {name}; pass {name}=None")
+    if dt_bias is not None and spec.decay == "scalar":
+        HV, K = v.shape[2], q.shape[3]
+        if isinstance(dt_bias, torch.Tensor) and dt_bias.numel() == HV:
+            # one bias per value head, the same for every channel: the kernels read it per channel
+            dt_bias = dt_bias.reshape(HV, 1).expand(HV, K).contiguous()
+        elif isinstance(dt_bias, torch.Tensor):
+            raise ValueError(f"{op}: dt_bias must have HV = {HV} entries (one per value head), got shape "
+                             f"{tuple(dt_bias.shape)}")
+    return g, A_log, dt_bias
+
+
+def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices, raw_gate, A_log, dt_bias):
+    checks.check_values(op, q=q, k=k, v=v, g=g if g is not None else torch.zeros(1, device=q.device), beta=beta,
+                        initial_state=initial_state, cu_seqlens=cu_seqlens, state_indices=state_indices,
+                        raw_gate=raw_gate, A_log=A_log, dt_bias=dt_bias)
+
+
+def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                 output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                 use_gate_in_kernel: bool = False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel: bool = False,
+                 allow_neg_eigval: bool = False, state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
+                 return_intermediate_states: bool = False, disable_recompute: bool = False, config=None,
+                 chunk_size: int | None = None, check_inputs: bool | None = None, op: str = "chunk_member",
+                 **kwargs):
+    """The chunkwise form of ``spec`` with FLA's conventions (see the module; the keywords are
+    chunk_kda's).  Returns ``(o, final_state)`` (and the per-chunk states with
+    ``return_intermediate_states``, inference only).  Differentiable in q, k, v, g, beta,
+    initial_state (and A_log, dt_bias with an in-kernel gate) when one of them requires grad."""
+    from . import chunk as C  # the KDA op's call machinery, which every lowerable spec shares
+
+    state_v_first = state_layout(op, state_v_first, kwargs)
+    check_kwargs(op, kwargs)
+    if beta is None:
+        raise ValueError(f"{op}: beta is required")
+    if chunk_size is not None and chunk_size not in (32, 64):
+        raise ValueError(f"{op}: chunk_size must be either 32 or 64, got {chunk_size!r}")
+    if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
+        raise ValueError(f"{op}: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
+    if isinstance(q, torch.Tensor):
+        check_runnable(q)
+    g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
+    training = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                              A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
+                              cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, decay=spec.decay)
+    if checks.wanted(check_inputs):
+        _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias)
+    if training and return_intermediate_states:
+        raise ValueError(f"{op}: return_intermediate_states=True is inference-only and has no backward")
+    flags = {}
+    if training:
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    else:
+        check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                     beta_scale=2.0 if allow_neg_eigval else 1.0)
+    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
+    g_arg = g if g is not None else dummy_pointer(q.device)
+    x = dict(q=q, k=k, v=v, g=g_arg, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
+    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
+    call = C._Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
+                   state_v_first=state_v_first)
+    config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
+    if training:
+        return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
+                                         x["dt_bias"], (call, config, bwd_config, output_final_state))
+    launches, (o, ht, hs) = C._forward_launches(call, x, config, output_final_state, return_intermediate_states)
+    for launch in launches:
+        launch()
+    if return_intermediate_states:
+        return o, ht, C._fla_layout(hs, call)
+    return o, ht
+
+
+def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
+                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                           use_gate_in_kernel: bool = False, A_log=None, dt_bias=None,
+                           use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                           state_v_first: bool = False, cu_seqlens=None, ssm_state_indices=None, out=None,
+                           config=None, check_inputs: bool | None = None, cu_seqlens_cpu=None,
+                           op: str = "fused_recurrent_member", **kwargs):
+    """The recurrent form (decode) of ``spec`` with fused_recurrent_kda's conventions: the state
+    pool (``ssm_state_indices``: ``initial_state`` is [P, HV, K, V], updated in place; negative
+    slots are padding), ``out=``, nothing read from the device.  With some input requiring grad:
+    the autograd path (pool and ``out=`` refused), as fused_recurrent_kda."""
+    from . import recurrent as R
+    from . import recurrent_bwd
+    from ..cache.lookup import resolve
+
+    if kwargs:
+        state_v_first = state_layout(op, state_v_first, kwargs)
+        check_kwargs(op, kwargs, RECURRENT_IGNORED_KWARGS)
+    if beta is None:
+        raise ValueError(f"{op}: beta is required")
+    if not isinstance(state_v_first, bool):
+        raise TypeError(f"{op}: state_v_first must be a bool, got {type(state_v_first).__name__}")
+    g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
+    training = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    if training:
+        if ssm_state_indices is not None:
+            raise ValueError(f"{op}: ssm_state_indices (an in-place state pool update) has no gradient; call it "
+                             "under torch.no_grad(), or pass initial_state [N, HV, K, V] without it to train")
+        if out is not None:
+            raise ValueError(f"{op}: out= has no gradient; leave out=None when some input requires grad")
+    dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                              state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
+                              gate_in_kernel=use_gate_in_kernel, cu_seqlens_cpu=cu_seqlens_cpu,
+                              sync_seqlens=training, state_v_first=state_v_first, decay=spec.decay)
+    check_runnable(q)
+    if checks.wanted(check_inputs):
+        _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, use_gate_in_kernel,
+                     A_log, dt_bias)
+    scale = dims.K ** -0.5 if scale is None else scale
+    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
+    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
+    built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N}, state))
+    g = g if g is not None else dummy_pointer(q.device)
+    if training:
+        meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
+                                              recurrent_bwd.current_config(), state_v_first)
+        x = [t if t is None or t.is_contiguous() else t.contiguous()
+             for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
+        o, ht = R._RecurrentKDAFunction.apply(*x, (meta, plan, built, output_final_state))
+        return o, (ht if output_final_state else None)
+    if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"{op}: out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}, "
+                         "contiguous")
+    for name, x in (("ssm_state_indices", ssm_state_indices), ("cu_seqlens", cu_seqlens)):
+        if x is not None and not x.is_contiguous():
+            raise ValueError(f"{op}: {name} must be contiguous (the kernel reads it with stride 1)")
+    q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
+    launch, (o, ht) = R.prepare_recurrent(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
+        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
+    launch()
+    return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
