@@ -81,24 +81,52 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
 
     state_v_first = state_layout(op, state_v_first, kwargs)
     check_kwargs(op, kwargs)
-    if beta is None:
-        raise ValueError(f"{op}: beta is required")
     if chunk_size is not None and chunk_size not in (32, 64):
         raise ValueError(f"{op}: chunk_size must be either 32 or 64, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
         raise ValueError(f"{op}: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
     if isinstance(q, torch.Tensor):
         check_runnable(q)
+    call, x, training = _prepare_chunk(
+        spec, q, k, v, g, beta, scale=scale, initial_state=initial_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, check_inputs=check_inputs,
+        op=op)
+    if training and return_intermediate_states:
+        raise ValueError(f"{op}: return_intermediate_states=True is inference-only and has no backward")
+    config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
+    if training:
+        return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
+                                         x["dt_bias"], (call, config, bwd_config, output_final_state))
+    launches, (o, ht, hs) = C._forward_launches(call, x, config, output_final_state, return_intermediate_states)
+    for launch in launches:
+        launch()
+    if return_intermediate_states:
+        return o, ht, C._fla_layout(hs, call)
+    return o, ht
+
+
+def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
+                   use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
+                   allow_neg_eigval=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+                   check_inputs=None, op="chunk_member", training=None):
+    """Validate a chunk call of ``spec`` and plan it: ``(call, inputs by name, training)``.
+    ``training`` None: whether some input requires grad (then the l2-norm and beta sigmoid are
+    torch ops here, which autograd differentiates; else the inference kernels apply them)."""
+    from . import chunk as C
+
+    if beta is None:
+        raise ValueError(f"{op}: beta is required")
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
-    training = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    if training is None:
+        training = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
     dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                               A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
                               cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, decay=spec.decay)
     if checks.wanted(check_inputs):
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias)
-    if training and return_intermediate_states:
-        raise ValueError(f"{op}: return_intermediate_states=True is inference-only and has no backward")
     flags = {}
     if training:
         q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
@@ -113,16 +141,32 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
     call = C._Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
                    state_v_first=state_v_first)
-    config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
-    if training:
-        return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
-                                         x["dt_bias"], (call, config, bwd_config, output_final_state))
-    launches, (o, ht, hs) = C._forward_launches(call, x, config, output_final_state, return_intermediate_states)
-    for launch in launches:
-        launch()
-    if return_intermediate_states:
-        return o, ht, C._fla_layout(hs, call)
-    return o, ht
+    return call, x, training
+
+
+def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, training: bool = False, config=None,
+                          bwd_config=None, output_final_state: bool = False, do=None, dht=None, **kw):
+    """Describe, without running, the launches a chunk call of ``spec`` makes (for compile-only
+    checks, benchmarks of single kernels and the tuner): inference ``(fwd_launches, outputs)``;
+    ``training=True``: ``(fwd_launches, bwd_launches, bwd_outputs)`` -- the backward reads what
+    the forward launches write (run those first); ``do``/``dht`` default to zeros.  ``kw``: the
+    validation keywords of :func:`chunk_member` (scale, initial_state, cu_seqlens, gate ...)."""
+    from . import chunk as C
+    from . import chunk_bwd as bwd
+
+    call, x, _ = _prepare_chunk(spec, q, k, v, g, beta, training=training, **kw)
+    config, bwd_config = C._configs(call, config, bwd_config, training)
+    if not training:
+        return C._forward_launches(call, x, config, output_final_state)
+    fwd, (o, ht, hs), meta = C._training_launches(call, x, config, bwd_config, output_final_state)
+    inputs = {n: x[n] for n in bwd.INPUT_NAMES}
+    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES}
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    if dht is None and output_final_state:
+        dht = torch.zeros_like(ht)
+    launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do,
+                                           None if dht is None else dht.contiguous(), x["initial_state"] is not None)
+    return fwd, launches, outs
 
 
 def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
