@@ -1,0 +1,313 @@
+"""Gated DeltaNet (scalar decay) and DeltaNet (no decay) from the KDA templates: the plan fields
+the structure analysis sets, and FLA's four ops (chunk forward, its gradients, decode, decode
+gradients) in the interpreter against the float64 recurrences of kdagen.spec.reference, on
+odd T, T = 1, head dims that are not powers of two, GVA, varlen with length-0/1 sequences,
+initial and final states, g = -inf, FLA's in-kernel flags and gate, and the refusals."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import F64, TOL, assert_close
+
+import kdagen
+from kdagen import spec as S
+from kdagen.codegen.lower import lower
+from kdagen.codegen.render import render
+from kdagen.config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig, RecurrentConfig
+from kdagen.ops.member import chunk_member, fused_recurrent_member
+from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
+
+F32, F16 = torch.float32, torch.float16
+MEMBERS = ("gdn", "deltanet")
+GRAD_TOL = {F32: 1e-5, F16: 5e-3}  # the bar of tests/test_ops_chunk_bwd.py
+
+
+# ------------------------------------------------------------------------------ plan fields
+def test_plan_fields_come_from_the_structure():
+    p = lower(S.gdn(), 48, 32, "float16", "chunk")
+    assert (p.structure, p.decay, p.diag_mode) == ("kda", "scalar", "scalar")
+    p = lower(S.deltanet(), 48, 32, "float32", "chunk")
+    assert (p.structure, p.decay, p.diag_mode, p.gate_name) == ("kda", "identity", "scalar", "none")
+    assert lower(S.kda(), 64, 64, "float16", "chunk").diag_mode == "elementwise"  # KDA's paths stay
+    assert lower(S.kda(S.gate_direct(-5.0)), 64, 64, "bfloat16", "chunk").diag_mode == "factorised"
+    # a member the library does not name, with GDN's structure, lowers as GDN does: the templates
+    # branch on the plan, not on the name
+    mine = S.Recurrence("mine", "scalar", S.gate_direct(), a=S.gdn().a, b=S.gdn().b, write_key=S.gdn().write_key)
+    pm, pg = lower(mine, 64, 64, "float16", "chunk"), lower(S.gdn(), 64, 64, "float16", "chunk")
+    for kernel, cfg in (("chunk_solve", ChunkFwdConfig()), ("chunk_intra", ChunkTrainConfig()),
+                        ("chunk_bwd_intra", ChunkBwdConfig()), ("recurrent", RecurrentConfig()),
+                        ("recurrent_bwd", RecurrentBwdConfig())):
+        form = "recurrent" if kernel.startswith("recurrent") else "chunk"
+        a = render(kernel, lower(mine, 64, 64, "float16", form), cfg).text
+        b = render(kernel, lower(S.gdn(), 64, 64, "float16", form), cfg).text
+        body = lambda t: re.sub(r"\b(mine|gdn)_\w+_[0-9a-f]{12}\b", "NAME", t[t.index("import triton"):])  # noqa: E731
+        assert body(a) == body(b), kernel
+    assert pm.diag_mode == pg.diag_mode
+
+
+def test_sources_read_the_gate_by_its_layout():
+    gdn = render("chunk_solve", lower(S.gdn(), 64, 64, "bfloat16", "chunk"), ChunkFwdConfig()).text
+    assert "g_c = g + t0 * HV + i_hv" in gdn and "for d in range(K)" not in gdn  # no element-wise fallback
+    dn = render("chunk_solve", lower(S.deltanet(), 64, 64, "bfloat16", "chunk"), ChunkFwdConfig()).text
+    assert not re.search(r"\bg_c\b", dn) and "b_z = tl.zeros" in dn
+    rec = render("recurrent", lower(S.deltanet(), 64, 64, "bfloat16", "recurrent"), RecurrentConfig()).text
+    assert "tl.exp(b_g)" not in rec and "g +" not in rec
+    for kernel, cfg in (("chunk_intra", ChunkTrainConfig()), ("chunk_bwd_intra", ChunkBwdConfig())):
+        src = render(kernel, lower(S.gdn(), 64, 64, "float16", "chunk"), cfg).text
+        assert "p_g + " in src and "b_G[:, None, :] - b_G[None, :, :]" not in src, kernel
+
+
+# ------------------------------------------------------------------------------ inputs
+def _inputs(member, B, T, H, HV, K, V, dtype, h0=True, N=None, seed=0, reset=False):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
+    beta = torch.rand(B, T, HV, generator=gen).to(dtype)
+    g = None
+    if member == "gdn":
+        g = F.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2.0)
+        g -= 3.0 * (torch.rand(B, T, HV, generator=gen) < 0.1)  # some strong decays
+        if reset:
+            g[:, T // 2, 0] = -float("inf")  # a reset
+        g = g.to(dtype)
+    N = B if N is None else N
+    s = torch.randn(N, HV, K, V, generator=gen) if h0 else None
+    return q, k, v, g, beta, s
+
+
+def _ref(member, q, k, v, g, beta, h0, cu=None):
+    a = [x.to(F64) for x in (q, k, v)]
+    if member == "gdn":
+        return naive_recurrent_gdn(*a, g.to(F64), beta.to(F64), initial_state=None if h0 is None else h0.to(F64),
+                                   output_final_state=True, cu_seqlens=cu)
+    return naive_recurrent_deltanet(*a, beta.to(F64), initial_state=None if h0 is None else h0.to(F64),
+                                    output_final_state=True, cu_seqlens=cu)
+
+
+def _chunk(member, q, k, v, g, beta, **kw):
+    if member == "gdn":
+        return kdagen.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    return kdagen.chunk_delta_rule(q, k, v, beta, **kw)
+
+
+def _recurrent(member, q, k, v, g, beta, **kw):
+    if member == "gdn":
+        return kdagen.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, **kw)
+    return kdagen.fused_recurrent_delta_rule(q, k, v, beta, **kw)
+
+
+# (id, B, T, H, HV, K, V, dtype)
+FWD_CASES = [
+    ("T37-gva1x2-K32V48", 1, 37, 1, 2, 32, 48, F32),
+    ("T1-B3-K48V48", 3, 1, 1, 1, 48, 48, F32),
+    ("T70-B2-K48V32-fp16", 2, 70, 1, 1, 48, 32, F16),
+]
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("case", FWD_CASES, ids=[c[0] for c in FWD_CASES])
+def test_forward_and_decode_match_the_recurrence(member, case):
+    _, B, T, H, HV, K, V, dt = case
+    q, k, v, g, beta, h0 = _inputs(member, B, T, H, HV, K, V, dt, reset=member == "gdn" and T > 1)
+    ro, rh = _ref(member, q, k, v, g, beta, h0)
+    for fn in (_chunk, _recurrent):
+        o, ht = fn(member, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        assert o.dtype == dt and ht.dtype == F32
+        assert_close(o, ro, TOL[dt], f"{member} {fn.__name__} o")
+        assert_close(ht, rh, TOL[dt], f"{member} {fn.__name__} final state")
+        o2, none = fn(member, q, k, v, g, beta)
+        assert none is None and o2.shape == o.shape
+
+
+def test_gdn_reset_is_the_recurrences_answer():
+    """g = -inf at token t: the state before t is forgotten, so o after t does not depend on
+    anything before t (and the result is the float64 recurrence's)."""
+    q, k, v, g, beta, h0 = _inputs("gdn", 1, 40, 1, 1, 32, 32, F32)
+    g[0, 20, 0] = -float("inf")
+    o, _ = kdagen.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0)
+    v2 = v.clone()
+    v2[0, :20] = torch.randn(20, 1, 32)
+    o2, _ = kdagen.chunk_gated_delta_rule(q, k, v2, g, beta, initial_state=torch.zeros_like(h0))
+    assert torch.allclose(o[0, 20:], o2[0, 20:], atol=1e-6)
+    assert_close(o, _ref("gdn", q, k, v, g, beta, h0)[0], TOL[F32], "o")
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+@pytest.mark.parametrize("dt", [F32, F16], ids=["fp32", "fp16"])
+def test_chunk_gradients_match_the_recurrence(member, dt):
+    B, T, H, HV, K, V = 1, 37, 1, 2, 32, 48
+    q, k, v, g, beta, h0 = _inputs(member, B, T, H, HV, K, V, dt)
+    names = ["q", "k", "v", "g", "beta", "h0"] if member == "gdn" else ["q", "k", "v", "beta", "h0"]
+    xs = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
+    gen = torch.Generator().manual_seed(1)
+    do, dht = torch.randn(B, T, HV, V, generator=gen), torch.randn(1, HV, K, V, generator=gen)
+    x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
+    ro, rh = _ref(member, x64["q"], x64["k"], x64["v"], x64.get("g"), x64["beta"], x64["h0"])
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
+    for fn in (_chunk, _recurrent) if dt == F32 else (_chunk,):
+        xl = {n: xs[n].clone().requires_grad_() for n in names}
+        o, ht = fn(member, xl["q"], xl["k"], xl["v"], xl.get("g"), xl["beta"], initial_state=xl["h0"],
+                   output_final_state=True)
+        grads = torch.autograd.grad((o.float() * do).sum() + (ht * dht).sum(), [xl[n] for n in names])
+        for n, a, b in zip(names, grads, ref):
+            assert a.shape == xs[n].shape and a.dtype == xs[n].dtype
+            assert_close(a, b, GRAD_TOL[dt], f"{member} {fn.__name__} d{n}")
+
+
+CU = [0, 0, 1, 20, 37]  # lengths 0, 1, 19, 17
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+def test_varlen_with_empty_and_one_token_sequences(member):
+    q, k, v, g, beta, h0 = _inputs(member, 1, 37, 1, 2, 48, 32, F32, N=4)
+    cu = torch.tensor(CU, dtype=torch.int64)
+    ro, rh = _ref(member, q, k, v, g, beta, h0, cu)
+    o, ht = _chunk(member, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                   cu_seqlens_cpu=cu)
+    assert_close(o, ro, TOL[F32], "chunk o")
+    assert_close(ht, rh, TOL[F32], "chunk final state")
+    assert torch.equal(ht[0], h0[0])  # a length-0 sequence keeps its state
+    o, ht = _recurrent(member, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    assert_close(o, ro, TOL[F32], "recurrent o")
+    assert_close(ht, rh, TOL[F32], "recurrent final state")
+    # gradients through the packed chunk form
+    names = ["q", "k", "v", "g", "beta", "h0"] if member == "gdn" else ["q", "k", "v", "beta", "h0"]
+    xs = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
+    x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
+    ro, rh = _ref(member, x64["q"], x64["k"], x64["v"], x64.get("g"), x64["beta"], x64["h0"], cu)
+    do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(3))
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + rh.sum(), [x64[n] for n in names])
+    xl = {n: xs[n].clone().requires_grad_() for n in names}
+    o, ht = _chunk(member, xl["q"], xl["k"], xl["v"], xl.get("g"), xl["beta"], initial_state=xl["h0"],
+                   output_final_state=True, cu_seqlens=cu)
+    grads = torch.autograd.grad((o * do).sum() + ht.sum(), [xl[n] for n in names])
+    for n, a, b in zip(names, grads, ref):
+        assert_close(a, b, TOL[F32], f"d{n}")
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+def test_decode_state_pool(member):
+    """ssm_state_indices: slot 3 and slot 0 updated in place, a negative slot is padding (o = 0,
+    nothing written), an untouched slot stays as it was."""
+    q, k, v, g, beta, _ = _inputs(member, 3, 1, 1, 2, 32, 48, F32, h0=False)
+    pool = torch.randn(5, 2, 32, 48)
+    before = pool.clone()
+    idx = torch.tensor([3, -1, 0], dtype=torch.int32)
+    o, ht = _recurrent(member, q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx)
+    assert ht is pool
+    sel = [0, 2]
+    ro, rh = _ref(member, q[sel], k[sel], v[sel], None if g is None else g[sel], beta[sel], before[[3, 0]])
+    assert_close(o[sel], ro, TOL[F32], "o")
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+    assert_close(pool[[3, 0]], rh, TOL[F32], "pool slots")
+    assert torch.equal(pool[[1, 2, 4]], before[[1, 2, 4]])
+
+
+def _norm_ref(member, q, k, v, g, beta, h0, sigmoid, neg):
+    qn, kn = F.normalize(q.to(F64), dim=-1), F.normalize(k.to(F64), dim=-1)
+    b = torch.sigmoid(beta.to(F64)) * (2.0 if neg else 1.0) if sigmoid else beta
+    return _ref(member, qn, kn, v, g, b, h0)
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+def test_fla_flags(member):
+    """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel/allow_neg_eigval and state_v_first."""
+    q, k, v, g, beta, h0 = _inputs(member, 1, 21, 1, 1, 32, 32, F32)
+    q, k, beta = q * 3.0, k * 0.3, torch.randn_like(beta)
+    kw = dict(use_qk_l2norm_in_kernel=True)
+    if member == "gdn":
+        kw.update(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+    ro, rh = _norm_ref(member, q, k, v, g, beta, h0, member == "gdn", member == "gdn")
+    if member == "deltanet":
+        beta_in = beta.sigmoid()
+        ro, rh = _norm_ref(member, q, k, v, g, beta_in, h0, False, False)
+    else:
+        beta_in = beta
+    for fn in (_chunk, _recurrent):
+        o, ht = fn(member, q, k, v, g, beta_in, initial_state=h0.transpose(-1, -2).contiguous(),
+                   output_final_state=True, state_v_first=True, **kw)
+        assert_close(o, ro, TOL[F32], f"{fn.__name__} o")
+        assert_close(ht.transpose(-1, -2), rh, TOL[F32], f"{fn.__name__} final state (V, K)")
+
+
+def test_gdn_gate_in_kernel():
+    """FLA's GDN gate g = -exp(A_log) softplus(z + dt_bias), A_log and dt_bias per value head:
+    forward and gradients of z, A_log and dt_bias, chunk and recurrent."""
+    q, k, v, _, beta, h0 = _inputs("gdn", 1, 23, 1, 2, 32, 32, F32)
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(1, 23, 2, generator=gen)
+    A_log, dt_bias = torch.randn(2, generator=gen) * 0.5, torch.randn(2, generator=gen)
+    z64, A64, b64 = (x.to(F64).requires_grad_() for x in (z, A_log, dt_bias))
+    g64 = -A64.exp() * F.softplus(z64 + b64)
+    ro, rh = _ref("gdn", q, k, v, g64, beta, h0)
+    ref = torch.autograd.grad(ro.sum() + rh.sum(), (z64, A64, b64))
+    for fn in (kdagen.chunk_gated_delta_rule, kdagen.fused_recurrent_gated_delta_rule):
+        zl, Al, bl = (x.clone().requires_grad_() for x in (z, A_log, dt_bias))
+        if fn is kdagen.chunk_gated_delta_rule:
+            o, ht = fn(q, k, v, zl, beta, initial_state=h0, output_final_state=True, use_gate_in_kernel=True,
+                       A_log=Al, dt_bias=bl)
+        else:
+            o, ht = fn(q, k, v, zl, beta=beta, initial_state=h0, output_final_state=True, use_gate_in_kernel=True,
+                       A_log=Al, dt_bias=bl)
+        assert_close(o, ro, TOL[F32], f"{fn.__name__} o")
+        grads = torch.autograd.grad(o.sum() + ht.sum(), (zl, Al, bl))
+        for n, a, b in zip(("dz", "dA_log", "ddt_bias"), grads, ref):
+            assert a.shape == b.shape
+            assert_close(a, b, TOL[F32], f"{fn.__name__} {n}")
+        with torch.no_grad():  # the inference kernels compute the gate themselves
+            o, _ = (fn(q, k, v, z, beta, initial_state=h0, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
+                    if fn is kdagen.chunk_gated_delta_rule else
+                    fn(q, k, v, z, beta=beta, initial_state=h0, use_gate_in_kernel=True, A_log=A_log,
+                       dt_bias=dt_bias))
+        assert_close(o, ro, TOL[F32], f"{fn.__name__} o (no grad)")
+
+
+def test_fused_recurrent_gated_delta_rule_without_g_is_deltanet_and_gk_is_kda():
+    q, k, v, _, beta, h0 = _inputs("deltanet", 1, 9, 1, 1, 32, 32, F32)
+    o, _ = kdagen.fused_recurrent_gated_delta_rule(q, k, v, beta=beta, initial_state=h0)
+    assert_close(o, _ref("deltanet", q, k, v, None, beta, h0)[0], TOL[F32], "g=None")
+    o1, _ = kdagen.fused_recurrent_delta_rule(q, k, v, initial_state=h0)  # beta None = 1, as in FLA
+    assert_close(o1, _ref("deltanet", q, k, v, None, torch.ones_like(beta), h0)[0], TOL[F32], "beta=None")
+    gk = -torch.rand(1, 9, 1, 32)
+    o, _ = kdagen.fused_recurrent_gated_delta_rule(q, k, v, gk=gk, beta=beta, initial_state=h0)
+    ok, _ = kdagen.fused_recurrent_kda(q, k, v, gk, beta, initial_state=h0)
+    assert torch.equal(o, ok)
+
+
+def test_member_entries_take_a_users_spec():
+    """chunk_member / fused_recurrent_member run a spec the library does not name."""
+    mine = S.Recurrence("mine", "scalar", S.gate_direct(), a=S.gdn().a, b=S.gdn().b, write_key=S.gdn().write_key)
+    q, k, v, g, beta, h0 = _inputs("gdn", 1, 19, 1, 1, 32, 32, F32)
+    ro, rh = _ref("gdn", q, k, v, g, beta, h0)
+    for fn in (chunk_member, fused_recurrent_member):
+        o, ht = fn(mine, q, k, v, g, beta, initial_state=h0, output_final_state=True)
+        assert_close(o, ro, TOL[F32], fn.__name__)
+
+
+def test_refusals_name_the_keyword():
+    q, k, v, g, beta, h0 = _inputs("gdn", 1, 4, 1, 1, 32, 32, F32)
+    gk = -torch.rand(1, 4, 1, 32)
+    cases = [
+        (lambda: kdagen.fused_recurrent_gated_delta_rule(q, k, v, g, gv=torch.zeros_like(v), beta=beta), "gv"),
+        (lambda: kdagen.fused_recurrent_gated_delta_rule(q, k, v, g, gk=gk, beta=beta), "gk together"),
+        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, cp_context=object()), "cp_context"),
+        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=16), "chunk_size=16"),
+        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True), "A_log"),
+        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, A_log=torch.zeros(1)), "use_gate_in_kernel"),
+        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, gk, beta), r"g must have shape \[B, T, HV\]"),
+        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True, A_log=torch.zeros(1),
+                                               dt_bias=torch.zeros(32)), "dt_bias must have HV"),
+        (lambda: chunk_member(S.deltanet(), q, k, v, g, beta), "no decay"),
+        (lambda: kdagen.chunk_delta_rule(q, k, v, beta, head_first=False), "head_first"),
+        (lambda: chunk_member(S.gla(), q, k, v, gk, beta), "not generated yet"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        kdagen.chunk_delta_rule(q, k, v, beta, bogus=1)
