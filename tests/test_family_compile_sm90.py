@@ -1,0 +1,146 @@
+"""Compile-only checks for Hopper (sm_90) of every kernel variant Gated DeltaNet (scalar decay) and
+DeltaNet (no decay) add: inference forward (solve, pass), training forward (intra, state),
+backward (state, dqkw, intra), decode and its backward, through
+``triton.compile(..., target=GPUTarget("cuda", 90, 32))``; no GPU is needed.
+
+As tests/test_compile_sm90.py: the launches come from the ops' own launch builders
+(:func:`kdagen.ops.member.chunk_member_launches`, ``prepare_recurrent``,
+``prepare_recurrent_bwd``) on small CPU tensors, and the compiles run in a subprocess started
+without ``TRITON_INTERPRET`` (this module must not import conftest)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # a subprocess that compiles ~60 kernels
+
+SMEM_LIMIT = 232448  # H100/H200: largest dynamic shared memory per block (227 KiB)
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+# (id, member, dtype, K, V, extra)
+CASES = [
+    ("gdn-bf16-K128V128", "gdn", "bfloat16", 128, 128, {}),
+    ("gdn-fp16-K96V192-varlen", "gdn", "float16", 96, 192, dict(varlen=True)),
+    ("gdn-bf16-K128V128-gate-in-kernel", "gdn", "bfloat16", 128, 128, dict(gik=True)),
+    ("gdn-bf16-K256V256", "gdn", "bfloat16", 256, 256, {}),
+    ("deltanet-bf16-K128V128", "deltanet", "bfloat16", 128, 128, {}),
+    ("deltanet-fp16-K48V96-varlen-v-first", "deltanet", "float16", 48, 96, dict(varlen=True, v_first=True)),
+]
+KINDS = ("chunk_solve", "chunk_pass", "chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw",
+         "chunk_bwd_intra", "recurrent", "recurrent_bwd")
+
+
+def _worker_compile(cases):
+    import torch
+    from triton.backends.compiler import GPUTarget
+
+    from kdagen import spec as S
+    from kdagen.cache.lookup import resolve
+    from kdagen.codegen.lower import lower
+    from kdagen.config import RecurrentBwdConfig
+    from kdagen.kernels import CompileReport, build, compile_for_target
+    from kdagen.ops.family import gdn_spec
+    from kdagen.ops.inputs import check_inputs
+    from kdagen.ops.member import chunk_member_launches
+    from kdagen.ops.recurrent import prepare_recurrent
+    from kdagen.ops.recurrent_bwd import RecurrentBwdMeta, prepare_recurrent_bwd
+
+    target = GPUTarget("cuda", 90, 32)
+    HV = 2
+
+    def report(kind, launch):
+        try:
+            r = compile_for_target(launch.fn, launch.args, launch.constexprs, target, launch.num_warps,
+                                   launch.num_stages)
+        except Exception as e:  # reported to the test, which fails with it
+            return dict(kind=kind, error=f"{type(e).__name__}: {e}"[:4000])
+        return dict(kind=kind, is_report=isinstance(r, CompileReport), target=r.target, shared_bytes=r.shared_bytes,
+                    source=launch.fn.__name__)
+
+    results = {}
+    for cid, member, dt, K, V, extra in cases:
+        try:
+            dtype = getattr(torch, dt)
+            varlen, vf, gik = extra.get("varlen", False), extra.get("v_first", False), extra.get("gik", False)
+            B, T = (1, 70) if varlen else (2, 70)
+            gen = torch.Generator().manual_seed(0)
+            q = torch.randn(B, T, 1, K, generator=gen).to(dtype)
+            k = torch.randn(B, T, 1, K, generator=gen).to(dtype)
+            v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
+            beta = torch.rand(B, T, HV, generator=gen).to(dtype)
+            g = -torch.rand(B, T, HV, generator=gen) if member == "gdn" else None
+            cu = torch.tensor([0, 7, 50, T], dtype=torch.int64) if varlen else None
+            N = 3 if varlen else B
+            h0 = torch.zeros((N, HV, V, K) if vf else (N, HV, K, V))
+            spec = gdn_spec(True, True) if gik else (S.gdn() if member == "gdn" else S.deltanet())
+            gate = dict(use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(HV)) if gik else {}
+            kw = dict(initial_state=h0, cu_seqlens=cu, state_v_first=vf, **gate)
+            out = []
+            fwd, _ = chunk_member_launches(spec, q, k, v, g, beta, output_final_state=True, **kw)
+            out += [report("chunk_solve", fwd[0]), report("chunk_pass", fwd[1])]
+            tf, tb, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True, **kw)
+            out += [report("chunk_intra", tf[0]), report("chunk_state", tf[1])]
+            out += [report(n, x) for n, x in zip(("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"), tb)]
+            # decode (B sequences of one token) and the recurrent backward
+            dt_bias = torch.zeros(HV, K) if gik else None  # per channel, as the member entries expand it
+            A_log = gate.get("A_log")
+            dims, seqlens = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu,
+                                         A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik, state_v_first=vf,
+                                         decay=spec.decay)
+            plan = lower(spec, K, V, dt, "recurrent", gik)
+            built = build(plan, resolve("recurrent", plan, None, {"T": dims.T, "B": dims.B, "N": dims.N}))
+            gg = g if g is not None else torch.zeros(1)
+            launch, _ = prepare_recurrent(q, k, v, gg, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
+                                          cu_seqlens=cu, state_indices=None, dims=dims, plan=plan, built=built,
+                                          A_log=A_log, dt_bias=dt_bias, state_v_first=vf)
+            out.append(report("recurrent", launch))
+            meta = RecurrentBwdMeta(dims, seqlens, cu, K ** -0.5, plan, RecurrentBwdConfig(), vf)
+            launch, _ = prepare_recurrent_bwd(meta, dict(q=q, k=k, v=v, g=gg, beta=beta, A_log=A_log, dt_bias=dt_bias),
+                                              h0, torch.zeros_like(v), torch.zeros_like(h0), True)
+            out.append(report("recurrent_bwd", launch))
+            results[cid] = out
+        except Exception as e:
+            results[cid] = [dict(kind="build", error=f"{type(e).__name__}: {e}"[:4000])]
+    return results
+
+
+def _worker_main():
+    cases = json.loads(sys.stdin.read())
+    res = _worker_compile([tuple(c) for c in cases])
+    sys.stdout.write("\n@@RESULTS@@" + json.dumps(res) + "\n")
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tmp = tempfile.mkdtemp(prefix="kdagen-family-sm90-")
+    env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
+    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+    env["PYTHONWARNINGS"] = "ignore"
+    code = ("import sys; sys.path[:0] = [%r, %r]; import test_family_compile_sm90 as m; m._worker_main()"
+            % (str(HERE), str(REPO)))
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(CASES), capture_output=True, text=True,
+                          env=env, cwd=str(REPO), timeout=900)
+    marker = proc.stdout.rfind("@@RESULTS@@")
+    if proc.returncode != 0 or marker < 0:
+        raise RuntimeError(f"compile worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout[marker + len("@@RESULTS@@"):])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_family_kernels_compile_for_sm90(case, compiled):
+    cid, member = case[0], case[1]
+    entries = compiled[cid]
+    assert [e["kind"] for e in entries] == list(KINDS), entries
+    for e in entries:
+        assert "error" not in e, f"{cid}: {e['kind']} failed to compile for sm_90:\n{e['error']}"
+        assert e["is_report"] and e["target"] == "cuda:90"
+        assert e["source"].startswith(member), e["source"]  # the member's own kernels (named by its spec)
+        assert 0 < e["shared_bytes"] <= SMEM_LIMIT, f"{cid}: {e['kind']} needs {e['shared_bytes']} bytes"
