@@ -1,0 +1,72 @@
+"""bf16 tensor-core operands emulated in the interpreter (tests/bf16_interpreter.py's patches)
+for Gated DeltaNet and DeltaNet's chunk forward and backward (run as a script, in its own
+process: the patches hold for the whole process).
+
+    python tests/bf16_family_interpreter.py CASE [CASE ...]    # prints {case: {output: rel. error}}
+
+CASE is name:member:B,T,H,HV,K,V with member gdn or deltanet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import bf16_interpreter  # noqa: E402
+import kdagen  # noqa: E402
+from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn  # noqa: E402
+
+
+def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
+    """Relative Frobenius error of o, the final state and every gradient against float64
+    autograd through the token-by-token recurrence."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, HV, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2.0)
+    g[:, T // 3] -= 8.0  # a strong decay, far below any bound a factorised tile could take
+    beta = torch.sigmoid(torch.randn(B, T, HV, generator=gen))
+    h0 = 0.1 * torch.randn(B, HV, K, V, generator=gen)
+    do = torch.randn(B, T, HV, V, generator=gen)
+    dht = torch.randn(B, HV, K, V, generator=gen)
+    leaves = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
+    if member == "deltanet":
+        del leaves["g"]
+    x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    r = {n: t.double().requires_grad_(True) for n, t in leaves.items()}
+    if member == "gdn":
+        o, ht = kdagen.chunk_gated_delta_rule(**x, output_final_state=True)
+        ro, rht = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
+                                      output_final_state=True)
+    else:
+        o, ht = kdagen.chunk_delta_rule(**x, output_final_state=True)
+        ro, rht = naive_recurrent_deltanet(r["q"], r["k"], r["v"], r["beta"], initial_state=r["initial_state"],
+                                           output_final_state=True)
+    ((o * do).sum() + (ht * dht).sum()).backward()
+    ((ro * do.double()).sum() + (rht * dht.double()).sum()).backward()
+
+    def rel(a, b):
+        return float((a.double() - b).norm() / b.norm())
+
+    out = {"o": rel(o.detach(), ro.detach()), "final_state": rel(ht.detach(), rht.detach())}
+    out.update({f"d{n}": rel(x[n].grad, r[n].grad) for n in leaves})
+    return out
+
+
+def main(argv: list[str]) -> None:
+    bf16_interpreter.install()
+    result = {}
+    for arg in argv:
+        name, member, dims = arg.split(":")
+        result[name] = errors(member, *(int(d) for d in dims.split(",")))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
