@@ -1,0 +1,403 @@
+"""Gated DeltaNet and DeltaNet: kdagen's ops against flash-linear-attention's ops of the same name,
+in one process, on the same inputs.
+
+    PYTHONPATH=/tmp/site:. python3 bench/family_vs_fla.py --out "$OUT" [--only gdn,fwd] [--budget 540]
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/family_vs_fla.py --smoke --out /tmp/x   # CPU smoke run
+
+Per member (gdn: chunk_gated_delta_rule / fused_recurrent_gated_delta_rule; deltanet:
+chunk_delta_rule / fused_recurrent_delta_rule), bf16 q/k/v/beta, fp32 g and states:
+1. ``errors``: both libraries' bf16 forward (o, final state) and gradients against float64
+   autograd through the token-by-token recurrence (kdagen.spec.reference), at small shapes;
+2. ``fwd``: forward median ms (triton.testing.do_bench) at (B, T, H, K=V) = (1, 8192, 96, 128) and
+   (2, 16384, 16, 128), and the ratio FLA / kdagen;
+3. ``fwdbwd``: forward + backward (all of q, k, v, g, beta, initial_state) at the same shapes;
+4. ``decode``: one token at B = 1 and 256, H = 32, K = V = 128, CUDA-graph replay, fp32 states:
+   FLA's fused_recurrent op (initial_state in, final state out), kdagen's the same way and with
+   its in-place state pool (``ssm_state_indices``).
+FLA runs each op once per shape before anything is timed (its autotuning compiles for minutes;
+``--warm-workers N`` first compiles its candidates in N parallel processes, as
+bench/forward_vs_fla.py does).  ``--budget`` bounds the whole run: what is left out when it runs
+out is logged as skipped, and the table and family.json (under --out) always hold what was
+measured.  ``--smoke``: tiny shapes, no FLA needed, and on the CPU (Triton's interpreter) wall
+times from time.perf_counter instead of do_bench: it checks the script, not the speed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+T0 = time.time()
+LOG: list[str] = []
+RES: dict = {"rows": [], "errors": [], "skipped": []}
+MEMBERS = ("gdn", "deltanet")
+PASSES = ("errors", "fwd", "fwdbwd", "decode")
+SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
+DECODE = [(1, 32, 128), (256, 32, 128)]  # (B, H, K=V)
+ERROR_SHAPES = [(1, 1024, 4, 128), (2, 333, 2, 128)]
+SMOKE_SHAPES = [(1, 40, 2, 32)]
+SMOKE_DECODE = [(2, 2, 32)]
+SMOKE_ERROR_SHAPES = [(1, 37, 1, 32)]
+GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"), "deltanet": ("q", "k", "v", "beta", "initial_state")}
+
+
+def log(*a):
+    s = " ".join(str(x) for x in a)
+    print(s, flush=True)
+    LOG.append(s)
+
+
+def dump(out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "family.json"), "w") as f:
+        json.dump(RES, f, indent=1)
+    with open(os.path.join(out, "family.log"), "w") as f:
+        f.write("\n".join(LOG))
+
+
+class Budget:
+    def __init__(self, seconds):
+        self.deadline = T0 + seconds
+
+    def left(self):
+        return self.deadline - time.time()
+
+    def ok(self, what, need=0.0):
+        if self.left() > need:
+            return True
+        RES["skipped"].append(what)
+        log(f"  skipped (budget): {what}")
+        return False
+
+
+# ------------------------------------------------------------------------------- the ops
+def ops(member, lib):
+    """(chunk op, recurrent op) of a library, or None when it cannot be imported."""
+    if lib == "kdagen":
+        import kdagen
+        if member == "gdn":
+            return kdagen.chunk_gated_delta_rule, kdagen.fused_recurrent_gated_delta_rule
+        return kdagen.chunk_delta_rule, kdagen.fused_recurrent_delta_rule
+    try:
+        if member == "gdn":
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+            return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+        from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
+        return chunk_delta_rule, fused_recurrent_delta_rule
+    except Exception as e:  # noqa: BLE001
+        log(f"FLA's {member} ops not importable: {type(e).__name__}: {e}")
+        return None
+
+
+def call_chunk(member, fn, x):
+    if member == "gdn":
+        return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
+    return fn(x["q"], x["k"], x["v"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
+
+
+def call_recurrent(member, fn, x, **kw):
+    if member == "gdn":
+        return fn(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], initial_state=x["initial_state"],
+                  output_final_state=True, **kw)
+    return fn(x["q"], x["k"], x["v"], x["beta"], initial_state=x["initial_state"], output_final_state=True, **kw)
+
+
+def inputs(member, B, T, H, K, V, dev, seed=0):
+    """FLA's recipe: l2-normalised k, beta = sigmoid, g = logsigmoid (fp32), fp32 initial state;
+    q, k, v, beta in bf16 (float32 on the CPU: the interpreter cannot run bf16)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, H, K, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    x = dict(q=q, k=k, v=v, beta=torch.sigmoid(torch.randn(B, T, H, generator=gen)))
+    dt = torch.bfloat16 if dev == "cuda" else torch.float32
+    x = {n: t.to(dev, dt) for n, t in x.items()}
+    if member == "gdn":
+        x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen) + 2.0).to(dev)
+    x["initial_state"] = (0.1 * torch.randn(B, H, K, V, generator=gen)).to(dev)
+    return x
+
+
+# ------------------------------------------------------------------------------- timing
+def bench_ms(fn, cuda):
+    if cuda:
+        from triton.testing import do_bench
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    times = []
+    for _ in range(2):  # the interpreter: a check that it runs, not a measurement
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def graph_us(fn, cuda):
+    """Median µs of one replay of ``fn`` captured in a CUDA graph (the interpreter: eager)."""
+    if not cuda:
+        return bench_ms(fn, False) * 1e3
+    from triton.testing import do_bench
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return float(do_bench(graph.replay, warmup=50, rep=300, return_mode="median")) * 1e3
+
+
+def fwdbwd_fn(member, fn, x):
+    names = GRAD[member]
+    leaves = {n: x[n].detach().clone().requires_grad_(True) for n in names}
+    xx = {**x, **leaves}
+    o, s = call_chunk(member, fn, xx)
+    do, ds = torch.randn_like(o), torch.randn_like(s)
+
+    def run():
+        o, s = call_chunk(member, fn, xx)
+        return torch.autograd.grad((o, s), [leaves[n] for n in names], (do, ds))
+    return run
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# ------------------------------------------------------------------------------- FLA warm-up
+def _warm_worker(index, count, queue, members, shapes):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from fla_warm import keep_share_of_configs
+
+    keep_share_of_configs(index, count)
+    done = 0
+    for member in members:
+        f = ops(member, "fla")
+        if f is None:
+            continue
+        for B, T, H, D in shapes:
+            try:
+                x = inputs(member, B, T, H, D, D, "cuda")
+                with torch.no_grad():
+                    call_chunk(member, f[0], x)
+                fwdbwd_fn(member, f[0], x)()
+                torch.cuda.synchronize()
+                done += 1
+            except Exception as e:  # noqa: BLE001
+                queue.put((index, f"{member} {(B, T, H, D)}: {type(e).__name__}: {str(e)[:160]}"))
+            torch.cuda.empty_cache()
+    queue.put((index, f"done {done}"))
+
+
+def warm_parallel(workers, members, shapes, budget_s):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_warm_worker, args=(i, workers, queue, members, shapes)) for i in range(workers)]
+    for p in procs:
+        p.start()
+    deadline = time.time() + budget_s
+    for p in procs:
+        p.join(max(1.0, deadline - time.time()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    msgs = []
+    while not queue.empty():
+        msgs.append(queue.get())
+    log(f"FLA warm-up workers: {workers} in {time.time() - T0:.0f}s; "
+        + "; ".join(m for _, m in msgs if not m.startswith("done"))[:400])
+
+
+# ------------------------------------------------------------------------------- sections
+def errors(member, libs, shapes, dev, budget):
+    from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
+    for B, T, H, D in shapes:
+        if not budget.ok(f"errors {member} {(B, T, H, D)}"):
+            return
+        x = inputs(member, B, T, H, D, D, dev)
+        names = GRAD[member]
+        r = {n: x[n].double().requires_grad_(True) for n in names}
+        if member == "gdn":
+            ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
+                                         output_final_state=True)
+        else:
+            ro, rs = naive_recurrent_deltanet(r["q"], r["k"], r["v"], r["beta"], initial_state=r["initial_state"],
+                                              output_final_state=True)
+        gen = torch.Generator().manual_seed(7)
+        do = torch.randn(ro.shape, generator=gen).to(dev)
+        ds = torch.randn(rs.shape, generator=gen).to(dev)
+        rg = torch.autograd.grad((ro, rs), [r[n] for n in names], (do.double(), ds.double()))
+        row = dict(member=member, shape=[B, T, H, D])
+        for lib, (chunk, recurrent) in libs.items():
+            try:
+                with torch.no_grad():
+                    o, s = call_chunk(member, chunk, x)
+                    oc, sc = call_recurrent(member, recurrent, x)
+                leaves = {n: x[n].detach().clone().requires_grad_(True) for n in names}
+                o2, s2 = call_chunk(member, chunk, {**x, **leaves})
+                gr = torch.autograd.grad((o2, s2), [leaves[n] for n in names], (do.to(o2.dtype), ds))
+                row[lib] = dict(o=rel(o, ro), final_state=rel(s, rs), recurrent_o=rel(oc, ro),
+                                **{f"d{n}": rel(a, b) for n, a, b in zip(names, gr, rg)})
+            except Exception as e:  # noqa: BLE001
+                row[lib] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
+        RES["errors"].append(row)
+        log(f"  errors {row}")
+
+
+def timings(member, libs, shapes, passes, dev, budget, out):
+    cuda = dev == "cuda"
+    for B, T, H, D in shapes:
+        x = inputs(member, B, T, H, D, D, dev)
+        for p in ("fwd", "fwdbwd"):
+            if p not in passes or not budget.ok(f"{p} {member} {(B, T, H, D)}"):
+                continue
+            row = dict(member=member, pass_=p, shape=[B, T, H, D])
+            for lib, (chunk, _) in libs.items():
+                try:
+                    if p == "fwd":
+                        def fn(chunk=chunk):
+                            with torch.no_grad():
+                                return call_chunk(member, chunk, x)
+                    else:
+                        fn = fwdbwd_fn(member, chunk, x)
+                    t = time.time()
+                    fn()  # FLA: its autotuning, once per op and shape, before anything is timed
+                    if cuda:
+                        torch.cuda.synchronize()
+                    row[f"{lib}_first_call_s"] = time.time() - t
+                    row[f"{lib}_ms"] = bench_ms(fn, cuda)
+                except Exception as e:  # noqa: BLE001
+                    row[f"{lib}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                if cuda:
+                    torch.cuda.empty_cache()
+            if "fla_ms" in row and "kdagen_ms" in row:
+                row["ratio"] = row["fla_ms"] / row["kdagen_ms"]
+            RES["rows"].append(row)
+            log(f"  {row}")
+            dump(out)
+        del x
+
+
+def decode(member, libs, shapes, dev, budget, out):
+    cuda = dev == "cuda"
+    for B, H, D in shapes:
+        if not budget.ok(f"decode {member} B={B}"):
+            return
+        x = inputs(member, B, 1, H, D, D, dev)
+        row = dict(member=member, pass_="decode", shape=[B, 1, H, D])
+        for lib, (_, recurrent) in libs.items():
+            try:
+                with torch.no_grad():
+                    fn = lambda recurrent=recurrent: call_recurrent(member, recurrent, x)  # noqa: E731
+                    row[f"{lib}_graph_us"] = graph_us(fn, cuda)
+                    if lib == "kdagen":  # the serving form: the pool updated in place, o into a buffer
+                        pool = x["initial_state"].clone()
+                        idx = torch.arange(B, dtype=torch.int32, device=dev)
+                        buf = torch.empty_like(x["v"])
+                        xp = dict(x, initial_state=pool)
+                        fp = lambda: call_recurrent(member, recurrent, xp, ssm_state_indices=idx, out=buf)  # noqa: E731
+                        row["kdagen_pool_graph_us"] = graph_us(fp, cuda)
+            except Exception as e:  # noqa: BLE001
+                row[f"{lib}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        if "fla_graph_us" in row and "kdagen_graph_us" in row:
+            row["ratio"] = row["fla_graph_us"] / row["kdagen_graph_us"]
+        # the state read and written once is the floor: 2 * B * H * K * V * 4 bytes
+        row["state_MB"] = 2 * B * H * D * D * 4 / 1e6
+        RES["rows"].append(row)
+        log(f"  {row}")
+        dump(out)
+
+
+def table():
+    log("\n| member | pass | B, T, H, K=V | kdagen | FLA | FLA/kdagen | kdagen pool (decode) |")
+    log("|---|---|---|---|---|---|---|")
+    for r in RES["rows"]:
+        unit = "us" if r["pass_"] == "decode" else "ms"
+        key = "graph_us" if unit == "us" else "ms"
+        kd, fl = r.get(f"kdagen_{key}", math.nan), r.get(f"fla_{key}", math.nan)
+        err = r.get("kdagen_error") or r.get("fla_error") or ""
+        pool = f"{r['kdagen_pool_graph_us']:.1f} us" if "kdagen_pool_graph_us" in r else ""
+        log(f"| {r['member']} | {r['pass_']} | {', '.join(map(str, r['shape']))} | {kd:.3f} {unit} | {fl:.3f} {unit} | "
+            f"{r.get('ratio', math.nan):.2f}x | {pool} {err[:60]} |")
+    if RES["errors"]:
+        log("\n| member | B, T, H, K=V | lib | o | final state | recurrent o | worst gradient |")
+        log("|---|---|---|---|---|---|---|")
+        for r in RES["errors"]:
+            for lib in ("kdagen", "fla"):
+                e = r.get(lib)
+                if not e:
+                    continue
+                if "error" in e:
+                    log(f"| {r['member']} | {r['shape']} | {lib} | error: {e['error'][:80]} | | | |")
+                    continue
+                worst = max((v, n) for n, v in e.items() if n.startswith("d"))
+                log(f"| {r['member']} | {', '.join(map(str, r['shape']))} | {lib} | {e['o']:.2e} | "
+                    f"{e['final_state']:.2e} | {e['recurrent_o']:.2e} | {worst[1]} {worst[0]:.2e} |")
+    if RES["skipped"]:
+        log(f"skipped for the budget: {RES['skipped']}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--only", default="", help="comma-separated members (gdn, deltanet) and/or passes "
+                                               "(errors, fwd, fwdbwd, decode)")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds the whole run may take")
+    ap.add_argument("--warm-workers", type=int, default=0, help="processes compiling FLA's candidates first")
+    ap.add_argument("--warm-budget", type=float, default=180.0)
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the CPU in the interpreter")
+    args = ap.parse_args(argv)
+    only = set(filter(None, args.only.split(",")))
+    unknown = only - set(MEMBERS) - set(PASSES)
+    if unknown:
+        ap.error(f"--only: unknown {sorted(unknown)}; members {MEMBERS}, passes {PASSES}")
+    members = [m for m in MEMBERS if m in only] or list(MEMBERS)
+    passes = [p for p in PASSES if p in only] or list(PASSES)
+    budget = Budget(args.budget)
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        ap.error("no GPU: run the smoke test in Triton's interpreter (TRITON_INTERPRET=1 ... --smoke)")
+    shapes, dshapes, eshapes = ((SMOKE_SHAPES, SMOKE_DECODE, SMOKE_ERROR_SHAPES) if args.smoke
+                                else (SHAPES, DECODE, ERROR_SHAPES))
+    import triton
+
+    import kdagen
+    RES["meta"] = dict(device=torch.cuda.get_device_name() if cuda else "cpu (interpreter)", torch=torch.__version__,
+                       triton=triton.__version__, kdagen=kdagen.__version__, smoke=args.smoke,
+                       when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), members=members, passes=passes)
+    log(json.dumps(RES["meta"]))
+    try:
+        if cuda and not args.no_fla and args.warm_workers > 0:
+            warm_parallel(args.warm_workers, members, shapes, min(args.warm_budget, max(budget.left() - 60, 1)))
+        for member in members:
+            libs = {"kdagen": ops(member, "kdagen")}
+            fla = None if args.no_fla else ops(member, "fla")
+            if fla is not None:
+                libs["fla"] = fla
+            log(f"\n== {member}: {', '.join(libs)} [t={time.time() - T0:.0f}s]")
+            if "errors" in passes:
+                errors(member, libs, eshapes, dev, budget)
+                dump(args.out)
+            timings(member, libs, shapes, passes, dev, budget, args.out)
+            if "decode" in passes:
+                decode(member, libs, dshapes, dev, budget, args.out)
+    finally:
+        table()
+        log(f"done in {time.time() - T0:.0f}s")
+        dump(args.out)
+    return RES
+
+
+if __name__ == "__main__":
+    main()
