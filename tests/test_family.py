@@ -140,7 +140,7 @@ def test_gdn_reset_is_the_recurrences_answer():
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("dt", [F32, F16], ids=["fp32", "fp16"])
 def test_chunk_gradients_match_the_recurrence(member, dt):
-    B, T, H, HV, K, V = 1, 37, 1, 2, 32, 48
+    B, T, H, HV, K, V = 1, 37, 1, 2, 48, 32  # K = 48: two K tiles of the backward, the second masked
     q, k, v, g, beta, h0 = _inputs(member, B, T, H, HV, K, V, dt)
     names = ["q", "k", "v", "g", "beta", "h0"] if member == "gdn" else ["q", "k", "v", "beta", "h0"]
     xs = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)

@@ -144,7 +144,10 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dqk_dtype = q.dtype if HV == H else f32
     dq = torch.empty(B, T, HV, K, dtype=dqk_dtype, device=dev)
     dk = torch.empty_like(dq)
-    dg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
+    # dg: per channel, one per token for a scalar decay (summed over the channels in the kernel), none
+    # without a decay
+    dg = (torch.empty(B, T, HV, K, dtype=f32, device=dev) if plan.decay == "channel"
+          else torch.empty(B, T, HV, dtype=f32, device=dev) if plan.decay == "scalar" else dummy)
     dv = torch.empty(B, T, HV, V, dtype=inputs["v"].dtype, device=dev)
     dbeta = torch.empty(B, T, HV, dtype=inputs["beta"].dtype, device=dev)
     dA_part = torch.empty(NTt, HV, K, dtype=f32, device=dev) if plan.gate_has_A else None
@@ -211,9 +214,7 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
         shape, dtype = like["dt_bias"]
         ddt_bias = out["dbias_part"].sum(0).reshape(shape).to(dtype)
     dh0 = out["dh0"].to(h0.dtype) if need_dh0 else None
-    dg = out["dg"]
-    if meta.plan.decay == "scalar":  # g broadcast over the channels: its gradient is their sum
-        dg = dg.sum(-1)
+    dg = out["dg"]  # [B, T, HV] for a scalar decay (summed over the channels in the kernel)
     grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], dg.to(like["g"][1]),
              out["dbeta"].to(like["beta"][1]), dh0, dA_log, ddt_bias)
     return tuple(x if n else None for x, n in zip(grads, need[:8]))

@@ -100,7 +100,10 @@ def prepare_recurrent_bwd(meta: RecurrentBwdMeta, inputs: dict, initial_state, d
     TT = B * T
     dq = torch.empty(NV, TT, HV, K, dtype=f32, device=dev)
     dk = torch.empty_like(dq)
-    dg = torch.empty_like(dq)
+    # dg: per channel, one per token for a scalar decay (summed over the channels in the kernel), none
+    # without a decay
+    dg = (torch.empty_like(dq) if plan.decay == "channel" else torch.empty(NV, TT, HV, dtype=f32, device=dev)
+          if plan.decay == "scalar" else dummy)
     dbeta = torch.empty(NV, TT, HV, dtype=f32, device=dev)
     dv = torch.empty(B, T, HV, V, dtype=inputs["v"].dtype, device=dev)
     dh0 = torch.empty(state_shape(N, HV, K, V, meta.state_v_first), dtype=f32, device=dev) if need_dh0 else None
@@ -147,9 +150,9 @@ def backward(meta: RecurrentBwdMeta, saved, like: dict, need: tuple[bool, ...], 
     if HV != H:  # GVA: value heads h * (HV // H) ... (h + 1) * (HV // H) - 1 read q/k head h
         dq = dq.view(B, T, H, HV // H, K).sum(3)
         dk = dk.view(B, T, H, HV // H, K).sum(3)
-    dg = out["dg"].sum(0).view(B, T, HV, K)
-    if meta.plan.decay == "scalar":  # g broadcast over the channels: its gradient is their sum
-        dg = dg.sum(-1)
+    # (a scalar decay's dg is summed over the channels in the kernel; no decay, no dg)
+    dg = out["dg"].sum(0).view(B, T, HV, *(() if meta.plan.decay == "scalar" else (K,))) \
+        if meta.plan.decay != "identity" else out["dg"]
     dbeta = out["dbeta"].sum(0).view(B, T, HV)
     dA_log = ddt_bias = None
     if out["dA_part"] is not None:
