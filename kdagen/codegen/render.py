@@ -78,7 +78,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["k_mask"] = plan.K != plan.BK
     elif kernel in ("chunk_intra", "chunk_bwd_intra"):
         sub = config.sub_chunk
-        v.update(n_sub=config.chunk_size // sub, sub=sub,
+        v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),
                  k_mask=plan.K % min(config.intra_block_k, plan.BK) != 0,
                  inv_kw=f', input_precision="{config.inverse_precision}"',
                  # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
