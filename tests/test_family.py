@@ -335,3 +335,13 @@ def test_both_chunk_lengths(member):
         grads = torch.autograd.grad((o * do).sum() + ht.sum(), [xl[n] for n in names])
         for n, a, b in zip(names, grads, ref):
             assert_close(a, b, GRAD_TOL[F32], f"C={C} d{n}")
+
+
+def test_torch_compile_runs_the_ops_eagerly():
+    """No registered op yet: under torch.compile the ops are a graph break, and give the eager answer."""
+    q, k, v, g, beta, _ = _inputs("gdn", 1, 20, 1, 1, 32, 32, F32, h0=False)
+
+    def f(q, k, v, g, beta):
+        return kdagen.chunk_gated_delta_rule(q, k, v, g, beta)[0] * 2 + kdagen.chunk_delta_rule(q, k, v, beta)[0]
+
+    assert torch.equal(torch.compile(f, backend="eager")(q, k, v, g, beta), f(q, k, v, g, beta))

@@ -22,7 +22,10 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     if plan.BK > 128:
         return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
                               state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
-    return ChunkFwdConfig(chunk_size=32 if plan.gate_in_kernel else 64, intra_num_warps=4,
+    # (a scalar decay's in-kernel gate is one number per row, not per element: its solve keeps the
+    # plain call's 64-row chunks -- the same reasoning, not yet measured on the GPU)
+    small = plan.gate_in_kernel and plan.diag_mode != "scalar"
+    return ChunkFwdConfig(chunk_size=32 if small else 64, intra_num_warps=4,
                           state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=3,
                           inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
 

@@ -66,6 +66,7 @@ def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices,
                         raw_gate=raw_gate, A_log=A_log, dt_bias=dt_bias)
 
 
+@torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
 def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
                  output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                  use_gate_in_kernel: bool = False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel: bool = False,
@@ -169,6 +170,7 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
     return fwd, launches, outs
 
 
+@torch.compiler.disable  # as chunk_member
 def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
                            output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                            use_gate_in_kernel: bool = False, A_log=None, dt_bias=None,
