@@ -316,7 +316,8 @@ def test_refusals_name_the_keyword():
 
 @pytest.mark.parametrize("member", MEMBERS)
 def test_both_chunk_lengths(member):
-    """chunk_size 32 (one half per chunk) and 64 (two halves coupled), inference and training (every
+    """chunk_size 32 (one half per chunk; no prefetch in the state pass) and 64 (two halves coupled),
+    inference and training (every
     gradient), with g = -inf (a reset) mid-sequence for GDN: the recurrence's answer."""
     q, k, v, g, beta, h0 = _inputs(member, 1, 45, 1, 1, 32, 32, F32, reset=member == "gdn")
     names = ["q", "k", "v", "g", "beta", "h0"] if member == "gdn" else ["q", "k", "v", "beta", "h0"]
@@ -326,7 +327,8 @@ def test_both_chunk_lengths(member):
     do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(2))
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + rh.sum(), [x64[n] for n in names])
     for C in (32, 64):
-        o, ht = _chunk(member, q, k, v, g, beta, initial_state=h0, output_final_state=True, chunk_size=C)
+        cfg = ChunkFwdConfig(chunk_size=C, state_prefetch=C == 64, state_num_stages=2)  # both state passes
+        o, ht = _chunk(member, q, k, v, g, beta, initial_state=h0, output_final_state=True, config=cfg)
         assert_close(o, ro.detach(), TOL[F32], f"C={C} o")
         assert_close(ht, rh.detach(), TOL[F32], f"C={C} final state")
         xl = {n: xs[n].clone().requires_grad_() for n in names}
@@ -345,3 +347,20 @@ def test_torch_compile_runs_the_ops_eagerly():
         return kdagen.chunk_gated_delta_rule(q, k, v, g, beta)[0] * 2 + kdagen.chunk_delta_rule(q, k, v, beta)[0]
 
     assert torch.equal(torch.compile(f, backend="eager")(q, k, v, g, beta), f(q, k, v, g, beta))
+
+
+def test_kda_with_a_gate_through_the_member_entry_is_chunk_kda():
+    """A KDA-structured spec with a gate expression runs through chunk_member /
+    fused_recurrent_member and gives chunk_kda's / fused_recurrent_kda's bits (same plan, kernels)."""
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 19, 1, 32, generator=gen) for _ in range(3))
+    z, beta = torch.randn(1, 19, 1, 32, generator=gen), torch.rand(1, 19, 1, generator=gen)
+    A_log, dt_bias = torch.randn(1, generator=gen), torch.randn(32, generator=gen)
+    spec = S.kda(S.gate_lower_bound(-5.0))
+    kw = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, output_final_state=True)
+    o, ht = chunk_member(spec, q, k, v, z, beta, **kw)
+    ok, hk = kdagen.chunk_kda(q, k, v, z, beta, lower_bound=-5.0, **kw)
+    assert torch.equal(o, ok) and torch.equal(ht, hk)
+    o, ht = fused_recurrent_member(spec, q, k, v, z, beta, **kw)
+    ok, hk = kdagen.fused_recurrent_kda(q, k, v, z, beta, lower_bound=-5.0, **kw)
+    assert torch.equal(o, ok) and torch.equal(ht, hk)

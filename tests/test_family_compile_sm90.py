@@ -32,6 +32,8 @@ CASES = [
     ("gdn-bf16-K256V256", "gdn", "bfloat16", 256, 256, {}),
     ("deltanet-bf16-K128V128", "deltanet", "bfloat16", 128, 128, {}),
     ("deltanet-fp16-K48V96-varlen-v-first", "deltanet", "float16", 48, 96, dict(varlen=True, v_first=True)),
+    ("deltanet-bf16-C32-no-prefetch", "deltanet", "bfloat16", 128, 128, dict(fwd=dict(chunk_size=32, state_prefetch=False))),
+    ("gdn-bf16-C32-no-prefetch", "gdn", "bfloat16", 128, 128, dict(fwd=dict(chunk_size=32, state_prefetch=False))),
 ]
 KINDS = ("chunk_solve", "chunk_pass", "chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw",
          "chunk_bwd_intra", "recurrent", "recurrent_bwd")
@@ -44,7 +46,7 @@ def _worker_compile(cases):
     from kdagen import spec as S
     from kdagen.cache.lookup import resolve
     from kdagen.codegen.lower import lower
-    from kdagen.config import RecurrentBwdConfig
+    from kdagen.config import ChunkFwdConfig, RecurrentBwdConfig
     from kdagen.kernels import CompileReport, build, compile_for_target
     from kdagen.ops.family import gdn_spec
     from kdagen.ops.inputs import check_inputs
@@ -83,7 +85,8 @@ def _worker_compile(cases):
             gate = dict(use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(HV)) if gik else {}
             kw = dict(initial_state=h0, cu_seqlens=cu, state_v_first=vf, **gate)
             out = []
-            fwd, _ = chunk_member_launches(spec, q, k, v, g, beta, output_final_state=True, **kw)
+            cfg = ChunkFwdConfig(**extra["fwd"]) if "fwd" in extra else None
+            fwd, _ = chunk_member_launches(spec, q, k, v, g, beta, output_final_state=True, config=cfg, **kw)
             out += [report("chunk_solve", fwd[0]), report("chunk_pass", fwd[1])]
             tf, tb, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True, **kw)
             out += [report("chunk_intra", tf[0]), report("chunk_state", tf[1])]
