@@ -364,3 +364,28 @@ def test_kda_with_a_gate_through_the_member_entry_is_chunk_kda():
     o, ht = fused_recurrent_member(spec, q, k, v, z, beta, **kw)
     ok, hk = kdagen.fused_recurrent_kda(q, k, v, z, beta, lower_bound=-5.0, **kw)
     assert torch.equal(o, ok) and torch.equal(ht, hk)
+
+
+def test_gdn_training_over_several_k_tiles():
+    """The training kernels over three K tiles of 16 (K = 48), with the in-kernel gate (A_log,
+    dt_bias per head) and a cumsum-by-dot config (a scalar decay's per-row gate takes tl.cumsum)."""
+    from kdagen.ops.chunk import chunk_bwd_config
+
+    q, k, v, _, beta, h0 = _inputs("gdn", 1, 45, 1, 2, 48, 32, F32)
+    gen = torch.Generator().manual_seed(5)
+    z = torch.randn(1, 45, 2, generator=gen)
+    A_log, dt_bias = torch.randn(2, generator=gen) * 0.5, torch.randn(2, generator=gen)
+    leaves64 = [x.to(F64).requires_grad_() for x in (q, k, z, A_log, dt_bias, h0)]
+    q64, k64, z64, A64, b64, h64 = leaves64
+    ro, rh = _ref("gdn", q64, k64, v, -A64.exp() * F.softplus(z64 + b64), beta, h64)
+    ref = torch.autograd.grad(ro.sum() + rh.sum(), leaves64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, z, A_log, dt_bias, h0)]
+    ql, kl, zl, Al, bl, hl = leaves
+    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=16)):
+        o, ht = kdagen.chunk_gated_delta_rule(ql, kl, v, zl, beta, initial_state=hl, output_final_state=True,
+                                              use_gate_in_kernel=True, A_log=Al, dt_bias=bl,
+                                              config=ChunkTrainConfig(chunk_size=32, intra_block_k=16, cumsum="dot"))
+    assert_close(o.detach(), ro.detach(), TOL[F32], "o")
+    grads = torch.autograd.grad(o.sum() + ht.sum(), leaves)
+    for n, a, b in zip(("dq", "dk", "dz", "dA_log", "ddt_bias", "dh0"), grads, ref):
+        assert_close(a, b, GRAD_TOL[F32], n)

@@ -34,6 +34,8 @@ CASES = [
     ("deltanet-fp16-K48V96-varlen-v-first", "deltanet", "float16", 48, 96, dict(varlen=True, v_first=True)),
     ("deltanet-bf16-C32-no-prefetch", "deltanet", "bfloat16", 128, 128, dict(fwd=dict(chunk_size=32, state_prefetch=False))),
     ("gdn-bf16-C32-no-prefetch", "gdn", "bfloat16", 128, 128, dict(fwd=dict(chunk_size=32, state_prefetch=False))),
+    ("gdn-fp16-gate-in-kernel-train-BK32-cumsum-dot", "gdn", "float16", 128, 128,
+     dict(gik=True, train=dict(chunk_size=32, intra_block_k=32, cumsum="dot"))),
 ]
 KINDS = ("chunk_solve", "chunk_pass", "chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw",
          "chunk_bwd_intra", "recurrent", "recurrent_bwd")
@@ -46,7 +48,7 @@ def _worker_compile(cases):
     from kdagen import spec as S
     from kdagen.cache.lookup import resolve
     from kdagen.codegen.lower import lower
-    from kdagen.config import ChunkFwdConfig, RecurrentBwdConfig
+    from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig
     from kdagen.kernels import CompileReport, build, compile_for_target
     from kdagen.ops.family import gdn_spec
     from kdagen.ops.inputs import check_inputs
@@ -88,7 +90,9 @@ def _worker_compile(cases):
             cfg = ChunkFwdConfig(**extra["fwd"]) if "fwd" in extra else None
             fwd, _ = chunk_member_launches(spec, q, k, v, g, beta, output_final_state=True, config=cfg, **kw)
             out += [report("chunk_solve", fwd[0]), report("chunk_pass", fwd[1])]
-            tf, tb, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True, **kw)
+            tcfg = ChunkTrainConfig(**extra["train"]) if "train" in extra else None
+            tf, tb, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True,
+                                              config=tcfg, **kw)
             out += [report("chunk_intra", tf[0]), report("chunk_state", tf[1])]
             out += [report(n, x) for n, x in zip(("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"), tb)]
             # decode (B sequences of one token) and the recurrent backward

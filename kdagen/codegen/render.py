@@ -79,6 +79,9 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     elif kernel in ("chunk_intra", "chunk_bwd_intra"):
         sub = config.sub_chunk
         v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),
+                 # the gate's tiles: [rows, BK] per channel; [rows, 1] when one number per row holds
+                 # for every channel (a scalar decay, or none), so exp and cumsum run once per row
+                 gw="BK" if plan.decay == "channel" else "1",
                  k_mask=plan.K % min(config.intra_block_k, plan.BK) != 0,
                  inv_kw=f', input_precision="{config.inverse_precision}"',
                  # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
