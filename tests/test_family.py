@@ -389,3 +389,27 @@ def test_gdn_training_over_several_k_tiles():
     grads = torch.autograd.grad(o.sum() + ht.sum(), leaves)
     for n, a, b in zip(("dq", "dk", "dz", "dA_log", "ddt_bias", "dh0"), grads, ref):
         assert_close(a, b, GRAD_TOL[F32], n)
+
+
+def test_tuned_winners_are_shared_whatever_the_bound():
+    """A scalar decay's kernels read no bound: a build with the CLI's default bound (-5) and the ops
+    (no bound) look winners up under one tuning spec; KDA's bound still sets its own."""
+    gdn_ops, gdn_built = S.gdn(), S.get_spec("gdn", lower_bound=-5.0)
+    for form in ("chunk", "recurrent"):
+        assert lower(gdn_ops, 64, 64, "bfloat16", form).tuning_spec_hash == \
+            lower(gdn_built, 64, 64, "bfloat16", form).tuning_spec_hash
+    assert lower(S.deltanet(), 64, 64, "bfloat16", "chunk").tuning_spec_hash == S.deltanet().hash
+    assert lower(S.kda(), 64, 64, "bfloat16", "chunk").tuning_spec_hash != \
+        lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk").tuning_spec_hash
+
+
+@pytest.mark.parametrize("member,decay", [("gdn", "scalar"), ("deltanet", "identity")])
+def test_cli_inspect_renders_the_members_kernels(member, decay):
+    from click.testing import CliRunner
+
+    from kdagen.cli import main
+
+    r = CliRunner().invoke(main, ["inspect", "--spec", member, "--head-dim", "64"])
+    assert r.exit_code == 0, r.output
+    assert f"decay {decay}" in r.output and "diagonal tiles scalar" in r.output
+    assert f"def {member}_chunk_solve_" in r.output

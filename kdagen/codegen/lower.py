@@ -76,8 +76,14 @@ def tuning_spec(spec: Recurrence, form: str) -> Recurrence:
     (FLA's default), bounded below as ``spec``'s gate is for the chunk form (the bound sets the
     diagonal tiles and the sub-tile length), unbounded for the recurrent form (which reads no
     bound).  An in-kernel gate's kernels have the same loads, tiles and launches as this spec's,
-    with the gate computed from z in a prologue, so they run its winners."""
-    return spec.with_gate(S.gate_direct(spec.gate.lower_bound if form == "chunk" else None))
+    with the gate computed from z in a prologue, so they run its winners.  A spec without a
+    decay (no gate) is its own tuning spec; a scalar decay's kernels read no bound in either form
+    (diag_mode 'scalar'), so its tuning spec is unbounded: a build with any bound and the ops
+    (which promise none) share winners."""
+    if spec.gate is None:
+        return spec
+    bounded = form == "chunk" and spec.decay == "channel"
+    return spec.with_gate(S.gate_direct(spec.gate.lower_bound if bounded else None))
 
 
 @lru_cache(maxsize=256)
@@ -101,7 +107,7 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
             raise LoweringError(f"spec {spec.name!r} has no decay, so it has no gate to compute in the kernel")
         stages = ("intra", "state") if form == "chunk" else ("recurrent",)
         return Plan(
-            spec_name=spec.name, spec_hash=spec.hash, tuning_spec_hash=spec.hash, form=form,
+            spec_name=spec.name, spec_hash=spec.hash, tuning_spec_hash=tuning_spec(spec, form).hash, form=form,
             structure=st.kind, decay=spec.decay,
             K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V), dtype=dtype,
             gate_in_kernel=False, gate_name="none", gate_expr="b_z", gate_has_A=False, gate_has_bias=False,
