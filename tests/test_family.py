@@ -413,3 +413,26 @@ def test_cli_inspect_renders_the_members_kernels(member, decay):
     assert r.exit_code == 0, r.output
     assert f"decay {decay}" in r.output and "diagonal tiles scalar" in r.output
     assert f"def {member}_chunk_solve_" in r.output
+
+
+@pytest.mark.parametrize("member", MEMBERS)
+def test_decode_fast_path(member, monkeypatch):
+    """A decode loop's second call of one geometry skips validation, lowering and the config look-up
+    (as fused_recurrent_kda's) and still gives the recurrence's answer; another geometry does not."""
+    import kdagen.ops.member as M
+
+    pool = torch.randn(4, 1, 32, 32)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    for step in range(3):
+        q, k, v, g, beta, _ = _inputs(member, 2, 1, 1, 1, 32, 32, F32, h0=False, seed=step)
+        before = pool.clone()
+        if step == 1:  # from now on this geometry must not lower again
+            monkeypatch.setattr(M, "lower", lambda *a, **kw: pytest.fail("the fast path lowered again"))
+        o, ht = _recurrent(member, q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx)
+        ro, rh = _ref(member, q, k, v, g, beta, before[[2, 0]])
+        assert ht is pool
+        assert_close(o, ro, TOL[F32], f"step {step} o")
+        assert_close(pool[[2, 0]], rh, TOL[F32], f"step {step} pool")
+    q, k, v, g, beta, _ = _inputs(member, 3, 1, 1, 1, 32, 32, F32, h0=False)  # another batch: the full path
+    with pytest.raises(pytest.fail.Exception, match="lowered again"):
+        _recurrent(member, q, k, v, g, beta, initial_state=pool, ssm_state_indices=torch.tensor([1, 2, 3]))

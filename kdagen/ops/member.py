@@ -19,9 +19,17 @@ from ..codegen.lower import lower
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
 from . import checks
-from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_runnable, preprocess,
-                     state_layout)
+from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_runnable, host_seqlens,
+                     preprocess, state_layout)
 from .inputs import check_inputs as _validate
+
+
+# fused_recurrent_member's per-geometry memo (as fused_recurrent_kda's fast path): the first call of a
+# signature -- every tensor's geometry, every flag, the spec -- is validated, lowered and built in
+# full; later calls lay out the arguments and launch.  No value takes part (reading one would wait
+# for the device).
+_FAST: dict = {}
+_FAST_MAX = 4096
 
 
 def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A_log, dt_bias):
@@ -193,7 +201,32 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         raise ValueError(f"{op}: beta is required")
     if not isinstance(state_v_first, bool):
         raise TypeError(f"{op}: state_v_first must be a bool, got {type(state_v_first).__name__}")
+    sig = hit = None
+    if not kwargs and not checks.wanted(check_inputs):
+        try:  # a decode loop's later calls of one geometry: no validation, lowering or config look-up
+            sig = (spec, op, R._t(q), R._t(k), R._t(v), R._t(g), R._t(beta), R._t(initial_state),
+                   R._t(ssm_state_indices), R._t(out), R._t(cu_seqlens), R._t(A_log), R._t(dt_bias), scale,
+                   output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
+                   allow_neg_eigval, state_v_first, config, torch.is_grad_enabled())
+            hit = _FAST.get(sig)
+        except (AttributeError, TypeError):  # not a tensor, or unhashable: the full path says what is wrong
+            sig = hit = None
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
+    if hit is not None:
+        plan, built, dims, scale = hit
+        if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
+            host_seqlens(cu_seqlens, dims.T)  # on the host the values are free to check
+        if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel:
+            q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                                    allow_neg_eigval)
+        g = g if g is not None else dummy_pointer(q.device)
+        q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
+        launch, (o, ht) = R.prepare_recurrent(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
+            A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
+        launch()
+        return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
     training = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias))
     if training:
@@ -236,4 +269,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
         A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
     launch()
+    if sig is not None:  # (never for a call with gradients: the signature holds requires_grad and the grad mode)
+        if len(_FAST) >= _FAST_MAX:
+            _FAST.clear()
+        _FAST[sig] = (plan, built, dims, scale)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
