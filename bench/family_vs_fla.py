@@ -14,6 +14,9 @@ chunk_delta_rule / fused_recurrent_delta_rule), bf16 q/k/v/beta, fp32 g and stat
 4. ``decode``: one token at B = 1 and 256, H = 32, K = V = 128, CUDA-graph replay, fp32 states:
    FLA's fused_recurrent op (initial_state in, final state out), kdagen's the same way and with
    its in-place state pool (``ssm_state_indices``).
+The forward sections of every member run first, the gradients' last (FLA 0.6.0's GDN backward
+autotunes for minutes and then refuses to run on Triton < 3.7.1 with Hopper: a backward that
+raised once is not asked again for that member, and its rows say why).
 FLA runs each op once per shape before anything is timed (its autotuning compiles for minutes;
 ``--warm-workers N`` first compiles its candidates in N parallel processes, as
 bench/forward_vs_fla.py does).  ``--budget`` bounds the whole run: what is left out when it runs
@@ -46,6 +49,7 @@ ERROR_SHAPES = [(1, 1024, 4, 128), (2, 333, 2, 128)]
 SMOKE_SHAPES = [(1, 40, 2, 32)]
 SMOKE_DECODE = [(2, 2, 32)]
 SMOKE_ERROR_SHAPES = [(1, 37, 1, 32)]
+RESERVE = {"fwd": 20.0, "fwdbwd": 45.0}  # seconds a GPU timing section needs left to start (compiles, warm-up)
 GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"), "deltanet": ("q", "k", "v", "beta", "initial_state")}
 
 
@@ -218,72 +222,111 @@ def warm_parallel(workers, members, shapes, budget_s):
 
 
 # ------------------------------------------------------------------------------- sections
-def errors(member, libs, shapes, dev, budget):
+# a library's backward that raised once for a member (FLA 0.6.0's GDN backward refuses to run on
+# Triton < 3.7.1 with Hopper, after minutes of autotuning): not asked again
+BWD_REFUSED: dict = {}
+
+
+def _bwd_refused(lib, member):
+    return BWD_REFUSED.get((lib, member))
+
+
+def _refuse_bwd(lib, member, e):
+    msg = f"{type(e).__name__}: {str(e)[:200]}"
+    BWD_REFUSED[(lib, member)] = msg
+    log(f"  {lib}'s {member} backward raised; not asked again: {msg}")
+    return msg
+
+
+def _reference(member, x, names, dev):
     from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
+    r = {n: x[n].double().requires_grad_(True) for n in names}
+    if member == "gdn":
+        ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
+                                     output_final_state=True)
+    else:
+        ro, rs = naive_recurrent_deltanet(r["q"], r["k"], r["v"], r["beta"], initial_state=r["initial_state"],
+                                          output_final_state=True)
+    return r, ro, rs
+
+
+def errors(member, libs, shapes, dev, budget, grads):
+    """bf16 errors against float64: the forward (chunk o and final state, recurrent o), or with
+    ``grads`` every gradient of the chunk op (a separate row, run after every forward section)."""
+    kind = "gradients" if grads else "forward"
     for B, T, H, D in shapes:
-        if not budget.ok(f"errors {member} {(B, T, H, D)}"):
+        if not budget.ok(f"errors ({kind}) {member} {(B, T, H, D)}"):
             return
         x = inputs(member, B, T, H, D, D, dev)
         names = GRAD[member]
-        r = {n: x[n].double().requires_grad_(True) for n in names}
-        if member == "gdn":
-            ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
-                                         output_final_state=True)
-        else:
-            ro, rs = naive_recurrent_deltanet(r["q"], r["k"], r["v"], r["beta"], initial_state=r["initial_state"],
-                                              output_final_state=True)
-        gen = torch.Generator().manual_seed(7)
-        do = torch.randn(ro.shape, generator=gen).to(dev)
-        ds = torch.randn(rs.shape, generator=gen).to(dev)
-        rg = torch.autograd.grad((ro, rs), [r[n] for n in names], (do.double(), ds.double()))
-        row = dict(member=member, shape=[B, T, H, D])
+        r, ro, rs = _reference(member, x, names, dev)
+        row = dict(member=member, kind=kind, shape=[B, T, H, D])
+        if grads:
+            gen = torch.Generator().manual_seed(7)
+            do = torch.randn(ro.shape, generator=gen).to(dev)
+            ds = torch.randn(rs.shape, generator=gen).to(dev)
+            rg = torch.autograd.grad((ro, rs), [r[n] for n in names], (do.double(), ds.double()))
         for lib, (chunk, recurrent) in libs.items():
             try:
-                with torch.no_grad():
-                    o, s = call_chunk(member, chunk, x)
-                    oc, sc = call_recurrent(member, recurrent, x)
+                if not grads:
+                    with torch.no_grad():
+                        o, s = call_chunk(member, chunk, x)
+                        oc, _ = call_recurrent(member, recurrent, x)
+                    row[lib] = dict(o=rel(o, ro), final_state=rel(s, rs), recurrent_o=rel(oc, ro))
+                    continue
+                if _bwd_refused(lib, member):
+                    row[lib] = dict(error=_bwd_refused(lib, member))
+                    continue
                 leaves = {n: x[n].detach().clone().requires_grad_(True) for n in names}
                 o2, s2 = call_chunk(member, chunk, {**x, **leaves})
-                gr = torch.autograd.grad((o2, s2), [leaves[n] for n in names], (do.to(o2.dtype), ds))
-                row[lib] = dict(o=rel(o, ro), final_state=rel(s, rs), recurrent_o=rel(oc, ro),
-                                **{f"d{n}": rel(a, b) for n, a, b in zip(names, gr, rg)})
+                try:
+                    gr = torch.autograd.grad((o2, s2), [leaves[n] for n in names], (do.to(o2.dtype), ds))
+                except Exception as e:  # noqa: BLE001
+                    row[lib] = dict(error=_refuse_bwd(lib, member, e))
+                    continue
+                row[lib] = {f"d{n}": rel(a, b) for n, a, b in zip(names, gr, rg)}
             except Exception as e:  # noqa: BLE001
                 row[lib] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
         RES["errors"].append(row)
         log(f"  errors {row}")
 
 
-def timings(member, libs, shapes, passes, dev, budget, out):
+def timings(member, libs, shapes, p, dev, budget, out):
+    """``p``: "fwd" or "fwdbwd", at every shape; each library's first call (FLA's autotuning) is
+    made before anything is timed."""
     cuda = dev == "cuda"
     for B, T, H, D in shapes:
+        if not budget.ok(f"{p} {member} {(B, T, H, D)}", need=RESERVE[p] if cuda else 0.0):
+            continue
         x = inputs(member, B, T, H, D, D, dev)
-        for p in ("fwd", "fwdbwd"):
-            if p not in passes or not budget.ok(f"{p} {member} {(B, T, H, D)}"):
+        row = dict(member=member, pass_=p, shape=[B, T, H, D])
+        for lib, (chunk, _) in libs.items():
+            if p == "fwdbwd" and _bwd_refused(lib, member):
+                row[f"{lib}_error"] = _bwd_refused(lib, member)
                 continue
-            row = dict(member=member, pass_=p, shape=[B, T, H, D])
-            for lib, (chunk, _) in libs.items():
-                try:
-                    if p == "fwd":
-                        def fn(chunk=chunk):
-                            with torch.no_grad():
-                                return call_chunk(member, chunk, x)
-                    else:
-                        fn = fwdbwd_fn(member, chunk, x)
-                    t = time.time()
-                    fn()  # FLA: its autotuning, once per op and shape, before anything is timed
-                    if cuda:
-                        torch.cuda.synchronize()
-                    row[f"{lib}_first_call_s"] = time.time() - t
-                    row[f"{lib}_ms"] = bench_ms(fn, cuda)
-                except Exception as e:  # noqa: BLE001
-                    row[f"{lib}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            try:
+                if p == "fwd":
+                    def fn(chunk=chunk):
+                        with torch.no_grad():
+                            return call_chunk(member, chunk, x)
+                else:
+                    fn = fwdbwd_fn(member, chunk, x)
+                t = time.time()
+                fn()
                 if cuda:
-                    torch.cuda.empty_cache()
-            if "fla_ms" in row and "kdagen_ms" in row:
-                row["ratio"] = row["fla_ms"] / row["kdagen_ms"]
-            RES["rows"].append(row)
-            log(f"  {row}")
-            dump(out)
+                    torch.cuda.synchronize()
+                row[f"{lib}_first_call_s"] = time.time() - t
+                row[f"{lib}_ms"] = bench_ms(fn, cuda)
+            except Exception as e:  # noqa: BLE001
+                row[f"{lib}_error"] = (_refuse_bwd(lib, member, e) if p == "fwdbwd"
+                                       else f"{type(e).__name__}: {str(e)[:200]}")
+            if cuda:
+                torch.cuda.empty_cache()
+        if "fla_ms" in row and "kdagen_ms" in row:
+            row["ratio"] = row["fla_ms"] / row["kdagen_ms"]
+        RES["rows"].append(row)
+        log(f"  {row}")
+        dump(out)
         del x
 
 
@@ -329,19 +372,16 @@ def table():
         log(f"| {r['member']} | {r['pass_']} | {', '.join(map(str, r['shape']))} | {kd:.3f} {unit} | {fl:.3f} {unit} | "
             f"{r.get('ratio', math.nan):.2f}x | {pool} {err[:60]} |")
     if RES["errors"]:
-        log("\n| member | B, T, H, K=V | lib | o | final state | recurrent o | worst gradient |")
-        log("|---|---|---|---|---|---|---|")
+        log("\n| member | bf16 error vs float64 | B, T, H, K=V | lib | relative errors |")
+        log("|---|---|---|---|---|")
         for r in RES["errors"]:
             for lib in ("kdagen", "fla"):
                 e = r.get(lib)
                 if not e:
                     continue
-                if "error" in e:
-                    log(f"| {r['member']} | {r['shape']} | {lib} | error: {e['error'][:80]} | | | |")
-                    continue
-                worst = max((v, n) for n, v in e.items() if n.startswith("d"))
-                log(f"| {r['member']} | {', '.join(map(str, r['shape']))} | {lib} | {e['o']:.2e} | "
-                    f"{e['final_state']:.2e} | {e['recurrent_o']:.2e} | {worst[1]} {worst[0]:.2e} |")
+                vals = (f"error: {e['error'][:80]}" if "error" in e
+                        else ", ".join(f"{n} {v:.2e}" for n, v in e.items()))
+                log(f"| {r['member']} | {r['kind']} | {', '.join(map(str, r['shape']))} | {lib} | {vals} |")
     if RES["skipped"]:
         log(f"skipped for the budget: {RES['skipped']}")
 
@@ -380,18 +420,30 @@ def main(argv=None):
     try:
         if cuda and not args.no_fla and args.warm_workers > 0:
             warm_parallel(args.warm_workers, members, shapes, min(args.warm_budget, max(budget.left() - 60, 1)))
+        libs = {}
         for member in members:
-            libs = {"kdagen": ops(member, "kdagen")}
+            libs[member] = {"kdagen": ops(member, "kdagen")}
             fla = None if args.no_fla else ops(member, "fla")
             if fla is not None:
-                libs["fla"] = fla
-            log(f"\n== {member}: {', '.join(libs)} [t={time.time() - T0:.0f}s]")
+                libs[member]["fla"] = fla
+        # the forward passes of every member first, the gradients last: a backward that autotunes for
+        # minutes (or a spent budget) cannot cost the forward rows
+        for member in members:
+            log(f"\n== {member} forward: {', '.join(libs[member])} [t={time.time() - T0:.0f}s]")
             if "errors" in passes:
-                errors(member, libs, eshapes, dev, budget)
+                errors(member, libs[member], eshapes, dev, budget, grads=False)
                 dump(args.out)
-            timings(member, libs, shapes, passes, dev, budget, args.out)
+            if "fwd" in passes:
+                timings(member, libs[member], shapes, "fwd", dev, budget, args.out)
             if "decode" in passes:
-                decode(member, libs, dshapes, dev, budget, args.out)
+                decode(member, libs[member], dshapes, dev, budget, args.out)
+        for member in members:
+            log(f"\n== {member} gradients: {', '.join(libs[member])} [t={time.time() - T0:.0f}s]")
+            if "errors" in passes:
+                errors(member, libs[member], eshapes, dev, budget, grads=True)
+                dump(args.out)
+            if "fwdbwd" in passes:
+                timings(member, libs[member], shapes, "fwdbwd", dev, budget, args.out)
     finally:
         table()
         log(f"done in {time.time() - T0:.0f}s")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "family_vs_fla.py"
 
@@ -31,13 +32,20 @@ def test_smoke_runs_kdagen_side_of_every_section(monkeypatch, tmp_path, capsys):
         key = "kdagen_graph_us" if r["pass_"] == "decode" else "kdagen_ms"
         assert math.isfinite(r[key]) and r[key] > 0 and "fla_ms" not in r and "kdagen_error" not in r, r
     assert "kdagen_pool_graph_us" in rows[("gdn", "decode")]
-    assert len(res["errors"]) == 2
+    assert [(e["member"], e["kind"]) for e in res["errors"]] == [
+        ("gdn", "forward"), ("deltanet", "forward"), ("gdn", "gradients"), ("deltanet", "gradients")]
     for e in res["errors"]:
-        assert set(e) == {"member", "shape", "kdagen"}
+        assert set(e) == {"member", "kind", "shape", "kdagen"}
+        want = {"o", "final_state", "recurrent_o"} if e["kind"] == "forward" else {
+            "dq", "dk", "dv", "dbeta", "dinitial_state"} | ({"dg"} if e["member"] == "gdn" else set())
+        assert set(e["kdagen"]) == want, e
         assert all(v < 1e-5 for v in e["kdagen"].values()), e  # fp32 in the interpreter: float64-exact
     saved = json.loads((tmp_path / "family.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(res["rows"]))
-    assert "| gdn | fwd | 1, 40, 2, 32 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| gdn | fwd | 1, 40, 2, 32 |" in out and "| deltanet | gradients | 1, 37, 1, 32 | kdagen | dq " in out
+    # the forward rows of both members come before any gradient row
+    assert [r["pass_"] for r in res["rows"]] == ["fwd", "decode", "fwd", "decode", "fwdbwd", "fwdbwd"]
 
 
 def test_a_spent_budget_still_writes_the_table(monkeypatch, tmp_path, capsys):
@@ -51,3 +59,41 @@ def test_a_spent_budget_still_writes_the_table(monkeypatch, tmp_path, capsys):
 def test_only_refuses_unknown_names(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         _bench(monkeypatch).main(["--smoke", "--out", str(tmp_path), "--only", "gla"])
+
+
+@pytest.mark.slow
+def test_a_backward_that_raised_is_not_asked_again(monkeypatch, tmp_path):
+    """A library whose backward raises (FLA's GDN on Triton < 3.7.1 with Hopper) is asked once per
+    member: its later gradient rows carry the first refusal, and the forward rows are unaffected."""
+    bench = _bench(monkeypatch)
+    import kdagen
+
+    calls = []
+
+    def refusing_chunk(q, k, v, g, beta, **kw):
+        o, s = kdagen.chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+        if torch.is_grad_enabled() and q.requires_grad:
+            calls.append(1)
+            return RefuseBackward.apply(o), s
+        return o, s
+
+    class RefuseBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("no backward on this machine")
+
+    real_ops = bench.ops
+    monkeypatch.setattr(bench, "ops", lambda member, lib: (
+        (refusing_chunk, real_ops(member, "kdagen")[1]) if lib == "fla" else real_ops(member, lib)))
+    res = bench.main(["--smoke", "--out", str(tmp_path), "--only", "gdn,errors,fwd,fwdbwd"])
+    grad_rows = [e for e in res["errors"] if e["kind"] == "gradients"]
+    assert grad_rows and all("no backward on this machine" in e["fla"]["error"] for e in grad_rows)
+    fwdbwd = [r for r in res["rows"] if r["pass_"] == "fwdbwd"]
+    assert fwdbwd and all("no backward on this machine" in r["fla_error"] for r in fwdbwd)
+    assert len(calls) == 1  # asked once, in the first gradient row
+    fwd = [r for r in res["rows"] if r["pass_"] == "fwd"]
+    assert fwd and all("fla_ms" in r and "ratio" in r for r in fwd)
