@@ -38,6 +38,9 @@ def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
     leaves = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
     if member == "deltanet":
         del leaves["g"]
+    op = kdagen.chunk_gated_delta_rule if member == "gdn" else kdagen.chunk_delta_rule
+    with torch.no_grad():  # the inference kernels (solve and pass; the pass's dots take bf16 operands)
+        oi, hti = op(**leaves, output_final_state=True)
     x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
     r = {n: t.double().requires_grad_(True) for n, t in leaves.items()}
     if member == "gdn":
@@ -54,7 +57,8 @@ def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
     def rel(a, b):
         return float((a.double() - b).norm() / b.norm())
 
-    out = {"o": rel(o.detach(), ro.detach()), "final_state": rel(ht.detach(), rht.detach())}
+    out = {"o": rel(o.detach(), ro.detach()), "final_state": rel(ht.detach(), rht.detach()),
+           "o_inference": rel(oi, ro.detach()), "final_state_inference": rel(hti, rht.detach())}
     out.update({f"d{n}": rel(x[n].grad, r[n].grad) for n in leaves})
     return out
 

@@ -218,7 +218,7 @@ def _norm_ref(member, q, k, v, g, beta, h0, sigmoid, neg):
 @pytest.mark.parametrize("member", MEMBERS)
 def test_fla_flags(member):
     """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel/allow_neg_eigval and state_v_first."""
-    q, k, v, g, beta, h0 = _inputs(member, 1, 21, 1, 1, 32, 32, F32)
+    q, k, v, g, beta, h0 = _inputs(member, 1, 45, 1, 1, 32, 32, F32)  # both halves of a 64-row chunk
     q, k, beta = q * 3.0, k * 0.3, torch.randn_like(beta)
     kw = dict(use_qk_l2norm_in_kernel=True)
     if member == "gdn":

@@ -34,7 +34,8 @@ def errors():
 @pytest.mark.parametrize("case", list(CASES))
 def test_every_output_within_bf16_rounding(errors, case):
     err = errors[case]
-    want = {"o", "final_state", "dq", "dk", "dv", "dbeta", "dinitial_state"} | ({"dg"} if "gdn" in case else set())
+    want = {"o", "final_state", "o_inference", "final_state_inference", "dq", "dk", "dv", "dbeta",
+            "dinitial_state"} | ({"dg"} if "gdn" in case else set())
     assert set(err) == want
     bad = {n: e for n, e in err.items() if not e <= TOL}
     assert not bad, f"{case}: errors above {TOL}: {bad}"

@@ -38,9 +38,14 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     dev = q.device
     NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
     NT = triton.cdiv(T, C)
-    qg = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev)
-    bk = torch.empty_like(qg)
-    kgl = torch.empty_like(qg)
+    scalar = plan.diag_mode == "scalar"
+    if scalar:  # a decay shared by the channels: qg and bk are row scales of q and k (chunk_solve.py.j2)
+        qg = torch.empty(B, T, HV, dtype=torch.float32, device=dev)
+        bk = torch.empty_like(qg)
+    else:
+        qg = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev)
+        bk = torch.empty_like(qg)
+    kgl = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev)
     pm = torch.empty(B, T, HV, C, dtype=q.dtype, device=dev)
     gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
@@ -55,7 +60,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
         solve_args["A_log"] = A_log
     if plan.gate_has_bias:
         solve_args["dt_bias"] = dt_bias
-    solve_args.update(qg=qg, bk=bk, kgl=kgl, pm=pm, gn=gn, cu_seqlens=cu,
+    solve_args.update(**(dict(qs=qg, bs=bk) if scalar else dict(qg=qg, bk=bk)), kgl=kgl, pm=pm, gn=gn, cu_seqlens=cu,
                       chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                       T=T, NT=NT, scale=float(scale))
     solve = Launch("chunk_solve", built.fns[0], (NT_total, HV), solve_args,
@@ -63,13 +68,15 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
                         L2NORM=bool(l2norm), **flags),
                    config.intra_num_warps, config.intra_num_stages)
     bv = min(config.state_block_v, plan.BV)
-    pass_args = dict(v=v, beta=beta, qg=qg, bk=bk, kgl=kgl, pm=pm, gn=gn, o=o,
+    rows = dict(q=q, k=k, qs=qg, bs=bk) if scalar else dict(qg=qg, bk=bk)
+    pass_args = dict(v=v, beta=beta, **rows, kgl=kgl, pm=pm, gn=gn, o=o,
                      h0=initial_state if initial_state is not None else dummy,
                      ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
                      cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
                      T=T, NT=NT)
     state = Launch("chunk_pass", built.fns[1], (triton.cdiv(V, bv), N * HV), pass_args,
-                   dict(HV=HV, K=K, V=V, BT=C, BH=min(C, 32), BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
+                   dict(**(dict(H=H) if scalar else {}), HV=HV, K=K, V=V, BT=C, BH=min(C, 32), BK=plan.BK, BV=bv,
+                        USE_H0=initial_state is not None,
                         STORE_HT=output_final_state, STORE_HS=return_intermediate_states,
                         STATE_V_FIRST=bool(state_v_first),
                         LOOP_STAGES=config.state_num_stages, **flags),
