@@ -58,6 +58,9 @@ class Plan:
     # 'factorised' | 'elementwise' (per-channel decay) | 'scalar' (a decay shared by all channels,
     # or none: exp(G_i - G_j) is one number per (i, j), so a diagonal tile is one dot times it)
     diag_mode: str
+    # the rank-1 (delta) part: a = beta k erases and beta k writes (KDA's structure); without it the
+    # update is S <- Diag(exp g) S + k v^T (GLA's): no triangular solve, no beta
+    has_rank1: bool
     stages: tuple[str, ...]
 
     def to_dict(self):
@@ -96,10 +99,16 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
     if form not in ("chunk", "recurrent"):
         raise LoweringError(f"form must be 'chunk' or 'recurrent', got {form!r}")
     st = analyze_structure(spec)
-    if st.kind != "kda":
+    if st.kind == "gla":
+        if spec.decay != "channel" or sp.simplify(spec.write_key - S.k) != 0:
+            raise LoweringError(f"spec {spec.name!r} has no rank-1 part, a {spec.decay} decay and the write key "
+                                f"{spec.write_key}: without a rank-1 part the templates lower GLA's structure only "
+                                "(a per-channel decay and the write key k)")
+    elif st.kind != "kda":
         raise LoweringError(f"kdagen generates kernels for the KDA structure (a = beta k, b = D k and the write "
-                            f"key beta k: one A_kk, WY form) with identity, scalar or per-channel decay; spec "
-                            f"{spec.name!r} is {st.kind!r} ({st.reason}). Other structures are not generated yet.")
+                            f"key beta k: one A_kk, WY form) with identity, scalar or per-channel decay, and for "
+                            f"GLA's (no rank-1 part, per-channel decay); spec {spec.name!r} is {st.kind!r} "
+                            f"({st.reason}). Other structures are not generated yet.")
     gate = spec.gate
     names = dict(GATE_NAMES)
     if gate is None:  # identity decay: no gate is read, G = 0
@@ -112,7 +121,7 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
             K=K, V=V, BK=triton.next_power_of_2(K), BV=triton.next_power_of_2(V), dtype=dtype,
             gate_in_kernel=False, gate_name="none", gate_expr="b_z", gate_has_A=False, gate_has_bias=False,
             gate_dz="", gate_dA="", gate_dbias="", lower_bound=None, safe_sub_chunk=None, diag_mode="scalar",
-            stages=stages)
+            has_rank1=spec.has_rank1, stages=stages)
     if gate_in_kernel:
         if gate.name == "direct":
             raise LoweringError("gate_in_kernel needs a gate expression (lower_bound, softplus or custom), "
@@ -145,5 +154,5 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
         gate_in_kernel=gate_in_kernel, gate_name=gate.name, gate_expr=gate_expr,
         gate_has_A=has_A, gate_has_bias=has_bias, gate_dz=d_z, gate_dA=d_A, gate_dbias=d_bias,
         lower_bound=gate.lower_bound,
-        safe_sub_chunk=bound.length, diag_mode=diag_mode, stages=stages,
+        safe_sub_chunk=bound.length, diag_mode=diag_mode, has_rank1=spec.has_rank1, stages=stages,
     )

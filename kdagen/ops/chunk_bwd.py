@@ -88,7 +88,8 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     B, T, HV, K, C = meta.B, meta.T, meta.HV, meta.K, meta.C
     dev = inputs["q"].device
     qg = torch.empty(B, T, HV, K, dtype=meta.inter_dtype, device=dev)
-    inter = dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg), u=dummy_pointer(dev),
+    inter = dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg) if meta.plan.has_rank1 else dummy_pointer(dev),
+                 u=dummy_pointer(dev),
                  aqk=torch.empty(B, T, HV, C, dtype=meta.inter_dtype, device=dev),
                  gn=torch.empty(max(meta.NT_total, 1), HV, K, dtype=torch.float32, device=dev))
     fi = meta.fwd_intra
@@ -128,7 +129,8 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                    cfg.state_num_warps, cfg.state_num_stages)
     dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
     dkg = torch.empty_like(dqg)
-    dw = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev)  # a dot operand only, like dU
+    # a dot operand only, like dU; without a rank-1 part there is no W
+    dw = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev) if plan.has_rank1 else dummy
     daqk = torch.empty(B, T, HV, C, dtype=f32, device=dev)
     dgn = torch.empty(NTt, HV, K, dtype=f32, device=dev)
     dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn,
@@ -149,7 +151,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dg = (torch.empty(B, T, HV, K, dtype=f32, device=dev) if plan.decay == "channel"
           else torch.empty(B, T, HV, dtype=f32, device=dev) if plan.decay == "scalar" else dummy)
     dv = torch.empty(B, T, HV, V, dtype=inputs["v"].dtype, device=dev)
-    dbeta = torch.empty(B, T, HV, dtype=inputs["beta"].dtype, device=dev)
+    dbeta = torch.empty(B, T, HV, dtype=inputs["beta"].dtype, device=dev) if plan.has_rank1 else None
     dA_part = torch.empty(NTt, HV, K, dtype=f32, device=dev) if plan.gate_has_A else None
     dbias_part = torch.empty(NTt, HV, K, dtype=f32, device=dev) if plan.gate_has_bias else None
     intra_args = dict(q=q, k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"])
@@ -157,7 +159,8 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
         intra_args["A_log"] = inputs["A_log"]
     if plan.gate_has_bias:
         intra_args["dt_bias"] = inputs["dt_bias"]
-    intra_args.update(du=du, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn, dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta)
+    intra_args.update(du=du, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn, dq=dq, dk=dk, dv=dv, dg=dg,
+                      dbeta=dbeta if dbeta is not None else dummy)
     if dA_part is not None:
         intra_args["dA_part"] = dA_part
     if dbias_part is not None:
@@ -215,6 +218,7 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
         ddt_bias = out["dbias_part"].sum(0).reshape(shape).to(dtype)
     dh0 = out["dh0"].to(h0.dtype) if need_dh0 else None
     dg = out["dg"]  # [B, T, HV] for a scalar decay (summed over the channels in the kernel)
+    dbeta = out["dbeta"].to(like["beta"][1]) if out["dbeta"] is not None else None  # no rank-1 part: no beta
     grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], dg.to(like["g"][1]),
-             out["dbeta"].to(like["beta"][1]), dh0, dA_log, ddt_bias)
+             dbeta, dh0, dA_log, ddt_bias)
     return tuple(x if n else None for x, n in zip(grads, need[:8]))

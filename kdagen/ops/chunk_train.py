@@ -39,8 +39,12 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     inter = storage(config.intermediates, q.dtype)
     qg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
     kg = torch.empty_like(qg)
-    w = torch.empty_like(qg)
-    u = torch.empty(B, T, HV, V, dtype=inter, device=dev)
+    dummy = dummy_pointer(dev)
+    if plan.has_rank1:
+        w = torch.empty_like(qg)
+        u = torch.empty(B, T, HV, V, dtype=inter, device=dev)
+    else:  # no rank-1 part: W = 0 is never formed, and U = V (the state launch reads v as u)
+        w, u = dummy, v
     aqk = torch.empty(B, T, HV, C, dtype=inter, device=dev)
     gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
@@ -48,7 +52,6 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     hs = (torch.empty(max(NT_total, 1), HV, K, V, dtype=state_dtype, device=dev)
           if return_intermediate_states else None)
     vn = torch.empty(B, T, HV, V, dtype=inter, device=dev) if store_vn else None
-    dummy = dummy_pointer(dev)
     cu = to_device(cu_seqlens, dev) if cu_seqlens is not None else dummy
     intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
     if plan.gate_has_A:
@@ -61,7 +64,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     bk = min(config.intra_block_k, plan.BK)
     intra = Launch("chunk_intra", built.fns[0], (NT_total, HV), intra_args,
                    dict(H=H, HV=HV, K=K, V=V, BT=C, BC=config.sub_chunk, BK=bk,
-                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=True),
+                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=plan.has_rank1),
                    config.intra_num_warps, config.intra_num_stages)
     bv = min(config.state_block_v, plan.BV)
     state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, o=o,

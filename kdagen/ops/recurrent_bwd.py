@@ -104,7 +104,7 @@ def prepare_recurrent_bwd(meta: RecurrentBwdMeta, inputs: dict, initial_state, d
     # without a decay
     dg = (torch.empty_like(dq) if plan.decay == "channel" else torch.empty(NV, TT, HV, dtype=f32, device=dev)
           if plan.decay == "scalar" else dummy)
-    dbeta = torch.empty(NV, TT, HV, dtype=f32, device=dev)
+    dbeta = torch.empty(NV, TT, HV, dtype=f32, device=dev) if plan.has_rank1 else None  # no rank-1: no beta
     dv = torch.empty(B, T, HV, V, dtype=inputs["v"].dtype, device=dev)
     dh0 = torch.empty(state_shape(N, HV, K, V, meta.state_v_first), dtype=f32, device=dev) if need_dh0 else None
     dA_part = torch.empty(NV, N, HV, K, dtype=f32, device=dev) if plan.gate_has_A else None
@@ -115,7 +115,7 @@ def prepare_recurrent_bwd(meta: RecurrentBwdMeta, inputs: dict, initial_state, d
     if plan.gate_has_bias:
         args["dt_bias"] = inputs["dt_bias"]
     args.update(do=do, dht=dht if dht is not None else dummy, h0=initial_state if initial_state is not None else dummy,
-                ck=ck, scr=scr, dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0 if dh0 is not None else dummy)
+                ck=ck, scr=scr, dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta if dbeta is not None else dummy, dh0=dh0 if dh0 is not None else dummy)
     if dA_part is not None:
         args["dA_part"] = dA_part
     if dbias_part is not None:
@@ -153,7 +153,7 @@ def backward(meta: RecurrentBwdMeta, saved, like: dict, need: tuple[bool, ...], 
     # (a scalar decay's dg is summed over the channels in the kernel; no decay, no dg)
     dg = out["dg"].sum(0).view(B, T, HV, *(() if meta.plan.decay == "scalar" else (K,))) \
         if meta.plan.decay != "identity" else out["dg"]
-    dbeta = out["dbeta"].sum(0).view(B, T, HV)
+    dbeta = out["dbeta"].sum(0).view(B, T, HV).to(like["beta"][1]) if out["dbeta"] is not None else None
     dA_log = ddt_bias = None
     if out["dA_part"] is not None:
         shape, dtype = like["A_log"]
@@ -162,6 +162,6 @@ def backward(meta: RecurrentBwdMeta, saved, like: dict, need: tuple[bool, ...], 
         shape, dtype = like["dt_bias"]
         ddt_bias = out["dbias_part"].sum((0, 1)).reshape(shape).to(dtype)
     dh0 = out["dh0"].to(h0.dtype) if need_dh0 else None
-    grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], dg.to(like["g"][1]), dbeta.to(like["beta"][1]),
+    grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], dg.to(like["g"][1]), dbeta,
              dh0, dA_log, ddt_bias)
     return tuple(x if n else None for x, n in zip(grads, need[:8]))
