@@ -53,7 +53,7 @@ BAD = [  # (arguments, what the error line must say)
     (["inspect", "--lower-bound", "0"], ["--lower-bound", "negative number", "none"]),
     (["inspect", "--config", "{bad"], ["--config"]),
     (["inspect", "--kernel", "nope"], ["--kernel", "'nope'", "its kernels:"]),
-    (["inspect", "--spec", "gla"], ["gla"]),  # (gdn lowers since the scalar decay has kernels: tests/test_family.py)
+    (["inspect", "--spec", "dplr"], ["dplr"]),  # (gdn, deltanet and gla lower: tests/test_family*.py)
     (["inspect", "--gate-in-kernel", "softplus", "--lower-bound", "-3"], ["softplus gate has no lower bound"]),
     (["inspect", "--gate-in-kernel", "lower_bound", "--lower-bound", "none"], ["needs a bound"]),
     (["inspect", "--dtype", "fp8"], ["--dtype", "bf16"]),

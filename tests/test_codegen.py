@@ -33,9 +33,13 @@ def test_head_dims_out_of_range(K, V):
 
 
 def test_unsupported_members_say_so():
-    for spec in (S.gla(), S.dplr()):  # (gdn and deltanet have the KDA structure: tests/test_family_*.py)
-        with pytest.raises(LoweringError, match="not generated yet"):
-            lower(spec, 64, 64, "bfloat16", "chunk")
+    # (gdn and deltanet have the KDA structure, gla GLA's: tests/test_family_*.py)
+    with pytest.raises(LoweringError, match="not generated yet"):
+        lower(S.dplr(), 64, 64, "bfloat16", "chunk")
+    # no rank-1 part lowers only as GLA: a per-channel decay and the write key k
+    no_rank1_scalar = S.Recurrence("gla_scalar", "scalar", S.gate_direct(), a=None, b=None, write_key=S.k)
+    with pytest.raises(LoweringError, match="GLA's structure only"):
+        lower(no_rank1_scalar, 64, 64, "bfloat16", "chunk")
     with pytest.raises(LoweringError, match="needs a gate expression"):
         lower(S.kda(), 64, 64, "bfloat16", "chunk", gate_in_kernel=True)
 

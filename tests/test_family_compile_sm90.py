@@ -1,5 +1,5 @@
-"""Compile-only checks for Hopper (sm_90) of every kernel variant Gated DeltaNet (scalar decay) and
-DeltaNet (no decay) add: inference forward (solve, pass), training forward (intra, state),
+"""Compile-only checks for Hopper (sm_90) of every kernel variant Gated DeltaNet (scalar decay),
+DeltaNet (no decay) and GLA (no rank-1 part) add: inference forward (solve, pass), training forward (intra, state),
 backward (state, dqkw, intra), decode and its backward, through
 ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``; no GPU is needed.
 
@@ -36,6 +36,11 @@ CASES = [
     ("gdn-bf16-C32-no-prefetch", "gdn", "bfloat16", 128, 128, dict(fwd=dict(chunk_size=32, state_prefetch=False))),
     ("gdn-fp16-gate-in-kernel-train-BK32-cumsum-dot", "gdn", "float16", 128, 128,
      dict(gik=True, train=dict(chunk_size=32, intra_block_k=32, cumsum="dot"))),
+    # GLA (no rank-1 part): with a bound (factorised diagonal tiles) and without (element-wise)
+    ("gla-bf16-K128V128-bound", "gla", "bfloat16", 128, 128, dict(bound=-5.0)),
+    ("gla-bf16-K128V128", "gla", "bfloat16", 128, 128, {}),
+    ("gla-fp16-K96V192-varlen-v-first-C32", "gla", "float16", 96, 192,
+     dict(varlen=True, v_first=True, bound=-5.0, fwd=dict(chunk_size=32))),
 ]
 KINDS = ("chunk_solve", "chunk_pass", "chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw",
          "chunk_bwd_intra", "recurrent", "recurrent_bwd")
@@ -50,7 +55,7 @@ def _worker_compile(cases):
     from kdagen.codegen.lower import lower
     from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig
     from kdagen.kernels import CompileReport, build, compile_for_target
-    from kdagen.ops.family import gdn_spec
+    from kdagen.ops.family import gdn_spec, gla_spec
     from kdagen.ops.inputs import check_inputs
     from kdagen.ops.member import chunk_member_launches
     from kdagen.ops.recurrent import prepare_recurrent
@@ -78,12 +83,16 @@ def _worker_compile(cases):
             q = torch.randn(B, T, 1, K, generator=gen).to(dtype)
             k = torch.randn(B, T, 1, K, generator=gen).to(dtype)
             v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
-            beta = torch.rand(B, T, HV, generator=gen).to(dtype)
+            beta = torch.rand(B, T, HV, generator=gen).to(dtype) if member != "gla" else None
             g = -torch.rand(B, T, HV, generator=gen) if member == "gdn" else None
+            if member == "gla":
+                g = -torch.rand(B, T, HV, K, generator=gen)
             cu = torch.tensor([0, 7, 50, T], dtype=torch.int64) if varlen else None
             N = 3 if varlen else B
             h0 = torch.zeros((N, HV, V, K) if vf else (N, HV, K, V))
             spec = gdn_spec(True, True) if gik else (S.gdn() if member == "gdn" else S.deltanet())
+            if member == "gla":
+                spec = gla_spec(extra.get("bound"))
             gate = dict(use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(HV)) if gik else {}
             kw = dict(initial_state=h0, cu_seqlens=cu, state_v_first=vf, **gate)
             out = []
@@ -100,10 +109,11 @@ def _worker_compile(cases):
             A_log = gate.get("A_log")
             dims, seqlens = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu,
                                          A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik, state_v_first=vf,
-                                         decay=spec.decay)
+                                         decay=spec.decay, rank1=spec.has_rank1)
             plan = lower(spec, K, V, dt, "recurrent", gik)
             built = build(plan, resolve("recurrent", plan, None, {"T": dims.T, "B": dims.B, "N": dims.N}))
             gg = g if g is not None else torch.zeros(1)
+            beta = beta if beta is not None else torch.zeros(1)  # no rank-1 part: not read
             launch, _ = prepare_recurrent(q, k, v, gg, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
                                           cu_seqlens=cu, state_indices=None, dims=dims, plan=plan, built=built,
                                           A_log=A_log, dt_bias=dt_bias, state_v_first=vf)

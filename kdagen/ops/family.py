@@ -3,6 +3,7 @@ layouts and return values: thin wrappers over :mod:`kdagen.ops.member` with the 
 
     chunk_gated_delta_rule / fused_recurrent_gated_delta_rule   g: [B, T, HV] (scalar decay)
     chunk_delta_rule / fused_recurrent_delta_rule               no decay
+    chunk_gla / fused_recurrent_gla                             g: [B, T, HV, K], no beta (no rank-1 part)
 
 Beyond FLA: float32 inputs, GVA for DeltaNet (HV a multiple of H, as GDN), gradients through
 the recurrent ops, the decode state pool (``ssm_state_indices``) and ``out=`` on the recurrent
@@ -14,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import sympy as sp
+import torch
 
 from .. import spec as S
 from .member import chunk_member, fused_recurrent_member
@@ -156,3 +158,61 @@ def fused_recurrent_delta_rule(q, k, v, beta=None, scale: float | None = None, i
 
 chunk_gdn = chunk_gated_delta_rule
 fused_recurrent_gdn = fused_recurrent_gated_delta_rule
+
+
+@lru_cache(maxsize=8)
+def gla_spec(lower_bound: float | None = None) -> S.Recurrence:
+    """GLA's spec: g given (a per-channel log decay), bounded below by ``lower_bound`` when the
+    caller promises one (the diagonal tiles are then factorised dots; element-wise otherwise)."""
+    return S.gla(S.gate_direct(lower_bound))
+
+
+def _gla_bound(op: str, safe_gate: bool, lower_bound) -> float | None:
+    if lower_bound is not None and not safe_gate:
+        raise ValueError(f"{op}: lower_bound only takes effect with safe_gate=True (as chunk_kda)")
+    if safe_gate and lower_bound is None:
+        raise ValueError(f"{op}: safe_gate=True needs lower_bound (g >= lower_bound, e.g. -5)")
+    if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and lower_bound < 0):
+        raise ValueError(f"{op}: lower_bound must be a negative number, got {lower_bound!r}")
+    return float(lower_bound) if lower_bound is not None else None
+
+
+def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output_final_state: bool = False,
+              state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None, safe_gate: bool = False,
+              lower_bound: float | None = None, **kwargs):
+    """Chunkwise gated linear attention (FLA 0.6.0's ``chunk_gla`` signature): S_t = Diag(exp g_t)
+    S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t.  q, k: [B, T, H, K]; v: [B, T, HV, V]; g:
+    [B, T, HV, K] log decay (<= 0); initial_state: [N, HV, K, V].  Returns ``(o, final_state)``.
+
+    Beyond FLA: GVA (HV a multiple of H), float32 inputs, ``safe_gate=True, lower_bound=L``
+    (kdagen's, as chunk_kda's: the caller promises g >= L, and the diagonal tiles become
+    factorised tensor-core dots instead of the element-wise products any g needs; a g below the
+    bound is still answered exactly, by the element-wise path of that sub-tile).  No beta: GLA
+    has no rank-1 part."""
+    op = "chunk_gla"
+    _common(op, kwargs)
+    bound = _gla_bound(op, safe_gate, lower_bound)
+    return chunk_member(gla_spec(bound), q, k, v, g, None, scale=scale, initial_state=initial_state,
+                        output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                        cu_seqlens_cpu=cu_seqlens_cpu, op=op, **kwargs)
+
+
+def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale: float | None = None, initial_state=None,
+                        output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
+                        cu_seqlens=None, **kwargs):
+    """Recurrent GLA (FLA 0.6.0's ``fused_recurrent_gla`` signature; decode, with kdagen's state pool
+    ``ssm_state_indices`` and ``out=``).  gk: [B, T, HV, K] log decay, or None (no decay: plain
+    linear attention, run as a zero decay).  ``gv`` (a decay over V) and ``reverse=True`` are
+    refused with a ValueError."""
+    op = "fused_recurrent_gla"
+    if gv is not None:
+        raise ValueError(f"{op}: gv (a decay along V) is not supported by kdagen's GLA kernels; only gk")
+    if reverse:
+        raise ValueError(f"{op}: reverse=True (a right-to-left scan) is not supported by kdagen")
+    if gk is None:
+        if v.dim() != 4 or q.dim() != 4:
+            raise ValueError(f"{op}: q must be [B, T, H, K] and v [B, T, HV, V]")
+        gk = q.new_zeros(q.shape[0], q.shape[1], v.shape[2], q.shape[3], dtype=torch.float32)
+    return fused_recurrent_member(gla_spec(None), q, k, v, gk, None, scale=scale, initial_state=initial_state,
+                                  output_final_state=output_final_state, state_v_first=state_v_first,
+                                  cu_seqlens=cu_seqlens, op=op, **kwargs)

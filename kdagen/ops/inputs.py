@@ -46,7 +46,7 @@ def _float(name, x):
 def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_indices=None,
                  A_log=None, dt_bias=None, gate_in_kernel=False, cu_seqlens_cpu=None,
                  sync_seqlens: bool = True, state_v_first: bool = False,
-                 decay: str = "channel") -> tuple[Dims, list[int] | None]:
+                 decay: str = "channel", rank1: bool = True) -> tuple[Dims, list[int] | None]:
     """Validate the arguments of chunk_kda / fused_recurrent_kda from their shapes, dtypes and
     devices (no values are read from the device, except as ``sync_seqlens`` says).
 
@@ -55,13 +55,18 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     ``sync_seqlens`` is False: the decode path, which never synchronises).  ``state_v_first``:
     the initial state (or pool) is [.., HV, V, K] instead of [.., HV, K, V].  ``decay``: the
     spec's decay kind, which sets g's layout: [B, T, HV, K] ('channel'), [B, T, HV] ('scalar'),
-    no g at all ('identity': g must be None)."""
+    no g at all ('identity': g must be None).  ``rank1`` False: the recurrence has no rank-1 part
+    (GLA's), so it takes no beta (beta must be None)."""
+    if not rank1 and beta is not None:
+        raise ValueError("this recurrence has no rank-1 (delta) part, so it takes no beta; pass beta=None")
     if decay == "identity":
         if g is not None:
             raise ValueError("this recurrence has no decay, so it takes no gate g; pass g=None")
         tensors = (("q", q), ("k", k), ("v", v), ("beta", beta))
     else:
         tensors = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
+    if not rank1:
+        tensors = tensors[:-1]
     for name, x in tensors:
         _tensor(name, x)
         _float(name, x)
@@ -80,7 +85,7 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     if decay == "scalar" and tuple(g.shape) != (B, T, HV):
         raise ValueError(f"g must have shape [B, T, HV] = {(B, T, HV)} (one log decay per token and value "
                          f"head), got {tuple(g.shape)}")
-    if tuple(beta.shape) != (B, T, HV):
+    if rank1 and tuple(beta.shape) != (B, T, HV):
         raise ValueError(f"beta must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}")
     if not (k.dtype == q.dtype and v.dtype == q.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")

@@ -68,6 +68,19 @@ def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A
     return g, A_log, dt_bias
 
 
+def _beta_args(op: str, spec: S.Recurrence, beta, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
+    """beta is required exactly when the spec has a rank-1 part (GLA's structure has none)."""
+    if spec.has_rank1:
+        if beta is None:
+            raise ValueError(f"{op}: beta is required")
+        return
+    if beta is not None:
+        raise ValueError(f"{op}: spec {spec.name!r} has no rank-1 (delta) part, so it takes no beta; pass beta=None")
+    if use_beta_sigmoid_in_kernel or allow_neg_eigval:
+        raise ValueError(f"{op}: spec {spec.name!r} has no beta: use_beta_sigmoid_in_kernel and allow_neg_eigval "
+                         "do not apply")
+
+
 def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices, raw_gate, A_log, dt_bias):
     checks.check_values(op, q=q, k=k, v=v, g=g if g is not None else torch.zeros(1, device=q.device), beta=beta,
                         initial_state=initial_state, cu_seqlens=cu_seqlens, state_indices=state_indices,
@@ -125,15 +138,17 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     torch ops here, which autograd differentiates; else the inference kernels apply them)."""
     from . import chunk as C
 
-    if beta is None:
-        raise ValueError(f"{op}: beta is required")
+    _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
     if training is None:
         training = torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
     dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                               A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
-                              cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, decay=spec.decay)
+                              cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, decay=spec.decay,
+                              rank1=spec.has_rank1)
+    if beta is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
+        beta = dummy_pointer(q.device)
     if checks.wanted(check_inputs):
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias)
     flags = {}
@@ -197,8 +212,9 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     if kwargs:
         state_v_first = state_layout(op, state_v_first, kwargs)
         check_kwargs(op, kwargs, RECURRENT_IGNORED_KWARGS)
-    if beta is None:
-        raise ValueError(f"{op}: beta is required")
+    _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if beta is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
+        beta = dummy_pointer(q.device)
     if not isinstance(state_v_first, bool):
         raise TypeError(f"{op}: state_v_first must be a bool, got {type(state_v_first).__name__}")
     sig = hit = None
@@ -235,10 +251,11 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                              "under torch.no_grad(), or pass initial_state [N, HV, K, V] without it to train")
         if out is not None:
             raise ValueError(f"{op}: out= has no gradient; leave out=None when some input requires grad")
-    dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+    dims, seqlens = _validate(q, k, v, g, beta if spec.has_rank1 else None, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                               state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                               gate_in_kernel=use_gate_in_kernel, cu_seqlens_cpu=cu_seqlens_cpu,
-                              sync_seqlens=training, state_v_first=state_v_first, decay=spec.decay)
+                              sync_seqlens=training, state_v_first=state_v_first, decay=spec.decay,
+                              rank1=spec.has_rank1)
     check_runnable(q)
     if checks.wanted(check_inputs):
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, use_gate_in_kernel,
