@@ -158,7 +158,7 @@ BAD = [
     (["inspect", "--spec", "kda", "--gate-in-kernel", "spec"], ["its gate 'direct' cannot be computed in the kernels",
                                                               "needs a gate expression"]),
     (["build", "--gpu", "h100", "--spec", USER, "--lower-bound", "-2"], ["--lower-bound", "sets its own bound"]),
-    (["build", "--gpu", "h100", "--spec", "gdn"], ["--spec", "'gdn'", "kdagen verify --spec gdn"]),
+    (["build", "--gpu", "h100", "--spec", "gla"], ["--spec", "'gla'", "kdagen verify --spec gla"]),
     (["build", "--gpu", "h100", "--spec", USER, "--head-dim", "8"], ["--head-dim", "K=8", "supported range"]),
     (["tune", "--spec", "gla"], ["no CUDA GPU"]),
     (["export", "--gpu", "h100", "--out", "x", "--name", "p", "--spec", USER], ["--spec", "not implemented yet"]),
@@ -222,9 +222,9 @@ def test_winners_are_keyed_by_the_member():
 
 
 def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels():
-    """The tuner times a KDA-structured spec's candidates through chunk_kda / fused_recurrent_kda:
-    the generated sources are the same but for the header and the function's name; another
-    member is refused (its op is not the tuner's)."""
+    """A KDA-structured spec's kernels (which the tuner times through the member entries) are KDA's:
+    the generated sources are the same but for the header and the function's name; a spec
+    that does not lower is refused with the reason."""
     from kdagen.cache.heuristics import default_config
     from kdagen.codegen.render import FAMILY_KERNELS, render
     from kdagen.ops.inputs import select_spec
@@ -241,8 +241,9 @@ def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels():
             assert a != b  # the header names the spec
             body = lambda t: re.sub(r"\w+_" + kind + r"_[0-9a-f]+", "NAME", t[t.index("@triton.jit"):])  # noqa: E731
             assert body(a) == body(b), f"{fam}/{kind}: the kernel bodies differ"
-    with pytest.raises(ValueError, match="not wired into the tuner"):
-        check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gdn"})
+    check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gdn"})  # its own op: tests/test_tune_family.py
+    with pytest.raises(ValueError, match="'gla' cannot be tuned: .*no rank-1 part"):
+        check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gla"})
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from ..dtypes import dtype as as_dtype
 from ..ops.chunk import chunk_bwd_config, chunk_kda, chunk_kda_bwd_launches, chunk_kda_launches
 from ..ops.recurrent import fused_recurrent_kda, fused_recurrent_kda_launch
 from ..spec.reference import naive_chunk_kda, naive_recurrent_kda
+from . import member_ops as M
 from .families import TOLERANCE, check_shape, op_args
 from .isolation import IsolatedCandidate
 
@@ -61,6 +62,8 @@ class KernelCandidate:
         self._x = None  # the timed shape's inputs, made on first use
         self._seed = 0
         self.shared_inputs_from = None  # another stage's candidate whose timed inputs to use
+        # any spec but KDA's runs through the member entries, in its own layout (member_ops)
+        self.member = M.member_spec(family, spec_args)
 
     @property
     def timed_inputs(self):
@@ -68,11 +71,17 @@ class KernelCandidate:
             return self.shared_inputs_from.timed_inputs
         if self._x is None:
             B, T, H, HV = self.shape
-            self._x = random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=1234,
-                                    state_dtype=self.state_dtype)
+            self._x = self._layout(random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device,
+                                                 seed=1234, state_dtype=self.state_dtype))
         return self._x
 
+    def _layout(self, x):
+        return x if self.member is None else M.member_inputs(self.member, x)
+
     def _fwd(self, config, x, **kw):
+        if self.member is not None:
+            return M.forward(self.member, self.family, config if self.family != "chunk_bwd" else self.fwd_config, x,
+                             **kw)
         if self.family == "recurrent":  # (fused_recurrent_kda takes no safe_gate, as in FLA)
             args = {n: a for n, a in op_args(self.spec_args).items() if n != "safe_gate"}
             return fused_recurrent_kda(**x, output_final_state=True, config=config, **args, **kw)
@@ -80,16 +89,17 @@ class KernelCandidate:
         return chunk_kda(**x, output_final_state=True, config=fcfg, **op_args(self.spec_args), **kw)
 
     def _fwd_bwd(self, config, x, do, dht):
-        leaves = {n: x[n].detach().requires_grad_(True) for n in GRAD_INPUTS}
+        names = [n for n in GRAD_INPUTS if x.get(n) is not None]
+        leaves = {n: x[n].detach().requires_grad_(True) for n in names}
         with chunk_bwd_config(config):
             o, s = self._fwd(None, {**x, **leaves})
-        grads = torch.autograd.grad((o, s), [leaves[n] for n in GRAD_INPUTS], (do, dht))
-        return dict(zip(GRAD_INPUTS, grads))
+        grads = torch.autograd.grad((o, s), [leaves[n] for n in names], (do, dht))
+        return dict(zip(names, grads))
 
     def _check_inputs(self, seed):
         B, T, H, HV = self.check_shape
-        return random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=seed,
-                             state_dtype=self.state_dtype)
+        return self._layout(random_inputs(B, T, H, HV, self.plan.K, self.plan.V, self.dtype, self.device, seed=seed,
+                                          state_dtype=self.state_dtype))
 
     def build(self, config):
         x = self._check_inputs(seed=0)
@@ -109,15 +119,20 @@ class KernelCandidate:
         self._seed += 1
         x = self._check_inputs(seed=10_000 + self._seed)
         ref_fn = naive_recurrent_kda if self.family == "recurrent" else naive_chunk_kda
+        if self.member is not None:  # the spec's own recurrence, from its expressions
+            spec = self.member
+            ref_fn = lambda q, k, v, g, beta, **kw: M.reference(  # noqa: E731
+                spec, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=kw["initial_state"]))
         B, T, H, HV = self.check_shape
         sel = check_heads(H, HV)
         qk_sel = [hv // (HV // H) for hv in sel]
         err = lambda a, b: ((a.double() - b).norm() / b.norm().clamp_min(1e-300)).item()  # noqa: E731
 
         def ref_inputs():  # float64 where the candidate runs: on a GPU the reference runs there too
-            r = dict(q=x["q"][:, :, qk_sel], k=x["k"][:, :, qk_sel], v=x["v"][:, :, sel], g=x["g"][:, :, sel],
-                     beta=x["beta"][:, :, sel], initial_state=x["initial_state"][:, sel])
-            return {n: t.detach().double() for n, t in r.items()}
+            r = dict(q=x["q"][:, :, qk_sel], k=x["k"][:, :, qk_sel], v=x["v"][:, :, sel],
+                     g=None if x["g"] is None else x["g"][:, :, sel],
+                     beta=None if x["beta"] is None else x["beta"][:, :, sel], initial_state=x["initial_state"][:, sel])
+            return {n: None if t is None else t.detach().double() for n, t in r.items()}
 
         if self.family != "chunk_bwd":
             o, s = self._fwd(config, x)
@@ -135,13 +150,14 @@ class KernelCandidate:
         dht[:, sel] = torch.randn(dht[:, sel].shape, generator=gen)
         do, dht = do.to(self.device, self.dtype), dht.to(self.device)
         got = self._fwd_bwd(config, x, do, dht)
-        r = {n: t.requires_grad_(True) for n, t in ref_inputs().items()}
+        r = {n: None if t is None else t.requires_grad_(True) for n, t in ref_inputs().items()}
         ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
                               initial_state=r["initial_state"], output_final_state=True)
-        ref = torch.autograd.grad((ref_o, ref_s), [r[n] for n in GRAD_INPUTS],
+        names = [n for n in GRAD_INPUTS if r.get(n) is not None]
+        ref = torch.autograd.grad((ref_o, ref_s), [r[n] for n in names],
                                   (do[:, :, sel].double(), dht[:, sel].double()))
         e = 0.0
-        for n, gr in zip(GRAD_INPUTS, ref):
+        for n, gr in zip(names, ref):
             t = got[n]
             t = t[:, :, qk_sel] if n in ("q", "k") else t[:, sel] if n == "initial_state" else t[:, :, sel]
             e = max(e, err(t, gr))
@@ -151,7 +167,20 @@ class KernelCandidate:
         from triton.testing import do_bench
 
         x = self.timed_inputs
-        if self.family == "recurrent":
+        if self.member is not None:
+            if self.family == "recurrent":
+                fn = M.recurrent_launch(self.member, x, config)
+            else:
+                if self.family == "chunk_fwd":
+                    before, launches = [], M.chunk_fwd_launches(self.member, x, config)
+                else:
+                    before, launches = M.chunk_bwd_launches(self.member, x, self.fwd_config, config,
+                                                            do=torch.ones_like(x["v"]))
+                timed = [ln for ln in launches if self.launch in (None, ln.kernel)]
+                for ln in list(before) + list(launches[:launches.index(timed[0])]):  # what the timed launches read
+                    ln()
+                fn = lambda: [ln() for ln in timed]  # noqa: E731
+        elif self.family == "recurrent":
             # decode: the op's one launch, replayed from a CUDA graph as a decode loop runs it (the
             # eager op's Python work, tens of us, would hide the differences of a few-us kernel)
             args = {n: a for n, a in op_args(self.spec_args).items() if n != "safe_gate"}

@@ -25,8 +25,8 @@ from ..ops.inputs import check_inputs
 from ..ops.recurrent import prepare_recurrent
 from ..spec import Recurrence
 from .families import (COMPILE_SHAPE, check_shape, elem_bytes, family_spec, log_progress, lower_for, op_args,
-                       space_context, stage_candidates)
-from .space import SearchSpace, load_space
+                       space_context, space_for, stage_candidates, uses_kda_ops)
+from .space import SearchSpace
 
 
 @dataclass
@@ -57,6 +57,8 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
     the training forward's and the backward's re-run of the intra launch (``fwd_config``'s,
     default: the heuristic at the backward's chunk lengths); ``state_dtype``: initial_state's."""
     x = _dummy_inputs(plan, dtype, shape, state_dtype)
+    if not uses_kda_ops(spec_args):  # any other spec: the member entries, its inputs in its layout
+        return _member_launches(plan, config, x, spec_args, fwd_config, with_forward)
     if isinstance(config, ChunkFwdConfig):
         launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **op_args(spec_args))
         return launches
@@ -73,6 +75,23 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
                                   initial_state=x["initial_state"], output_final_state=True,
                                   cu_seqlens=None, state_indices=None, dims=dims, plan=plan, built=built)
     return [launch]
+
+
+def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, with_forward: bool):
+    """:func:`launches_for` of a spec that runs through the member entries."""
+    from . import member_ops as M
+
+    if isinstance(config, (ChunkFwdConfig, ChunkBwdConfig)):
+        spec = family_spec("chunk_fwd", spec_args)
+        x = M.member_inputs(spec, x)
+        if isinstance(config, ChunkFwdConfig):
+            return M.chunk_fwd_launches(spec, x, config)
+        fwd_cfg = (fwd_config or default_train_config(plan)).replace(chunk_size=config.chunk_size,
+                                                                     sub_chunk=config.sub_chunk)
+        fwd, bwd = M.chunk_bwd_launches(spec, x, fwd_cfg, config, with_rerun=with_forward)
+        return list(fwd) + list(bwd) if with_forward else bwd
+    spec = family_spec("recurrent", spec_args)
+    return [M.recurrent_launch(spec, M.member_inputs(spec, x), config)]
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,7 +189,7 @@ def compile_check(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gp
     and does not compile them again.  ``pool``: the compile processes to use (default: its own).
     ``on_progress(label, n_done, n_total, n_ok)``: called as candidates finish, instead of the
     progress lines (:class:`kdagen.tuning.report.Progress`)."""
-    space = space or load_space(family)
+    space = space or space_for(family, plan)
     ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
     default = default_config(family, plan)
     stages = list(space.stages) if space.stages else [None]

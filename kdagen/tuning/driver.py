@@ -24,7 +24,7 @@ from .candidates import KernelCandidate, StagedCandidates, StageView
 from .compile_pool import CompilePool, compile_check, precompile
 from .engine import recorded_results, tune
 from .families import (TOLERANCE, check_tunable, elem_bytes, family_spec, lower_for, op_args, space_context,
-                       stage_candidates)
+                       space_for, stage_candidates)
 from .isolation import IsolatedCandidate
 from .space import SearchSpace, load_space
 
@@ -57,7 +57,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     the isolated worker to use (it is remade with this shape's candidates and left open).
     ``fwd_config``: for ``chunk_bwd``, the training forward's config at this shape (its chunk
     lengths are the backward's; default: its heuristic)."""
-    space = space or load_space(family)
+    space = space or space_for(family, plan)
     ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
     hint = {"N": shape[0], "HV": shape[3]}
     if family == "chunk_bwd" and fwd_config is None:

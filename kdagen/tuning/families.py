@@ -14,7 +14,7 @@ from ..ops.inputs import select_spec
 from ..spec import Recurrence, gate_direct
 from ..spec.load import load_spec
 from ..spec.structure import safe_sub_chunk
-from .space import SearchSpace
+from .space import SearchSpace, load_space
 
 FAMILIES = ("chunk_fwd", "chunk_bwd", "recurrent")  # in tuning order: the backward takes the forward's C
 TOLERANCE = {"bfloat16": 6e-3, "float16": 2e-3, "float32": 1e-4}  # relative error a candidate may have
@@ -55,25 +55,57 @@ def op_args(spec_args: dict) -> dict:
     return {n: a for n, a in spec_args.items() if n != "spec"}
 
 
+def uses_kda_ops(spec_args: dict) -> bool:
+    """Whether a family's candidates run through ``chunk_kda`` / ``fused_recurrent_kda`` (the KDA
+    member, as always) rather than the member entries (:mod:`kdagen.tuning.member_ops`: any other
+    spec, a user's spec file too)."""
+    return spec_args.get("spec", "kda") == "kda"
+
+
 def check_tunable(spec_args: dict) -> None:
-    """Raise ValueError unless the ops the tuner runs candidates through (``chunk_kda``,
-    ``fused_recurrent_kda``) compute ``spec_args``'s spec: their kernels are the KDA structure's
-    with a per-channel decay and a = beta k, whose sources for a spec of that form differ from
-    the KDA member's only in their header and name."""
-    spec = family_spec("chunk_fwd", spec_args)
-    kda_like = select_spec(False, False, None, False, False)
-    same = (spec.decay == kda_like.decay and spec.a == kda_like.a and spec.b == kda_like.b
-            and spec.write_key == kda_like.write_key and spec.readout == kda_like.readout)
-    if not same:
-        raise ValueError(f"spec {spec.name!r} lowers, but kdagen's tuner runs its candidates through chunk_kda and "
-                         f"fused_recurrent_kda, which compute the KDA recurrence, not {spec.name!r}'s "
-                         f"({spec.decay} decay): its own op is not wired into the tuner yet")
+    """Raise ValueError, with the reason, unless every family of ``spec_args``'s spec can be
+    tuned: what the tuner runs is the spec's own op (KDA's for the KDA member, the member entries
+    :func:`kdagen.ops.member.chunk_member` / ``fused_recurrent_member`` for any other spec), so a
+    spec is refused only where lowering its tuning spec is (:func:`kdagen.codegen.lower.lower`,
+    which the member entries call)."""
+    from ..codegen.lower import LoweringError
+
+    for family in FAMILIES:
+        spec = family_spec(family, spec_args)
+        try:
+            lower_for(spec, family, 64, 64, "bfloat16")
+        except (LoweringError, ValueError) as e:
+            raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels cannot be generated: "
+                             f"{e}") from None
 
 
 def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype, gate_in_kernel: bool = False) -> Plan:
     """The plan of a family's kernels for inputs of ``dtype`` (any spelling)."""
     form = "recurrent" if family == "recurrent" else "chunk"
     return lower(spec, K, V, as_dtype(dtype).name, form, gate_in_kernel)
+
+
+SCALAR_DIAG_SPACES = {"chunk_fwd": "chunk_fwd.scalar_decay.json"}
+
+
+def space_for(family: str, plan: Plan) -> SearchSpace:
+    """The packaged search space a family's candidates are drawn from for ``plan``.
+
+    KDA's files (``search_spaces/<family>.json``) serve every plan whose kernels read all their
+    fields.  A plan of diag mode ``scalar`` (a scalar decay, or none: one decay per token, so the
+    forward's solve has no factorised sub-tiles) renders its solve kernel without
+    ``sub_chunk``'s sub-tiling or ``factor_precision``'s factored tiles: the KDA file's
+    ``factor_precision`` choices would time the same kernel twice, so such a plan takes
+    :data:`SCALAR_DIAG_SPACES`' file (tests/test_tune_family.py checks, for gdn and deltanet,
+    that the dropped choices render kernel bodies identical to the kept ones, and that the kept
+    ones differ).  The backward and decode spaces hold only tiles, warps and stages, which every
+    plan reads: those files are shared."""
+    name = SCALAR_DIAG_SPACES.get(family) if plan.diag_mode == "scalar" else None
+    if name is None:
+        return load_space(family)
+    from ..resources import search_spaces_dir
+
+    return load_space(search_spaces_dir() / name)
 
 
 def space_context(plan: Plan, spec: Recurrence, gpu: GpuProfile, elem_bytes: int) -> dict:

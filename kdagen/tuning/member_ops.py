@@ -1,0 +1,121 @@
+"""The ops a tuned spec's candidates run through, and the float64 recurrence they are checked
+against, for every spec but KDA's (whose candidates keep running through ``chunk_kda`` /
+``fused_recurrent_kda`` and ``naive_chunk_kda`` / ``naive_recurrent_kda``, unchanged).
+
+A member -- a named one (``gdn``, ``deltanet``) or a user's spec file -- runs through the
+generic entries :func:`kdagen.ops.member.chunk_member` (forward, and its backward through
+autograd) and :func:`~kdagen.ops.member.fused_recurrent_member`, with the tuning spec of the
+family (:func:`kdagen.tuning.families.family_spec`: g given, the chunk form bounded as the
+build says), so the kernels timed are the ones the member's ops run and look their winners up
+for.  Its inputs follow the spec's layout: g ``[B, T, HV, K]`` for a per-channel decay,
+``[B, T, HV]`` for a scalar one, none without decay; beta only with a rank-1 part
+(``spec.has_rank1``).  The reference is the spec's own recurrence evaluated from its
+expressions, token by token in float64 (:func:`kdagen.spec.evaluate.spec_recurrence`), on the
+candidate's device -- nothing hand-written per member.
+
+The launch descriptions below (timed one kernel at a time, compiled for a GPU that is not
+here) are built from :mod:`kdagen.ops.member`'s steps; ``chunk_member_launches`` has no
+``with_rerun`` (the backward's re-run of the intra launch), so :func:`chunk_bwd_launches`
+assembles that one list itself.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..codegen.lower import lower
+from ..dtypes import dtype as as_dtype
+from ..kernels import build, dummy_pointer
+from ..spec import Recurrence
+from ..spec.evaluate import spec_recurrence
+from .families import family_spec, uses_kda_ops
+
+DIRECT_LOWER = -5.0  # the KDA inputs' gate range: g in [-5, 0)
+
+
+def member_spec(family: str, spec_args: dict) -> Recurrence | None:
+    """The spec a family's candidates run through the member entries with; None for KDA's ops."""
+    return None if uses_kda_ops(spec_args) else family_spec(family, spec_args)
+
+
+def member_inputs(spec: Recurrence, x: dict) -> dict:
+    """KDA's random inputs (:func:`kdagen.tuning.candidates.random_inputs`) in ``spec``'s layout:
+    g per channel (drawn into the gate's bound when it is above -5), one per head and token for
+    a scalar decay (channel 0's draw), none without decay; beta only with a rank-1 part."""
+    out = dict(x)
+    g = x["g"]
+    if spec.decay == "identity":
+        g = None
+    else:
+        lb = spec.gate.lower_bound if spec.gate is not None else None
+        if lb is not None and lb > DIRECT_LOWER:
+            g = g * (lb / DIRECT_LOWER)  # [-5, 0) onto [lb, 0): the kernels may assume g >= lb
+        if spec.decay == "scalar":
+            g = g[..., 0].contiguous()
+    out["g"] = g
+    if not spec.has_rank1:
+        out["beta"] = None
+    return out
+
+
+def forward(spec: Recurrence, family: str, config, x: dict, **kw):
+    """One call of the member's op (output_final_state): the recurrent form's or the chunk form's."""
+    from ..ops.member import chunk_member, fused_recurrent_member
+
+    if family == "recurrent":
+        return fused_recurrent_member(spec, **x, output_final_state=True, config=config, **kw)
+    return chunk_member(spec, **x, output_final_state=True, config=config, **kw)
+
+
+def reference(spec: Recurrence, r: dict):
+    """(o, final state) of ``spec``'s own float64 recurrence on ``r`` (the op's inputs, float64)."""
+    return spec_recurrence(spec, r["q"], r["k"], r["v"], r.get("g"), r.get("beta"),
+                           initial_state=r["initial_state"], output_final_state=True)
+
+
+def chunk_fwd_launches(spec: Recurrence, x: dict, config):
+    """The inference forward's launches of a chunk call (not run)."""
+    from ..ops.member import chunk_member_launches
+
+    launches, _ = chunk_member_launches(spec, **x, training=False, config=config, output_final_state=True)
+    return launches
+
+
+def chunk_bwd_launches(spec: Recurrence, x: dict, fwd_config, bwd_config, do=None, with_rerun: bool = False):
+    """``(forward launches, backward launches)`` of a training call (not run); ``with_rerun``:
+    the forward's end with the backward's re-run of the intra launch when the backward config
+    recomputes the intermediates (everything a training step compiles), as
+    :func:`kdagen.ops.chunk.chunk_kda_bwd_launches` does for KDA."""
+    from ..ops import chunk as C
+    from ..ops import chunk_bwd as bwd
+    from ..ops.member import _prepare_chunk
+
+    call, xx, _ = _prepare_chunk(spec, **x, training=True)
+    train, b = C._configs(call, fwd_config, bwd_config, True)
+    fwd, (o, ht, hs), meta = C._training_launches(call, xx, train, b, True)
+    inputs = {n: xx[n] for n in bwd.INPUT_NAMES}
+    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES}
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    launches, _ = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do, torch.zeros_like(ht),
+                                        xx["initial_state"] is not None)
+    if with_rerun and not meta.config.store_intermediates:
+        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
+    return fwd, launches
+
+
+def recurrent_launch(spec: Recurrence, x: dict, config):
+    """The recurrent form's one launch for ``config`` (not run; calling it again rewrites the same
+    outputs): what the member's decode step launches, without the op's Python work."""
+    from ..ops.inputs import check_inputs
+    from ..ops.recurrent import prepare_recurrent
+
+    q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=None, sync_seqlens=False,
+                           decay=spec.decay)
+    plan = lower(spec, dims.K, dims.V, as_dtype(q.dtype).name, "recurrent")
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    g = dummy_pointer(q.device) if g is None else g.contiguous()
+    beta = None if beta is None else beta.contiguous()
+    launch, _ = prepare_recurrent(q, k, v, g, beta, scale=dims.K ** -0.5, initial_state=h0,
+                                  output_final_state=True, cu_seqlens=None, state_indices=None, dims=dims, plan=plan,
+                                  built=build(plan, config))
+    return launch
