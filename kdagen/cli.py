@@ -335,9 +335,12 @@ def list_cmd(gpu, spec_refs):
 
     lb = float(DEFAULT_LOWER_BOUND)
     click.echo(f"specs (a member's hash with the default gate bound {lb:g}, as build, verify and inspect use):")
+    tuned_as = {}  # tuning spec hash -> the spec whose winners are stored under it
     for ref in spec_refs or MEMBERS:
         s = load_spec(ref) if _is_file_ref(ref) else get_spec(ref, lower_bound=lb)
         ok, what = lowering_status(s)
+        if ok:
+            tuned_as.update(_tuned_as(ref, s, lb))
         click.echo(f"  {s.name:<9} hash {s.hash}  structure {analyze_structure(s).kind:<5} decay {s.decay:<8} "
                    f"({_gate_text(s)})  {'kernels: ' + what if ok else 'spec only (no generated kernels)'}")
         if _is_file_ref(ref):
@@ -368,8 +371,26 @@ def list_cmd(gpu, spec_refs):
         for key, e in sorted(entries.items()):
             dflt = e.get("default_time_ms")
             speed = f"  x{dflt / e['time_ms']:.2f} vs default" if dflt else ""
-            click.echo(f"    {key}: {duration(e['time_ms'])}{speed}  error {error_text(e.get('error'))}  "
+            owner = (e.get("key") or {}).get("spec_hash", "?")
+            owner = tuned_as.get(owner, f"hash {owner}")
+            click.echo(f"    {key}: spec {owner}, {duration(e['time_ms'])}{speed}  error {error_text(e.get('error'))}  "
                        f"{json.dumps(e['config'], sort_keys=True)}")
+
+
+def _tuned_as(ref: str, spec, lb: float) -> dict:
+    """{tuning spec hash: name} of the keys `kdagen build --spec REF` stores winners under with
+    the default bound (a spec file's own gate bound), for each family."""
+    from .tuning.families import FAMILIES, family_spec
+
+    bound = _spec_bound(spec, lb) if _is_file_ref(ref) else lb
+    args = _spec_args(bound, ref)
+    out = {}
+    for fam in FAMILIES:
+        try:
+            out[family_spec(fam, args).hash] = spec.name
+        except Exception:  # noqa: BLE001 - a spec the tuner cannot take has no winners to name
+            pass
+    return out
 
 
 # --- inspect ----------------------------------------------------------------------------
