@@ -20,7 +20,6 @@ from kdagen.cache.gpus import get_profile
 from kdagen.cache.heuristics import default_config, default_train_config
 from kdagen.cli import main
 from kdagen.codegen.lower import lower
-from kdagen.spec.load import load_spec
 from kdagen.tuning import candidates as CA, families as F, member_ops as M
 from kdagen.tuning.space import SearchSpace, load_space
 
@@ -246,6 +245,26 @@ def test_list_names_each_members_winners(on_h200):
     assert "h200: 2 winner(s)" in listed
     owners = sorted(re.findall(r": spec (\w+), ", listed))
     assert owners == ["gdn", "kda"], listed
+
+
+def test_tune_a_user_spec_file_on_this_gpu(on_h200):
+    """`kdagen tune --spec FILE.py:SPEC` (build --gpu auto) on the faked H200: the spec file's
+    decode winner lands under its own key, which its kernels (gate in-kernel) look up."""
+    import kdagen.cache.lookup as TU
+    from kdagen.cache.store import TuningCache
+    from kdagen.spec.load import load_spec
+
+    r = CliRunner().invoke(main, ["tune", "--spec", USER, "--head-dim", "32", "--dtype", "fp32",
+                                  "--decode-batches", "2", "--family", "recurrent"])
+    assert r.exit_code == 0, r.output
+    assert on_h200 == [("recurrent", "kda_sigmoid3", USER)]
+    assert len(TuningCache("h200").entries()) == 1
+    TU._MEMO.clear()
+    dec = {"T": 1, "B": 2, "N": 2, "HV": 32}
+    assert TU.resolve("recurrent", lower(load_spec(USER), 32, 32, "float32", "recurrent", True), None,
+                      dec).num_warps == 2
+    kda_dec = lower(S.kda(S.gate_direct(None)), 32, 32, "float32", "recurrent")
+    assert TU.resolve("recurrent", kda_dec, None, dec) == default_config("recurrent", kda_dec, dec)
 
 
 # --- compile-only, for a GPU that is not here ------------------------------------------

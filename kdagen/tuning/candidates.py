@@ -1,6 +1,11 @@
 """The tuner's candidates on a GPU: build a config's kernels, check them against the float64
 reference, and time them (:class:`KernelCandidate`); the stages of a family behind one
-isolated worker process (:class:`StagedCandidates`, :class:`StageView`)."""
+isolated worker process (:class:`StagedCandidates`, :class:`StageView`).
+
+The KDA member's candidates run through ``chunk_kda`` / ``fused_recurrent_kda`` and are checked
+against ``naive_chunk_kda`` / ``naive_recurrent_kda``; any other spec's (``spec_args["spec"]``:
+gdn, deltanet, a spec file) through the member entries in the spec's own input layout, checked
+against the spec's own float64 recurrence (:mod:`kdagen.tuning.member_ops`)."""
 from __future__ import annotations
 
 import time

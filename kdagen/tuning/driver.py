@@ -26,7 +26,7 @@ from .engine import recorded_results, tune
 from .families import (TOLERANCE, check_tunable, elem_bytes, family_spec, lower_for, op_args, space_context,
                        space_for, stage_candidates)
 from .isolation import IsolatedCandidate
-from .space import SearchSpace, load_space
+from .space import SearchSpace
 
 FINALISTS = 3  # configs re-timed interleaved at the end of each stage
 

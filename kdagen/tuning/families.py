@@ -1,6 +1,7 @@
 """What each kernel family is to the tuner: the spec and plan it is tuned for, its heuristic
 default, its separately timed stages and their candidates, and the shapes a candidate is
-built and checked at."""
+built and checked at; the search space a plan's candidates come from (:func:`space_for`);
+whether a spec can be tuned (:func:`check_tunable`: whatever lowers)."""
 from __future__ import annotations
 
 import sys
