@@ -158,9 +158,9 @@ BAD = [
     (["inspect", "--spec", "kda", "--gate-in-kernel", "spec"], ["its gate 'direct' cannot be computed in the kernels",
                                                               "needs a gate expression"]),
     (["build", "--gpu", "h100", "--spec", USER, "--lower-bound", "-2"], ["--lower-bound", "sets its own bound"]),
-    (["build", "--gpu", "h100", "--spec", "gla"], ["--spec", "'gla'", "kdagen verify --spec gla"]),
+    (["build", "--gpu", "h100", "--spec", "dplr"], ["--spec", "'dplr'", "kdagen verify --spec dplr"]),
     (["build", "--gpu", "h100", "--spec", USER, "--head-dim", "8"], ["--head-dim", "K=8", "supported range"]),
-    (["tune", "--spec", "gla"], ["no CUDA GPU"]),
+    (["tune", "--spec", "dplr"], ["no CUDA GPU"]),
     (["export", "--gpu", "h100", "--out", "x", "--name", "p", "--spec", USER], ["--spec", "not implemented yet"]),
 ]
 
@@ -242,8 +242,9 @@ def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels():
             body = lambda t: re.sub(r"\w+_" + kind + r"_[0-9a-f]+", "NAME", t[t.index("@triton.jit"):])  # noqa: E731
             assert body(a) == body(b), f"{fam}/{kind}: the kernel bodies differ"
     check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gdn"})  # its own op: tests/test_tune_family.py
-    with pytest.raises(ValueError, match="'gla' cannot be tuned: .*no rank-1 part"):
-        check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gla"})
+    check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gla"})
+    with pytest.raises(ValueError, match="'dplr' cannot be tuned: .*not generated yet"):
+        check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "dplr"})
 
 
 @pytest.mark.slow

@@ -110,11 +110,11 @@ def recurrent_launch(spec: Recurrence, x: dict, config):
 
     q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
     dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=None, sync_seqlens=False,
-                           decay=spec.decay)
+                           decay=spec.decay, rank1=spec.has_rank1)
     plan = lower(spec, dims.K, dims.V, as_dtype(q.dtype).name, "recurrent")
     q, k, v = (t.contiguous() for t in (q, k, v))
     g = dummy_pointer(q.device) if g is None else g.contiguous()
-    beta = None if beta is None else beta.contiguous()
+    beta = dummy_pointer(q.device) if beta is None else beta.contiguous()  # no rank-1 part: not read
     launch, _ = prepare_recurrent(q, k, v, g, beta, scale=dims.K ** -0.5, initial_state=h0,
                                   output_final_state=True, cu_seqlens=None, state_indices=None, dims=dims, plan=plan,
                                   built=build(plan, config))
