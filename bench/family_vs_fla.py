@@ -1,5 +1,6 @@
-"""Gated DeltaNet and DeltaNet: kdagen's ops against flash-linear-attention's ops of the same name,
-in one process, on the same inputs.
+"""Gated DeltaNet, DeltaNet and GLA: kdagen's ops against flash-linear-attention's ops of the same
+name, in one process, on the same inputs (gla5: GLA with g >= -5, which kdagen is told with
+safe_gate=True, lower_bound=-5; FLA's chunk_gla on the same inputs).
 
     PYTHONPATH=/tmp/site:. python3 bench/family_vs_fla.py --out "$OUT" [--only gdn,fwd] [--budget 540]
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/family_vs_fla.py --smoke --out /tmp/x   # CPU smoke run
@@ -41,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.time()
 LOG: list[str] = []
 RES: dict = {"rows": [], "errors": [], "skipped": []}
-MEMBERS = ("gdn", "deltanet")
+MEMBERS = ("gdn", "deltanet", "gla", "gla5")  # gla5: GLA with g >= -5 promised to kdagen (safe_gate)
 PASSES = ("errors", "fwd", "fwdbwd", "decode")
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 DECODE = [(1, 32, 128), (256, 32, 128)]  # (B, H, K=V)
@@ -50,7 +51,8 @@ SMOKE_SHAPES = [(1, 40, 2, 32)]
 SMOKE_DECODE = [(2, 2, 32)]
 SMOKE_ERROR_SHAPES = [(1, 37, 1, 32)]
 RESERVE = {"fwd": 20.0, "fwdbwd": 45.0}  # seconds a GPU timing section needs left to start (compiles, warm-up)
-GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"), "deltanet": ("q", "k", "v", "beta", "initial_state")}
+GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"), "deltanet": ("q", "k", "v", "beta", "initial_state"),
+        "gla": ("q", "k", "v", "g", "initial_state"), "gla5": ("q", "k", "v", "g", "initial_state")}
 
 
 def log(*a):
@@ -86,11 +88,20 @@ class Budget:
 def ops(member, lib):
     """(chunk op, recurrent op) of a library, or None when it cannot be imported."""
     if lib == "kdagen":
+        import functools
+
         import kdagen
         if member == "gdn":
             return kdagen.chunk_gated_delta_rule, kdagen.fused_recurrent_gated_delta_rule
+        if member == "gla":
+            return kdagen.chunk_gla, kdagen.fused_recurrent_gla
+        if member == "gla5":  # the caller promises g >= -5 (the inputs keep it): factorised diagonal tiles
+            return functools.partial(kdagen.chunk_gla, safe_gate=True, lower_bound=-5.0), kdagen.fused_recurrent_gla
         return kdagen.chunk_delta_rule, kdagen.fused_recurrent_delta_rule
     try:
+        if member in ("gla", "gla5"):
+            from fla.ops.gla import chunk_gla, fused_recurrent_gla
+            return chunk_gla, fused_recurrent_gla
         if member == "gdn":
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
             return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
@@ -102,12 +113,16 @@ def ops(member, lib):
 
 
 def call_chunk(member, fn, x):
+    if member in ("gla", "gla5"):
+        return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], output_final_state=True)
     if member == "gdn":
         return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
     return fn(x["q"], x["k"], x["v"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
 
 
 def call_recurrent(member, fn, x, **kw):
+    if member in ("gla", "gla5"):
+        return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], output_final_state=True, **kw)
     if member == "gdn":
         return fn(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], initial_state=x["initial_state"],
                   output_final_state=True, **kw)
@@ -121,11 +136,14 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     q = torch.randn(B, T, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
     v = torch.randn(B, T, H, V, generator=gen)
-    x = dict(q=q, k=k, v=v, beta=torch.sigmoid(torch.randn(B, T, H, generator=gen)))
+    x = dict(q=q, k=k, v=v) if member in ("gla", "gla5") else dict(q=q, k=k, v=v, beta=torch.sigmoid(torch.randn(B, T, H, generator=gen)))
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
     x = {n: t.to(dev, dt) for n, t in x.items()}
     if member == "gdn":
         x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen) + 2.0).to(dev)
+    if member in ("gla", "gla5"):  # a per-channel log decay (FLA's GLA recipe); gla5 keeps g >= -5
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 2.0)
+        x["g"] = (g.clamp(min=-5.0) if member == "gla5" else g).to(dev)
     x["initial_state"] = (0.1 * torch.randn(B, H, K, V, generator=gen)).to(dev)
     return x
 
@@ -193,6 +211,8 @@ def _warm_worker(index, count, queue, members, shapes):
                 x = inputs(member, B, T, H, D, D, "cuda")
                 with torch.no_grad():
                     call_chunk(member, f[0], x)
+                if member == "gdn" and fla_gdn_backward_guard():
+                    continue
                 fwdbwd_fn(member, f[0], x)()
                 torch.cuda.synchronize()
                 done += 1
@@ -231,6 +251,20 @@ def _bwd_refused(lib, member):
     return BWD_REFUSED.get((lib, member))
 
 
+def fla_gdn_backward_guard() -> str | None:
+    """FLA 0.6.0 refuses its GDN backward on Triton >= 3.4, < 3.7.1 with a Hopper GPU (its
+    chunk_bwd_dqkwg guard) -- but only after minutes of autotuning the backward's first kernels:
+    the same condition, read from FLA's own flags, so the bench skips it up front."""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except Exception:  # noqa: BLE001 - another FLA version: ask the op itself
+        return None
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
+        return ("RuntimeError (FLA's guard, not run): Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect "
+                "results for gated chunk_bwd_dqkwg (see #640)")
+    return None
+
+
 def _refuse_bwd(lib, member, e):
     msg = f"{type(e).__name__}: {str(e)[:200]}"
     BWD_REFUSED[(lib, member)] = msg
@@ -239,9 +273,12 @@ def _refuse_bwd(lib, member, e):
 
 
 def _reference(member, x, names, dev):
-    from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
+    from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn, naive_recurrent_gla
     r = {n: x[n].double().requires_grad_(True) for n in names}
-    if member == "gdn":
+    if member in ("gla", "gla5"):
+        ro, rs = naive_recurrent_gla(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"],
+                                     output_final_state=True)
+    elif member == "gdn":
         ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
                                      output_final_state=True)
     else:
@@ -389,7 +426,7 @@ def table():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
-    ap.add_argument("--only", default="", help="comma-separated members (gdn, deltanet) and/or passes "
+    ap.add_argument("--only", default="", help="comma-separated members (gdn, deltanet, gla, gla5) and/or passes "
                                                "(errors, fwd, fwdbwd, decode)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds the whole run may take")
     ap.add_argument("--warm-workers", type=int, default=0, help="processes compiling FLA's candidates first")
@@ -426,6 +463,10 @@ def main(argv=None):
             fla = None if args.no_fla else ops(member, "fla")
             if fla is not None:
                 libs[member]["fla"] = fla
+                guard = fla_gdn_backward_guard() if member == "gdn" else None
+                if guard:
+                    BWD_REFUSED[("fla", member)] = guard
+                    log(f"  fla's {member} backward: {guard}")
         # the forward passes of every member first, the gradients last: a backward that autotunes for
         # minutes (or a spent budget) cannot cost the forward rows
         for member in members:

@@ -27,25 +27,27 @@ def _bench(monkeypatch):
 def test_smoke_runs_kdagen_side_of_every_section(monkeypatch, tmp_path, capsys):
     res = _bench(monkeypatch).main(["--smoke", "--out", str(tmp_path)])
     rows = {(r["member"], r["pass_"]): r for r in res["rows"]}
-    assert set(rows) == {(m, p) for m in ("gdn", "deltanet") for p in ("fwd", "fwdbwd", "decode")}
+    members = ("gdn", "deltanet", "gla", "gla5")
+    assert set(rows) == {(m, p) for m in members for p in ("fwd", "fwdbwd", "decode")}
     for r in rows.values():
         key = "kdagen_graph_us" if r["pass_"] == "decode" else "kdagen_ms"
         assert math.isfinite(r[key]) and r[key] > 0 and "fla_ms" not in r and "kdagen_error" not in r, r
     assert "kdagen_pool_graph_us" in rows[("gdn", "decode")]
     assert [(e["member"], e["kind"]) for e in res["errors"]] == [
-        ("gdn", "forward"), ("deltanet", "forward"), ("gdn", "gradients"), ("deltanet", "gradients")]
+        (m, "forward") for m in members] + [(m, "gradients") for m in members]
     for e in res["errors"]:
         assert set(e) == {"member", "kind", "shape", "kdagen"}
-        want = {"o", "final_state", "recurrent_o"} if e["kind"] == "forward" else {
-            "dq", "dk", "dv", "dbeta", "dinitial_state"} | ({"dg"} if e["member"] == "gdn" else set())
+        want = {"o", "final_state", "recurrent_o"} if e["kind"] == "forward" else (
+            {"dq", "dk", "dv", "dinitial_state"} | ({"dbeta"} if e["member"] in ("gdn", "deltanet") else set())
+            | ({"dg"} if e["member"] in ("gdn", "gla", "gla5") else set()))
         assert set(e["kdagen"]) == want, e
         assert all(v < 1e-5 for v in e["kdagen"].values()), e  # fp32 in the interpreter: float64-exact
     saved = json.loads((tmp_path / "family.json").read_text())
     assert saved["rows"] == json.loads(json.dumps(res["rows"]))
     out = capsys.readouterr().out
     assert "| gdn | fwd | 1, 40, 2, 32 |" in out and "| deltanet | gradients | 1, 37, 1, 32 | kdagen | dq " in out
-    # the forward rows of both members come before any gradient row
-    assert [r["pass_"] for r in res["rows"]] == ["fwd", "decode", "fwd", "decode", "fwdbwd", "fwdbwd"]
+    # the forward rows of every member come before any gradient row
+    assert [r["pass_"] for r in res["rows"]] == ["fwd", "decode"] * 4 + ["fwdbwd"] * 4
 
 
 def test_a_spent_budget_still_writes_the_table(monkeypatch, tmp_path, capsys):
@@ -58,7 +60,7 @@ def test_a_spent_budget_still_writes_the_table(monkeypatch, tmp_path, capsys):
 
 def test_only_refuses_unknown_names(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
-        _bench(monkeypatch).main(["--smoke", "--out", str(tmp_path), "--only", "gla"])
+        _bench(monkeypatch).main(["--smoke", "--out", str(tmp_path), "--only", "dplr"])
 
 
 @pytest.mark.slow
