@@ -325,6 +325,7 @@ def errors(member, libs, shapes, dev, budget, grads):
             except Exception as e:  # noqa: BLE001
                 row[lib] = dict(error=f"{type(e).__name__}: {str(e)[:200]}")
         RES["errors"].append(row)
+        row["t_s"] = round(time.time() - T0, 1)
         log(f"  errors {row}")
 
 
@@ -362,6 +363,7 @@ def timings(member, libs, shapes, p, dev, budget, out):
         if "fla_ms" in row and "kdagen_ms" in row:
             row["ratio"] = row["fla_ms"] / row["kdagen_ms"]
         RES["rows"].append(row)
+        row["t_s"] = round(time.time() - T0, 1)  # when the row finished: where a run spends its budget
         log(f"  {row}")
         dump(out)
         del x
@@ -393,6 +395,7 @@ def decode(member, libs, shapes, dev, budget, out):
         # the state read and written once is the floor: 2 * B * H * K * V * 4 bytes
         row["state_MB"] = 2 * B * H * D * D * 4 / 1e6
         RES["rows"].append(row)
+        row["t_s"] = round(time.time() - T0, 1)  # when the row finished: where a run spends its budget
         log(f"  {row}")
         dump(out)
 

@@ -36,7 +36,7 @@ def test_smoke_runs_kdagen_side_of_every_section(monkeypatch, tmp_path, capsys):
     assert [(e["member"], e["kind"]) for e in res["errors"]] == [
         (m, "forward") for m in members] + [(m, "gradients") for m in members]
     for e in res["errors"]:
-        assert set(e) == {"member", "kind", "shape", "kdagen"}
+        assert set(e) == {"member", "kind", "shape", "kdagen", "t_s"}
         want = {"o", "final_state", "recurrent_o"} if e["kind"] == "forward" else (
             {"dq", "dk", "dv", "dinitial_state"} | ({"dbeta"} if e["member"] in ("gdn", "deltanet") else set())
             | ({"dg"} if e["member"] in ("gdn", "gla", "gla5") else set()))
