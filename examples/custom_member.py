@@ -43,51 +43,8 @@ SPEC = S.Recurrence(
 
 
 # --- running it -----------------------------------------------------------------------------
-# Until the generic op (kdagen.ops.member.chunk_member / fused_recurrent_member) is on main, the
-# two functions below run the spec's kernels from its plan with kdagen's building blocks; with it:
-#   o, ht = chunk_member(SPEC, q, k, v, g=z, beta=beta, dt_bias=dt_bias, use_gate_in_kernel=True,
-#                        initial_state=h0, output_final_state=True)
-
-def chunk_forward(spec, q, k, v, z, beta, dt_bias, initial_state):
-    """The chunked forward of ``spec``'s kernels with the gate computed in-kernel from ``z``."""
-    from kdagen.cache.heuristics import default_config
-    from kdagen.codegen.lower import lower
-    from kdagen.dtypes import dtype
-    from kdagen.kernels import build
-    from kdagen.ops.chunk_fwd import prepare_chunk_fwd
-    from kdagen.ops.inputs import check_inputs
-
-    dims, seqlens = check_inputs(q, k, v, z, beta, scale=None, initial_state=initial_state, cu_seqlens=None,
-                                 dt_bias=dt_bias, gate_in_kernel=True)
-    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", gate_in_kernel=True)
-    config = default_config("chunk_fwd", plan, {"N": dims.N, "HV": dims.HV, "T": dims.T, "B": dims.B})
-    launches, (o, ht, _) = prepare_chunk_fwd(
-        q, k, v, z, beta, scale=dims.K ** -0.5, initial_state=initial_state, output_final_state=True,
-        cu_seqlens=None, seqlens=seqlens, dims=dims, plan=plan, config=config, built=build(plan, config),
-        dt_bias=dt_bias)
-    for launch in launches:
-        launch()
-    return o, ht
-
-
-def recurrent_step(spec, q, k, v, z, beta, dt_bias, initial_state):
-    """One decode step (T = 1) of ``spec``'s recurrent kernel, the gate computed in-kernel."""
-    from kdagen.cache.heuristics import default_config
-    from kdagen.codegen.lower import lower
-    from kdagen.dtypes import dtype
-    from kdagen.kernels import build
-    from kdagen.ops.inputs import check_inputs
-    from kdagen.ops.recurrent import prepare_recurrent
-
-    dims, _ = check_inputs(q, k, v, z, beta, scale=None, initial_state=initial_state, cu_seqlens=None,
-                           dt_bias=dt_bias, gate_in_kernel=True)
-    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", gate_in_kernel=True)
-    launch, (o, ht) = prepare_recurrent(
-        q, k, v, z, beta, scale=dims.K ** -0.5, initial_state=initial_state, output_final_state=True,
-        cu_seqlens=None, state_indices=None, dims=dims, plan=plan,
-        built=build(plan, default_config("recurrent", plan, {"N": dims.N, "HV": dims.HV})), dt_bias=dt_bias)
-    launch()
-    return o, ht
+# kdagen.ops.member's generic entries run any spec the templates lower, with FLA's keywords:
+# chunk_member (prefill and training, differentiable) and fused_recurrent_member (decode).
 
 
 def main():
@@ -95,6 +52,7 @@ def main():
 
     import torch
 
+    from kdagen.ops.member import chunk_member, fused_recurrent_member
     from kdagen.spec.evaluate import gate_values, spec_recurrence
     from kdagen.spec.structure import analyze_structure, safe_sub_chunk
     from kdagen import check_lowerable
@@ -126,10 +84,22 @@ def main():
     err = lambda a, b: ((a.double().cpu() - b).norm() / b.norm()).item()  # noqa: E731
     x = [t.to(device) for t in (q, k, v, z, beta)]
     pre = [t[:, :T].contiguous() for t in x]
-    o, ht = chunk_forward(SPEC, *pre, dt_bias.to(device), h0.to(device))
-    step = [t[:, T:].contiguous() for t in x]
-    o1, ht1 = recurrent_step(SPEC, *step, dt_bias.to(device), ht)
+    gate = dict(use_gate_in_kernel=True, dt_bias=dt_bias.to(device).view(H, K))
+    with torch.no_grad():  # prefill (the inference kernels compute the gate from z) ...
+        o, ht = chunk_member(SPEC, *pre, initial_state=h0.to(device), output_final_state=True, **gate)
+        step = [t[:, T:].contiguous() for t in x]  # ... then one decode step from its state
+        o1, ht1 = fused_recurrent_member(SPEC, *step, initial_state=ht, output_final_state=True, **gate)
     errs = {"prefill o": err(o, ref_o[:, :T]), "decode o": err(o1, ref_o[:, T:]), "final state": err(ht1, ref_s)}
+
+    # 3. training: the gradient of z through the spec's own gate derivative (sympy's, in the kernels)
+    zl = pre[3].clone().requires_grad_(True)
+    o2, _ = chunk_member(SPEC, pre[0], pre[1], pre[2], zl, pre[4], initial_state=h0.to(device), **gate)
+    (dz,) = torch.autograd.grad(o2.sum(), zl)
+    z64 = z[:, :T].double().requires_grad_(True)
+    g64 = gate_values(SPEC, z64, {S.dt_bias: dt_bias.double().view(H, K)})
+    r_o, _ = spec_recurrence(SPEC, q[:, :T], k[:, :T], v[:, :T], g64, beta[:, :T], initial_state=h0.double())
+    (r_dz,) = torch.autograd.grad(r_o.sum(), z64)
+    errs["dz"] = err(dz, r_dz)
     print("kernels (fp32) rel. error vs the spec's float64 recurrence: "
           + ", ".join(f"{n} {e:.1e}" for n, e in errs.items()))
     assert all(e < 1e-4 for e in errs.values()), errs

@@ -42,7 +42,8 @@ def test_prefix_caching_example_runs(tmp_path):
 def test_custom_member_example_runs(tmp_path):
     """A member no library ships (KDA with g = -3 sigmoid(z + dt_bias)) from a spec file: its
     float64 self-checks pass, and its generated kernels (prefill and a decode step, the gate
-    computed in-kernel) match the spec's own float64 recurrence."""
+    computed in-kernel, and the gradient of z) match the spec's own float64 recurrence."""
     r = _run("custom_member.py", tmp_path)
     assert "float64 self-checks: chunkwise form == the spec's own recurrence" in r.stdout
     assert "rel. error vs the spec's float64 recurrence" in r.stdout and r.stdout.rstrip().endswith("OK")
+    assert ", dz " in r.stdout  # the backward through the custom gate ran and was checked
