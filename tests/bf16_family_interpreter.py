@@ -4,7 +4,8 @@ process: the patches hold for the whole process).
 
     python tests/bf16_family_interpreter.py CASE [CASE ...]    # prints {case: {output: rel. error}}
 
-CASE is name:member:B,T,H,HV,K,V with member gdn or deltanet.
+CASE is name:member:B,T,H,HV,K,V with member gdn, deltanet, gla (no bound: element-wise diagonal
+tiles) or gla5 (GLA told g >= -5: factorised diagonal tiles, and the inputs kept above it).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch  # noqa: E402
 
 import bf16_interpreter  # noqa: E402
 import kdagen  # noqa: E402
-from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn  # noqa: E402
+from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn, naive_recurrent_gla  # noqa: E402
 
 
 def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
@@ -29,8 +30,12 @@ def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
     q = torch.randn(B, T, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
     v = torch.randn(B, T, HV, V, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2.0)
-    g[:, T // 3] -= 8.0  # a strong decay, far below any bound a factorised tile could take
+    gla = member in ("gla", "gla5")
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, *((K,) if gla else ()), generator=gen) + 2.0)
+    if member == "gla5":
+        g = g.clamp(min=-5.0)
+    else:
+        g[:, T // 3] -= 8.0  # a strong decay, far below any bound a factorised tile could take
     beta = torch.sigmoid(torch.randn(B, T, HV, generator=gen))
     h0 = 0.1 * torch.randn(B, HV, K, V, generator=gen)
     do = torch.randn(B, T, HV, V, generator=gen)
@@ -38,12 +43,20 @@ def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
     leaves = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
     if member == "deltanet":
         del leaves["g"]
+    if gla:
+        del leaves["beta"]
     op = kdagen.chunk_gated_delta_rule if member == "gdn" else kdagen.chunk_delta_rule
+    if gla:
+        op = (lambda **a: kdagen.chunk_gla(**a, safe_gate=True, lower_bound=-5.0)) if member == "gla5" else kdagen.chunk_gla
     with torch.no_grad():  # the inference kernels (solve and pass; the pass's dots take bf16 operands)
         oi, hti = op(**leaves, output_final_state=True)
     x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
     r = {n: t.double().requires_grad_(True) for n, t in leaves.items()}
-    if member == "gdn":
+    if gla:
+        o, ht = op(**x, output_final_state=True)
+        ro, rht = naive_recurrent_gla(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"],
+                                      output_final_state=True)
+    elif member == "gdn":
         o, ht = kdagen.chunk_gated_delta_rule(**x, output_final_state=True)
         ro, rht = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
                                       output_final_state=True)
