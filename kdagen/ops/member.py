@@ -236,13 +236,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
             q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
                                     allow_neg_eigval)
         g = g if g is not None else dummy_pointer(q.device)
-        q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
-        launch, (o, ht) = R.prepare_recurrent(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
-            A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
-        launch()
-        return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
+        return _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
+                       dims, plan, built, A_log, dt_bias, out, state_v_first)
     training = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias))
     if training:
@@ -280,14 +275,24 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     for name, x in (("ssm_state_indices", ssm_state_indices), ("cu_seqlens", cu_seqlens)):
         if x is not None and not x.is_contiguous():
             raise ValueError(f"{op}: {name} must be contiguous (the kernel reads it with stride 1)")
-    q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
-    launch, (o, ht) = R.prepare_recurrent(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
-        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
-    launch()
+    result = _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
+                     dims, plan, built, A_log, dt_bias, out, state_v_first)
     if sig is not None:  # (never for a call with gradients: the signature holds requires_grad and the grad mode)
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
         _FAST[sig] = (plan, built, dims, scale)
-    return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
+    return result
+
+
+def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_indices, dims, plan,
+            built, A_log, dt_bias, out, state_v_first):
+    """Launch the recurrent kernel of a validated decode call: ``(o, final state or pool or None)``."""
+    from . import recurrent as R
+
+    q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
+    launch, (o, ht) = R.prepare_recurrent(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens, state_indices=state_indices, dims=dims, plan=plan, built=built,
+        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
+    launch()
+    return o, (ht if (output_final_state or state_indices is not None) else None)
