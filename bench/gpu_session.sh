@@ -10,6 +10,9 @@
 #   bash bench/gpu_session.sh build [seconds]   # kdagen build --gpu auto --head-dim 128 --jobs 16, then the
 #                                               # same command again (resumed) if 120 s are left
 #
+# `.whl` holds what the machine's image lacks: fla-core (FLA), and for `build` optuna 5.0.0 with
+# alembic, colorlog, mako and SQLAlchemy (the image has none of them; bench/RESULTS.md, run 37).
+#
 # A `build` call's $OUT/*.json (the tuning cache) copied into .tcache/kdagen/ is restored into
 # KDAGEN_CACHE_DIR by later calls, so `bench`/`fla` time the tuned winners (each row names its
 # configs).  Copy $OUT/autotune.tgz back into .tcache/ after a call: FLA's first-use autotuning of its
