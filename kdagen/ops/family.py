@@ -18,6 +18,7 @@ import sympy as sp
 import torch
 
 from .. import spec as S
+from .inputs import gate_choice
 from .member import chunk_member, fused_recurrent_member
 
 _CHUNK_IGNORED = ("chunk_indices",)  # FLA's precomputed schedule: kdagen builds its own from cu_seqlens
@@ -167,16 +168,6 @@ def gla_spec(lower_bound: float | None = None) -> S.Recurrence:
     return S.gla(S.gate_direct(lower_bound))
 
 
-def _gla_bound(op: str, safe_gate: bool, lower_bound) -> float | None:
-    if lower_bound is not None and not safe_gate:
-        raise ValueError(f"{op}: lower_bound only takes effect with safe_gate=True (as chunk_kda)")
-    if safe_gate and lower_bound is None:
-        raise ValueError(f"{op}: safe_gate=True needs lower_bound (g >= lower_bound, e.g. -5)")
-    if lower_bound is not None and not (isinstance(lower_bound, (int, float)) and lower_bound < 0):
-        raise ValueError(f"{op}: lower_bound must be a negative number, got {lower_bound!r}")
-    return float(lower_bound) if lower_bound is not None else None
-
-
 def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output_final_state: bool = False,
               state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None, safe_gate: bool = False,
               lower_bound: float | None = None, **kwargs):
@@ -184,14 +175,14 @@ def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output
     S_{t-1} + k_t v_t^T, o_t = scale S_t^T q_t.  q, k: [B, T, H, K]; v: [B, T, HV, V]; g:
     [B, T, HV, K] log decay (<= 0); initial_state: [N, HV, K, V].  Returns ``(o, final_state)``.
 
-    Beyond FLA: GVA (HV a multiple of H), float32 inputs, ``safe_gate=True, lower_bound=L``
-    (kdagen's, as chunk_kda's: the caller promises g >= L, and the diagonal tiles become
-    factorised tensor-core dots instead of the element-wise products any g needs; a g below the
-    bound is still answered exactly, by the element-wise path of that sub-tile).  No beta: GLA
-    has no rank-1 part."""
+    Beyond FLA: GVA (HV a multiple of H), float32 inputs, ``safe_gate=True`` with ``lower_bound=L``
+    (default -5; kdagen's flags, read as chunk_kda reads them): the caller promises g >= L, and the
+    diagonal tiles become factorised tensor-core dots instead of the element-wise products any g
+    needs; as for chunk_kda, the inference forward still answers a g below the bound exactly (the
+    element-wise path of that sub-tile).  No beta: GLA has no rank-1 part."""
     op = "chunk_gla"
     _common(op, kwargs)
-    bound = _gla_bound(op, safe_gate, lower_bound)
+    _, bound, _, _ = gate_choice(False, safe_gate, lower_bound, False, False)  # chunk_kda's reading of the flags
     return chunk_member(gla_spec(bound), q, k, v, g, None, scale=scale, initial_state=initial_state,
                         output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
                         cu_seqlens_cpu=cu_seqlens_cpu, op=op, **kwargs)

@@ -59,14 +59,10 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     (GLA's), so it takes no beta (beta must be None)."""
     if not rank1 and beta is not None:
         raise ValueError("this recurrence has no rank-1 (delta) part, so it takes no beta; pass beta=None")
-    if decay == "identity":
-        if g is not None:
-            raise ValueError("this recurrence has no decay, so it takes no gate g; pass g=None")
-        tensors = (("q", q), ("k", k), ("v", v), ("beta", beta))
-    else:
-        tensors = (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))
-    if not rank1:
-        tensors = tensors[:-1]
+    if decay == "identity" and g is not None:
+        raise ValueError("this recurrence has no decay, so it takes no gate g; pass g=None")
+    tensors = ((("q", q), ("k", k), ("v", v)) + ((("g", g),) if decay != "identity" else ())
+               + ((("beta", beta),) if rank1 else ()))
     for name, x in tensors:
         _tensor(name, x)
         _float(name, x)

@@ -169,11 +169,14 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
 
 
 def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, training: bool = False, config=None,
-                          bwd_config=None, output_final_state: bool = False, do=None, dht=None, **kw):
+                          bwd_config=None, output_final_state: bool = False, do=None, dht=None,
+                          with_rerun: bool = False, **kw):
     """Describe, without running, the launches a chunk call of ``spec`` makes (for compile-only
     checks, benchmarks of single kernels and the tuner): inference ``(fwd_launches, outputs)``;
     ``training=True``: ``(fwd_launches, bwd_launches, bwd_outputs)`` -- the backward reads what
-    the forward launches write (run those first); ``do``/``dht`` default to zeros.  ``kw``: the
+    the forward launches write (run those first); ``do``/``dht`` default to zeros.  ``with_rerun``:
+    the forward launches end with the backward's re-run of the intra launch when the backward
+    config recomputes the intermediates (everything a training step compiles).  ``kw``: the
     validation keywords of :func:`chunk_member` (scale, initial_state, cu_seqlens, gate ...)."""
     from . import chunk as C
     from . import chunk_bwd as bwd
@@ -190,6 +193,8 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
         dht = torch.zeros_like(ht)
     launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do,
                                            None if dht is None else dht.contiguous(), x["initial_state"] is not None)
+    if with_rerun and not meta.config.store_intermediates:
+        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
     return fwd, launches, outs
 
 

@@ -14,13 +14,9 @@ expressions, token by token in float64 (:func:`kdagen.spec.evaluate.spec_recurre
 candidate's device -- nothing hand-written per member.
 
 The launch descriptions below (timed one kernel at a time, compiled for a GPU that is not
-here) are built from :mod:`kdagen.ops.member`'s steps; ``chunk_member_launches`` has no
-``with_rerun`` (the backward's re-run of the intra launch), so :func:`chunk_bwd_launches`
-assembles that one list itself.
+here) are :func:`kdagen.ops.member.chunk_member_launches`'s.
 """
 from __future__ import annotations
-
-import torch
 
 from ..codegen.lower import lower
 from ..dtypes import dtype as as_dtype
@@ -85,20 +81,10 @@ def chunk_bwd_launches(spec: Recurrence, x: dict, fwd_config, bwd_config, do=Non
     the forward's end with the backward's re-run of the intra launch when the backward config
     recomputes the intermediates (everything a training step compiles), as
     :func:`kdagen.ops.chunk.chunk_kda_bwd_launches` does for KDA."""
-    from ..ops import chunk as C
-    from ..ops import chunk_bwd as bwd
-    from ..ops.member import _prepare_chunk
+    from ..ops.member import chunk_member_launches
 
-    call, xx, _ = _prepare_chunk(spec, **x, training=True)
-    train, b = C._configs(call, fwd_config, bwd_config, True)
-    fwd, (o, ht, hs), meta = C._training_launches(call, xx, train, b, True)
-    inputs = {n: xx[n] for n in bwd.INPUT_NAMES}
-    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES}
-    do = torch.zeros_like(o) if do is None else do.contiguous()
-    launches, _ = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do, torch.zeros_like(ht),
-                                        xx["initial_state"] is not None)
-    if with_rerun and not meta.config.store_intermediates:
-        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
+    fwd, launches, _ = chunk_member_launches(spec, **x, training=True, config=fwd_config, bwd_config=bwd_config,
+                                             output_final_state=True, do=do, with_rerun=with_rerun)
     return fwd, launches
 
 
