@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.time()
 LOG: list[str] = []
 RES: dict = {"rows": [], "errors": [], "skipped": []}
-MEMBERS = ("gdn", "deltanet", "gla", "gla5")  # gla5: GLA with g >= -5 promised to kdagen (safe_gate)
+MEMBERS = ("gdn", "deltanet", "gla", "gla5", "dplr")  # gla5: GLA with g >= -5 promised to kdagen (safe_gate)
 PASSES = ("errors", "fwd", "fwdbwd", "decode")
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 DECODE = [(1, 32, 128), (256, 32, 128)]  # (B, H, K=V)
@@ -52,7 +52,8 @@ SMOKE_DECODE = [(2, 2, 32)]
 SMOKE_ERROR_SHAPES = [(1, 37, 1, 32)]
 RESERVE = {"fwd": 20.0, "fwdbwd": 45.0}  # seconds a GPU timing section needs left to start (compiles, warm-up)
 GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"), "deltanet": ("q", "k", "v", "beta", "initial_state"),
-        "gla": ("q", "k", "v", "g", "initial_state"), "gla5": ("q", "k", "v", "g", "initial_state")}
+        "gla": ("q", "k", "v", "g", "initial_state"), "gla5": ("q", "k", "v", "g", "initial_state"),
+        "dplr": ("q", "k", "v", "a", "b", "gk", "initial_state")}
 
 
 def log(*a):
@@ -97,8 +98,16 @@ def ops(member, lib):
             return kdagen.chunk_gla, kdagen.fused_recurrent_gla
         if member == "gla5":  # the caller promises g >= -5 (the inputs keep it): factorised diagonal tiles
             return functools.partial(kdagen.chunk_gla, safe_gate=True, lower_bound=-5.0), kdagen.fused_recurrent_gla
+        if member == "dplr":
+            if not hasattr(kdagen, "chunk_dplr_delta_rule"):
+                log("kdagen has no chunk_dplr_delta_rule in this build: FLA's rows only")
+                return None
+            return kdagen.chunk_dplr_delta_rule, kdagen.fused_recurrent_dplr_delta_rule
         return kdagen.chunk_delta_rule, kdagen.fused_recurrent_delta_rule
     try:
+        if member == "dplr":
+            from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule, fused_recurrent_dplr_delta_rule
+            return chunk_dplr_delta_rule, fused_recurrent_dplr_delta_rule
         if member in ("gla", "gla5"):
             from fla.ops.gla import chunk_gla, fused_recurrent_gla
             return chunk_gla, fused_recurrent_gla
@@ -113,6 +122,9 @@ def ops(member, lib):
 
 
 def call_chunk(member, fn, x):
+    if member == "dplr":
+        return fn(x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], initial_state=x["initial_state"],
+                  output_final_state=True)
     if member in ("gla", "gla5"):
         return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], output_final_state=True)
     if member == "gdn":
@@ -121,6 +133,9 @@ def call_chunk(member, fn, x):
 
 
 def call_recurrent(member, fn, x, **kw):
+    if member == "dplr":
+        return fn(x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], initial_state=x["initial_state"],
+                  output_final_state=True, **kw)
     if member in ("gla", "gla5"):
         return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], output_final_state=True, **kw)
     if member == "gdn":
@@ -136,7 +151,14 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     q = torch.randn(B, T, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
     v = torch.randn(B, T, H, V, generator=gen)
-    x = dict(q=q, k=k, v=v) if member in ("gla", "gla5") else dict(q=q, k=k, v=v, beta=torch.sigmoid(torch.randn(B, T, H, generator=gen)))
+    if member in ("gla", "gla5"):
+        x = dict(q=q, k=k, v=v)
+    elif member == "dplr":  # FLA's convention S <- Diag(exp gk) S + b (a^T S) + k v^T: a unit read vector and
+        # b = -beta * a (RWKV-7's pairing), so each step's transition Diag(exp gk) - beta a a^T stays contractive
+        a = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+        x = dict(q=q, k=k, v=v, a=a, b=-torch.sigmoid(torch.randn(B, T, H, 1, generator=gen)) * a)
+    else:
+        x = dict(q=q, k=k, v=v, beta=torch.sigmoid(torch.randn(B, T, H, generator=gen)))
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
     x = {n: t.to(dev, dt) for n, t in x.items()}
     if member == "gdn":
@@ -144,6 +166,8 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     if member in ("gla", "gla5"):  # a per-channel log decay (FLA's GLA recipe); gla5 keeps g >= -5
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 2.0)
         x["g"] = (g.clamp(min=-5.0) if member == "gla5" else g).to(dev)
+    if member == "dplr":
+        x["gk"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 2.0).to(dev)
     x["initial_state"] = (0.1 * torch.randn(B, H, K, V, generator=gen)).to(dev)
     return x
 
@@ -273,9 +297,13 @@ def _refuse_bwd(lib, member, e):
 
 
 def _reference(member, x, names, dev):
-    from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn, naive_recurrent_gla
+    from kdagen.spec.reference import (naive_recurrent_deltanet, naive_recurrent_dplr, naive_recurrent_gdn,
+                                       naive_recurrent_gla)
     r = {n: x[n].double().requires_grad_(True) for n in names}
-    if member in ("gla", "gla5"):
+    if member == "dplr":  # kdagen's reference subtracts a b^T: FLA's b (a^T S) is a_ref = -b, b_ref = a
+        ro, rs = naive_recurrent_dplr(r["q"], r["k"], r["v"], -r["b"], r["a"], r["gk"],
+                                      initial_state=r["initial_state"], output_final_state=True)
+    elif member in ("gla", "gla5"):
         ro, rs = naive_recurrent_gla(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"],
                                      output_final_state=True)
     elif member == "gdn":
@@ -429,7 +457,7 @@ def table():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
-    ap.add_argument("--only", default="", help="comma-separated members (gdn, deltanet, gla, gla5) and/or passes "
+    ap.add_argument("--only", default="", help="comma-separated members (gdn, deltanet, gla, gla5, dplr) and/or passes "
                                                "(errors, fwd, fwdbwd, decode)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds the whole run may take")
     ap.add_argument("--warm-workers", type=int, default=0, help="processes compiling FLA's candidates first")
@@ -462,7 +490,8 @@ def main(argv=None):
             warm_parallel(args.warm_workers, members, shapes, min(args.warm_budget, max(budget.left() - 60, 1)))
         libs = {}
         for member in members:
-            libs[member] = {"kdagen": ops(member, "kdagen")}
+            kd = ops(member, "kdagen")
+            libs[member] = {} if kd is None else {"kdagen": kd}
             fla = None if args.no_fla else ops(member, "fla")
             if fla is not None:
                 libs[member]["fla"] = fla
