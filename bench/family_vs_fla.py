@@ -1,4 +1,4 @@
-"""Gated DeltaNet, DeltaNet and GLA: kdagen's ops against flash-linear-attention's ops of the same
+"""Gated DeltaNet, DeltaNet, GLA and general DPLR: kdagen's ops against flash-linear-attention's ops of the same
 name, in one process, on the same inputs (gla5: GLA with g >= -5, which kdagen is told with
 safe_gate=True, lower_bound=-5; FLA's chunk_gla on the same inputs).
 
@@ -6,7 +6,8 @@ safe_gate=True, lower_bound=-5; FLA's chunk_gla on the same inputs).
     TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/family_vs_fla.py --smoke --out /tmp/x   # CPU smoke run
 
 Per member (gdn: chunk_gated_delta_rule / fused_recurrent_gated_delta_rule; deltanet:
-chunk_delta_rule / fused_recurrent_delta_rule), bf16 q/k/v/beta, fp32 g and states:
+chunk_delta_rule / fused_recurrent_delta_rule; gla: chunk_gla / fused_recurrent_gla; dplr:
+chunk_dplr_delta_rule / fused_recurrent_dplr_delta_rule, FLA's rows alone while kdagen has no such op), bf16 q/k/v/beta, fp32 g and states:
 1. ``errors``: both libraries' bf16 forward (o, final state) and gradients against float64
    autograd through the token-by-token recurrence (kdagen.spec.reference), at small shapes;
 2. ``fwd``: forward median ms (triton.testing.do_bench) at (B, T, H, K=V) = (1, 8192, 96, 128) and
@@ -14,7 +15,8 @@ chunk_delta_rule / fused_recurrent_delta_rule), bf16 q/k/v/beta, fp32 g and stat
 3. ``fwdbwd``: forward + backward (all of q, k, v, g, beta, initial_state) at the same shapes;
 4. ``decode``: one token at B = 1 and 256, H = 32, K = V = 128, CUDA-graph replay, fp32 states:
    FLA's fused_recurrent op (initial_state in, final state out), kdagen's the same way and with
-   its in-place state pool (``ssm_state_indices``).
+   its in-place state pool (``ssm_state_indices``);
+5. ``profile``: each library's forward+backward kernel by kernel (torch.profiler) at the first shape.
 The forward sections of every member run first, the gradients' last (FLA 0.6.0's GDN backward
 autotunes for minutes and then refuses to run on Triton < 3.7.1 with Hopper: a backward that
 raised once is not asked again for that member, and its rows say why).
@@ -43,7 +45,7 @@ T0 = time.time()
 LOG: list[str] = []
 RES: dict = {"rows": [], "errors": [], "skipped": []}
 MEMBERS = ("gdn", "deltanet", "gla", "gla5", "dplr")  # gla5: GLA with g >= -5 promised to kdagen (safe_gate)
-PASSES = ("errors", "fwd", "fwdbwd", "decode")
+PASSES = ("errors", "fwd", "fwdbwd", "decode", "profile")
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 DECODE = [(1, 32, 128), (256, 32, 128)]  # (B, H, K=V)
 ERROR_SHAPES = [(1, 1024, 4, 128), (2, 333, 2, 128)]
@@ -397,6 +399,46 @@ def timings(member, libs, shapes, p, dev, budget, out):
         del x
 
 
+def profile(member, libs, shape, dev, budget, out, top=12):
+    """Per-kernel GPU time (torch.profiler, mean of 3 calls) of each library's forward+backward at
+    one shape: where each library's training step spends its time, kernel by kernel."""
+    if dev != "cuda":
+        return
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    B, T, H, D = shape
+    if not budget.ok(f"profile {member} {shape}", need=RESERVE["fwdbwd"]):
+        return
+    x = inputs(member, B, T, H, D, D, dev)
+    for lib, (chunk, _) in libs.items():
+        if _bwd_refused(lib, member):
+            continue
+        try:
+            fn = fwdbwd_fn(member, chunk, x)
+            fn()
+            torch.cuda.synchronize()
+            with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    fn()
+                torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            log(f"  profile {member} {lib}: {type(e).__name__}: {str(e)[:160]}")
+            continue
+        rows = []
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t > 0:
+                rows.append((t / 3 / 1e3, e.count // 3, e.key[:80]))
+        rows.sort(reverse=True)
+        entry = dict(member=member, lib=lib, shape=list(shape), total_ms=sum(r[0] for r in rows),
+                     kernels=[dict(ms=round(ms, 4), count=c, name=n) for ms, c, n in rows[:top]])
+        RES.setdefault("profiles", []).append(entry)
+        log(f"  profile fwd+bwd {member} {lib} {shape}: {entry['total_ms']:.3f} ms of kernels per call")
+        for ms, c, n in rows[:top]:
+            log(f"    {ms:8.3f} ms  x{c:<3} {n}")
+        dump(out)
+        torch.cuda.empty_cache()
+
+
 def decode(member, libs, shapes, dev, budget, out):
     cuda = dev == "cuda"
     for B, H, D in shapes:
@@ -458,7 +500,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--only", default="", help="comma-separated members (gdn, deltanet, gla, gla5, dplr) and/or passes "
-                                               "(errors, fwd, fwdbwd, decode)")
+                                               "(errors, fwd, fwdbwd, decode, profile)")
     ap.add_argument("--budget", type=float, default=540.0, help="seconds the whole run may take")
     ap.add_argument("--warm-workers", type=int, default=0, help="processes compiling FLA's candidates first")
     ap.add_argument("--warm-budget", type=float, default=180.0)
@@ -499,6 +541,9 @@ def main(argv=None):
                 if guard:
                     BWD_REFUSED[("fla", member)] = guard
                     log(f"  fla's {member} backward: {guard}")
+        for member in [m for m in members if not libs[m]]:
+            log(f"{member}: neither library has its ops here; left out")
+            members.remove(member)
         # the forward passes of every member first, the gradients last: a backward that autotunes for
         # minutes (or a spent budget) cannot cost the forward rows
         for member in members:
@@ -517,6 +562,8 @@ def main(argv=None):
                 dump(args.out)
             if "fwdbwd" in passes:
                 timings(member, libs[member], shapes, "fwdbwd", dev, budget, args.out)
+            if "profile" in passes:
+                profile(member, libs[member], shapes[0], dev, budget, args.out)
     finally:
         table()
         log(f"done in {time.time() - T0:.0f}s")
