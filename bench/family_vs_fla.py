@@ -104,7 +104,7 @@ def ops(member, lib):
             if not hasattr(kdagen, "chunk_dplr_delta_rule"):
                 log("kdagen has no chunk_dplr_delta_rule in this build: FLA's rows only")
                 return None
-            return kdagen.chunk_dplr_delta_rule, kdagen.fused_recurrent_dplr_delta_rule
+            return kdagen.chunk_dplr_delta_rule, getattr(kdagen, "fused_recurrent_dplr_delta_rule", None)
         return kdagen.chunk_delta_rule, kdagen.fused_recurrent_delta_rule
     try:
         if member == "dplr":
@@ -338,8 +338,10 @@ def errors(member, libs, shapes, dev, budget, grads):
                 if not grads:
                     with torch.no_grad():
                         o, s = call_chunk(member, chunk, x)
-                        oc, _ = call_recurrent(member, recurrent, x)
-                    row[lib] = dict(o=rel(o, ro), final_state=rel(s, rs), recurrent_o=rel(oc, ro))
+                        oc = None if recurrent is None else call_recurrent(member, recurrent, x)[0]
+                    row[lib] = dict(o=rel(o, ro), final_state=rel(s, rs))
+                    if oc is not None:
+                        row[lib]["recurrent_o"] = rel(oc, ro)
                     continue
                 if _bwd_refused(lib, member):
                     row[lib] = dict(error=_bwd_refused(lib, member))
@@ -447,6 +449,8 @@ def decode(member, libs, shapes, dev, budget, out):
         x = inputs(member, B, 1, H, D, D, dev)
         row = dict(member=member, pass_="decode", shape=[B, 1, H, D])
         for lib, (_, recurrent) in libs.items():
+            if recurrent is None:
+                continue
             try:
                 with torch.no_grad():
                     fn = lambda recurrent=recurrent: call_recurrent(member, recurrent, x)  # noqa: E731
