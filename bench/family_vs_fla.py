@@ -509,6 +509,8 @@ def main(argv=None):
     ap.add_argument("--warm-workers", type=int, default=0, help="processes compiling FLA's candidates first")
     ap.add_argument("--warm-budget", type=float, default=180.0)
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--forward-errors-only", action="store_true",
+                    help="the errors pass without its gradient rows (their float64 autograd takes minutes per row)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the CPU in the interpreter")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
@@ -561,7 +563,7 @@ def main(argv=None):
                 decode(member, libs[member], dshapes, dev, budget, args.out)
         for member in members:
             log(f"\n== {member} gradients: {', '.join(libs[member])} [t={time.time() - T0:.0f}s]")
-            if "errors" in passes:
+            if "errors" in passes and not args.forward_errors_only:
                 errors(member, libs[member], eshapes, dev, budget, grads=True)
                 dump(args.out)
             if "fwdbwd" in passes:
