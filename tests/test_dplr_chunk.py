@@ -210,3 +210,41 @@ def test_refusals_name_the_argument():
     for call, match in type_errors:
         with pytest.raises(TypeError, match=match):
             call()
+
+
+def test_tuning_takes_the_chunk_forward_as_the_chunk_train_family(monkeypatch):
+    """The tuner's view of DPLR: its chunk forward is the chunk_train family (the chunk backward
+    is not generated yet), each stage's candidate runs through chunk_dplr_delta_rule and passes
+    the check against the spec's own float64 recurrence, and the op looks its winners up under
+    that family with the plan the tuner tuned."""
+    import kdagen.ops.dplr as D
+    from kdagen.cache.heuristics import default_config
+    from kdagen.tuning import families as TF
+    from kdagen.tuning.candidates import KernelCandidate
+
+    sa = {"spec": "dplr", "safe_gate": True, "lower_bound": -5.0}
+    assert TF.families_for(sa, TF.FAMILIES) == ["chunk_train", "recurrent"]
+    assert TF.families_for({"spec": "gla"}, TF.FAMILIES) == list(TF.FAMILIES)
+    assert TF.families_for({}, TF.FAMILIES) == list(TF.FAMILIES)  # KDA
+    TF.check_tunable(sa)
+    spec = TF.family_spec("chunk_train", sa)
+    plan = TF.lower_for(spec, "chunk_train", 32, 32, F32)
+    assert plan.structure == "dplr" and plan.diag_mode == "factorised"
+    space = TF.space_for("chunk_train", plan)
+    assert space.kernel == "chunk_train" and space.stage_launches == {"intra": "chunk_intra", "state": "chunk_state"}
+    cfg = ChunkTrainConfig(chunk_size=32, intra_block_k=32, cumsum="dot")
+    for launch in ("chunk_intra", "chunk_state"):
+        cand = KernelCandidate("chunk_train", launch, plan, sa, F32, (1, 40, 1, 2), device="cpu")
+        cand.build(cfg)
+        assert cand.check(cfg) <= cand.tolerance
+        assert cand.time(cfg) > 0
+    seen = []
+
+    def spy(family, p, explicit, shape, state_dtype="float32"):
+        seen.append((family, p))
+        return default_config(family, p, shape)
+
+    monkeypatch.setattr(D, "resolve", spy)
+    q, k, v, a, b, g, h0 = _inputs(1, 8, 1, 2, 32, 32, F32, lb=-5.0)
+    kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, safe_gate=True, lower_bound=-5.0)
+    assert [(f, p.tuning_spec_hash) for f, p in seen] == [("chunk_train", plan.tuning_spec_hash)]

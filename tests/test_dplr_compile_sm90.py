@@ -87,9 +87,45 @@ def _worker_compile(cases):
     return results
 
 
+# the tuner's compile-check (what `kdagen build --gpu h800 --spec dplr --compile-only` runs), on a
+# small space: both stages of the chunk_train family, element-wise and factorised
+TUNER_SPACE = {"kernel": "chunk_train",
+               "params": {"chunk_size": [32, 64], "sub_chunk": [16], "intra_block_k": [32, 64],
+                          "intra_num_warps": [4], "state_block_v": [32], "state_num_warps": [4]},
+               "stages": {"intra": {"launch": "chunk_intra", "fields": ["chunk_size", "sub_chunk", "intra_block_k",
+                                                                      "intra_num_warps"]},
+                          "state": {"launch": "chunk_state", "fields": ["chunk_size", "state_block_v",
+                                                                      "state_num_warps"]}},
+               "constraints": ["smem_estimate <= smem_limit"]}
+
+
+def _worker_tuner():
+    import torch
+
+    from kdagen.cache.gpus import get_profile
+    from kdagen.tuning.compile_pool import compile_check
+    from kdagen.tuning.families import families_for, family_spec, lower_for
+    from kdagen.tuning.space import SearchSpace
+
+    out = {}
+    for bound in (None, -5.0):
+        sa = {"spec": "dplr", "safe_gate": bound is not None, "lower_bound": bound}
+        (fam,) = families_for(sa, ["chunk_fwd"])
+        spec = family_spec(fam, sa)
+        plan = lower_for(spec, fam, 64, 64, torch.bfloat16)
+        surveys = compile_check(fam, plan, spec, sa, get_profile("h800"), torch.bfloat16,
+                                space=SearchSpace.from_dict(TUNER_SPACE), progress=False, jobs=1,
+                                shape=(1, 256, 2, 2))
+        out[str(bound)] = dict(family=fam, diag=plan.diag_mode,
+                               surveys=[(s.stage, s.total, len(s.survivors), [w for _, w in s.failures])
+                                        for s in surveys])
+    return out
+
+
 def _worker_main():
     cases = json.loads(sys.stdin.read())
     res = _worker_compile([tuple(c) for c in cases])
+    res["@tuner"] = _worker_tuner()
     sys.stdout.write("\n@@RESULTS@@" + json.dumps(res) + "\n")
 
 
@@ -120,3 +156,16 @@ def test_dplr_kernels_compile_for_sm90(case, compiled):
         assert e["is_report"] and e["target"] == "cuda:90"
         assert e["source"].startswith("dplr_chunk_"), e["source"]  # DPLR's own kernels (named by its spec)
         assert 0 < e["shared_bytes"] <= SMEM_LIMIT, f"{cid}: {e['kind']} needs {e['shared_bytes']} bytes"
+
+
+def test_tuner_compile_check_keeps_every_candidate(compiled):
+    """The tuner's compile-check of DPLR's chunk forward (family chunk_train) for the H800 keeps
+    every candidate of both stages, element-wise and factorised."""
+    tuner = compiled["@tuner"]
+    assert set(tuner) == {"None", "-5.0"}
+    assert (tuner["None"]["diag"], tuner["-5.0"]["diag"]) == ("elementwise", "factorised")
+    for bound, r in tuner.items():
+        assert r["family"] == "chunk_train"
+        assert [s[0] for s in r["surveys"]] == ["intra", "state"]
+        for stage, total, ok, failures in r["surveys"]:
+            assert total > 1 and ok == total, (bound, stage, failures)
