@@ -7,7 +7,10 @@ validates or runs):
    V' for the backward.
 
 The backward re-runs launch 1 to rebuild what it reads (:mod:`kdagen.ops.chunk_bwd`).  An
-inference call runs :mod:`kdagen.ops.chunk_fwd` instead.
+inference call runs :mod:`kdagen.ops.chunk_fwd` instead -- except general DPLR's
+(``plan.structure == "dplr"``, :mod:`kdagen.ops.dplr`), which runs these two launches for
+inference too: its intra launch also writes A_qk (``aqv``) and k exp(G_n - G) (``kgv``), and its
+state pass adds their terms on the raw values, O += A_qk V and S += kgv^T V.
 """
 from __future__ import annotations
 
