@@ -33,9 +33,13 @@ def test_head_dims_out_of_range(K, V):
 
 
 def test_unsupported_members_say_so():
-    # (gdn and deltanet have the KDA structure, gla GLA's: tests/test_family_*.py)
-    with pytest.raises(LoweringError, match="not generated yet"):
-        lower(S.dplr(), 64, 64, "bfloat16", "chunk")
+    # (gdn and deltanet have the KDA structure, gla GLA's: tests/test_family_*.py; general DPLR
+    # lowers as FLA's chunk_dplr_delta_rule has it: tests/test_dplr_chunk.py)
+    assert lower(S.dplr(), 64, 64, "bfloat16", "chunk").structure == "dplr"
+    # a general rank-1 part other than free vectors a, b with a per-channel decay is refused
+    dplr_scalar = S.Recurrence("dplr_scalar", "scalar", S.gate_direct(), a=S.a_free, b=S.b_free, write_key=S.k)
+    with pytest.raises(LoweringError, match="general DPLR structure"):
+        lower(dplr_scalar, 64, 64, "bfloat16", "chunk")
     # no rank-1 part lowers only as GLA: a per-channel decay and the write key k
     no_rank1_scalar = S.Recurrence("gla_scalar", "scalar", S.gate_direct(), a=None, b=None, write_key=S.k)
     with pytest.raises(LoweringError, match="GLA's structure only"):

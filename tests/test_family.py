@@ -305,7 +305,7 @@ def test_refusals_name_the_keyword():
                                                dt_bias=torch.zeros(32)), "dt_bias must have HV"),
         (lambda: chunk_member(S.deltanet(), q, k, v, g, beta), "no decay"),
         (lambda: kdagen.chunk_delta_rule(q, k, v, beta, head_first=False), "head_first"),
-        (lambda: chunk_member(S.dplr(), q, k, v, gk, beta), "not generated yet"),
+        (lambda: chunk_member(S.dplr(), q, k, v, gk, beta), "general DPLR structure.*chunk_dplr_delta_rule"),
         (lambda: chunk_member(S.gla(), q, k, v, gk, beta), "takes no beta"),
     ]
     for call, match in cases:

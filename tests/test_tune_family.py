@@ -39,11 +39,17 @@ def test_every_lowerable_spec_is_tunable(ref):
     F.check_tunable(_args(ref))
 
 
-@pytest.mark.parametrize("ref,why", [("dplr", "not a per-token multiple of k")])
-def test_a_spec_lowering_refuses_is_refused_with_its_reason(ref, why):
-    with pytest.raises(ValueError, match=f"spec '{ref}' cannot be tuned: its chunk_fwd kernels cannot be "
-                                         f"generated: .*{why}"):
-        F.check_tunable(_args(ref))
+def test_a_spec_lowering_refuses_is_refused_with_its_reason(tmp_path):
+    # general DPLR lowers (its chunk forward is the chunk_train family: tests/test_dplr_chunk.py) ...
+    F.check_tunable(_args("dplr"))
+    # ... with a per-channel decay only: a general rank-1 part with a scalar decay does not
+    path = tmp_path / "scalar_dplr.py"
+    path.write_text("from kdagen import spec as S\n"
+                    "SPEC = S.Recurrence('scalar_dplr', 'scalar', S.gate_direct(), a=S.a_free, b=S.b_free, "
+                    "write_key=S.k, inputs=S.dplr().inputs[:3] + (S.Input('g', 'gate', ()),) + S.dplr().inputs[4:])\n")
+    with pytest.raises(ValueError, match="spec 'scalar_dplr' cannot be tuned: its chunk_train kernels cannot be "
+                                         "generated: .*general DPLR structure .* this spec has a scalar decay"):
+        F.check_tunable(_args(f"{path}:SPEC"))
 
 
 # --- the candidates: the member's op, its layout, its reference ------------------------

@@ -38,6 +38,9 @@ FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"),
                   "recurrent": ("recurrent",),
                   "recurrent_bwd": ("recurrent_bwd",)}
+# the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
+# kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
+DPLR_KERNELS = ("chunk_intra", "chunk_state")
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 
@@ -58,6 +61,13 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=True,
         autoescape=False,
     )
+
+
+def _check_structure(kernel: str, plan: Plan) -> None:
+    if plan.structure == "dplr" and kernel not in DPLR_KERNELS:
+        raise ValueError(f"kernel {kernel!r} has no general-DPLR branch yet (spec {plan.spec_name!r}, structure "
+                         f"dplr); the DPLR kernels generated so far: {', '.join(DPLR_KERNELS)} (its chunk forward, "
+                         "kdagen.chunk_dplr_delta_rule)")
 
 
 def _check_config(plan: Plan, config: _Config) -> None:
@@ -175,6 +185,7 @@ def render(kernel: str, plan: Plan, config: _Config) -> GeneratedSource:
         raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(TEMPLATES)}") from None
     if not isinstance(config, cfg_type):
         raise TypeError(f"kernel {kernel!r} takes a {cfg_type.__name__}, got {type(config).__name__}")
+    _check_structure(kernel, plan)
     _check_config(plan, config)
     seen = _FieldsRead(config)
     text = _env().get_template(template).render(

@@ -150,18 +150,20 @@ def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_confi
         output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
         return_intermediate_states=True, state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True,
-        state_v_first=call.state_v_first)
+        state_v_first=call.state_v_first, a=x.get("a"), b=x.get("b"))
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
 
 
 class _ChunkKDAFunction(torch.autograd.Function):
     """chunk_kda with gradients: the forward launches also write what the backward reads.  Used
-    only when some input requires grad; the inputs are already validated and pre-processed."""
+    only when some input requires grad; the inputs are already validated and pre-processed.
+    ``a``, ``b``: general DPLR's read and write vectors (None for every other member, whose
+    ``beta`` they replace)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, run):
+    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, a, b, run):
         call, config, bwd_config, output_final_state = run
-        x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+        x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias, a=a, b=b)
         launches, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
         for launch in launches:
             launch()
@@ -173,7 +175,7 @@ class _ChunkKDAFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dht):
-        return bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht) + (None,)
+        return bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht) + (None, None, None)
 
 
 def chunk_kda(
@@ -304,7 +306,7 @@ def chunk_kda(
     config, bwd_config = _configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
         return _ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
-                                       x["dt_bias"], (call, config, bwd_config, output_final_state))
+                                       x["dt_bias"], None, None, (call, config, bwd_config, output_final_state))
     launches, (o, ht, hs) = _forward_launches(call, x, config, output_final_state, return_intermediate_states)
     for launch in launches:
         launch()

@@ -35,6 +35,9 @@ from .inputs import Dims, state_shape
 INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
 KEPT_INTERMEDIATES = ("qg", "kg", "w", "aqk", "gn")  # what the backward reads (V' replaces U)
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
+# general DPLR's forward (plan.structure == "dplr") also reads a and b (no beta) and writes aqv and kgv
+DPLR_INPUT_NAMES = ("a", "b")
+DPLR_INTERMEDIATES = ("aqv", "kgv")
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,8 @@ def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
     HV, V = a["v"].shape[2], a["v"].shape[3]
     C, BC = intra.constexprs["BT"], intra.constexprs["BC"]
     assert (config.chunk_size, config.sub_chunk) == (C, BC), "the backward walks the forward's chunks"
-    stripped = {n: (None if n in INPUT_NAMES or n in INTERMEDIATES else x) for n, x in a.items()}
+    tensors = INPUT_NAMES + INTERMEDIATES + DPLR_INPUT_NAMES + DPLR_INTERMEDIATES
+    stripped = {n: (None if n in tensors else x) for n, x in a.items()}
     return BwdMeta(
         B=B, T=T, H=H, HV=HV, K=K, V=V, N=state.grid[1] // HV, NT=a["NT"], NT_total=intra.grid[0], C=C,
         scale=a["scale"], plan=plan, config=config,
@@ -178,12 +182,17 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
 def saved_tensors(launches, initial_state, hs, config: ChunkBwdConfig) -> list:
     """What a training forward keeps for :func:`backward`, from its launches' arguments: the
     (pre-processed) inputs, the per-chunk states, V' and, when the config stores rather than
-    recomputes them, the intra launch's intermediates."""
+    recomputes them, the intra launch's intermediates.  General DPLR (no beta: None in its place)
+    appends its inputs a and b, and with ``store_intermediates`` aqv and kgv after those."""
     a = launches[0].args
-    saved = [a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state, a.get("A_log"), a.get("dt_bias"), hs,
+    saved = [a["q"], a["k"], a["v"], a["g"], a.get("beta"), initial_state, a.get("A_log"), a.get("dt_bias"), hs,
              launches[1].args["vn"]]
     if config.store_intermediates:
         saved += [a[n] for n in KEPT_INTERMEDIATES]
+    if "a" in a:  # general DPLR
+        saved += [a[n] for n in DPLR_INPUT_NAMES]
+        if config.store_intermediates:
+            saved += [a[n] for n in DPLR_INTERMEDIATES]
     return saved
 
 
@@ -191,6 +200,10 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
     """Grads of (q, k, v, g, beta, initial_state, A_log, dt_bias) -- None where ``need`` says
     no -- from :func:`saved_tensors` and the upstream gradients of o and the final state.
     ``like``: the (shape, dtype) of each input whose gradient is converted to it."""
+    if meta.plan.structure == "dplr":  # the one guard: KDA's backward kernels must not run on DPLR's intermediates
+        raise NotImplementedError("the DPLR backward is not generated yet: kdagen's chunk_dplr_delta_rule has a "
+                                  "forward only (call it under torch.no_grad(), or on inputs that do not require "
+                                  "grad)")
     q, k, v, g, beta, h0, A_log, dt_bias, hs, vn = saved[:10]
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
     if meta.config.store_intermediates:

@@ -7,7 +7,10 @@ validates or runs):
    V' for the backward.
 
 The backward re-runs launch 1 to rebuild what it reads (:mod:`kdagen.ops.chunk_bwd`).  An
-inference call runs :mod:`kdagen.ops.chunk_fwd` instead.
+inference call runs :mod:`kdagen.ops.chunk_fwd` instead -- except general DPLR's
+(``plan.structure == "dplr"``, :mod:`kdagen.ops.dplr`), which runs these two launches for
+inference too: its intra launch also writes A_qk (``aqv``) and k exp(G_n - G) (``kgv``), and its
+state pass adds their terms on the raw values, O += A_qk V and S += kgv^T V.
 """
 from __future__ import annotations
 
@@ -24,13 +27,18 @@ from .schedule import chunk_schedule, to_device
 def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkTrainConfig, built, A_log=None, dt_bias=None,
                       return_intermediate_states=False, state_dtype=torch.float32, store_vn=False,
-                      state_v_first=False):
+                      state_v_first=False, a=None, b=None):
     """Allocate outputs and describe both launches (used for running and compile-only).
     ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
     forward may keep them in the input dtype for its backward).  ``store_vn``: the state
     pass also writes V' = U - W S (the backward's, in the intermediates' dtype) to the
     state launch's ``vn`` argument.  ``state_v_first``: the initial and final states are stored
-    [.., V, K] (the per-chunk states stay [K, V]: they are the backward's)."""
+    [.., V, K] (the per-chunk states stay [K, V]: they are the backward's).
+
+    General DPLR (``plan.structure == "dplr"``): ``a`` and ``b`` ([B, T, HV, K], the read and
+    write vectors) replace ``beta``, which is not read; the intra launch also writes ``aqv``
+    (A_qk, [B, T, HV, C]) and ``kgv`` (k exp(G_n - G), [B, T, HV, K]), and the state pass reads
+    them with v (the raw values' terms)."""
     B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
     C = config.chunk_size
     dev = q.device
@@ -53,12 +61,19 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
           if return_intermediate_states else None)
     vn = torch.empty(B, T, HV, V, dtype=inter, device=dev) if store_vn else None
     cu = to_device(cu_seqlens, dev) if cu_seqlens is not None else dummy
-    intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
+    dplr = plan.structure == "dplr"
+    if dplr:
+        aqv = torch.empty_like(aqk)
+        kgv = torch.empty_like(qg)
+        intra_args = dict(q=q, k=k, v=v, g=g, a=a, b=b)
+    else:
+        intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
     if plan.gate_has_A:
         intra_args["A_log"] = A_log
     if plan.gate_has_bias:
         intra_args["dt_bias"] = dt_bias
-    intra_args.update(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, cu_seqlens=cu,
+    intra_args.update(qg=qg, kg=kg, w=w, u=u, aqk=aqk, **(dict(aqv=aqv, kgv=kgv) if dplr else {}), gn=gn,
+                      cu_seqlens=cu,
                       chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                       T=T, NT=NT, scale=float(scale))
     bk = min(config.intra_block_k, plan.BK)
@@ -67,7 +82,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
                         BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=plan.has_rank1),
                    config.intra_num_warps, config.intra_num_stages)
     bv = min(config.state_block_v, plan.BV)
-    state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, o=o,
+    state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, **(dict(v=v, aqv=aqv, kgv=kgv) if dplr else {}), o=o,
                       h0=initial_state if initial_state is not None else dummy,
                       ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
                       vn=vn if vn is not None else dummy,

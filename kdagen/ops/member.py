@@ -12,6 +12,8 @@ decay, where every channel shares it.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 
 from .. import spec as S
@@ -68,6 +70,22 @@ def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A
     return g, A_log, dt_bias
 
 
+@lru_cache(maxsize=64)
+def _structure(spec: S.Recurrence) -> str:
+    from ..spec.structure import analyze_structure
+
+    return analyze_structure(spec).kind
+
+
+def _refuse_dplr(op: str, spec: S.Recurrence) -> None:
+    """The general DPLR structure reads vectors a and b, not beta: its chunk form is
+    :func:`kdagen.ops.dplr.chunk_dplr_delta_rule`, not these beta-taking entries."""
+    if spec.has_rank1 and _structure(spec) == "dplr":
+        raise ValueError(f"{op}: spec {spec.name!r} has the general DPLR structure (vectors a and b, no beta), "
+                         "which the member entries do not take; call kdagen.chunk_dplr_delta_rule(q, k, v, a, b, gk, "
+                         "...) for its chunk form")
+
+
 def _beta_args(op: str, spec: S.Recurrence, beta, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
     """beta is required exactly when the spec has a rank-1 part (GLA's structure has none)."""
     if spec.has_rank1:
@@ -120,7 +138,7 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
         return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
-                                         x["dt_bias"], (call, config, bwd_config, output_final_state))
+                                         x["dt_bias"], None, None, (call, config, bwd_config, output_final_state))
     launches, (o, ht, hs) = C._forward_launches(call, x, config, output_final_state, return_intermediate_states)
     for launch in launches:
         launch()
@@ -138,6 +156,7 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     torch ops here, which autograd differentiates; else the inference kernels apply them)."""
     from . import chunk as C
 
+    _refuse_dplr(op, spec)
     _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
     if training is None:

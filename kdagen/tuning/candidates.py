@@ -127,7 +127,8 @@ class KernelCandidate:
         if self.member is not None:  # the spec's own recurrence, from its expressions
             spec = self.member
             ref_fn = lambda q, k, v, g, beta, **kw: M.reference(  # noqa: E731
-                spec, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=kw["initial_state"]))
+                spec, dict(q=q, k=k, v=v, g=g, beta=beta, a=kw.get("a"), b=kw.get("b"),
+                           initial_state=kw["initial_state"]))
         B, T, H, HV = self.check_shape
         sel = check_heads(H, HV)
         qk_sel = [hv // (HV // H) for hv in sel]
@@ -137,13 +138,17 @@ class KernelCandidate:
             r = dict(q=x["q"][:, :, qk_sel], k=x["k"][:, :, qk_sel], v=x["v"][:, :, sel],
                      g=None if x["g"] is None else x["g"][:, :, sel],
                      beta=None if x["beta"] is None else x["beta"][:, :, sel], initial_state=x["initial_state"][:, sel])
+            for n in ("a", "b"):  # general DPLR's vectors
+                if x.get(n) is not None:
+                    r[n] = x[n][:, :, sel]
             return {n: None if t is None else t.detach().double() for n, t in r.items()}
 
         if self.family != "chunk_bwd":
             o, s = self._fwd(config, x)
             r = ref_inputs()
+            extra = {n: r[n] for n in ("a", "b") if n in r}
             ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
-                                  initial_state=r["initial_state"], output_final_state=True)
+                                  initial_state=r["initial_state"], output_final_state=True, **extra)
             e = max(err(o[:, :, sel], ref_o), err(s[:, sel], ref_s))
             return float("nan") if e != e else e
         # backward: upstream gradients only on the checked value heads, so the q/k gradient of
@@ -176,7 +181,9 @@ class KernelCandidate:
             if self.family == "recurrent":
                 fn = M.recurrent_launch(self.member, x, config)
             else:
-                if self.family == "chunk_fwd":
+                if self.family == "chunk_train":  # general DPLR's chunk forward
+                    before, launches = [], M.chunk_train_launches(self.member, x, config)
+                elif self.family == "chunk_fwd":
                     before, launches = [], M.chunk_fwd_launches(self.member, x, config)
                 else:
                     before, launches = M.chunk_bwd_launches(self.member, x, self.fwd_config, config,

@@ -81,6 +81,9 @@ def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, w
     """:func:`launches_for` of a spec that runs through the member entries."""
     from . import member_ops as M
 
+    if isinstance(config, ChunkTrainConfig):  # general DPLR's chunk forward (families.DPLR_CHUNK_FAMILY)
+        spec = family_spec("chunk_train", spec_args)
+        return M.chunk_train_launches(spec, M.member_inputs(spec, x), config)
     if isinstance(config, (ChunkFwdConfig, ChunkBwdConfig)):
         spec = family_spec("chunk_fwd", spec_args)
         x = M.member_inputs(spec, x)

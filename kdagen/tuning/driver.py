@@ -23,8 +23,8 @@ from ..spec import Recurrence
 from .candidates import KernelCandidate, StagedCandidates, StageView
 from .compile_pool import CompilePool, compile_check, precompile
 from .engine import recorded_results, tune
-from .families import (TOLERANCE, check_tunable, elem_bytes, family_spec, lower_for, op_args, space_context,
-                       space_for, stage_candidates)
+from .families import (TOLERANCE, check_tunable, elem_bytes, families_for, family_spec, lower_for, op_args,
+                       space_context, space_for, stage_candidates)
 from .isolation import IsolatedCandidate
 from .space import SearchSpace
 
@@ -191,10 +191,12 @@ def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[i
     """Compile-check every family at every head dim for ``gpu`` (specialised as the first tuning
     shape will run them, so that on that GPU the tuner loads these binaries).  Returns
     ``({(K, V, family): (plan, spec, surveys)}, the number of stages left without a config)``.
-    ``on_progress``: :func:`compile_check`'s."""
+    ``on_progress``: :func:`compile_check`'s.  ``families`` are :data:`~.families.FAMILIES`' names;
+    a general DPLR spec compiles the families :func:`~.families.families_for` maps them to
+    (its chunk forward is ``chunk_train``)."""
     surveys_all, n_empty = {}, 0
     for K, V in head_dims:
-        for fam in families:
+        for fam in families_for(spec_args, families):
             spec = family_spec(fam, spec_args)
             plan = lower_for(spec, fam, K, V, dtype)
             first = tuning_shapes(fam, K, shapes, decode_batches)[:1]

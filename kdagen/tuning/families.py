@@ -5,6 +5,7 @@ whether a spec can be tuned (:func:`check_tunable`: whatever lowers)."""
 from __future__ import annotations
 
 import sys
+from functools import lru_cache
 
 import torch
 
@@ -14,10 +15,12 @@ from ..dtypes import dtype as as_dtype
 from ..ops.inputs import select_spec
 from ..spec import Recurrence, gate_direct
 from ..spec.load import load_spec
-from ..spec.structure import safe_sub_chunk
+from ..spec.structure import analyze_structure, safe_sub_chunk
 from .space import SearchSpace, load_space
 
 FAMILIES = ("chunk_fwd", "chunk_bwd", "recurrent")  # in tuning order: the backward takes the forward's C
+# general DPLR's chunk forward: the training-path kernels (chunk_intra, chunk_state), for inference too
+DPLR_CHUNK_FAMILY = "chunk_train"
 TOLERANCE = {"bfloat16": 6e-3, "float16": 2e-3, "float32": 1e-4}  # relative error a candidate may have
 CHECK_T_MAX = 1024  # tokens of the correctness check (the timed shape's heads, one sequence)
 COMPILE_SHAPE = (1, 64, 1, 1)  # (B, T, H, HV) compiled for when no tuning shape is given
@@ -51,6 +54,32 @@ def family_spec(family: str, spec_args: dict) -> Recurrence:
     return spec.with_gate(gate_direct(spec_args.get("lower_bound") if safe else None))
 
 
+@lru_cache(maxsize=64)
+def _structure(spec: Recurrence) -> str:
+    return analyze_structure(spec).kind
+
+
+def is_dplr(spec_args: dict) -> bool:
+    """Whether ``spec_args``' spec has the general DPLR structure (the structure analysis, not
+    the spec's name): its chunk forward is the ``chunk_train`` family's kernels."""
+    if uses_kda_ops(spec_args):
+        return False
+    spec = family_spec("recurrent", spec_args)
+    return spec.has_rank1 and _structure(spec) == "dplr"
+
+
+def families_for(spec_args: dict, families) -> list[str]:
+    """The kernel families tuned for ``families`` (FAMILIES' names, as ``kdagen build --family``
+    takes them) of ``spec_args``' spec.  A general DPLR spec's chunk forward runs the
+    training-path kernels (``chunk_dplr_delta_rule``), so its ``chunk_fwd`` is the
+    ``chunk_train`` family, tuned and looked up under that name; its chunk backward is not
+    generated yet, so ``chunk_bwd`` is left out.  Any other spec: ``families`` unchanged."""
+    if not is_dplr(spec_args):
+        return list(families)
+    mapped = {"chunk_fwd": DPLR_CHUNK_FAMILY, "chunk_bwd": None}
+    return list(dict.fromkeys(mapped.get(f, f) for f in families if mapped.get(f, f) is not None))
+
+
 def op_args(spec_args: dict) -> dict:
     """The keyword arguments of the op a candidate runs (``spec_args`` without ``spec``)."""
     return {n: a for n, a in spec_args.items() if n != "spec"}
@@ -71,7 +100,7 @@ def check_tunable(spec_args: dict) -> None:
     which the member entries call)."""
     from ..codegen.lower import LoweringError
 
-    for family in FAMILIES:
+    for family in families_for(spec_args, FAMILIES):
         spec = family_spec(family, spec_args)
         try:
             lower_for(spec, family, 64, 64, "bfloat16")

@@ -15,8 +15,14 @@ candidate's device -- nothing hand-written per member.
 
 The launch descriptions below (timed one kernel at a time, compiled for a GPU that is not
 here) are :func:`kdagen.ops.member.chunk_member_launches`'s.
+
+A general DPLR spec (vectors a and b, no beta) runs its chunk form through
+:func:`kdagen.ops.dplr.chunk_dplr_delta_rule` (family ``chunk_train``; its launches are
+:func:`~kdagen.ops.dplr.chunk_dplr_launches`'), with a and b made from KDA's random inputs.
 """
 from __future__ import annotations
+
+import torch
 
 from ..codegen.lower import lower
 from ..dtypes import dtype as as_dtype
@@ -50,7 +56,37 @@ def member_inputs(spec: Recurrence, x: dict) -> dict:
     out["g"] = g
     if not spec.has_rank1:
         out["beta"] = None
+    elif _is_dplr(spec):
+        out.update(dplr_vectors(x))
+        out["beta"] = None
     return out
+
+
+def _is_dplr(spec: Recurrence) -> bool:
+    from .families import _structure
+
+    return spec.has_rank1 and _structure(spec) == "dplr"
+
+
+def dplr_vectors(x: dict) -> dict:
+    """General DPLR's a and b ([B, T, HV, K], in q's dtype) from KDA's random inputs: the read
+    vector a is the unit key of each value head's q/k head, and the write vector
+    b = -beta * unit(a + q / (2 |q|)), a unit vector near a but not parallel to it, so every
+    step's transition Diag(exp g) + b a^T stays a contraction."""
+    q, k, beta = x["q"], x["k"], x["beta"]
+    HV = x["v"].shape[2]
+    rep = HV // q.shape[2]
+    kf = torch.nn.functional.normalize(k.float().repeat_interleave(rep, 2), dim=-1)
+    qf = torch.nn.functional.normalize(q.float().repeat_interleave(rep, 2), dim=-1)
+    b = -beta.float()[..., None] * torch.nn.functional.normalize(kf + 0.5 * qf, dim=-1)
+    return dict(a=kf.to(q.dtype).contiguous(), b=b.to(q.dtype).contiguous())
+
+
+def _dplr_args(x: dict, spec: Recurrence) -> dict:
+    """chunk_dplr_delta_rule's arguments from member inputs (g is FLA's gk), bounded as ``spec``."""
+    lb = spec.gate.lower_bound if spec.gate is not None else None
+    return dict(q=x["q"], k=x["k"], v=x["v"], a=x["a"], b=x["b"], gk=x["g"], initial_state=x["initial_state"],
+                safe_gate=lb is not None, lower_bound=lb)
 
 
 def forward(spec: Recurrence, family: str, config, x: dict, **kw):
@@ -59,13 +95,27 @@ def forward(spec: Recurrence, family: str, config, x: dict, **kw):
 
     if family == "recurrent":
         return fused_recurrent_member(spec, **x, output_final_state=True, config=config, **kw)
+    if _is_dplr(spec):
+        from ..ops.dplr import chunk_dplr_delta_rule
+
+        return chunk_dplr_delta_rule(**_dplr_args(x, spec), output_final_state=True, config=config, **kw)
     return chunk_member(spec, **x, output_final_state=True, config=config, **kw)
 
 
 def reference(spec: Recurrence, r: dict):
-    """(o, final state) of ``spec``'s own float64 recurrence on ``r`` (the op's inputs, float64)."""
-    return spec_recurrence(spec, r["q"], r["k"], r["v"], r.get("g"), r.get("beta"),
+    """(o, final state) of ``spec``'s own float64 recurrence on ``r`` (the op's inputs, float64;
+    a general DPLR spec's a and b in FLA's convention, the spec's (a', b') = (-b, a))."""
+    a = None if r.get("b") is None else -r["b"]
+    return spec_recurrence(spec, r["q"], r["k"], r["v"], r.get("g"), r.get("beta"), a, r.get("a"),
                            initial_state=r["initial_state"], output_final_state=True)
+
+
+def chunk_train_launches(spec: Recurrence, x: dict, config):
+    """General DPLR's chunk forward launches (intra, state) for ``config`` (a ChunkTrainConfig), not run."""
+    from ..ops.dplr import chunk_dplr_launches
+
+    launches, _ = chunk_dplr_launches(**_dplr_args(x, spec), config=config, output_final_state=True)
+    return launches
 
 
 def chunk_fwd_launches(spec: Recurrence, x: dict, config):

@@ -1,0 +1,206 @@
+"""flash-linear-attention 0.6.0's ops of the general diagonal-plus-rank-1 (DPLR) recurrence
+(``fla.ops.generalized_delta_rule.dplr``), with its names, signatures, layouts and return values:
+
+    S_t = Diag(exp gk_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,      o_t = S_t^T (scale q_t)
+
+``a`` is the read and ``b`` the write vector of the rank-1 term, which reads the undecayed
+previous state.  q, k: [B, T, H, K]; v: [B, T, HV, V]; a, b, gk: [B, T, HV, K] (per value head,
+like v: HV a multiple of H, GVA; FLA has HV = H); states [N, HV, K, V], float32.
+kdagen's spec of this recurrence is :func:`kdagen.spec.dplr`, which writes the rank-1 term as
+``-a' b'^T`` (its reference ``naive_recurrent_dplr(q, k, v, a', b', gk)``), so FLA's (a, b) are
+the spec's (a', b') = (-b, a).
+
+The chunk form (:func:`chunk_dplr_delta_rule`) runs the general-DPLR branch of the
+training-path kernels -- the intra-chunk launch (``chunk_intra``: A_ab, A_ak, A_qb, A_qk, the
+triangular inverse, w, u, qg, kg, kgv, aqk, aqv, G_n) and the state pass (``chunk_state``) --
+for inference and training alike (KDA's inference-only solve/pass kernels have no DPLR
+branch).  Its config is a :class:`~kdagen.config.ChunkTrainConfig`.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from .. import spec as S
+from ..cache.lookup import resolve
+from ..codegen.lower import lower
+from ..config import ChunkTrainConfig
+from ..dtypes import TORCH_DTYPES, dtype
+from .inputs import check_cp_context, check_inputs, check_kwargs, check_runnable, gate_choice
+
+CHUNK_SIZES = (16, 32, 64)  # the chunk lengths the training-path templates are run and tested at for DPLR
+_CHUNK_IGNORED = ("chunk_indices",)  # FLA's precomputed schedule: kdagen builds its own from cu_seqlens
+
+
+@lru_cache(maxsize=8)
+def dplr_spec(lower_bound: float | None = None) -> S.Recurrence:
+    """General DPLR's spec with gk given, bounded below by ``lower_bound`` when the caller promises
+    one (the diagonal tiles are then factorised dots; element-wise otherwise)."""
+    return S.dplr(S.gate_direct(lower_bound))
+
+
+def _check_vectors(op: str, q, v, a, b, gk) -> None:
+    """a, b and gk: tensors of [B, T, HV, K] on q's device; a and b in q's dtype."""
+    for name, x in (("a", a), ("b", b), ("gk", gk)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in TORCH_DTYPES:
+            raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16, got {x.dtype}")
+    if not (isinstance(q, torch.Tensor) and q.dim() == 4 and isinstance(v, torch.Tensor) and v.dim() == 4):
+        return  # check_inputs says what is wrong with q or v
+    B, T, _, K = q.shape
+    HV = v.shape[2]
+    for name, x in (("a", a), ("b", b), ("gk", gk)):
+        if tuple(x.shape) != (B, T, HV, K):
+            raise ValueError(f"{op}: {name} must have shape [B, T, HV, K] = {(B, T, HV, K)} (per value head, like "
+                             f"v), got {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{op}: {name} is on {x.device} but q is on {q.device}; all inputs must share a device")
+    for name, x in (("a", a), ("b", b)):
+        if x.dtype != q.dtype:
+            raise TypeError(f"{op}: {name} must have q's dtype {q.dtype}, got {x.dtype}")
+
+
+def _prepare(op: str, q, k, v, a, b, gk, *, scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None,
+             safe_gate: bool = False, lower_bound: float | None = None, training: bool | None = None):
+    """Validate a chunk call and plan it: ``(call, inputs by name, training)``.  ``training``
+    None: whether some input requires grad."""
+    from . import chunk as C
+
+    _check_vectors(op, q, v, a, b, gk)
+    _, bound, _, _ = gate_choice(False, safe_gate, lower_bound, False, False)  # chunk_kda's reading of the flags
+    spec = dplr_spec(bound)
+    if training is None:
+        training = torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, a, b, gk, initial_state))
+    dims, seqlens = check_inputs(q, k, v, gk, None, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                 cu_seqlens_cpu=cu_seqlens_cpu, decay="channel", rank1=False)
+    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk")
+    x = dict(q=q, k=k, v=v, g=gk, beta=None, initial_state=initial_state, A_log=None, dt_bias=None, a=a, b=b)
+    x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
+    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
+    call = C._Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state)
+    return call, x, training
+
+
+def _configs(op: str, call, config, training: bool, chunk_size: int | None, disable_recompute: bool = False):
+    """``(forward config, backward config or None)``: the caller's ChunkTrainConfig, else the tuned
+    winner of the ``chunk_train`` family, else its heuristic; a training call's backward config
+    as every member's (:func:`kdagen.ops.chunk._configs`)."""
+    from . import chunk as C
+
+    if config is not None and not isinstance(config, ChunkTrainConfig):
+        raise TypeError(f"{op}: config must be a ChunkTrainConfig (general DPLR runs the training-path kernels, "
+                        f"chunk_intra and chunk_state, for inference too), got {type(config).__name__}")
+    if training:
+        return C._configs(call, config, None, True, chunk_size, disable_recompute)
+    fwd = resolve("chunk_train", call.plan, config, call.shape, call.state_dtype)
+    return (fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)), None
+
+
+def _launches(call, x, config: ChunkTrainConfig, output_final_state: bool):
+    """The inference forward's two launches (not run) and its outputs ``(o, final state, None)``."""
+    from ..kernels import build
+    from .chunk_train import prepare_chunk_train
+
+    return prepare_chunk_train(
+        x["q"], x["k"], x["v"], x["g"], None, scale=call.scale, initial_state=x["initial_state"],
+        output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
+        plan=call.plan, config=config, built=build(call.plan, config), a=x["a"], b=x["b"])
+
+
+def _check_chunk_size(op: str, chunk_size, config) -> None:
+    if chunk_size is not None and chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"{op}: chunk_size={chunk_size!r} is not supported; kdagen's DPLR chunk kernels take "
+                         f"{', '.join(map(str, CHUNK_SIZES))} (or None: the tuned or heuristic length)")
+    if config is not None and getattr(config, "chunk_size", None) not in CHUNK_SIZES:
+        raise ValueError(f"{op}: config.chunk_size={getattr(config, 'chunk_size', None)!r} is not supported; "
+                         f"kdagen's DPLR chunk kernels take {', '.join(map(str, CHUNK_SIZES))}")
+    if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
+        raise ValueError(f"{op}: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
+
+
+@torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
+def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                          gk: torch.Tensor, scale: float | None = None, initial_state: torch.Tensor | None = None,
+                          output_final_state: bool = False, cu_seqlens: torch.LongTensor | None = None,
+                          cu_seqlens_cpu: torch.LongTensor | None = None, safe_gate: bool = False,
+                          chunk_size: int | None = None, lower_bound: float | None = None,
+                          disable_recompute: bool = False, cp_context=None, config: ChunkTrainConfig | None = None,
+                          **kwargs):
+    """Chunkwise general DPLR (FLA 0.6.0's ``chunk_dplr_delta_rule`` signature):
+    S_t = Diag(exp gk_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T, o_t = S_t^T (scale q_t).
+
+    q, k: [B, T, H, K]; v: [B, T, HV, V]; a, b: [B, T, HV, K] in q's dtype; gk: [B, T, HV, K]
+    log decay (<= 0); initial_state: [N, HV, K, V] (N = B, or the number of sequences with
+    ``cu_seqlens``, B = 1).  HV is a multiple of H (GVA: value head hv reads q/k head
+    hv // (HV // H)); FLA has HV = H.  Returns ``(o, final_state)``: o [B, T, HV, V] in v's
+    dtype, final_state float32 [N, HV, K, V] or None.  ``cu_seqlens_cpu``: the offsets on the
+    host, so nothing is read back from the device.  float32 inputs are accepted (FLA warns).
+
+    Gates.  By default any gk <= 0 gives the recurrence's answer: the diagonal tiles are
+    element-wise, and gk = -inf (a reset) is taken as -40 (a decay to 4e-18).  ``safe_gate=True``
+    (with ``lower_bound=L``, default -5: chunk_kda's reading of the flags; ``lower_bound``
+    without ``safe_gate`` changes nothing) promises gk >= L, and the diagonal tiles become
+    factorised tensor-core dots, which give wrong values where gk breaks the promise.
+
+    ``chunk_size``: 16, 32 or 64 (None: the tuned winner's or the heuristic's); other lengths
+    are refused (ValueError).  ``cp_context`` (context parallelism) is refused unless None;
+    ``head_first`` as in FLA.  FLA's ``chunk_indices`` is accepted and not read.
+    ``config``: a :class:`~kdagen.config.ChunkTrainConfig` instead of the tuned/heuristic one.
+
+    Gradients: a call with an input that requires grad runs the training forward through
+    kdagen's autograd Function (it keeps the per-chunk states and V' as every member's does);
+    its backward is not generated yet and raises NotImplementedError.  ``disable_recompute``
+    maps to the backward config's ``store_intermediates`` (the forward's intermediates are kept
+    instead of recomputed), as chunk_kda's; no effect without a gradient."""
+    from . import chunk as C
+
+    op = "chunk_dplr_delta_rule"
+    if "head_first" in kwargs:
+        raise ValueError(f"{op}: head_first has been removed (as in FLA); inputs are [B, T, H, ...]")
+    for name in _CHUNK_IGNORED:
+        kwargs.pop(name, None)
+    check_kwargs(op, kwargs)
+    check_cp_context(op, cp_context)
+    _check_chunk_size(op, chunk_size, config)
+    if not isinstance(disable_recompute, bool):
+        raise TypeError(f"{op}: disable_recompute must be a bool, got {type(disable_recompute).__name__}")
+    if isinstance(q, torch.Tensor):
+        check_runnable(q)
+    call, x, training = _prepare(op, q, k, v, a, b, gk, scale=scale, initial_state=initial_state,
+                                 cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, safe_gate=safe_gate,
+                                 lower_bound=lower_bound)
+    config, bwd_config = _configs(op, call, config, training, chunk_size, disable_recompute)
+    if training:
+        return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], None, x["initial_state"], None, None,
+                                         x["a"], x["b"], (call, config, bwd_config, output_final_state))
+    launches, (o, ht, _) = _launches(call, x, config, output_final_state)
+    for launch in launches:
+        launch()
+    return o, ht
+
+
+def chunk_dplr_launches(q, k, v, a, b, gk, *, training: bool = False, config: ChunkTrainConfig | None = None,
+                        bwd_config=None, output_final_state: bool = False, scale=None, initial_state=None,
+                        cu_seqlens=None, safe_gate: bool = False, lower_bound: float | None = None):
+    """Describe, without running, the forward launches of a :func:`chunk_dplr_delta_rule` call (for
+    compile-only checks, benchmarks of single kernels and the tuner): ``(launches, (o, final
+    state, per-chunk states))``.  ``training=True``: the training forward's launches, which also
+    write the per-chunk states (in the backward config's ``state_dtype``) and V' (the state
+    launch's ``vn``) -- what the backward reads; ``bwd_config`` as chunk_kda's."""
+    from . import chunk as C
+
+    op = "chunk_dplr_launches"
+    _check_chunk_size(op, None, config)
+    call, x, _ = _prepare(op, q, k, v, a, b, gk, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                          safe_gate=safe_gate, lower_bound=lower_bound, training=training)
+    if not training:
+        config, _ = _configs(op, call, config, False, None)
+        return _launches(call, x, config, output_final_state)
+    if config is not None and not isinstance(config, ChunkTrainConfig):
+        raise TypeError(f"{op}: config must be a ChunkTrainConfig, got {type(config).__name__}")
+    config, bwd_config = C._configs(call, config, bwd_config, True)
+    launches, outs, _ = C._training_launches(call, x, config, bwd_config, output_final_state)
+    return launches, outs
