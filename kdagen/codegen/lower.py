@@ -104,6 +104,14 @@ def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kerne
             raise LoweringError(f"spec {spec.name!r} has no rank-1 part, a {spec.decay} decay and the write key "
                                 f"{spec.write_key}: without a rank-1 part the templates lower GLA's structure only "
                                 "(a per-channel decay and the write key k)")
+    elif st.kind == "dplr":
+        if (spec.decay != "channel" or sp.simplify(spec.a - S.a_free) != 0 or sp.simplify(spec.b - S.b_free) != 0
+                or sp.simplify(spec.write_key - S.k) != 0):
+            raise LoweringError(f"spec {spec.name!r} has a general rank-1 part ({st.reason}); the templates lower "
+                                "the general DPLR structure as flash-linear-attention's chunk_dplr_delta_rule has "
+                                "it: a per-channel decay, free per-token vectors a and b (inputs a, b) and the "
+                                f"write key k; this spec has a {spec.decay} decay, a = {spec.a}, b = {spec.b} and "
+                                f"write key {spec.write_key}")
     elif st.kind != "kda":
         raise LoweringError(f"kdagen generates kernels for the KDA structure (a = beta k, b = D k and the write "
                             f"key beta k: one A_kk, WY form) with identity, scalar or per-channel decay, and for "
