@@ -165,7 +165,12 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     ``training`` None: whether some input requires grad (then the l2-norm and beta sigmoid are
     torch ops here, which autograd differentiates; else the inference kernels apply them)."""
     from . import chunk as C
+    from .dplr import chunk_form_available
 
+    if free_rank1(spec) and not chunk_form_available():
+        raise ValueError(f"{op}: the chunk form of spec {spec.name!r} (the general DPLR structure) is not generated "
+                         "yet in this build; its recurrent form is (fused_recurrent_member, "
+                         "kdagen.fused_recurrent_dplr_delta_rule)")
     _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
     if training is None:

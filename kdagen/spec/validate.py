@@ -129,7 +129,25 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
                 reason = f"{structure_text(spec)} with {spec.decay} decay, which kdagen's templates do not lower yet"
                 raise NotLowerable(f"spec {spec.name!r} cannot be lowered ({what}): {reason}. The lowering says: {e}",
                                    f"{reason} ({what})") from None
+    if any(p.form == "chunk" and p.structure == "dplr" for p in plans.values()) and not dplr_chunk_available():
+        reason = (f"{structure_text(spec)} with {spec.decay} decay, whose chunk kernels kdagen's templates do not "
+                  "lower yet in this build")
+        raise ChunkFormMissing(f"spec {spec.name!r} cannot be lowered (chunk form): {reason}; its recurrent form is "
+                               "generated (--form recurrent, --family recurrent, "
+                               "kdagen.fused_recurrent_dplr_delta_rule)", f"{reason} (chunk form)")
     return plans
+
+
+class ChunkFormMissing(NotLowerable):
+    """The spec's recurrent form lowers; its chunk form is a structure whose chunk kernels this
+    build does not generate (general DPLR before ``chunk_dplr_delta_rule``)."""
+
+
+def dplr_chunk_available() -> bool:
+    """Whether this build generates general DPLR's chunk form (:mod:`kdagen.ops.dplr` says)."""
+    from ..ops.dplr import chunk_form_available
+
+    return chunk_form_available()
 
 
 def _lowers(lower, error, spec, K, V, dtype, form) -> bool:
@@ -144,6 +162,12 @@ def lowering_status(spec: Recurrence) -> tuple[bool, str]:
     """(whether kernels are generated, what or why not) -- by trying :func:`check_lowerable`."""
     try:
         check_lowerable(spec)
+    except ChunkFormMissing as e:
+        try:
+            check_lowerable(spec, forms=("recurrent",))
+        except (NotLowerable, SpecError):
+            return False, e.reason
+        return True, "recurrent (the chunk form is not generated in this build)"
     except NotLowerable as e:
         return False, e.reason
     except SpecError as e:

@@ -127,7 +127,8 @@ class KernelCandidate:
         if self.member is not None:  # the spec's own recurrence, from its expressions
             spec = self.member
             ref_fn = lambda q, k, v, g, beta, **kw: M.reference(  # noqa: E731
-                spec, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=kw["initial_state"]))
+                spec, dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=kw["initial_state"], a=kw.get("a"),
+                           b=kw.get("b")))
         B, T, H, HV = self.check_shape
         sel = check_heads(H, HV)
         qk_sel = [hv // (HV // H) for hv in sel]
@@ -137,13 +138,15 @@ class KernelCandidate:
             r = dict(q=x["q"][:, :, qk_sel], k=x["k"][:, :, qk_sel], v=x["v"][:, :, sel],
                      g=None if x["g"] is None else x["g"][:, :, sel],
                      beta=None if x["beta"] is None else x["beta"][:, :, sel], initial_state=x["initial_state"][:, sel])
+            r.update({n: x[n][:, :, sel] for n in ("a", "b") if x.get(n) is not None})  # general DPLR's a, b
             return {n: None if t is None else t.detach().double() for n, t in r.items()}
 
         if self.family != "chunk_bwd":
             o, s = self._fwd(config, x)
             r = ref_inputs()
             ref_o, ref_s = ref_fn(r["q"], r["k"], r["v"], r["g"], r["beta"],
-                                  initial_state=r["initial_state"], output_final_state=True)
+                                  initial_state=r["initial_state"], output_final_state=True,
+                                  **{n: r[n] for n in ("a", "b") if n in r})
             e = max(err(o[:, :, sel], ref_o), err(s[:, sel], ref_s))
             return float("nan") if e != e else e
         # backward: upstream gradients only on the checked value heads, so the q/k gradient of

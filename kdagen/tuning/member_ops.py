@@ -9,7 +9,7 @@ family (:func:`kdagen.tuning.families.family_spec`: g given, the chunk form boun
 build says), so the kernels timed are the ones the member's ops run and look their winners up
 for.  Its inputs follow the spec's layout: g ``[B, T, HV, K]`` for a per-channel decay,
 ``[B, T, HV]`` for a scalar one, none without decay; beta only with a rank-1 part
-(``spec.has_rank1``).  The reference is the spec's own recurrence evaluated from its
+(``spec.has_rank1``), general DPLR's a (read) and b (write) [B, T, HV, K] instead of beta.  The reference is the spec's own recurrence evaluated from its
 expressions, token by token in float64 (:func:`kdagen.spec.evaluate.spec_recurrence`), on the
 candidate's device -- nothing hand-written per member.
 
@@ -22,6 +22,7 @@ from ..codegen.lower import lower
 from ..dtypes import dtype as as_dtype
 from ..kernels import build, dummy_pointer
 from ..spec import Recurrence
+from ..ops.member import free_rank1
 from ..spec.evaluate import spec_recurrence
 from .families import family_spec, uses_kda_ops
 
@@ -36,7 +37,10 @@ def member_spec(family: str, spec_args: dict) -> Recurrence | None:
 def member_inputs(spec: Recurrence, x: dict) -> dict:
     """KDA's random inputs (:func:`kdagen.tuning.candidates.random_inputs`) in ``spec``'s layout:
     g per channel (drawn into the gate's bound when it is above -5), one per head and token for
-    a scalar decay (channel 0's draw), none without decay; beta only with a rank-1 part."""
+    a scalar decay (channel 0's draw), none without decay; beta only with a rank-1 part.
+    General DPLR (free a, b, FLA's convention): the read vector a is k (a unit vector) on each
+    value head and the write vector b = -beta a, as bench/family_vs_fla.py draws them -- the
+    transition Diag(exp g) - beta a a^T stays contracting, so long checks stay finite."""
     out = dict(x)
     g = x["g"]
     if spec.decay == "identity":
@@ -49,6 +53,12 @@ def member_inputs(spec: Recurrence, x: dict) -> dict:
             g = g[..., 0].contiguous()
     out["g"] = g
     if not spec.has_rank1:
+        out["beta"] = None
+    elif free_rank1(spec):
+        HV = x["v"].shape[2]
+        k = x["k"].repeat_interleave(HV // x["k"].shape[2], dim=2)  # value head hv reads q/k head hv // (HV // H)
+        out["a"] = k.contiguous()
+        out["b"] = (-x["beta"].unsqueeze(-1) * k).to(k.dtype).contiguous()
         out["beta"] = None
     return out
 
@@ -64,7 +74,10 @@ def forward(spec: Recurrence, family: str, config, x: dict, **kw):
 
 def reference(spec: Recurrence, r: dict):
     """(o, final state) of ``spec``'s own float64 recurrence on ``r`` (the op's inputs, float64)."""
-    return spec_recurrence(spec, r["q"], r["k"], r["v"], r.get("g"), r.get("beta"),
+    ab = {}
+    if r.get("a") is not None:  # FLA's (a, b) are the spec's (a' = -b, b' = a)
+        ab = dict(a_=-r["b"], b_=r["a"])
+    return spec_recurrence(spec, r["q"], r["k"], r["v"], r.get("g"), r.get("beta"), **ab,
                            initial_state=r["initial_state"], output_final_state=True)
 
 
@@ -95,13 +108,14 @@ def recurrent_launch(spec: Recurrence, x: dict, config):
     from ..ops.recurrent import prepare_recurrent
 
     q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    ab = (x["a"].contiguous(), x["b"].contiguous()) if free_rank1(spec) else None
     dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=None, sync_seqlens=False,
-                           decay=spec.decay, rank1=spec.has_rank1)
+                           decay=spec.decay, rank1=spec.has_rank1 and ab is None)
     plan = lower(spec, dims.K, dims.V, as_dtype(q.dtype).name, "recurrent")
     q, k, v = (t.contiguous() for t in (q, k, v))
     g = dummy_pointer(q.device) if g is None else g.contiguous()
     beta = dummy_pointer(q.device) if beta is None else beta.contiguous()  # no rank-1 part: not read
     launch, _ = prepare_recurrent(q, k, v, g, beta, scale=dims.K ** -0.5, initial_state=h0,
                                   output_final_state=True, cu_seqlens=None, state_indices=None, dims=dims, plan=plan,
-                                  built=build(plan, config))
+                                  built=build(plan, config), ab=ab)
     return launch
