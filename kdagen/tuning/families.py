@@ -81,9 +81,11 @@ def check_tunable(spec_args: dict, families=FAMILIES) -> None:
             raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels cannot be generated: "
                              f"{e}") from None
         if family != "recurrent" and plan.structure == "dplr" and not chunk_form_available():
-            raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels (the chunk form of the "
-                             "general DPLR structure) are not generated yet in this build; its recurrent family is "
-                             "(--family recurrent)")
+            from ..spec.validate import structure_text
+
+            raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels cannot be generated: "
+                             f"{structure_text(spec)}, whose chunk form is not generated yet in this build; its "
+                             "recurrent family is (--family recurrent)")
 
 
 def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype, gate_in_kernel: bool = False) -> Plan:
