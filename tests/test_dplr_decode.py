@@ -226,3 +226,63 @@ def test_no_backward_names_the_chunk_op():
     with torch.no_grad():  # inference with parameters that require grad: no autograd record
         o, _ = op(qg, k, v, ag, b, gk, initial_state=h0)
     assert not o.requires_grad and torch.equal(o, ref)
+
+
+# --- tuning and build: the recurrent family of the dplr spec ---------------------------------
+
+DPLR_ARGS = {"safe_gate": True, "lower_bound": -5.0, "spec": "dplr"}
+
+
+def test_tuner_candidates_run_the_dplr_op_against_its_own_recurrence(monkeypatch):
+    """A recurrent candidate of the dplr spec runs fused_recurrent_member with a and b (FLA's
+    convention) and passes the float64 check of the spec's own recurrence; the same check with
+    the write vector's sign flipped (the spec's a' = -b read as +b) fails: the check sees the
+    rank-1 term."""
+    from kdagen.tuning import candidates as CA, families as Fm, member_ops as M
+
+    Fm.check_tunable(DPLR_ARGS, ("recurrent",))
+    spec = Fm.family_spec("recurrent", DPLR_ARGS)
+    plan = Fm.lower_for(spec, "recurrent", 16, 16, torch.float32)
+    assert plan.structure == "dplr"
+    shape = (2, 1, 1, 2)
+    cand = CA.KernelCandidate("recurrent", None, plan, DPLR_ARGS, torch.float32, shape, device="cpu")
+    x = cand._check_inputs(seed=0)
+    assert x["beta"] is None and tuple(x["a"].shape) == tuple(x["b"].shape) == (2, 1, 2, 16)
+    cfg = default_config("recurrent", plan, {"N": 2, "HV": 2})
+    assert cand.check(cand.build(cfg)) < cand.tolerance
+    assert cand.time(cfg) > 0
+    launch = M.recurrent_launch(spec, x, cfg)
+    assert launch.fn.__name__.startswith("dplr_recurrent") and {"a", "b"} <= set(launch.args)
+    real = M.reference
+    monkeypatch.setattr(M, "reference", lambda s, r: real(s, {**r, "b": -r["b"]}))
+    assert cand.check(cfg) > 10 * cand.tolerance
+
+
+def test_build_compile_checks_the_recurrent_family_of_dplr(tmp_path, monkeypatch):
+    """`kdagen build --spec dplr` (no --family) compile-checks what this build generates: without
+    the chunk form, the recurrent family alone, saying so; the summary's next command inspects
+    the recurrent form."""
+    from click.testing import CliRunner
+
+    from kdagen.cli import main
+    from kdagen.ops.dplr import chunk_form_available
+    from kdagen.tuning import compile_pool as CP, driver as D
+
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    asked = []
+
+    def fake(fam, plan, *a, **k):
+        asked.append((fam, plan.structure))
+        return [CP.CompileSurvey(fam, None, 1, [default_config(fam, plan)])]
+
+    monkeypatch.setattr(D, "compile_check", fake)
+    r = CliRunner().invoke(main, ["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "32", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert "spec dplr hash" in r.output and "compile-check only" in r.output
+    if chunk_form_available():
+        assert {f for f, _ in asked} == {"chunk_fwd", "chunk_bwd", "recurrent"}
+    else:
+        assert asked == [("recurrent", "dplr")]
+        assert "whose chunk kernels kdagen's templates do not lower yet in this build" in r.output
+        assert "compile-checking its recurrent family only" in r.output
+        assert "--spec dplr --form recurrent`" in r.output
