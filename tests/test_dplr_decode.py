@@ -3,8 +3,9 @@
 interpreter against the float64 recurrence of kdagen.spec.reference (whose (a', b') are FLA's
 (-b, a)): multi-token calls and one-token decode steps, odd T, T = 1, head dims that are not
 powers of two, GVA, reverse, varlen with length-0/1 sequences, initial and final states, the
-state pool updated in place, gk = -inf, the value check, refusals naming the argument, and the
-backward FLA's op has none of (NotImplementedError naming chunk_dplr_delta_rule)."""
+state pool updated in place, gk = -inf, the value check, refusals naming the argument, the
+gradients FLA's op has none of (against float64 autograd; reverse=True has none: a
+NotImplementedError naming chunk_dplr_delta_rule), and the tuner's recurrent candidates."""
 from __future__ import annotations
 
 import pytest
@@ -210,21 +211,65 @@ def test_bad_inputs_name_the_argument():
             call()
 
 
-def test_no_backward_names_the_chunk_op():
-    """As FLA's op: the forward runs with inputs that require grad (the same answer), and the
-    backward raises NotImplementedError pointing at chunk_dplr_delta_rule for training; the pool
-    and out= are refused under autograd as for the other recurrent ops."""
+GRAD_TOL = {F32: 1e-5, F16: 5e-3}  # the bar of tests/test_ops_chunk_bwd.py and test_family_gla.py
+NAMES = ["q", "k", "v", "a", "b", "gk", "h0"]
+
+
+def _grads_vs_float64(xs, cu=None, dt=F32, v_first=False):
+    """Every gradient of the op (o and the final state both carry upstream gradients) against
+    float64 autograd of the reference; ``v_first``: the states [.., V, K] (state_v_first)."""
+    gen = torch.Generator().manual_seed(7)
+    B, T, HV, V = xs["v"].shape
+    N, _, K, _ = xs["h0"].shape
+    do, dht = torch.randn(B, T, HV, V, generator=gen), torch.randn(N, HV, K, V, generator=gen)
+    x64 = {n: xs[n].to(F64).requires_grad_() for n in NAMES}
+    ro, rh = _ref(*(x64[n] for n in NAMES), cu=cu)
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in NAMES])
+    flip = (lambda t: t.transpose(-1, -2)) if v_first else (lambda t: t)  # noqa: E731
+    xl = {n: xs[n].clone().requires_grad_() for n in NAMES}
+    xl["h0"] = flip(xs["h0"]).contiguous().requires_grad_()
+    o, ht = op(*(xl[n] for n in NAMES[:6]), initial_state=xl["h0"], output_final_state=True, cu_seqlens=cu,
+               state_v_first=v_first)
+    grads = list(torch.autograd.grad((o.float() * do).sum() + (flip(ht) * dht).sum(), [xl[n] for n in NAMES]))
+    grads[-1] = flip(grads[-1])  # dh0 comes back in the initial state's layout
+    for n, got, want in zip(NAMES, grads, ref):
+        assert got.shape == xs[n].shape and got.dtype == xs[n].dtype, n
+        assert_close(got, want, GRAD_TOL[dt], f"d{n}")
+
+
+@pytest.mark.parametrize("dt", [F32, F16], ids=["fp32", "fp16"])
+def test_gradients_match_float64_autograd(dt):
+    """Beyond FLA (whose op raises): the recurrent backward template's DPLR branch, K = 48 (the
+    masked tail of a K row), GVA, a gk = -inf reset, against float64 autograd of the reference."""
+    q, k, v, a, b, gk, h0 = _inputs(1, 15, 1, 2, 48, 32, dt)
+    gk[0, 7, 1, :4] = -float("inf")
+    _grads_vs_float64(dict(q=q, k=k, v=v, a=a, b=b, gk=gk, h0=h0), dt=dt)
+
+
+def test_gradients_varlen_and_state_v_first():
+    q, k, v, a, b, gk, h0 = _inputs(1, 37, 1, 1, 32, 48, F32, N=4)
+    cu = torch.tensor(CU, dtype=torch.int64)
+    _grads_vs_float64(dict(q=q, k=k, v=v, a=a, b=b, gk=gk, h0=h0), cu=cu)
+    _grads_vs_float64(dict(zip(NAMES, _inputs(2, 9, 1, 1, 32, 48, F32))), v_first=True)
+
+
+def test_reverse_has_no_backward_and_the_pool_no_gradient():
+    """reverse=True runs forwards with inputs that require grad (the same answer) and its
+    backward raises NotImplementedError naming chunk_dplr_delta_rule; the pool and out= are
+    refused under autograd, as for the other recurrent ops."""
     q, k, v, a, b, gk, h0 = _inputs(1, 6, 1, 1, 32, 32, F32)
-    ref, _ = op(q, k, v, a, b, gk, initial_state=h0)
-    qg, ag = q.clone().requires_grad_(), a.clone().requires_grad_()
-    o, ht = op(qg, k, v, ag, b, gk, initial_state=h0, output_final_state=True)
+    ref, _ = op(q, k, v, a, b, gk, initial_state=h0, reverse=True)
+    qg = q.clone().requires_grad_()
+    o, ht = op(qg, k, v, a, b, gk, initial_state=h0, output_final_state=True, reverse=True)
     assert o.requires_grad and torch.equal(o.detach(), ref)
-    with pytest.raises(NotImplementedError, match="chunk_dplr_delta_rule"):
+    with pytest.raises(NotImplementedError, match="reverse=True has no backward.*chunk_dplr_delta_rule"):
         (o.sum() + ht.sum()).backward()
     with pytest.raises(ValueError, match="ssm_state_indices"):
         op(qg, k, v, a, b, gk, initial_state=h0, ssm_state_indices=torch.tensor([0], dtype=torch.int32))
-    with torch.no_grad():  # inference with parameters that require grad: no autograd record
-        o, _ = op(qg, k, v, ag, b, gk, initial_state=h0)
+    with pytest.raises(ValueError, match="out= has no gradient"):
+        op(qg, k, v, a, b, gk, out=torch.empty_like(v))
+    with torch.no_grad():  # inference with inputs that require grad: no autograd record
+        o, _ = op(qg, k, v, a, b, gk, initial_state=h0, reverse=True)
     assert not o.requires_grad and torch.equal(o, ref)
 
 

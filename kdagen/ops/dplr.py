@@ -14,7 +14,7 @@ kdagen's spec writes the same recurrence as S_t = (D_t - a' b'^T) S_{t-1} + k v^
 Shapes: q, k [B, T, H, K]; v [B, T, HV, V]; a, b, gk [B, T, HV, K] (value heads: GVA with HV a
 multiple of H, FLA's HV = H included); states [N, HV, K, V].
 
-    fused_recurrent_dplr_delta_rule    the recurrent form (decode), inference only
+    fused_recurrent_dplr_delta_rule    the recurrent form (decode; with gradients, beyond FLA)
 """
 from __future__ import annotations
 
@@ -60,9 +60,14 @@ def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale: float | None = Non
     Nothing is read from the device, so a decode step with a device cu_seqlens and a pool can be
     captured in a CUDA graph; a decode loop's repeated geometry skips validation and planning.
 
-    No backward, as in FLA: with an input requiring grad the forward runs and the backward
-    raises NotImplementedError -- train with ``chunk_dplr_delta_rule``.  Bad inputs raise a
-    ValueError/TypeError naming the argument; ``head_first`` and ``cp_context`` are refused."""
+    Gradients (FLA 0.6.0's op has none): when autograd is on and an input requires grad, the
+    forward is the same kernel, storing nothing extra, and the backward is generated from the
+    recurrent backward template's DPLR branch (states recomputed from checkpoints), giving the
+    gradients of q, k, v, a, b, gk and initial_state; ``ssm_state_indices`` and ``out=`` are
+    refused there, and ``reverse=True`` has no backward (NotImplementedError: train with
+    ``chunk_dplr_delta_rule``).  The backward needs the sequence lengths on the host
+    (``cu_seqlens_cpu``, else one read of cu_seqlens).  Bad inputs raise a ValueError/TypeError
+    naming the argument; ``head_first`` and ``cp_context`` are refused."""
     op = "fused_recurrent_dplr_delta_rule"
     if "head_first" in kwargs:
         raise ValueError(f"{op}: head_first has been removed (as in FLA); inputs are [B, T, H, ...]")

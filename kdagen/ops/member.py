@@ -247,9 +247,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     General DPLR (:func:`free_rank1`: ``kdagen.spec.dplr()``) takes ``a`` (read) and ``b`` (write),
     [B, T, HV, K], in flash-linear-attention's convention -- S = Diag(exp g) S + b (a^T S) + k v^T,
     so the spec's own inputs are a' = -b, b' = a -- and no beta; ``reverse=True`` walks each
-    sequence last to first (this structure only).  Its recurrent form has no backward: with an
-    input requiring grad the forward runs and the backward raises NotImplementedError (as FLA's
-    fused_recurrent_dplr_delta_rule; train with the chunk form)."""
+    sequence last to first (this structure only; it has no backward).  Gradients of q, k, v, g,
+    a, b and the initial state come from the recurrent backward template's DPLR branch."""
     from . import recurrent as R
     from . import recurrent_bwd
     from ..cache.lookup import resolve
@@ -318,10 +317,12 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
     built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N}, state))
     g = g if g is not None else dummy_pointer(q.device)
-    if training and ab is not None:  # general DPLR: the forward, and a backward that says where to train
+    if training and ab is not None:  # general DPLR: its own autograd Function (a, b in place of beta)
+        meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
+                                              recurrent_bwd.current_config(), state_v_first)
         x = [t if t.is_contiguous() else t.contiguous() for t in (q, k, v, g) + ab]
-        return _RecurrentDPLRFunction.apply(*x, initial_state, (op, dims, plan, built, scale, output_final_state,
-                                                                cu_seqlens, state_v_first, reverse))
+        o, ht = _RecurrentDPLRFunction.apply(*x, initial_state, (op, meta, built, output_final_state, reverse))
+        return o, (ht if output_final_state else None)
     if training:
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
                                               recurrent_bwd.current_config(), state_v_first)
@@ -363,22 +364,31 @@ def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
 
 
 class _RecurrentDPLRFunction(torch.autograd.Function):
-    """General DPLR's recurrent form under autograd: the decode kernel forward; the backward
-    raises NotImplementedError, as flash-linear-attention's fused_recurrent_dplr_delta_rule does
-    (the recurrent backward template has no DPLR branch): train with chunk_dplr_delta_rule."""
+    """General DPLR's recurrent form with gradients (flash-linear-attention's op has none): the
+    decode kernel forward, storing nothing extra; the backward is the recurrent backward
+    template's DPLR branch (:func:`kdagen.ops.recurrent_bwd.backward_dplr`), giving the gradients
+    of q, k, v, gk, a, b and the initial state.  ``reverse=True`` has no backward
+    (NotImplementedError naming chunk_dplr_delta_rule)."""
 
     @staticmethod
     def forward(ctx, q, k, v, g, a, b, initial_state, run):
-        op, dims, plan, built, scale, output_final_state, cu_seqlens, state_v_first, reverse = run
-        ctx.op = op
-        o, ht = _decode(q, k, v, g, dummy_pointer(q.device), scale, initial_state, output_final_state, cu_seqlens,
-                        None, dims, plan, built, None, None, None, state_v_first, (a, b), reverse)
+        op, meta, built, output_final_state, reverse = run
+        o, ht = _decode(q, k, v, g, dummy_pointer(q.device), meta.scale, initial_state, output_final_state,
+                        meta.cu_seqlens, None, meta.dims, meta.plan, built, None, None, None, meta.state_v_first,
+                        (a, b), reverse)
+        ctx.save_for_backward(q, k, v, g, a, b, initial_state)
+        ctx.op, ctx.meta, ctx.reverse = op, meta, reverse
+        ctx.like = {n: (t.shape, t.dtype) for n, t in dict(q=q, k=k, v=v, g=g, a=a, b=b).items()}
         return o, ht
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dht):
-        raise NotImplementedError(
-            f"{ctx.op}: the recurrent form of general DPLR has no backward in kdagen (as in flash-linear-attention, "
-            "it is for inference); for training use chunk_dplr_delta_rule (the chunk form), or call this op under "
-            "torch.no_grad()")
+        from . import recurrent_bwd
+
+        if ctx.reverse:
+            raise NotImplementedError(
+                f"{ctx.op}: reverse=True has no backward in kdagen's recurrent form; for training use "
+                "chunk_dplr_delta_rule (the chunk form), or the forward scan (reverse=False)")
+        return recurrent_bwd.backward_dplr(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do,
+                                           dht) + (None,)
