@@ -1,8 +1,10 @@
-"""Compile-only check for Hopper (sm_90) of general DPLR's recurrent (decode) kernel, through
+"""Compile-only check for Hopper (sm_90) of general DPLR's recurrent (decode) kernel and its
+backward, through
 ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``; no GPU is needed.
 
 As tests/test_family_compile_sm90.py: the launch comes from the op's own launch builder
-(``prepare_recurrent``, with the dplr plan and a, b in place of beta) on small CPU tensors, and
+(``prepare_recurrent`` / ``prepare_recurrent_bwd``, with the dplr plan and a, b in place of
+beta) on small CPU tensors, and
 the compiles run in a subprocess started without ``TRITON_INTERPRET`` (this module must not
 import conftest).  Variants: bf16 and fp16 inputs, K = V = 128 / 256 / 48 x 96, varlen with a
 state pool in [V, K] layout, reverse, and a bf16 pool."""
@@ -39,7 +41,9 @@ def _worker_compile(cases):
     from kdagen.kernels import CompileReport, build, compile_for_target
     from kdagen.ops.dplr import dplr_spec
     from kdagen.ops.inputs import check_inputs
+    from kdagen.config import RecurrentBwdConfig
     from kdagen.ops.recurrent import prepare_recurrent
+    from kdagen.ops.recurrent_bwd import RecurrentBwdMeta, prepare_recurrent_bwd
 
     target = GPUTarget("cuda", 90, 32)
     H, HV = 1, 2
@@ -72,9 +76,18 @@ def _worker_compile(cases):
                                           reverse=extra.get("reverse", False))
             r = compile_for_target(launch.fn, launch.args, launch.constexprs, target, launch.num_warps,
                                    launch.num_stages)
-            results[cid] = dict(is_report=isinstance(r, CompileReport), target=r.target, shared_bytes=r.shared_bytes,
-                                source=launch.fn.__name__, args=sorted(launch.args),
-                                reverse=launch.constexprs.get("REVERSE"))
+            res = dict(is_report=isinstance(r, CompileReport), target=r.target, shared_bytes=r.shared_bytes,
+                       source=launch.fn.__name__, args=sorted(launch.args), reverse=launch.constexprs.get("REVERSE"))
+            # the backward (training: states [N, HV, ..], no pool), its gradients of a and b
+            h0 = torch.zeros((N, HV, V, K) if vf else (N, HV, K, V))
+            seqlens = cu.tolist() if cu is not None else None
+            meta = RecurrentBwdMeta(dims, seqlens, cu, K ** -0.5, plan, RecurrentBwdConfig(), vf)
+            bwd, _ = prepare_recurrent_bwd(meta, dict(q=q, k=q, v=v, g=gk, a=a, b=b), h0, torch.zeros_like(v),
+                                           torch.zeros_like(h0), True)
+            rb = compile_for_target(bwd.fn, bwd.args, bwd.constexprs, target, bwd.num_warps, bwd.num_stages)
+            res.update(bwd_target=rb.target, bwd_shared_bytes=rb.shared_bytes, bwd_source=bwd.fn.__name__,
+                       bwd_args=sorted(bwd.args))
+            results[cid] = res
         except Exception as e:  # reported to the test, which fails with it
             results[cid] = dict(error=f"{type(e).__name__}: {e}"[:4000])
     return results
@@ -113,3 +126,6 @@ def test_dplr_recurrent_kernel_compiles_for_sm90(case, compiled):
     assert "a" in e["args"] and "b" in e["args"] and "beta" not in e["args"]
     assert e["reverse"] is extra.get("reverse", False)
     assert 0 < e["shared_bytes"] <= SMEM_LIMIT, f"{cid}: needs {e['shared_bytes']} bytes"
+    assert e["bwd_target"] == "cuda:90" and e["bwd_source"].startswith("dplr_recurrent_bwd"), e["bwd_source"]
+    assert {"a", "b", "da", "db"} <= set(e["bwd_args"]) and "dbeta" not in e["bwd_args"]
+    assert 0 < e["bwd_shared_bytes"] <= SMEM_LIMIT, f"{cid}: the backward needs {e['bwd_shared_bytes']} bytes"
