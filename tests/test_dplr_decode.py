@@ -331,3 +331,30 @@ def test_build_compile_checks_the_recurrent_family_of_dplr(tmp_path, monkeypatch
         assert "whose chunk kernels kdagen's templates do not lower yet in this build" in r.output
         assert "compile-checking its recurrent family only" in r.output
         assert "--spec dplr --form recurrent`" in r.output
+
+
+def test_backward_writes_every_gradient_element():
+    """Every buffer of the DPLR backward launch -- the per-V-tile partials of dq, dk, dgk, da, db,
+    dv and dh0 -- is NaN first and written in full (varlen with a length-0 and a length-1
+    sequence, K and V not powers of two, three V tiles)."""
+    from kdagen.config import RecurrentBwdConfig
+    from kdagen.ops.inputs import check_inputs
+    from kdagen.ops.recurrent_bwd import RecurrentBwdMeta, prepare_recurrent_bwd
+
+    q, k, v, a, b, gk, h0 = _inputs(1, 12, 1, 2, 24, 40, F32, N=3)
+    cu = torch.tensor([0, 0, 1, 12], dtype=torch.int64)
+    dims, seqlens = check_inputs(q, k, v, gk, None, scale=None, initial_state=h0, cu_seqlens=cu, rank1=False)
+    plan = lower(S.dplr(), 24, 40, "float32", "recurrent")
+    meta = RecurrentBwdMeta(dims, seqlens, cu, 24 ** -0.5, plan, RecurrentBwdConfig(block_v=16, segment=4), False)
+    gen = torch.Generator().manual_seed(2)
+    do, dht = torch.randn(1, 12, 2, 40, generator=gen), torch.randn(3, 2, 24, 40, generator=gen)
+    launch, out = prepare_recurrent_bwd(meta, dict(q=q, k=k, v=v, g=gk, a=a, b=b), h0, do, dht, True)
+    assert launch.grid == (3, 6)
+    bufs = {n: t for n, t in out.items() if t is not None}
+    assert {"dq", "dk", "dg", "da", "db", "dv", "dh0"} <= set(bufs) and "dbeta" not in bufs
+    for t in bufs.values():
+        t.fill_(float("nan"))
+    launch()
+    for name, t in bufs.items():
+        assert torch.isfinite(t).all(), f"{name} has unwritten elements"
+    assert torch.equal(out["dh0"][0], dht[0])  # a length-0 sequence passes dht through to dh0 unchanged

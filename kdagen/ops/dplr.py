@@ -23,6 +23,7 @@ from functools import lru_cache
 import torch
 
 from .. import spec as S
+from ..codegen.forms import generates
 from .member import fused_recurrent_member
 
 
@@ -33,10 +34,10 @@ def dplr_spec() -> S.Recurrence:
 
 
 def chunk_form_available() -> bool:
-    """Whether this build generates general DPLR's chunk form (``chunk_dplr_delta_rule`` in this
-    module, its kernels and its tuning).  The CLI, the tuner and ``chunk_member`` ask this before
-    they reach for the chunk form of the dplr spec, and say so when it is missing."""
-    return "chunk_dplr_delta_rule" in globals()
+    """Whether this build generates general DPLR's chunk form (its chunk kernels, their tuning and
+    ``chunk_dplr_delta_rule``): :func:`kdagen.codegen.forms.generates`, which ``chunk_member``,
+    the CLI and the tuner ask before they reach for the chunk form of the dplr spec."""
+    return generates("dplr", "chunk")
 
 
 def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale: float | None = None, initial_state=None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .. import spec as S
+from ..codegen.forms import generates
 from ..codegen.lower import lower
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
@@ -165,9 +166,8 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     ``training`` None: whether some input requires grad (then the l2-norm and beta sigmoid are
     torch ops here, which autograd differentiates; else the inference kernels apply them)."""
     from . import chunk as C
-    from .dplr import chunk_form_available
 
-    if free_rank1(spec) and not chunk_form_available():
+    if free_rank1(spec) and not generates("dplr", "chunk"):
         raise ValueError(f"{op}: the chunk form of spec {spec.name!r} (the general DPLR structure) is not generated "
                          "yet in this build; its recurrent form is (fused_recurrent_member, "
                          "kdagen.fused_recurrent_dplr_delta_rule)")

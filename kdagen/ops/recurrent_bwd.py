@@ -141,8 +141,9 @@ def prepare_recurrent_bwd(meta: RecurrentBwdMeta, inputs: dict, initial_state, d
                          USE_DHT=dht is not None, STORE_DH0=need_dh0, IS_VARLEN=cu is not None,
                          STATE_V_FIRST=meta.state_v_first),
                     cfg.num_warps, cfg.num_stages)
-    partials = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part,
-                    da=da, db=db)
+    partials = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
+    if dplr:
+        partials.update(da=da, db=db)
     return launch, partials
 
 

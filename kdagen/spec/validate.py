@@ -103,6 +103,7 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
     :class:`NotLowerable` saying why kdagen's templates cannot generate them -- the structure
     analysis and the lowering's reason.  ``gate_in_kernel``: None lowers g given (always) and,
     for a gate expression (not the direct gate), the in-kernel gate too."""
+    from ..codegen.forms import generates
     from ..codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM, LoweringError, lower
 
     validate_spec(spec)
@@ -129,7 +130,7 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
                 reason = f"{structure_text(spec)} with {spec.decay} decay, which kdagen's templates do not lower yet"
                 raise NotLowerable(f"spec {spec.name!r} cannot be lowered ({what}): {reason}. The lowering says: {e}",
                                    f"{reason} ({what})") from None
-    if any(p.form == "chunk" and p.structure == "dplr" for p in plans.values()) and not dplr_chunk_available():
+    if any(not generates(p.structure, p.form) for p in plans.values()):
         reason = (f"{structure_text(spec)} with {spec.decay} decay, whose chunk kernels kdagen's templates do not "
                   "lower yet in this build")
         raise ChunkFormMissing(f"spec {spec.name!r} cannot be lowered (chunk form): {reason}; its recurrent form is "
@@ -141,13 +142,6 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
 class ChunkFormMissing(NotLowerable):
     """The spec's recurrent form lowers; its chunk form is a structure whose chunk kernels this
     build does not generate (general DPLR before ``chunk_dplr_delta_rule``)."""
-
-
-def dplr_chunk_available() -> bool:
-    """Whether this build generates general DPLR's chunk form (:mod:`kdagen.ops.dplr` says)."""
-    from ..ops.dplr import chunk_form_available
-
-    return chunk_form_available()
 
 
 def _lowers(lower, error, spec, K, V, dtype, form) -> bool:

@@ -68,10 +68,10 @@ def check_tunable(spec_args: dict, families=FAMILIES) -> None:
     spec can be tuned: what the tuner runs is the spec's own op (KDA's for the KDA member, the
     member entries :func:`kdagen.ops.member.chunk_member` / ``fused_recurrent_member`` for any
     other spec), so a spec is refused only where lowering its tuning spec is
-    (:func:`kdagen.codegen.lower.lower`, which the member entries call) -- and, for general DPLR,
-    where this build lacks the chunk form (:func:`kdagen.ops.dplr.chunk_form_available`)."""
+    (:func:`kdagen.codegen.lower.lower`, which the member entries call) -- and where this build's
+    templates lack the form (:func:`kdagen.codegen.forms.generates`: general DPLR's chunk form)."""
+    from ..codegen.forms import generates
     from ..codegen.lower import LoweringError
-    from ..ops.dplr import chunk_form_available
 
     for family in families:
         spec = family_spec(family, spec_args)
@@ -80,7 +80,7 @@ def check_tunable(spec_args: dict, families=FAMILIES) -> None:
         except (LoweringError, ValueError) as e:
             raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels cannot be generated: "
                              f"{e}") from None
-        if family != "recurrent" and plan.structure == "dplr" and not chunk_form_available():
+        if not generates(plan.structure, plan.form):
             from ..spec.validate import structure_text
 
             raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels cannot be generated: "
