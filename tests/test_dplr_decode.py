@@ -171,6 +171,33 @@ def test_state_pool_in_place_with_padding_and_out():
 
 
 
+def test_decode_fast_path(monkeypatch):
+    """A decode loop's later calls of one geometry skip validation, lowering and the config look-up
+    (the member entries' per-geometry memo, with a and b in its key) and still give the
+    recurrence's answer; reverse=True, or another batch, is another key (the full path)."""
+    import kdagen.ops.member as M
+
+    pool = torch.randn(4, 2, 32, 32, generator=torch.Generator().manual_seed(9))
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    for step in range(3):
+        q, k, v, a, b, gk, _ = _inputs(2, 1, 1, 2, 32, 32, F32, h0=False, seed=step)
+        before = pool.clone()
+        if step == 1:  # from now on this geometry must not lower again
+            monkeypatch.setattr(M, "lower", lambda *a, **kw: pytest.fail("the fast path lowered again"))
+        o, ht = op(q, k, v, a, b, gk, initial_state=pool, ssm_state_indices=idx)
+        ro, rh = _ref(q, k, v, a, b, gk, before[[2, 0]])
+        assert ht is pool
+        assert_close(o, ro, TOL[F32], f"step {step} o")
+        assert_close(pool[[2, 0]], rh, TOL[F32], f"step {step} pool")
+    with pytest.raises(pytest.fail.Exception, match="lowered again"):
+        op(q, k, v, a, b, gk, initial_state=pool, ssm_state_indices=idx, reverse=True)
+    with pytest.raises(ValueError, match="gk must have shape"):  # a bad input is still refused after the memo
+        op(q, k, v, a, b, gk[..., :16].contiguous(), initial_state=pool, ssm_state_indices=idx)
+    q, k, v, a, b, gk, _ = _inputs(3, 1, 1, 2, 32, 32, F32, h0=False)  # another batch: the full path
+    with pytest.raises(pytest.fail.Exception, match="lowered again"):
+        op(q, k, v, a, b, gk, initial_state=pool, ssm_state_indices=torch.tensor([1, 2, 3], dtype=torch.int32))
+
+
 def test_value_check_names_a_and_b():
     q, k, v, a, b, gk, h0 = _inputs(1, 4, 1, 1, 32, 32, F32)
     for name in ("a", "b"):
