@@ -73,6 +73,19 @@ def test_plan_field_decides_the_branch():
     assert "REVERSE" not in kda.text and "b_beta" in kda.text and "b_a" not in kda.text
 
 
+# FLA 0.6.0's signature, positional order (fla/ops/generalized_delta_rule/dplr/fused_recurrent.py)
+FLA_RECURRENT = ("q", "k", "v", "a", "b", "gk", "scale", "initial_state", "output_final_state", "reverse",
+                 "cu_seqlens")
+
+
+def test_signature_takes_fla_arguments_in_fla_positions():
+    import inspect
+
+    params = list(inspect.signature(op).parameters)
+    assert tuple(params[:len(FLA_RECURRENT)]) == FLA_RECURRENT
+    assert "fused_recurrent_dplr_delta_rule" in kdagen.__all__
+
+
 # (id, B, T, H, HV, K, V, dtype)
 CASES = [
     ("T37-gva1x2-K48V48-fp32", 1, 37, 1, 2, 48, 48, F32),
