@@ -611,8 +611,8 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
         click.echo(f"  ({asked.name} hash {asked.hash}: its gate, {_gate_text(asked)}, is computed inside its kernels, "
                    "which are tuned as the spec above, with g given)")
     if chunk_missing:
-        click.echo(f"  note: {asked.name}: {chunk_missing}; {'compile-checking and tuning' if will_tune else 'compile-checking'} "
-                   "its recurrent family only")
+        doing = "compile-checking and tuning" if will_tune else "compile-checking"
+        click.echo(f"  note: {asked.name}: {chunk_missing}; {doing} its recurrent family only")
     if not will_tune and not compile_only:
         here = current.name if current else "no CUDA GPU"
         click.echo(f"  (not tuning: this machine has {here}, not {gpu.name})")

@@ -300,7 +300,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                              "under torch.no_grad(), or pass initial_state [N, HV, K, V] without it to train")
         if out is not None:
             raise ValueError(f"{op}: out= has no gradient; leave out=None when some input requires grad")
-    dims, seqlens = _validate(q, k, v, g, beta if spec.has_rank1 and ab is None else None, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+    dims, seqlens = _validate(q, k, v, g, beta if spec.has_rank1 and ab is None else None, scale=scale,
+                              initial_state=initial_state, cu_seqlens=cu_seqlens,
                               state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                               gate_in_kernel=use_gate_in_kernel, cu_seqlens_cpu=cu_seqlens_cpu,
                               sync_seqlens=training, state_v_first=state_v_first, decay=spec.decay,

@@ -9,9 +9,10 @@ family (:func:`kdagen.tuning.families.family_spec`: g given, the chunk form boun
 build says), so the kernels timed are the ones the member's ops run and look their winners up
 for.  Its inputs follow the spec's layout: g ``[B, T, HV, K]`` for a per-channel decay,
 ``[B, T, HV]`` for a scalar one, none without decay; beta only with a rank-1 part
-(``spec.has_rank1``), general DPLR's a (read) and b (write) [B, T, HV, K] instead of beta.  The reference is the spec's own recurrence evaluated from its
-expressions, token by token in float64 (:func:`kdagen.spec.evaluate.spec_recurrence`), on the
-candidate's device -- nothing hand-written per member.
+(``spec.has_rank1``), general DPLR's a (read) and b (write) [B, T, HV, K] instead of beta.
+The reference is the spec's own recurrence evaluated from its expressions, token by token in
+float64 (:func:`kdagen.spec.evaluate.spec_recurrence`), on the candidate's device -- nothing
+hand-written per member.
 
 The launch descriptions below (timed one kernel at a time, compiled for a GPU that is not
 here) are :func:`kdagen.ops.member.chunk_member_launches`'s.
