@@ -557,6 +557,7 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
 
     # --- every argument, before anything compiles
     gpu = _resolve_gpu(gpu_name, command)
+    all_families = not families and not space_path
     families = [f for f in FAMILIES if f in families] if families else list(FAMILIES)
     user_space = None
     if space_path:
@@ -569,12 +570,22 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
     asked = _resolve_spec(spec_name, lower_bound)
     lower_bound = _spec_bound(asked, lower_bound)
     _check_head_dims(head_dims)
+    chunk_missing = None
+    if all_families:  # a structure whose chunk form this build lacks (general DPLR): its recurrent family alone
+        from .spec.validate import ChunkFormMissing, NotLowerable, check_lowerable
+
+        try:
+            check_lowerable(asked, *head_dims[0], as_dtype(dtype).name, ("chunk",), None)
+        except ChunkFormMissing as e:
+            chunk_missing, families = e.reason, ["recurrent"]
+        except NotLowerable:
+            pass  # the check below says why, for every form
     _check_lowerable(asked, spec_name, head_dims, dtype,
                      tuple(dict.fromkeys("recurrent" if f == "recurrent" else "chunk" for f in families)), None)
     spec_args = _spec_args(lower_bound, spec_name)
     plans = _lower_all(spec_args, families, head_dims, dtype)
     try:
-        driver.check_tunable(spec_args)
+        driver.check_tunable(spec_args, families)
     except ValueError as e:
         raise click.BadParameter(f"{e} (`kdagen verify --spec {spec_name}` checks its float64 recurrence)",
                                  param_hint="--spec") from None
@@ -599,6 +610,9 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
     if asked.gate is not None and asked.gate.name != "direct":
         click.echo(f"  ({asked.name} hash {asked.hash}: its gate, {_gate_text(asked)}, is computed inside its kernels, "
                    "which are tuned as the spec above, with g given)")
+    if chunk_missing:
+        doing = "compile-checking and tuning" if will_tune else "compile-checking"
+        click.echo(f"  note: {asked.name}: {chunk_missing}; {doing} its recurrent family only")
     if not will_tune and not compile_only:
         here = current.name if current else "no CUDA GPU"
         click.echo(f"  (not tuning: this machine has {here}, not {gpu.name})")
@@ -624,7 +638,8 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
         summary.add_surveys(surveys)
         click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
         if n_empty:
-            _print_summary(summary, gpu, None, head_dims, lower_bound, shapes, will_tune, spec_name, asked)
+            _print_summary(summary, gpu, None, head_dims, lower_bound, shapes, will_tune, spec_name, asked,
+                           chunk_missing is not None)
             click.echo("error: some kernels have no config that compiles for this GPU", err=True)
             sys.exit(1)
         if will_tune:
@@ -650,7 +665,8 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
                 sys.exit(130)
             finally:
                 progress.close()
-    _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_name, asked)
+    _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_name, asked,
+                   chunk_missing is not None)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 
@@ -664,9 +680,9 @@ def _triton_cache_dir() -> str:
 
 
 def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_ref="kda",
-                   spec=None) -> None:
+                   spec=None, recurrent_only: bool = False) -> None:
     """The closing table, where the results are, and the next command (for ``spec``, the spec
-    ``spec_ref`` names)."""
+    ``spec_ref`` names; ``recurrent_only``: only its recurrent family was built)."""
     from .cache.paths import generated_dir
     from .tuning.driver import duration, error_text
 
@@ -692,7 +708,8 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
         if ";" in dims:
             dims = f"'{dims}'"
         click.echo(f"next: on a machine with this GPU ({gpu.name}), `kdagen tune --head-dim {dims}{bound}` tunes these "
-                   f"kernels and stores the winners; `kdagen inspect --head-dim {_dims_text(head_dims[:1])}{bound}` "
+                   f"kernels and stores the winners; `kdagen inspect --head-dim {_dims_text(head_dims[:1])}{bound}"
+                   f"{' --form recurrent' if recurrent_only else ''}` "
                    f"prints their source{', and `kdagen export` packages them' if spec_ref == 'kda' else ''}")
 
 

@@ -53,7 +53,8 @@ BAD = [  # (arguments, what the error line must say)
     (["inspect", "--lower-bound", "0"], ["--lower-bound", "negative number", "none"]),
     (["inspect", "--config", "{bad"], ["--config"]),
     (["inspect", "--kernel", "nope"], ["--kernel", "'nope'", "its kernels:"]),
-    (["inspect", "--spec", "dplr"], ["dplr"]),  # (gdn, deltanet and gla lower: tests/test_family*.py)
+    (["inspect", "--spec", "dplr", "--form", "recurrent", "--gate-in-kernel", "spec"],
+     ["its gate 'direct' cannot be computed in the kernels"]),  # (every member lowers: tests/test_family*.py)
     (["inspect", "--gate-in-kernel", "softplus", "--lower-bound", "-3"], ["softplus gate has no lower bound"]),
     (["inspect", "--gate-in-kernel", "lower_bound", "--lower-bound", "none"], ["needs a bound"]),
     (["inspect", "--dtype", "fp8"], ["--dtype", "bf16"]),
@@ -68,8 +69,7 @@ BAD = [  # (arguments, what the error line must say)
     (["build", "--gpu", "h800", "--head-dim", "128;8"], ["--head-dim", "K=8", "supported range"]),
     (["build", "--gpu", "h800", "--shapes", "1,2,3"], ["--shapes", "B,T,H,K"]),
     (["build", "--gpu", "h800", "--space", "/no/such/space.json"], ["--space", "does not exist"]),
-    (["build", "--gpu", "h800", "--spec", "dplr"], ["--spec", "'dplr'", "general DPLR structure", "do not lower yet",
-                                                    "kdagen verify --spec dplr"]),
+    (["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "8"], ["--head-dim", "K=8", "supported range"]),
     (["build", "--gpu", "h800", "--spec", "nope"], ["--spec", "kda"]),
     (["build", "--gpu", "h800", "--family", "nope"], ["--family", "chunk_fwd", "recurrent"]),
     (["build", "--gpu", "auto"], ["--gpu auto", "no CUDA GPU", "h800"]),

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from kdagen import spec as S
 from kdagen.cli import main
+from kdagen.ops.dplr import chunk_form_available
 from kdagen.spec.load import load_spec
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -64,8 +65,12 @@ def test_list_shows_every_member_with_its_structure_decay_and_kernels(runner):
                               ("gla", "gla", "channel"), ("dplr", "dplr", "channel")]:
         assert re.search(rf"structure {kind}\s+decay {decay}", rows[name]), rows[name]
     assert "kernels: chunk forward and backward, recurrent" in rows["kda"]
-    assert "spec only (no generated kernels)" in rows["dplr"]
-    assert "why: a = a is not a per-token multiple of k: a general DPLR structure" in r.output
+    # general DPLR: its recurrent kernels, and its chunk kernels once this build has them
+    if chunk_form_available():
+        assert "kernels: chunk forward and backward, recurrent" in rows["dplr"], rows["dplr"]
+    else:
+        assert "kernels: recurrent (the chunk form is not generated in this build)" in rows["dplr"], rows["dplr"]
+    assert "spec only" not in r.output and "why:" not in r.output
 
 
 def test_list_decides_kernels_by_lowering_not_by_a_list(runner, monkeypatch):
@@ -154,11 +159,9 @@ BAD = [
     (["verify", "--spec", USER, "--gate", "softplus"], ["--gate", "its own gate"]),
     (["list", "--spec", "nope"], ["--spec", "unknown spec 'nope'", "file.py:NAME"]),
     (["inspect", "--spec", USER, "--gate-in-kernel", "softplus"], ["--gate-in-kernel", "--gate-in-kernel spec"]),
-    (["inspect", "--spec", "dplr"], ["--spec", "general DPLR structure", "kdagen verify --spec dplr"]),
     (["inspect", "--spec", "kda", "--gate-in-kernel", "spec"], ["its gate 'direct' cannot be computed in the kernels",
                                                               "needs a gate expression"]),
     (["build", "--gpu", "h100", "--spec", USER, "--lower-bound", "-2"], ["--lower-bound", "sets its own bound"]),
-    (["build", "--gpu", "h100", "--spec", "dplr"], ["--spec", "'dplr'", "kdagen verify --spec dplr"]),
     (["build", "--gpu", "h100", "--spec", USER, "--head-dim", "8"], ["--head-dim", "K=8", "supported range"]),
     (["tune", "--spec", "dplr"], ["no CUDA GPU"]),
     (["export", "--gpu", "h100", "--out", "x", "--name", "p", "--spec", USER], ["--spec", "not implemented yet"]),
@@ -243,8 +246,29 @@ def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels():
             assert body(a) == body(b), f"{fam}/{kind}: the kernel bodies differ"
     check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gdn"})  # its own op: tests/test_tune_family.py
     check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gla"})
-    with pytest.raises(ValueError, match="'dplr' cannot be tuned: .*not generated yet"):
-        check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "dplr"})
+    dplr = {"safe_gate": True, "lower_bound": -5.0, "spec": "dplr"}
+    check_tunable(dplr, ("recurrent",))  # general DPLR's recurrent family: tests/test_dplr_decode.py
+    if not chunk_form_available():
+        with pytest.raises(ValueError, match="'dplr' cannot be tuned: .*not generated yet"):
+            check_tunable(dplr)
+
+
+def test_dplr_inspect_and_build_take_its_recurrent_form_and_name_a_missing_chunk_form(runner):
+    """General DPLR: `inspect --form recurrent` prints its own decode kernel; without the chunk form
+    in this build, `inspect` (the chunk form) and `build --family chunk_fwd` say so on --spec."""
+    r = runner.invoke(main, ["inspect", "--spec", "dplr", "--form", "recurrent", "--head-dim", "64"])
+    assert r.exit_code == 0, r.output
+    assert "def dplr_recurrent_" in r.output and "q, k, v, g, a, b," in r.output
+    assert '"structure": "dplr"' in r.output
+    if chunk_form_available():
+        r = runner.invoke(main, ["inspect", "--spec", "dplr", "--head-dim", "64", "--plan-only"])
+        assert r.exit_code == 0 and '"form": "chunk"' in r.output, r.output
+        return
+    for args in (["inspect", "--spec", "dplr"], ["build", "--gpu", "h100", "--spec", "dplr", "--family", "chunk_fwd"]):
+        line = _error_line(runner.invoke(main, args))
+        for says in ("--spec", "'dplr'", "general DPLR structure", "do not lower yet in this build", "--form recurrent",
+                     "kdagen verify --spec dplr"):
+            assert says in line, line
 
 
 @pytest.mark.slow

@@ -248,3 +248,21 @@ def test_tuning_takes_the_chunk_forward_as_the_chunk_train_family(monkeypatch):
     q, k, v, a, b, g, h0 = _inputs(1, 8, 1, 2, 32, 32, F32, lb=-5.0)
     kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, safe_gate=True, lower_bound=-5.0)
     assert [(f, p.tuning_spec_hash) for f, p in seen] == [("chunk_train", plan.tuning_spec_hash)]
+
+
+def test_the_op_looks_up_its_winners_on_a_gpu(monkeypatch):
+    """On a GPU the inference call looks up a tuned winner of the chunk_train family: the cache's
+    shape bucket knows that family (the H200 run 42 found the look-up raising "unknown kernel kind
+    'chunk_train'", which the CPU suite never reached: without a GPU there is no look-up)."""
+    from kdagen.cache import lookup
+    from kdagen.cache.gpus import get_profile
+    from kdagen.cache.keys import shape_bucket
+
+    assert shape_bucket("chunk_train", 4096, 2, 2) == shape_bucket("chunk_fwd", 4096, 2, 2) == "t8192_s2"
+    q, k, v, a, b, g, h0 = _inputs(1, 8, 1, 2, 32, 32, F32, lb=-5.0)
+    want = kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, output_final_state=True)
+    monkeypatch.setattr(lookup, "_current_gpu", lambda: get_profile("h200"))
+    lookup._MEMO.clear()
+    got = kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, output_final_state=True)
+    lookup._MEMO.clear()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # no winner cached: the heuristic

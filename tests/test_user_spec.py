@@ -145,7 +145,6 @@ def test_check_lowerable_gives_the_plans_of_a_kda_structured_spec(spec_file):
 
 
 @pytest.mark.parametrize("spec,says", [
-    (S.dplr(), ["'dplr'", "general DPLR structure", "do not lower yet"]),
     (S.Recurrence("wk", "channel", S.gate_direct(), a=S.beta * S.k, b=sp.exp(S.g) * S.k, write_key=S.k),
      ["write key k differs from a", "general DPLR structure"]),
     (S.Recurrence("ro", "channel", S.gate_direct(), a=S.beta * S.k, b=sp.exp(S.g) * S.k, write_key=S.beta * S.k,
@@ -165,6 +164,26 @@ def test_check_lowerable_says_why_a_spec_is_not_lowered(spec, says):
     assert not ok and why == e.value.reason
     core = why.split(": ", 1)[1] if why.startswith("gate in kernel: ") else why.rsplit(" (", 1)[0]
     assert core in str(e.value), (why, str(e.value))
+
+
+def test_dplr_lowers_its_recurrent_form_and_names_a_missing_chunk_form():
+    """General DPLR: its recurrent form lowers (kernels listed); its chunk form is refused with the
+    reason until this build's templates generate it (kdagen.codegen.forms)."""
+    from kdagen.ops.dplr import chunk_form_available
+    from kdagen.spec.validate import ChunkFormMissing
+
+    plans = check_lowerable(S.dplr(), forms=("recurrent",))
+    assert set(plans) == {("recurrent", False)} and plans[("recurrent", False)].structure == "dplr"
+    ok, what = lowering_status(S.dplr())
+    assert ok, what
+    if chunk_form_available():
+        assert check_lowerable(S.dplr())[("chunk", False)].structure == "dplr"
+        return
+    with pytest.raises(ChunkFormMissing) as e:
+        check_lowerable(S.dplr())
+    for s in ("'dplr'", "general DPLR structure", "do not lower yet in this build", "--form recurrent"):
+        assert s in str(e.value), str(e.value)
+    assert what == "recurrent (the chunk form is not generated in this build)"
 
 
 def test_check_lowerable_refuses_head_dims_outside_the_range():

@@ -55,7 +55,7 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
     (varlen) batch with ``batch == 1``; ``num_seqs`` is the number of independent
     sequences (``batch`` when padded, ``len(cu_seqlens) - 1`` when packed).
 
-    * ``chunk_fwd`` and ``chunk_bwd``: ``t<N>_s<M>`` with N = total tokens (T*batch) rounded up to a power
+    * ``chunk_fwd``, ``chunk_bwd`` and ``chunk_train`` (general DPLR's chunk forward): ``t<N>_s<M>`` with N = total tokens (T*batch) rounded up to a power
       of two and clamped to [2^8, 2^20], M = num_seqs rounded up to a power of two and
       capped at 64 (sequence count sets the state pass's grid, so it is kept apart).
     * ``recurrent``: ``s<M>`` with M = num_seqs rounded up to a power of two, capped at
@@ -66,13 +66,13 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
     for name, v in (("T", T), ("batch", batch), ("num_seqs", num_seqs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"shape_bucket: {name} must be a positive int, got {v!r}")
-    if kind in ("chunk_fwd", "chunk_bwd"):
+    if kind in ("chunk_fwd", "chunk_bwd", "chunk_train"):
         tokens = min(max(_pow2_ceil(T * batch), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
         seqs = min(_pow2_ceil(num_seqs), SEQ_BUCKET_MAX_CHUNK)
         return f"t{tokens}_s{seqs}"
     if kind == "recurrent":
         return f"s{min(_pow2_ceil(num_seqs), SEQ_BUCKET_MAX_RECURRENT)}"
-    raise ValueError(f"shape_bucket: unknown kernel kind {kind!r}; known: chunk_fwd, chunk_bwd, recurrent")
+    raise ValueError(f"shape_bucket: unknown kernel kind {kind!r}; known: chunk_fwd, chunk_bwd, chunk_train, recurrent")
 
 
 @dataclass(frozen=True)

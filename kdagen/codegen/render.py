@@ -40,7 +40,7 @@ FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass"),
                   "recurrent_bwd": ("recurrent_bwd",)}
 # the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
 # kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
-DPLR_KERNELS = ("chunk_intra", "chunk_state")
+DPLR_KERNELS = ("chunk_intra", "chunk_state", "recurrent", "recurrent_bwd")
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 

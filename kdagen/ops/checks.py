@@ -7,7 +7,7 @@ graph). This check reads them, so it is off by default. It costs one synchronisa
 everything is fine (a few more to describe the first bad element), and reads every input
 once. What it refuses, each with a ValueError that names the argument and its first bad index:
 
-- NaN or +-inf in q, k, v, beta, initial_state (for a state pool: the slots the call reads),
+- NaN or +-inf in q, k, v, beta (general DPLR: a, b), initial_state (for a state pool: the slots the call reads),
   A_log, dt_bias, or the raw gate input of ``use_gate_in_kernel``;
 - a direct gate g that is NaN or > 0 (a log decay is <= 0). g = -inf is a full reset of that
   channel and is accepted, unless the call promised a lower bound (``safe_gate=True`` /
@@ -73,7 +73,8 @@ def _slots_bad(idx: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def check_values(op: str, *, q, k, v, g, beta, initial_state=None, cu_seqlens=None, state_indices=None,
-                 gate_bound: float | None = None, raw_gate: bool = False, A_log=None, dt_bias=None) -> None:
+                 gate_bound: float | None = None, raw_gate: bool = False, A_log=None, dt_bias=None, a=None,
+                 b=None) -> None:
     """Raise a ValueError naming the first bad argument and its first bad index (see the module).
 
     ``gate_bound``: the lower bound g was promised to respect (None: only g <= 0 is required).
@@ -106,7 +107,7 @@ def check_values(op: str, *, q, k, v, g, beta, initial_state=None, cu_seqlens=No
         if gate_bound is not None:
             found.append(("g", g < gate_bound, f"is below the promised lower_bound={gate_bound} "
                           "(safe_gate=True / lower_bound: g must be >= the bound)"))
-    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+    for name, x in (("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias)):
         if x is not None:
             found.append((name, _nonfinite(x), "is NaN or infinite"))
     if initial_state is not None:
@@ -122,7 +123,7 @@ def check_values(op: str, *, q, k, v, g, beta, initial_state=None, cu_seqlens=No
         if bad:
             where = tuple(mask.nonzero()[0].tolist())
             x = {"cu_seqlens": cu_seqlens, "ssm_state_indices": state_indices, "q": q, "k": k, "v": v, "g": g,
-                 "beta": beta, "A_log": A_log, "dt_bias": dt_bias, "initial_state": initial_state}[name]
+                 "beta": beta, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "initial_state": initial_state}[name]
             at = ", ".join(map(str, where))
             raise ValueError(f"{op}: {name}[{at}] = {x[where].item()} {what} "
                              f"({int(mask.sum())} such element(s); found by the value check, "

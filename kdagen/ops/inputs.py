@@ -157,6 +157,21 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     return Dims(B, T, H, HV, K, V, N), seqlens
 
 
+def check_rank1_vectors(q, v, a, b, gate=None, gate_name: str = "g") -> None:
+    """General DPLR's read and write vectors a, b (and its per-channel gate, by ``gate_name``):
+    tensors of float32/float16/bfloat16, [B, T, HV, K] (value heads, as the gate) on q's device.
+    Called after :func:`check_inputs` has checked q and v."""
+    B, T, _, K = q.shape
+    HV = v.shape[2]
+    for name, x in (((gate_name, gate),) if gate is not None else ()) + (("a", a), ("b", b)):
+        _tensor(name, x)
+        _float(name, x)
+        if tuple(x.shape) != (B, T, HV, K):
+            raise ValueError(f"{name} must have shape [B, T, HV, K] = {(B, T, HV, K)}, got {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}; all inputs must share a device")
+
+
 def host_seqlens(cu_seqlens: torch.Tensor, T: int, cu_seqlens_cpu=None, *, sync: bool = True) -> list[int] | None:
     """cu_seqlens's values on the host, checked (starts at 0, non-decreasing, ends at T).
 

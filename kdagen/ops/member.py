@@ -17,12 +17,13 @@ from functools import lru_cache
 import torch
 
 from .. import spec as S
+from ..codegen.forms import generates
 from ..codegen.lower import lower
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
 from . import checks
-from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_runnable, host_seqlens,
-                     preprocess, state_layout)
+from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_rank1_vectors, check_runnable,
+                     host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
 
 
@@ -99,10 +100,38 @@ def _beta_args(op: str, spec: S.Recurrence, beta, use_beta_sigmoid_in_kernel: bo
                          "do not apply")
 
 
-def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices, raw_gate, A_log, dt_bias):
+def free_rank1(spec: S.Recurrence) -> bool:
+    """Whether ``spec`` has general DPLR's free rank-1 vectors (inputs a and b instead of beta):
+    the structure :func:`kdagen.codegen.lower.lower` lowers as ``"dplr"``."""
+    return spec.a is not None and spec.a == S.a_free and spec.b == S.b_free
+
+
+def _dplr_args(op: str, spec: S.Recurrence, beta, a, b, use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool):
+    """General DPLR takes a (read) and b (write) [B, T, HV, K], flash-linear-attention's
+    convention, and no beta; any other spec takes no a, b."""
+    if not free_rank1(spec):
+        if a is not None or b is not None:
+            raise ValueError(f"{op}: spec {spec.name!r} takes no free rank-1 vectors a, b (general DPLR's); pass "
+                             "a=None, b=None")
+        return None
+    if beta is not None:
+        raise ValueError(f"{op}: spec {spec.name!r} (general DPLR) takes a and b, not beta; pass beta=None")
+    if use_beta_sigmoid_in_kernel or allow_neg_eigval:
+        raise ValueError(f"{op}: spec {spec.name!r} has no beta: use_beta_sigmoid_in_kernel and allow_neg_eigval "
+                         "do not apply")
+    for name, x in (("a", a), ("b", b)):
+        if x is None:
+            raise ValueError(f"{op}: spec {spec.name!r} (general DPLR) needs {name} [B, T, HV, K] (a: the read "
+                             "vector, b: the write vector)")
+    return a, b
+
+
+def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices, raw_gate, A_log, dt_bias,
+                 ab=None):
     checks.check_values(op, q=q, k=k, v=v, g=g if g is not None else torch.zeros(1, device=q.device), beta=beta,
                         initial_state=initial_state, cu_seqlens=cu_seqlens, state_indices=state_indices,
-                        raw_gate=raw_gate, A_log=A_log, dt_bias=dt_bias)
+                        raw_gate=raw_gate, A_log=A_log, dt_bias=dt_bias,
+                        a=None if ab is None else ab[0], b=None if ab is None else ab[1])
 
 
 @torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
@@ -224,11 +253,17 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                            use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                            state_v_first: bool = False, cu_seqlens=None, ssm_state_indices=None, out=None,
                            config=None, check_inputs: bool | None = None, cu_seqlens_cpu=None,
-                           op: str = "fused_recurrent_member", **kwargs):
+                           a=None, b=None, reverse: bool = False, op: str = "fused_recurrent_member", **kwargs):
     """The recurrent form (decode) of ``spec`` with fused_recurrent_kda's conventions: the state
     pool (``ssm_state_indices``: ``initial_state`` is [P, HV, K, V], updated in place; negative
     slots are padding), ``out=``, nothing read from the device.  With some input requiring grad:
-    the autograd path (pool and ``out=`` refused), as fused_recurrent_kda."""
+    the autograd path (pool and ``out=`` refused), as fused_recurrent_kda.
+
+    General DPLR (:func:`free_rank1`: ``kdagen.spec.dplr()``) takes ``a`` (read) and ``b`` (write),
+    [B, T, HV, K], in flash-linear-attention's convention -- S = Diag(exp g) S + b (a^T S) + k v^T,
+    so the spec's own inputs are a' = -b, b' = a -- and no beta; ``reverse=True`` walks each
+    sequence last to first (this structure only; it has no backward).  Gradients of q, k, v, g,
+    a, b and the initial state come from the recurrent backward template's DPLR branch."""
     from . import recurrent as R
     from . import recurrent_bwd
     from ..cache.lookup import resolve
@@ -236,11 +271,18 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     if kwargs:
         state_v_first = state_layout(op, state_v_first, kwargs)
         check_kwargs(op, kwargs, RECURRENT_IGNORED_KWARGS)
-    _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    if beta is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
+    ab = _dplr_args(op, spec, beta, a, b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if ab is None:
+        _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        if reverse:
+            raise ValueError(f"{op}: reverse=True (a right-to-left scan) is generated for the general DPLR "
+                             f"structure only, not for spec {spec.name!r}")
+    if beta is None:  # no beta (no rank-1 part, or DPLR's a, b): the kernels read none (a stand-in pointer is passed)
         beta = dummy_pointer(q.device)
     if not isinstance(state_v_first, bool):
         raise TypeError(f"{op}: state_v_first must be a bool, got {type(state_v_first).__name__}")
+    if not isinstance(reverse, bool):
+        raise TypeError(f"{op}: reverse must be a bool, got {type(reverse).__name__}")
     sig = hit = None
     if not kwargs and not checks.wanted(check_inputs):
         try:  # a decode loop's later calls of one geometry: no validation, lowering or config look-up
@@ -248,6 +290,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                    R._t(ssm_state_indices), R._t(out), R._t(cu_seqlens), R._t(A_log), R._t(dt_bias), scale,
                    output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                    allow_neg_eigval, state_v_first, config, torch.is_grad_enabled())
+            if ab is not None:
+                sig += (R._t(ab[0]), R._t(ab[1]), reverse)
             hit = _FAST.get(sig)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: the full path says what is wrong
             sig = hit = None
@@ -261,30 +305,40 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                                     allow_neg_eigval)
         g = g if g is not None else dummy_pointer(q.device)
         return _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
-                       dims, plan, built, A_log, dt_bias, out, state_v_first)
+                       dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse)
     training = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+        isinstance(x, torch.Tensor) and x.requires_grad
+        for x in (q, k, v, g, beta, initial_state, A_log, dt_bias) + (ab or ()))
     if training:
         if ssm_state_indices is not None:
             raise ValueError(f"{op}: ssm_state_indices (an in-place state pool update) has no gradient; call it "
                              "under torch.no_grad(), or pass initial_state [N, HV, K, V] without it to train")
         if out is not None:
             raise ValueError(f"{op}: out= has no gradient; leave out=None when some input requires grad")
-    dims, seqlens = _validate(q, k, v, g, beta if spec.has_rank1 else None, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+    dims, seqlens = _validate(q, k, v, g, beta if spec.has_rank1 and ab is None else None, scale=scale,
+                              initial_state=initial_state, cu_seqlens=cu_seqlens,
                               state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                               gate_in_kernel=use_gate_in_kernel, cu_seqlens_cpu=cu_seqlens_cpu,
                               sync_seqlens=training, state_v_first=state_v_first, decay=spec.decay,
-                              rank1=spec.has_rank1)
+                              rank1=spec.has_rank1 and ab is None)
+    if ab is not None:
+        check_rank1_vectors(q, v, *ab)
     check_runnable(q)
     if checks.wanted(check_inputs):
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, use_gate_in_kernel,
-                     A_log, dt_bias)
+                     A_log, dt_bias, ab)
     scale = dims.K ** -0.5 if scale is None else scale
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
     built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N}, state))
     g = g if g is not None else dummy_pointer(q.device)
+    if training and ab is not None:  # general DPLR: its own autograd Function (a, b in place of beta)
+        meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
+                                              recurrent_bwd.current_config(), state_v_first)
+        x = [t if t.is_contiguous() else t.contiguous() for t in (q, k, v, g) + ab]
+        o, ht = _RecurrentDPLRFunction.apply(*x, initial_state, (op, meta, built, output_final_state, reverse))
+        return o, (ht if output_final_state else None)
     if training:
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
                                               recurrent_bwd.current_config(), state_v_first)
@@ -300,7 +354,7 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         if x is not None and not x.is_contiguous():
             raise ValueError(f"{op}: {name} must be contiguous (the kernel reads it with stride 1)")
     result = _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
-                     dims, plan, built, A_log, dt_bias, out, state_v_first)
+                     dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse)
     if sig is not None:  # (never for a call with gradients: the signature holds requires_grad and the grad mode)
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
@@ -309,14 +363,48 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
 
 
 def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_indices, dims, plan,
-            built, A_log, dt_bias, out, state_v_first):
-    """Launch the recurrent kernel of a validated decode call: ``(o, final state or pool or None)``."""
+            built, A_log, dt_bias, out, state_v_first, ab=None, reverse=False):
+    """Launch the recurrent kernel of a validated decode call: ``(o, final state or pool or None)``.
+    ``ab``: general DPLR's (a, b), read in place of beta."""
     from . import recurrent as R
 
     q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
+    if ab is not None:
+        ab = tuple(x if x.is_contiguous() else x.contiguous() for x in ab)
     launch, (o, ht) = R.prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=state_indices, dims=dims, plan=plan, built=built,
-        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
+        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first, ab=ab, reverse=reverse)
     launch()
     return o, (ht if (output_final_state or state_indices is not None) else None)
+
+
+class _RecurrentDPLRFunction(torch.autograd.Function):
+    """General DPLR's recurrent form with gradients (flash-linear-attention's op has none): the
+    decode kernel forward, storing nothing extra; the backward is the recurrent backward
+    template's DPLR branch (:func:`kdagen.ops.recurrent_bwd.backward_dplr`), giving the gradients
+    of q, k, v, gk, a, b and the initial state.  ``reverse=True`` has no backward
+    (NotImplementedError naming chunk_dplr_delta_rule)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, g, a, b, initial_state, run):
+        op, meta, built, output_final_state, reverse = run
+        o, ht = _decode(q, k, v, g, dummy_pointer(q.device), meta.scale, initial_state, output_final_state,
+                        meta.cu_seqlens, None, meta.dims, meta.plan, built, None, None, None, meta.state_v_first,
+                        (a, b), reverse)
+        ctx.save_for_backward(q, k, v, g, a, b, initial_state)
+        ctx.op, ctx.meta, ctx.reverse = op, meta, reverse
+        ctx.like = {n: (t.shape, t.dtype) for n, t in dict(q=q, k=k, v=v, g=g, a=a, b=b).items()}
+        return o, ht
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, dht):
+        from . import recurrent_bwd
+
+        if ctx.reverse:
+            raise NotImplementedError(
+                f"{ctx.op}: reverse=True has no backward in kdagen's recurrent form; for training use "
+                "chunk_dplr_delta_rule (the chunk form), or the forward scan (reverse=False)")
+        return recurrent_bwd.backward_dplr(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do,
+                                           dht) + (None,)

@@ -21,8 +21,9 @@ from .traced import fused_recurrent_kda_traced
 
 
 def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_state, state_indices, out,
-                      dims, cu_seqlens=None, A_log=None, dt_bias=None, state_v_first=False):
-    """Allocate o (and the final state) and lay out the kernel's non-constexpr arguments."""
+                      dims, cu_seqlens=None, A_log=None, dt_bias=None, state_v_first=False, ab=None):
+    """Allocate o (and the final state) and lay out the kernel's non-constexpr arguments.
+    ``ab``: general DPLR's (read a, write b), which the kernel takes in place of beta."""
     dev = q.device
     o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=dev)
     if state_indices is not None:
@@ -32,7 +33,7 @@ def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_st
     else:
         ht = None
     dummy = dummy_pointer(dev)
-    args = dict(q=q, k=k, v=v, g=g, beta=beta)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta) if ab is None else dict(q=q, k=k, v=v, g=g, a=ab[0], b=ab[1])
     if A_log is not None:
         args["A_log"] = A_log
     if dt_bias is not None:
@@ -59,19 +60,30 @@ def _on_device(cu_seqlens, dev):
 
 
 def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
-                      state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None, state_v_first=False):
+                      state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None, state_v_first=False,
+                      ab=None, reverse=False):
+    """Describe the one launch of a validated recurrent call: ``(launch, (o, final state))``.
+    General DPLR (``plan.structure == "dplr"``): ``ab`` = (a, b) replaces beta, and ``reverse``
+    walks each sequence's tokens last to first (FLA's ``reverse``; only this structure takes it)."""
+    dplr = plan.structure == "dplr"
+    if dplr != (ab is not None):
+        raise ValueError("the general DPLR kernel takes a and b (ab=...), every other structure beta")
+    if reverse and not dplr:
+        raise ValueError("reverse=True is generated for the general DPLR structure only")
     H, HV, K, V, N = dims.H, dims.HV, dims.K, dims.V, dims.N
     cfg: RecurrentConfig = built.config
     o, ht, args = _outputs_and_args(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=state_indices, out=out, dims=dims, cu_seqlens=cu_seqlens,
         A_log=A_log if plan.gate_has_A else None, dt_bias=dt_bias if plan.gate_has_bias else None,
-        state_v_first=state_v_first)
+        state_v_first=state_v_first, ab=ab)
     bv = min(cfg.block_v, plan.BV)
-    launch = Launch("recurrent", built.fns[0], (triton.cdiv(V, bv), N * HV), args,
-                    dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
-                         STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
-                         IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
+    constexprs = dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
+                      STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
+                      IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first))
+    if dplr:
+        constexprs["REVERSE"] = bool(reverse)
+    launch = Launch("recurrent", built.fns[0], (triton.cdiv(V, bv), N * HV), args, constexprs,
                     cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
 

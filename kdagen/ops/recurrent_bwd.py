@@ -31,6 +31,10 @@ Grid: (V tiles, sequences x value heads).  The state's columns evolve independen
 V tile is exact on its own; the gradients that contract over V (dq, dk, dg, dbeta, dA_log,
 ddt_bias) are written per V tile and added here, then dq/dk over the value heads of a q/k head
 (GVA).
+
+General DPLR (``plan.structure == "dplr"``, FLA's convention S_t = D S + b (a^T S) + k v^T) reads a
+and b instead of beta and writes da, db (per V tile, added here) instead of dbeta
+(:func:`backward_dplr`; the algebra is in the template's header).
 """
 from __future__ import annotations
 
@@ -83,7 +87,8 @@ class RecurrentBwdMeta:
 
 def prepare_recurrent_bwd(meta: RecurrentBwdMeta, inputs: dict, initial_state, do, dht, need_dh0: bool):
     """Allocate the gradient buffers and describe the launch: ``(launch, partials)``.
-    ``inputs``: q, k, v, g, beta (as the forward kernel read them) and A_log / dt_bias."""
+    ``inputs``: q, k, v, g, beta (as the forward kernel read them) and A_log / dt_bias; general
+    DPLR's: q, k, v, g, a, b (its partials hold da, db instead of dbeta)."""
     d, plan, cfg = meta.dims, meta.plan, meta.config
     B, T, H, HV, K, V, N = d.B, d.T, d.H, d.HV, d.K, d.V, d.N
     q = inputs["q"]
@@ -104,18 +109,25 @@ def prepare_recurrent_bwd(meta: RecurrentBwdMeta, inputs: dict, initial_state, d
     # without a decay
     dg = (torch.empty_like(dq) if plan.decay == "channel" else torch.empty(NV, TT, HV, dtype=f32, device=dev)
           if plan.decay == "scalar" else dummy)
-    dbeta = torch.empty(NV, TT, HV, dtype=f32, device=dev) if plan.has_rank1 else None  # no rank-1: no beta
+    dplr = plan.structure == "dplr"
+    dbeta = torch.empty(NV, TT, HV, dtype=f32, device=dev) if plan.has_rank1 and not dplr else None  # no beta
+    da, db = (torch.empty_like(dq), torch.empty_like(dq)) if dplr else (None, None)  # DPLR's a, b: per channel
     dv = torch.empty(B, T, HV, V, dtype=inputs["v"].dtype, device=dev)
     dh0 = torch.empty(state_shape(N, HV, K, V, meta.state_v_first), dtype=f32, device=dev) if need_dh0 else None
     dA_part = torch.empty(NV, N, HV, K, dtype=f32, device=dev) if plan.gate_has_A else None
     dbias_part = torch.empty(NV, N, HV, K, dtype=f32, device=dev) if plan.gate_has_bias else None
-    args = {n: inputs[n] for n in ("q", "k", "v", "g", "beta")}
+    args = {n: inputs[n] for n in (("q", "k", "v", "g", "a", "b") if dplr else ("q", "k", "v", "g", "beta"))}
     if plan.gate_has_A:
         args["A_log"] = inputs["A_log"]
     if plan.gate_has_bias:
         args["dt_bias"] = inputs["dt_bias"]
     args.update(do=do, dht=dht if dht is not None else dummy, h0=initial_state if initial_state is not None else dummy,
-                ck=ck, scr=scr, dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta if dbeta is not None else dummy, dh0=dh0 if dh0 is not None else dummy)
+                ck=ck, scr=scr, dq=dq, dk=dk, dv=dv, dg=dg)
+    if dplr:
+        args.update(da=da, db=db)
+    else:
+        args["dbeta"] = dbeta if dbeta is not None else dummy
+    args["dh0"] = dh0 if dh0 is not None else dummy
     if dA_part is not None:
         args["dA_part"] = dA_part
     if dbias_part is not None:
@@ -130,6 +142,8 @@ def prepare_recurrent_bwd(meta: RecurrentBwdMeta, inputs: dict, initial_state, d
                          STATE_V_FIRST=meta.state_v_first),
                     cfg.num_warps, cfg.num_stages)
     partials = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
+    if dplr:
+        partials.update(da=da, db=db)
     return launch, partials
 
 
@@ -165,3 +179,25 @@ def backward(meta: RecurrentBwdMeta, saved, like: dict, need: tuple[bool, ...], 
     grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], dg.to(like["g"][1]), dbeta,
              dh0, dA_log, ddt_bias)
     return tuple(x if n else None for x, n in zip(grads, need[:8]))
+
+
+def backward_dplr(meta: RecurrentBwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
+    """General DPLR's grads of (q, k, v, gk, a, b, initial_state) -- None where ``need`` says no --
+    each in the (shape, dtype) ``like`` gives for its input."""
+    q, k, v, g, a, b, h0 = saved
+    d = meta.dims
+    if do is None:
+        do = torch.zeros(d.B, d.T, d.HV, d.V, dtype=v.dtype, device=v.device)
+    need_dh0 = h0 is not None and need[6]
+    launch, out = prepare_recurrent_bwd(meta, dict(q=q, k=k, v=v, g=g, a=a, b=b), h0, do.contiguous(),
+                                        None if dht is None else dht.contiguous(), need_dh0)
+    launch()
+    B, T, H, HV, K = d.B, d.T, d.H, d.HV, d.K
+    dq, dk = out["dq"].sum(0).view(B, T, HV, K), out["dk"].sum(0).view(B, T, HV, K)
+    if HV != H:  # GVA: value heads h * (HV // H) ... (h + 1) * (HV // H) - 1 read q/k head h
+        dq = dq.view(B, T, H, HV // H, K).sum(3)
+        dk = dk.view(B, T, H, HV // H, K).sum(3)
+    per_head = {n: out["d" + n].sum(0).view(B, T, HV, K).to(like[n][1]) for n in ("g", "a", "b")}
+    dh0 = out["dh0"].to(h0.dtype) if need_dh0 else None
+    grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], per_head["g"], per_head["a"], per_head["b"], dh0)
+    return tuple(x if n else None for x, n in zip(grads, need[:7]))

@@ -103,6 +103,7 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
     :class:`NotLowerable` saying why kdagen's templates cannot generate them -- the structure
     analysis and the lowering's reason.  ``gate_in_kernel``: None lowers g given (always) and,
     for a gate expression (not the direct gate), the in-kernel gate too."""
+    from ..codegen.forms import generates
     from ..codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM, LoweringError, lower
 
     validate_spec(spec)
@@ -129,7 +130,18 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
                 reason = f"{structure_text(spec)} with {spec.decay} decay, which kdagen's templates do not lower yet"
                 raise NotLowerable(f"spec {spec.name!r} cannot be lowered ({what}): {reason}. The lowering says: {e}",
                                    f"{reason} ({what})") from None
+    if any(not generates(p.structure, p.form) for p in plans.values()):
+        reason = (f"{structure_text(spec)} with {spec.decay} decay, whose chunk kernels kdagen's templates do not "
+                  "lower yet in this build")
+        raise ChunkFormMissing(f"spec {spec.name!r} cannot be lowered (chunk form): {reason}; its recurrent form is "
+                               "generated (--form recurrent, --family recurrent, "
+                               "kdagen.fused_recurrent_dplr_delta_rule)", f"{reason} (chunk form)")
     return plans
+
+
+class ChunkFormMissing(NotLowerable):
+    """The spec's recurrent form lowers; its chunk form is a structure whose chunk kernels this
+    build does not generate (general DPLR before ``chunk_dplr_delta_rule``)."""
 
 
 def _lowers(lower, error, spec, K, V, dtype, form) -> bool:
@@ -144,6 +156,12 @@ def lowering_status(spec: Recurrence) -> tuple[bool, str]:
     """(whether kernels are generated, what or why not) -- by trying :func:`check_lowerable`."""
     try:
         check_lowerable(spec)
+    except ChunkFormMissing as e:
+        try:
+            check_lowerable(spec, forms=("recurrent",))
+        except (NotLowerable, SpecError):
+            return False, e.reason
+        return True, "recurrent (the chunk form is not generated in this build)"
     except NotLowerable as e:
         return False, e.reason
     except SpecError as e:

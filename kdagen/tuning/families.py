@@ -92,21 +92,29 @@ def uses_kda_ops(spec_args: dict) -> bool:
     return spec_args.get("spec", "kda") == "kda"
 
 
-def check_tunable(spec_args: dict) -> None:
-    """Raise ValueError, with the reason, unless every family of ``spec_args``'s spec can be
-    tuned: what the tuner runs is the spec's own op (KDA's for the KDA member, the member entries
-    :func:`kdagen.ops.member.chunk_member` / ``fused_recurrent_member`` for any other spec), so a
-    spec is refused only where lowering its tuning spec is (:func:`kdagen.codegen.lower.lower`,
-    which the member entries call)."""
+def check_tunable(spec_args: dict, families=FAMILIES) -> None:
+    """Raise ValueError, with the reason, unless every family (of ``families``) of ``spec_args``'s
+    spec can be tuned: what the tuner runs is the spec's own op (KDA's for the KDA member, the
+    member entries :func:`kdagen.ops.member.chunk_member` / ``fused_recurrent_member`` for any
+    other spec), so a spec is refused only where lowering its tuning spec is
+    (:func:`kdagen.codegen.lower.lower`, which the member entries call) -- and where this build's
+    templates lack the form (:func:`kdagen.codegen.forms.generates`: general DPLR's chunk form)."""
+    from ..codegen.forms import generates
     from ..codegen.lower import LoweringError
 
-    for family in families_for(spec_args, FAMILIES):
+    for family in families_for(spec_args, families):
         spec = family_spec(family, spec_args)
         try:
-            lower_for(spec, family, 64, 64, "bfloat16")
+            plan = lower_for(spec, family, 64, 64, "bfloat16")
         except (LoweringError, ValueError) as e:
             raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels cannot be generated: "
                              f"{e}") from None
+        if not generates(plan.structure, plan.form):
+            from ..spec.validate import structure_text
+
+            raise ValueError(f"spec {spec.name!r} cannot be tuned: its {family} kernels cannot be generated: "
+                             f"{structure_text(spec)}, whose chunk form is not generated yet in this build; its "
+                             "recurrent family is (--family recurrent)")
 
 
 def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype, gate_in_kernel: bool = False) -> Plan:

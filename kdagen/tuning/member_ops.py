@@ -9,9 +9,10 @@ family (:func:`kdagen.tuning.families.family_spec`: g given, the chunk form boun
 build says), so the kernels timed are the ones the member's ops run and look their winners up
 for.  Its inputs follow the spec's layout: g ``[B, T, HV, K]`` for a per-channel decay,
 ``[B, T, HV]`` for a scalar one, none without decay; beta only with a rank-1 part
-(``spec.has_rank1``).  The reference is the spec's own recurrence evaluated from its
-expressions, token by token in float64 (:func:`kdagen.spec.evaluate.spec_recurrence`), on the
-candidate's device -- nothing hand-written per member.
+(``spec.has_rank1``), general DPLR's a (read) and b (write) [B, T, HV, K] instead of beta.
+The reference is the spec's own recurrence evaluated from its expressions, token by token in
+float64 (:func:`kdagen.spec.evaluate.spec_recurrence`), on the candidate's device -- nothing
+hand-written per member.
 
 The launch descriptions below (timed one kernel at a time, compiled for a GPU that is not
 here) are :func:`kdagen.ops.member.chunk_member_launches`'s.
@@ -28,6 +29,7 @@ from ..codegen.lower import lower
 from ..dtypes import dtype as as_dtype
 from ..kernels import build, dummy_pointer
 from ..spec import Recurrence
+from ..ops.member import free_rank1
 from ..spec.evaluate import spec_recurrence
 from .families import family_spec, uses_kda_ops
 
@@ -42,7 +44,10 @@ def member_spec(family: str, spec_args: dict) -> Recurrence | None:
 def member_inputs(spec: Recurrence, x: dict) -> dict:
     """KDA's random inputs (:func:`kdagen.tuning.candidates.random_inputs`) in ``spec``'s layout:
     g per channel (drawn into the gate's bound when it is above -5), one per head and token for
-    a scalar decay (channel 0's draw), none without decay; beta only with a rank-1 part."""
+    a scalar decay (channel 0's draw), none without decay; beta only with a rank-1 part.
+    General DPLR (free a, b, FLA's convention): the read vector a is k (a unit vector) on each
+    value head and the write vector b = -beta a, as bench/family_vs_fla.py draws them -- the
+    transition Diag(exp g) - beta a a^T stays contracting, so long checks stay finite."""
     out = dict(x)
     g = x["g"]
     if spec.decay == "identity":
@@ -145,13 +150,14 @@ def recurrent_launch(spec: Recurrence, x: dict, config):
     from ..ops.recurrent import prepare_recurrent
 
     q, k, v, g, beta, h0 = (x[n] for n in ("q", "k", "v", "g", "beta", "initial_state"))
+    ab = (x["a"].contiguous(), x["b"].contiguous()) if free_rank1(spec) else None
     dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=None, sync_seqlens=False,
-                           decay=spec.decay, rank1=spec.has_rank1)
+                           decay=spec.decay, rank1=spec.has_rank1 and ab is None)
     plan = lower(spec, dims.K, dims.V, as_dtype(q.dtype).name, "recurrent")
     q, k, v = (t.contiguous() for t in (q, k, v))
     g = dummy_pointer(q.device) if g is None else g.contiguous()
     beta = dummy_pointer(q.device) if beta is None else beta.contiguous()  # no rank-1 part: not read
     launch, _ = prepare_recurrent(q, k, v, g, beta, scale=dims.K ** -0.5, initial_state=h0,
                                   output_final_state=True, cu_seqlens=None, state_indices=None, dims=dims, plan=plan,
-                                  built=build(plan, config))
+                                  built=build(plan, config), ab=ab)
     return launch
