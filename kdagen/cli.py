@@ -432,10 +432,6 @@ def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel,
     if gate_in_kernel == "lower_bound" and lower_bound is None:
         raise click.BadParameter("the lower_bound gate needs a bound (a negative number)", param_hint="--lower-bound")
     family = {"chunk": "chunk_fwd", "chunk_bwd": "chunk_bwd", "recurrent": "recurrent"}[form]
-    kinds = FAMILY_KERNELS[family]
-    if kernel and kernel not in kinds:
-        raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form; its kernels: {', '.join(kinds)}",
-                                 param_hint="--kernel")
     gik = gate_in_kernel != "none"
     if _is_file_ref(spec_name) and gate_in_kernel in ("lower_bound", "softplus"):
         raise click.BadParameter(f"{gate_in_kernel!r} is a member's gate; a spec file's gate is its own: "
@@ -457,6 +453,12 @@ def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel,
             raise click.UsageError(str(e)) from None
     _check_head_dims(head_dims)
     plan = _check_lowerable(spec, spec_name, head_dims, dtype_name, (fname,), gik)[(K, V, fname, gik)]
+    if plan.structure == "dplr" and family == "chunk_fwd":  # general DPLR's chunk forward: the training-path kernels
+        family = "chunk_train"
+    kinds = FAMILY_KERNELS[family]
+    if kernel and kernel not in kinds:
+        raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form; its kernels: {', '.join(kinds)}",
+                                 param_hint="--kernel")
     if config_json:
         try:
             config = config_from_dict(family, json.loads(config_json))

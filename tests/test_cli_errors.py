@@ -99,7 +99,8 @@ BAD = [  # (arguments, what the error line must say)
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--dtype", "fp8"], ["--dtype", "bf16"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--head-dim", "512"], ["--head-dim", "K=512"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--lower-bound", "1"], ["--lower-bound", "negative"]),
-    (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--spec", "dplr"], ["--spec", "general DPLR structure"]),
+    (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--spec", "dplr"],
+     ["--spec", "'dplr' lowers", "an exported package holds chunk_kda and fused_recurrent_kda", "not implemented yet"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--cache", "/no/such.json"], ["--cache", "does not exist"]),
 ]
 

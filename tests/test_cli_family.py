@@ -56,7 +56,7 @@ def _error_line(result) -> str:
 
 # --- list -------------------------------------------------------------------------------
 
-def test_list_shows_every_member_with_its_structure_decay_and_kernels(runner):
+def test_list_shows_every_member_with_its_structure_decay_and_kernels(runner, monkeypatch):
     r = runner.invoke(main, ["list"])
     assert r.exit_code == 0, r.output
     rows = {ln.split()[0]: ln for ln in r.output.splitlines() if ln.startswith("  ") and " hash " in ln}
@@ -65,12 +65,15 @@ def test_list_shows_every_member_with_its_structure_decay_and_kernels(runner):
                               ("gla", "gla", "channel"), ("dplr", "dplr", "channel")]:
         assert re.search(rf"structure {kind}\s+decay {decay}", rows[name]), rows[name]
     assert "kernels: chunk forward and backward, recurrent" in rows["kda"]
-    # general DPLR: its recurrent kernels, and its chunk kernels once this build has them
-    if chunk_form_available():
-        assert "kernels: chunk forward and backward, recurrent" in rows["dplr"], rows["dplr"]
-    else:
-        assert "kernels: recurrent (the chunk form is not generated in this build)" in rows["dplr"], rows["dplr"]
+    # general DPLR: its chunk and recurrent kernels
+    assert chunk_form_available()
+    assert "kernels: chunk forward and backward, recurrent" in rows["dplr"], rows["dplr"]
     assert "spec only" not in r.output and "why:" not in r.output
+    # a build whose chunk templates had no DPLR branch lists its recurrent kernels alone
+    monkeypatch.setattr("kdagen.codegen.forms.CHUNK_STRUCTURES", frozenset({"kda", "gla"}))  # a build without it
+    r = runner.invoke(main, ["list"])
+    rows = {ln.split()[0]: ln for ln in r.output.splitlines() if ln.startswith("  ") and " hash " in ln}
+    assert "kernels: recurrent (the chunk form is not generated in this build)" in rows["dplr"], rows["dplr"]
 
 
 def test_list_decides_kernels_by_lowering_not_by_a_list(runner, monkeypatch):
@@ -224,7 +227,7 @@ def test_winners_are_keyed_by_the_member():
     assert keys[USER].spec_hash == load_spec(USER).with_gate(S.gate_direct(-3.0)).hash
 
 
-def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels():
+def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels(monkeypatch):
     """A KDA-structured spec's kernels (which the tuner times through the member entries) are KDA's:
     the generated sources are the same but for the header and the function's name; a spec
     that does not lower is refused with the reason."""
@@ -248,22 +251,24 @@ def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels():
     check_tunable({"safe_gate": True, "lower_bound": -5.0, "spec": "gla"})
     dplr = {"safe_gate": True, "lower_bound": -5.0, "spec": "dplr"}
     check_tunable(dplr, ("recurrent",))  # general DPLR's recurrent family: tests/test_dplr_decode.py
-    if not chunk_form_available():
-        with pytest.raises(ValueError, match="'dplr' cannot be tuned: .*not generated yet"):
-            check_tunable(dplr)
+    check_tunable(dplr)  # and its chunk forward (the chunk_train family): tests/test_dplr_chunk.py
+    monkeypatch.setattr("kdagen.codegen.forms.CHUNK_STRUCTURES", frozenset({"kda", "gla"}))  # a build without it
+    with pytest.raises(ValueError, match="'dplr' cannot be tuned: .*not generated yet"):
+        check_tunable(dplr)
 
 
-def test_dplr_inspect_and_build_take_its_recurrent_form_and_name_a_missing_chunk_form(runner):
+def test_dplr_inspect_and_build_take_its_recurrent_form_and_name_a_missing_chunk_form(runner, monkeypatch):
     """General DPLR: `inspect --form recurrent` prints its own decode kernel; without the chunk form
     in this build, `inspect` (the chunk form) and `build --family chunk_fwd` say so on --spec."""
     r = runner.invoke(main, ["inspect", "--spec", "dplr", "--form", "recurrent", "--head-dim", "64"])
     assert r.exit_code == 0, r.output
     assert "def dplr_recurrent_" in r.output and "q, k, v, g, a, b," in r.output
     assert '"structure": "dplr"' in r.output
-    if chunk_form_available():
-        r = runner.invoke(main, ["inspect", "--spec", "dplr", "--head-dim", "64", "--plan-only"])
-        assert r.exit_code == 0 and '"form": "chunk"' in r.output, r.output
-        return
+    r = runner.invoke(main, ["inspect", "--spec", "dplr", "--head-dim", "64", "--plan-only"])
+    assert r.exit_code == 0 and '"form": "chunk"' in r.output, r.output
+    r = runner.invoke(main, ["inspect", "--spec", "dplr", "--head-dim", "64"])
+    assert r.exit_code == 0 and "def dplr_chunk_intra_" in r.output and "def dplr_chunk_state_" in r.output, r.output
+    monkeypatch.setattr("kdagen.codegen.forms.CHUNK_STRUCTURES", frozenset({"kda", "gla"}))  # a build without it
     for args in (["inspect", "--spec", "dplr"], ["build", "--gpu", "h100", "--spec", "dplr", "--family", "chunk_fwd"]):
         line = _error_line(runner.invoke(main, args))
         for says in ("--spec", "'dplr'", "general DPLR structure", "do not lower yet in this build", "--form recurrent",

@@ -244,7 +244,8 @@ def test_bad_inputs_name_the_argument():
          "takes no free rank-1 vectors"),
         (lambda: fused_recurrent_member(S.kda(), q, k, v, gk, torch.ones(1, 4, 2), reverse=True), ValueError,
          "reverse=True .* general DPLR structure only"),
-        (lambda: chunk_member(S.dplr(), q, k, v, gk, None), ValueError, "chunk form .* not generated yet"),
+        (lambda: chunk_member(S.dplr(), q, k, v, gk, None), ValueError,
+         r"no beta\), which the member entries do not take; call kdagen.chunk_dplr_delta_rule"),
     ]
     for call, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -344,9 +345,9 @@ def test_tuner_candidates_run_the_dplr_op_against_its_own_recurrence(monkeypatch
 
 
 def test_build_compile_checks_the_recurrent_family_of_dplr(tmp_path, monkeypatch):
-    """`kdagen build --spec dplr` (no --family) compile-checks what this build generates: without
-    the chunk form, the recurrent family alone, saying so; the summary's next command inspects
-    the recurrent form."""
+    """`kdagen build --spec dplr` (no --family) compile-checks what this build generates: its chunk
+    forward (the chunk_train family) and recurrent family; a build without the chunk form checks
+    the recurrent family alone, saying so, and the summary's next command inspects that form."""
     from click.testing import CliRunner
 
     from kdagen.cli import main
@@ -364,13 +365,19 @@ def test_build_compile_checks_the_recurrent_family_of_dplr(tmp_path, monkeypatch
     r = CliRunner().invoke(main, ["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "32", "--quiet"])
     assert r.exit_code == 0, r.output
     assert "spec dplr hash" in r.output and "compile-check only" in r.output
-    if chunk_form_available():
-        assert {f for f, _ in asked} == {"chunk_fwd", "chunk_bwd", "recurrent"}
-    else:
-        assert asked == [("recurrent", "dplr")]
-        assert "whose chunk kernels kdagen's templates do not lower yet in this build" in r.output
-        assert "compile-checking its recurrent family only" in r.output
-        assert "--spec dplr --form recurrent`" in r.output
+    # the chunk forward is the chunk_train family (the training-path kernels); the backward's configs
+    # are the heuristic's (its family is not tuned for DPLR)
+    assert chunk_form_available()
+    assert sorted(asked) == [("chunk_train", "dplr"), ("recurrent", "dplr")], asked
+    monkeypatch.setattr("kdagen.codegen.forms.CHUNK_STRUCTURES", frozenset({"kda", "gla"}))  # a build without it
+    asked.clear()
+    r = CliRunner().invoke(main, ["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "32", "--quiet"])
+    assert r.exit_code == 0, r.output
+    # without the chunk form: the recurrent family alone, and the build says so
+    assert asked == [("recurrent", "dplr")]
+    assert "whose chunk kernels kdagen's templates do not lower yet in this build" in r.output
+    assert "compile-checking its recurrent family only" in r.output
+    assert "--spec dplr --form recurrent`" in r.output
 
 
 def test_backward_writes_every_gradient_element():

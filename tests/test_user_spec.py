@@ -166,9 +166,9 @@ def test_check_lowerable_says_why_a_spec_is_not_lowered(spec, says):
     assert core in str(e.value), (why, str(e.value))
 
 
-def test_dplr_lowers_its_recurrent_form_and_names_a_missing_chunk_form():
-    """General DPLR: its recurrent form lowers (kernels listed); its chunk form is refused with the
-    reason until this build's templates generate it (kdagen.codegen.forms)."""
+def test_dplr_lowers_its_recurrent_form_and_names_a_missing_chunk_form(monkeypatch):
+    """General DPLR: both forms lower (kernels listed); a build whose chunk templates had no DPLR
+    branch (kdagen.codegen.forms) would refuse its chunk form with the reason."""
     from kdagen.ops.dplr import chunk_form_available
     from kdagen.spec.validate import ChunkFormMissing
 
@@ -176,14 +176,14 @@ def test_dplr_lowers_its_recurrent_form_and_names_a_missing_chunk_form():
     assert set(plans) == {("recurrent", False)} and plans[("recurrent", False)].structure == "dplr"
     ok, what = lowering_status(S.dplr())
     assert ok, what
-    if chunk_form_available():
-        assert check_lowerable(S.dplr())[("chunk", False)].structure == "dplr"
-        return
+    assert chunk_form_available()
+    assert check_lowerable(S.dplr())[("chunk", False)].structure == "dplr"
+    monkeypatch.setattr("kdagen.codegen.forms.CHUNK_STRUCTURES", frozenset({"kda", "gla"}))  # a build without it
     with pytest.raises(ChunkFormMissing) as e:
         check_lowerable(S.dplr())
     for s in ("'dplr'", "general DPLR structure", "do not lower yet in this build", "--form recurrent"):
         assert s in str(e.value), str(e.value)
-    assert what == "recurrent (the chunk form is not generated in this build)"
+    assert lowering_status(S.dplr()) == (True, "recurrent (the chunk form is not generated in this build)")
 
 
 def test_check_lowerable_refuses_head_dims_outside_the_range():
