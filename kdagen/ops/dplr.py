@@ -152,7 +152,8 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
 
     Gradients: a call with an input that requires grad runs the training forward through
     kdagen's autograd Function (it keeps the per-chunk states and V' as every member's does);
-    its backward is not generated yet and raises NotImplementedError.  ``disable_recompute``
+    its backward (:mod:`kdagen.ops.dplr_bwd`) gives the gradients of q, k, v, a, b, gk and
+    initial_state from o and the final state.  ``disable_recompute``
     maps to the backward config's ``store_intermediates`` (the forward's intermediates are kept
     instead of recomputed), as chunk_kda's; no effect without a gradient."""
     from . import chunk as C
