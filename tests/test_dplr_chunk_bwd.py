@@ -172,4 +172,4 @@ def test_sources_branch_on_the_structure():
         assert "beta" not in intra and "b_Aab" not in kda["chunk_bwd_intra"]
         # the off-diagonal pairs are tensor-core dots; the diagonal ones too with a bound
         assert "b_Aab_3_0 += tl.dot(" in intra and "b_dY = tl.dot(" in intra
-        assert ("b_dxq0 = (tl.dot(" in intra) == (lb is not None)
+        assert ("b_Sx = tl.dot(b_dPqb, b_bb" in intra) == (lb is not None)
