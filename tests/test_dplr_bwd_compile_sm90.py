@@ -5,7 +5,7 @@ Each must compile and fit the H100/H200's shared memory per block.  (The trainin
 kernels are tests/test_dplr_compile_sm90.py's.)
 
 As tests/test_family_compile_sm90.py: the launches come from the op's own launch builder
-(:func:`kdagen.ops.dplr_bwd.chunk_dplr_bwd_launches`) on small CPU tensors, and the compiles run
+(:func:`kdagen.ops.dplr.chunk_dplr_bwd_launches`) on small CPU tensors, and the compiles run
 in a subprocess started without ``TRITON_INTERPRET`` (this module must not import conftest)."""
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _worker_compile(cases):
 
     from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
     from kdagen.kernels import CompileReport, compile_for_target
-    from kdagen.ops.dplr_bwd import chunk_dplr_bwd_launches
+    from kdagen.ops.dplr import chunk_dplr_bwd_launches
 
     target = GPUTarget("cuda", 90, 32)
     HV = 2

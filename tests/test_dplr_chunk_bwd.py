@@ -122,6 +122,21 @@ def test_stored_intermediates_and_some_inputs_only():
     assert_close(b.grad, ref["b"], GRAD_TOL[F32], "db alone")
 
 
+def test_without_states():
+    """No initial state and no final state: the gradients of o alone (dh0 is not asked for)."""
+    xs = _inputs(1, 37, 1, 1, 32, 32, F32, neg_inf=True)
+    x64 = {n: xs[n].to(F64).requires_grad_() for n in NAMES[:-1]}
+    ro, _ = naive_recurrent_dplr(x64["q"], x64["k"], x64["v"], -x64["b"], x64["a"], x64["gk"])
+    do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(1))
+    ref = torch.autograd.grad((ro * do.to(F64)).sum(), list(x64.values()))
+    xl = {n: xs[n].clone().requires_grad_() for n in NAMES[:-1]}
+    o, ht = kdagen.chunk_dplr_delta_rule(xl["q"], xl["k"], xl["v"], xl["a"], xl["b"], xl["gk"], chunk_size=32)
+    assert ht is None
+    grads = torch.autograd.grad((o * do).sum(), list(xl.values()))
+    for n, x, r in zip(NAMES, grads, ref):
+        assert_close(x, r, GRAD_TOL[F32], f"d{n}")
+
+
 @pytest.mark.parametrize("dt", [F32, F16])
 def test_varlen_with_empty_and_single_token_sequences(dt):
     lens = [0, 1, 20, 0, 17, 1]
