@@ -16,7 +16,9 @@ run per chunk is in 2 and 3.  What is left to torch: the GVA sum of dq/dk over t
 heads sharing a q/k head, the sums of the gate-parameter partials, and dtype casts.  The
 forward saves its inputs (after the host pre-processing, which autograd differentiates) and
 the state entering every chunk, [NT_total, HV, K, V], in ``ChunkBwdConfig.state_dtype``.
-The autograd Function that calls this module is in :mod:`kdagen.ops.chunk`.
+The autograd Function that calls this module is in :mod:`kdagen.ops.chunk`.  A general DPLR
+plan (``plan.structure == "dplr"``) runs the same three launches from its own templates' branches
+and intra kernel (:mod:`kdagen.ops.dplr_bwd`), after the same re-run of the forward's intra launch.
 """
 from __future__ import annotations
 
