@@ -4,8 +4,8 @@ final state) in the interpreter against the float64 token recurrence of kdagen.s
 (fp32 and fp16; odd T, T = 1, head dims that are not powers of two, GVA, varlen with length-0/1
 sequences, initial and final states, gk = -inf on the element-wise path, a bound on the
 factorised one, chunk lengths 16/32/64), what the training forward keeps for the backward (the
-per-chunk states and V' = the pseudo-values a_t^T S_{t-1}), the refusals, and the backward's
-guard (NotImplementedError until the DPLR backward is generated)."""
+per-chunk states and V' = the pseudo-values a_t^T S_{t-1}), the refusals, and that the training
+forward's backward runs (its gradients are checked in tests/test_dplr_chunk_bwd.py)."""
 from __future__ import annotations
 
 import pytest
@@ -166,7 +166,7 @@ def test_training_forward_keeps_states_and_pseudo_values():
 
 
 @pytest.mark.parametrize("disable_recompute", [False, True])
-def test_training_forward_and_the_backward_guard(disable_recompute):
+def test_training_forward_and_its_backward(disable_recompute):
     q, k, v, a, b, g, h0 = _inputs(1, 19, 1, 1, 32, 32, F32, lb=-5.0)
     xs = [x.clone().requires_grad_() for x in (q, k, v, a, b)]
     o, ht = kdagen.chunk_dplr_delta_rule(*xs, g, initial_state=h0, output_final_state=True, safe_gate=True,
@@ -175,9 +175,8 @@ def test_training_forward_and_the_backward_guard(disable_recompute):
     ro, rh = _ref(q, k, v, a, b, g, h0)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
-    with pytest.raises(NotImplementedError, match="the DPLR backward is not generated yet"):
-        (o.sum() + ht.sum()).backward()
-    assert all(x.grad is None for x in xs)
+    (o.sum() + ht.sum()).backward()  # the DPLR backward (its values: tests/test_dplr_chunk_bwd.py)
+    assert all(x.grad is not None and x.grad.shape == x.shape and torch.isfinite(x.grad).all() for x in xs)
 
 
 def test_refusals_name_the_argument():

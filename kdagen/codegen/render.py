@@ -32,6 +32,11 @@ TEMPLATES = {
     "chunk_bwd_dqkw": ("chunk_bwd_dqkw.py.j2", ChunkBwdConfig),
     "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
 }
+# a kernel whose template for one structure shares too little with the others' to be a branch
+# of theirs: (kernel, plan.structure) -> template (same config family)
+STRUCTURE_TEMPLATES = {
+    ("chunk_bwd_intra", "dplr"): "chunk_bwd_intra_dplr.py.j2",
+}
 # the kernels of each config family, in launch order
 FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass"),
                   "chunk_train": ("chunk_intra", "chunk_state"),
@@ -40,7 +45,8 @@ FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass"),
                   "recurrent_bwd": ("recurrent_bwd",)}
 # the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
 # kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
-DPLR_KERNELS = ("chunk_intra", "chunk_state", "recurrent", "recurrent_bwd")
+DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
+                "recurrent_bwd")
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 
@@ -66,8 +72,8 @@ def _env() -> jinja2.Environment:
 def _check_structure(kernel: str, plan: Plan) -> None:
     if plan.structure == "dplr" and kernel not in DPLR_KERNELS:
         raise ValueError(f"kernel {kernel!r} has no general-DPLR branch yet (spec {plan.spec_name!r}, structure "
-                         f"dplr); the DPLR kernels generated so far: {', '.join(DPLR_KERNELS)} (its chunk forward, "
-                         "kdagen.chunk_dplr_delta_rule)")
+                         f"dplr); the DPLR kernels generated so far: {', '.join(DPLR_KERNELS)} (its chunk forward and "
+                         "backward, kdagen.chunk_dplr_delta_rule)")
 
 
 def _check_config(plan: Plan, config: _Config) -> None:
@@ -86,7 +92,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v.update(_forward_vars(kernel, plan, config))
     elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd"):  # one program holds a whole K row
         v["k_mask"] = plan.K != plan.BK
-    elif kernel in ("chunk_intra", "chunk_bwd_intra"):
+    elif kernel in ("chunk_intra", "chunk_bwd_intra"):  # (and the DPLR intra backward's own template)
         sub = config.sub_chunk
         v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),
                  # the gate's tiles: [rows, BK] per channel; [rows, 1] when one number per row holds
@@ -186,6 +192,7 @@ def render(kernel: str, plan: Plan, config: _Config) -> GeneratedSource:
     if not isinstance(config, cfg_type):
         raise TypeError(f"kernel {kernel!r} takes a {cfg_type.__name__}, got {type(config).__name__}")
     _check_structure(kernel, plan)
+    template = STRUCTURE_TEMPLATES.get((kernel, plan.structure), template)
     _check_config(plan, config)
     seen = _FieldsRead(config)
     text = _env().get_template(template).render(

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 from ..resources import templates_dir
-from .render import FAMILY_KERNELS, TEMPLATES
+from .render import FAMILY_KERNELS, STRUCTURE_TEMPLATES, TEMPLATES
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kdagen/
 RENDERING = ("kdagen.codegen.lower", "kdagen.codegen.render")  # what turns a spec into source
@@ -66,6 +66,7 @@ def render_inputs(family: str, root: Path | None = None, templates: Path | None 
     partials, ``_*.py.j2``) and the modules :data:`RENDERING` imports, transitively."""
     templates = templates or templates_dir()
     names = {TEMPLATES[k][0] for k in FAMILY_KERNELS[family]}
+    names |= {t for (k, _), t in STRUCTURE_TEMPLATES.items() if k in FAMILY_KERNELS[family]}
     files = sorted(p for p in templates.glob("*.py.j2") if p.name in names or p.name.startswith("_"))
     known = module_files(root)
     seen, todo = set(), list(RENDERING)

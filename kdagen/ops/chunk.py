@@ -175,7 +175,8 @@ class _ChunkKDAFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dht):
-        return bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht) + (None, None, None)
+        grads = bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht)
+        return grads + (None,) * (11 - len(grads))  # (DPLR's da, db, when not its,) and run's
 
 
 def chunk_kda(

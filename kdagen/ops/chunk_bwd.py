@@ -16,7 +16,9 @@ run per chunk is in 2 and 3.  What is left to torch: the GVA sum of dq/dk over t
 heads sharing a q/k head, the sums of the gate-parameter partials, and dtype casts.  The
 forward saves its inputs (after the host pre-processing, which autograd differentiates) and
 the state entering every chunk, [NT_total, HV, K, V], in ``ChunkBwdConfig.state_dtype``.
-The autograd Function that calls this module is in :mod:`kdagen.ops.chunk`.
+The autograd Function that calls this module is in :mod:`kdagen.ops.chunk`.  A general DPLR
+plan (``plan.structure == "dplr"``) runs the same three launches from its own templates' branches
+and intra kernel (:mod:`kdagen.ops.dplr_bwd`), after the same re-run of the forward's intra launch.
 """
 from __future__ import annotations
 
@@ -96,10 +98,13 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
                  u=dummy_pointer(dev),
                  aqk=torch.empty(B, T, HV, C, dtype=meta.inter_dtype, device=dev),
                  gn=torch.empty(max(meta.NT_total, 1), HV, K, dtype=torch.float32, device=dev))
+    if meta.plan.structure == "dplr":  # A_qk and k exp(G_n - G) too
+        inter.update(aqv=torch.empty_like(inter["aqk"]), kgv=torch.empty_like(qg))
     fi = meta.fwd_intra
     args = {}
+    input_names, inter_names = INPUT_NAMES + DPLR_INPUT_NAMES, INTERMEDIATES + DPLR_INTERMEDIATES
     for n, x in fi.args.items():  # the forward's argument order
-        args[n] = inputs[n] if n in INPUT_NAMES else inter[n] if n in INTERMEDIATES else x
+        args[n] = inputs[n] if n in input_names else inter[n] if n in inter_names else x
     return dataclasses.replace(fi, args=args, constexprs={**fi.constexprs, "STORE_U": False}), inter
 
 
@@ -199,11 +204,10 @@ def saved_tensors(launches, initial_state, hs, config: ChunkBwdConfig) -> list:
 def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
     """Grads of (q, k, v, g, beta, initial_state, A_log, dt_bias) -- None where ``need`` says
     no -- from :func:`saved_tensors` and the upstream gradients of o and the final state.
-    ``like``: the (shape, dtype) of each input whose gradient is converted to it."""
-    if meta.plan.structure == "dplr":  # the one guard: KDA's backward kernels must not run on DPLR's intermediates
-        raise NotImplementedError("the DPLR backward is not generated yet: kdagen's chunk_dplr_delta_rule has a "
-                                  "forward only (call it under torch.no_grad(), or on inputs that do not require "
-                                  "grad)")
+    ``like``: the (shape, dtype) of each input whose gradient is converted to it.  General DPLR
+    (``plan.structure == "dplr"``) runs its own launches and also returns the grads of a and b."""
+    if meta.plan.structure == "dplr":
+        return _dplr_backward(meta, saved, like, need, do, dht)
     q, k, v, g, beta, h0, A_log, dt_bias, hs, vn = saved[:10]
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
     if meta.config.store_intermediates:
@@ -235,3 +239,28 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
     grads = (dq.to(like["q"][1]), dk.to(like["k"][1]), out["dv"], dg.to(like["g"][1]),
              dbeta, dh0, dA_log, ddt_bias)
     return tuple(x if n else None for x, n in zip(grads, need[:8]))
+
+
+def _dplr_backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
+    """General DPLR's grads of (q, k, v, g, beta, initial_state, A_log, dt_bias, a, b): beta,
+    A_log and dt_bias are None (it has none); its kernels are :mod:`kdagen.ops.dplr_bwd`'s."""
+    from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, run_dplr_bwd
+
+    q, k, v, g, _, h0, _, _, hs, vn = saved[:10]
+    rest = list(saved[10:])
+    kept = [rest.pop(0) for _ in KEPT_INTERMEDIATES] if meta.config.store_intermediates else None
+    a, b = rest[:2]
+    inputs = dict(q=q, k=k, v=v, g=g, a=a, b=b)
+    if kept is not None:
+        inter = dict(zip(KEPT_INTERMEDIATES, kept), **dict(zip(DPLR_INTERMEDIATES, rest[2:4])))
+    else:
+        inter = rerun_forward_intra(meta, inputs)
+    inter = {n: inter[n] for n in DPLR_KEPT_INTERMEDIATES}
+    if do is None:
+        do = torch.zeros(meta.B, meta.T, meta.HV, meta.V, dtype=v.dtype, device=v.device)
+    need_dh0 = h0 is not None and need[5]
+    out = run_dplr_bwd(meta, inputs, inter, hs, vn, do, dht, need_dh0)
+    dh0 = out["dh0"].to(h0.dtype) if need_dh0 else None
+    grads = (out["dq"].to(like["q"][1]), out["dk"].to(like["k"][1]), out["dv"], out["dg"].to(like["g"][1]), None,
+             dh0, None, None, out["da"], out["db"])
+    return tuple(x if n else None for x, n in zip(grads, need[:10]))

@@ -160,7 +160,8 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
 
     Gradients: a call with an input that requires grad runs the training forward through
     kdagen's autograd Function (it keeps the per-chunk states and V' as every member's does);
-    its backward is not generated yet and raises NotImplementedError.  ``disable_recompute``
+    its backward (:mod:`kdagen.ops.dplr_bwd`) gives the gradients of q, k, v, a, b, gk and
+    initial_state from o and the final state.  ``disable_recompute``
     maps to the backward config's ``store_intermediates`` (the forward's intermediates are kept
     instead of recomputed), as chunk_kda's; no effect without a gradient."""
     from . import chunk as C
@@ -212,6 +213,34 @@ def chunk_dplr_launches(q, k, v, a, b, gk, *, training: bool = False, config: Ch
     config, bwd_config = C._configs(call, config, bwd_config, True)
     launches, outs, _ = C._training_launches(call, x, config, bwd_config, output_final_state)
     return launches, outs
+
+
+def chunk_dplr_bwd_launches(q, k, v, a, b, gk, *, config=None, bwd_config=None, output_final_state: bool = False,
+                            do=None, dht=None, with_rerun: bool = False, **kw):
+    """Describe, without running, the launches of a training step of
+    :func:`kdagen.ops.dplr.chunk_dplr_delta_rule` (for compile-only checks and benchmarks of single
+    kernels), as :func:`kdagen.ops.member.chunk_member_launches` does for the other members:
+    ``(fwd_launches, bwd_launches, bwd_outputs)`` (:mod:`kdagen.ops.dplr_bwd`'s) -- the backward reads what the forward launches
+    write (run those first); ``do``/``dht`` default to zeros; ``with_rerun``: the forward launches
+    end with the backward's re-run of the intra launch when the backward config recomputes the
+    intermediates.  ``kw``: scale, initial_state, cu_seqlens, safe_gate, lower_bound."""
+    from . import chunk as C
+    from . import chunk_bwd as bwd
+    from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
+
+    call, x, _ = _prepare("chunk_dplr_bwd_launches", q, k, v, a, b, gk, training=True, **kw)
+    config, bwd_config = C._configs(call, config, bwd_config, True)
+    fwd, (o, ht, hs), meta = C._training_launches(call, x, config, bwd_config, output_final_state)
+    inputs = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], a=x["a"], b=x["b"])
+    inter = {n: fwd[0].args[n] for n in DPLR_KEPT_INTERMEDIATES}
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    if dht is None and output_final_state:
+        dht = torch.zeros_like(ht)
+    launches, outs = prepare_dplr_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do,
+                                      None if dht is None else dht.contiguous(), x["initial_state"] is not None)
+    if with_rerun and not meta.config.store_intermediates:
+        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
+    return fwd, launches, outs
 
 
 def chunk_form_available() -> bool:
