@@ -106,7 +106,7 @@ def compiled():
     env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
     env["PYTHONWARNINGS"] = "ignore"
-    code = ("import sys; sys.path[:0] = [%r, %r]; import test_dplr_compile_sm90 as m; m._worker_main()"
+    code = ("import sys; sys.path[:0] = [%r, %r]; import test_dplr_decode_compile_sm90 as m; m._worker_main()"
             % (str(HERE), str(REPO)))
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(CASES), capture_output=True, text=True,
                           env=env, cwd=str(REPO), timeout=600)
