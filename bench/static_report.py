@@ -7,6 +7,7 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
     python bench/static_report.py --bwd                # the backward's three launches
     python bench/static_report.py --bwd "d.replace(dqkw_num_warps=8)"   # d: default ChunkBwdConfig
     python bench/static_report.py --layer "d.replace(chunk_size=32)"     # the layer's call (flags in kernel)
+    python bench/static_report.py --dplr                # general DPLR's training step (forward, re-run, backward)
 
 Each argument is a Python expression over ``d`` (the default ChunkFwdConfig) and
 ``ChunkFwdConfig``.  Uses the ptxas shipped in the Triton wheel.
@@ -65,7 +66,30 @@ def backward_rows(config=None):
     return [(name, report(ln)) for name, ln in zip(("bwd_state", "bwd_dqkw", "bwd_intra"), bwd)]
 
 
+def dplr_rows(lower_bound):
+    """General DPLR's training-step launches with the heuristic configs (gk unbounded: element-wise
+    diagonal tiles; bounded: factorised), B=1, T=128, H=HV=1, K=V=128, bf16: the forward's intra and
+    state launches, the backward's re-run of the intra launch, and its three launches."""
+    from kdagen.ops.dplr import chunk_dplr_bwd_launches
+
+    K = V = 128
+    x = [torch.zeros(1, 128, 1, n, dtype=torch.bfloat16) for n in (K, K, V, K, K)]
+    fwd, bwd, _ = chunk_dplr_bwd_launches(*x, torch.zeros(1, 128, 1, K), initial_state=torch.zeros(1, 1, K, V),
+                                          output_final_state=True, with_rerun=True, safe_gate=lower_bound is not None,
+                                          lower_bound=lower_bound)
+    names = ["intra", "state", "intra_rerun"][:len(fwd)] + ["bwd_state", "bwd_dqkw", "bwd_intra"]
+    return [(name, report(ln)) for name, ln in zip(names, list(fwd) + list(bwd))]
+
+
 def main(argv):
+    if argv[:1] == ["--dplr"]:
+        print(f"{'gate':<12} {'kernel':<12} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} "
+              f"{'cp.async':>8}")
+        for lb in (None, -5.0):
+            for name, r in dplr_rows(lb):
+                print(f"{'g >= ' + str(lb) if lb else 'unbounded':<12} {name:<12} {r['regs']:>4} {r['spill_bytes']:>5} "
+                      f"{r['smem']:>6} {r['wgmma']:>5} {r['mma_sync']:>8} {r['cp_async']:>8}")
+        return
     if argv[:1] == ["--bwd"]:
         from kdagen.config import ChunkBwdConfig
         from kdagen.cache.heuristics import default_chunk_bwd_config
