@@ -1,4 +1,4 @@
-"""The DPLR training forward's intermediates in plain float64 torch (/work/dplr_math.md's chunk
+"""The DPLR training forward's intermediates in plain float64 torch (kdagen.ops.dplr_bwd's chunk
 form, FLA's convention): what the backward kernels read, so they can be tested on their own.
 
 ``chunk_forward(q, k, v, a, b, g, h0, scale, C, cu)`` walks the chunks of every sequence and

@@ -152,7 +152,7 @@ def test_varlen_with_empty_and_single_token_sequences(dt):
 @pytest.mark.parametrize("lb", [None, -5.0], ids=["elementwise", "factorised"])
 def test_kernels_on_float64_intermediates(lb):
     """The three backward launches alone, on the forward's intermediates computed in float64 torch
-    (/work/dplr_math.md's chunk form; tests/dplr_chunk_ref.py): no kdagen forward involved."""
+    (kdagen.ops.dplr_bwd's chunk form; tests/dplr_chunk_ref.py): no kdagen forward involved."""
     B, T, H, HV, K, V, C = 1, 37, 1, 2, 48, 48, 32
     xs = _inputs(B, T, H, HV, K, V, F32, lb=lb, neg_inf=lb is None)
     do, dht, ref = _reference_grads(xs, scale=0.3)
