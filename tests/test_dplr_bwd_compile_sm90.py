@@ -10,19 +10,14 @@ in a subprocess started without ``TRITON_INTERPRET`` (this module must not impor
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
+from sm90_worker import reply, run_compile_worker
 
 pytestmark = pytest.mark.slow  # a subprocess that compiles 15 kernels
 
 SMEM_LIMIT = 232448  # H100/H200: largest dynamic shared memory per block (227 KiB)
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 
 # (id, dtype, K, V, extra): bound -> safe_gate with that lower bound (factorised diagonal tiles)
 CASES = [
@@ -88,24 +83,12 @@ def _worker_compile(cases):
 def _worker_main():
     cases = json.loads(sys.stdin.read())
     res = _worker_compile([tuple(c) for c in cases])
-    sys.stdout.write("\n@@RESULTS@@" + json.dumps(res) + "\n")
+    reply(res)
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    tmp = tempfile.mkdtemp(prefix="kdagen-dplr-bwd-sm90-")
-    env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
-    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
-    env["PYTHONWARNINGS"] = "ignore"
-    code = ("import sys; sys.path[:0] = [%r, %r]; import test_dplr_bwd_compile_sm90 as m; m._worker_main()"
-            % (str(HERE), str(REPO)))
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(CASES), capture_output=True, text=True,
-                          env=env, cwd=str(REPO), timeout=900)
-    marker = proc.stdout.rfind("@@RESULTS@@")
-    if proc.returncode != 0 or marker < 0:
-        raise RuntimeError(f"compile worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")
-    return json.loads(proc.stdout[marker + len("@@RESULTS@@"):])
+    return run_compile_worker('test_dplr_bwd_compile_sm90', CASES, 'kdagen-dplr-bwd-sm90-', timeout=900)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

@@ -17,7 +17,6 @@ from functools import lru_cache
 import torch
 
 from .. import spec as S
-from ..codegen.forms import generates
 from ..codegen.lower import lower
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
@@ -72,16 +71,10 @@ def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A
 
 
 @lru_cache(maxsize=64)
-def _structure(spec: S.Recurrence) -> str:
-    from ..spec.structure import analyze_structure
-
-    return analyze_structure(spec).kind
-
-
 def _refuse_dplr(op: str, spec: S.Recurrence) -> None:
     """The general DPLR structure reads vectors a and b, not beta: its chunk form is
     :func:`kdagen.ops.dplr.chunk_dplr_delta_rule`, not these beta-taking entries."""
-    if spec.has_rank1 and _structure(spec) == "dplr":
+    if free_rank1(spec):
         raise ValueError(f"{op}: spec {spec.name!r} has the general DPLR structure (vectors a and b, no beta), "
                          "which the member entries do not take; call kdagen.chunk_dplr_delta_rule(q, k, v, a, b, gk, "
                          "...) for its chunk form")

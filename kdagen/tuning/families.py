@@ -5,7 +5,6 @@ whether a spec can be tuned (:func:`check_tunable`: whatever lowers)."""
 from __future__ import annotations
 
 import sys
-from functools import lru_cache
 
 import torch
 
@@ -15,7 +14,7 @@ from ..dtypes import dtype as as_dtype
 from ..ops.inputs import select_spec
 from ..spec import Recurrence, gate_direct
 from ..spec.load import load_spec
-from ..spec.structure import analyze_structure, safe_sub_chunk
+from ..spec.structure import safe_sub_chunk
 from .space import SearchSpace, load_space
 
 FAMILIES = ("chunk_fwd", "chunk_bwd", "recurrent")  # in tuning order: the backward takes the forward's C
@@ -54,18 +53,14 @@ def family_spec(family: str, spec_args: dict) -> Recurrence:
     return spec.with_gate(gate_direct(spec_args.get("lower_bound") if safe else None))
 
 
-@lru_cache(maxsize=64)
-def _structure(spec: Recurrence) -> str:
-    return analyze_structure(spec).kind
-
-
 def is_dplr(spec_args: dict) -> bool:
     """Whether ``spec_args``' spec has the general DPLR structure (the structure analysis, not
     the spec's name): its chunk forward is the ``chunk_train`` family's kernels."""
     if uses_kda_ops(spec_args):
         return False
-    spec = family_spec("recurrent", spec_args)
-    return spec.has_rank1 and _structure(spec) == "dplr"
+    from ..ops.member import free_rank1
+
+    return free_rank1(family_spec("recurrent", spec_args))
 
 
 def families_for(spec_args: dict, families) -> list[str]:

@@ -61,16 +61,10 @@ def member_inputs(spec: Recurrence, x: dict) -> dict:
     out["g"] = g
     if not spec.has_rank1:
         out["beta"] = None
-    elif _is_dplr(spec):
+    elif free_rank1(spec):
         out.update(dplr_vectors(x))
         out["beta"] = None
     return out
-
-
-def _is_dplr(spec: Recurrence) -> bool:
-    from .families import _structure
-
-    return spec.has_rank1 and _structure(spec) == "dplr"
 
 
 def dplr_vectors(x: dict) -> dict:
@@ -100,7 +94,7 @@ def forward(spec: Recurrence, family: str, config, x: dict, **kw):
 
     if family == "recurrent":
         return fused_recurrent_member(spec, **x, output_final_state=True, config=config, **kw)
-    if _is_dplr(spec):
+    if free_rank1(spec):
         from ..ops.dplr import chunk_dplr_delta_rule
 
         return chunk_dplr_delta_rule(**_dplr_args(x, spec), output_final_state=True, config=config, **kw)
