@@ -76,7 +76,8 @@ def _pow2(x: int) -> bool:
 
 
 INVERSE_PRECISIONS = ("bf16", "tf32", "ieee")  # operands of the forward solve's (I + A)^-1 products
-FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward solve's A products
+FACTOR_PRECISIONS = ("input", "fp32")
+READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)  # the factored q/k tiles of the forward solve's A products
 
 
 @dataclass(frozen=True)
@@ -194,10 +195,15 @@ class RecurrentConfig(_Config):
     block_v: int = 32
     num_warps: int = 4
     num_stages: int = 1
+    # where o is read from: "updated" -- o = S_t^T q after the update (two reductions over K in
+    # a chain); "loaded" -- from the state as loaded plus the token's own terms, so the reductions
+    # are independent of each other and of the update (templates/recurrent.py.j2)
+    readout: str = "updated"
 
     def __post_init__(self):
         self._check_pow2("block_v", "num_warps")
         self._check_stages("num_stages")
+        self._check_choice("readout", READOUTS)
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

@@ -51,10 +51,11 @@ def test_small_v_limits_state_block_v():
 
 def test_recurrent_space():
     space = load_space("recurrent")
-    assert space.size == 16
+    assert space.size == 32
     cands = space.candidates(dict(K=128, V=128, smem_limit=H100_SMEM))
-    assert len(cands) == 16 and all(isinstance(c, RecurrentConfig) for c in cands)
+    assert len(cands) == 32 and all(isinstance(c, RecurrentConfig) for c in cands)
     assert {c.num_stages for c in cands} == {1}
+    assert {c.readout for c in cands} == {"updated", "loaded"}
 
 
 def test_estimate_smem_formula():

@@ -104,6 +104,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
                  neumann_steps=max(0, (sub - 1).bit_length() - 1))
         if kernel == "chunk_intra":
             v["cumsum_dot"] = config.cumsum == "dot"
+    elif kernel == "recurrent":
+        v["readout_loaded"] = config.readout == "loaded"
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
     return v

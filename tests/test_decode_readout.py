@@ -1,0 +1,134 @@
+"""The recurrent form's two readouts (RecurrentConfig.readout): "updated" reads o = S_t^T q after
+the update, "loaded" from the state as loaded plus the token's own terms.  Both must be the
+recurrence's answer for every member -- KDA (also with its gate in the kernel), Gated DeltaNet,
+DeltaNet, GLA and general DPLR -- in fp32 and fp16, over several tokens (the state carried in
+registers from one token's update to the next readout), varlen with an empty sequence, GVA, an
+initial state, a state pool, and g = -inf (a reset)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TOL, assert_close
+
+import kdagen
+from kdagen.codegen.lower import lower
+from kdagen.codegen.render import render
+from kdagen import spec as S
+from kdagen.config import ConfigError, RecurrentConfig
+from kdagen.spec.reference import (naive_recurrent_deltanet, naive_recurrent_dplr, naive_recurrent_gdn,
+                                   naive_recurrent_gla, naive_recurrent_kda)
+
+F32, F16 = torch.float32, torch.float16
+MEMBERS = ("kda", "kda_gate", "gdn", "deltanet", "gla", "dplr")
+READOUTS = ("updated", "loaded")
+
+
+def _inputs(member, dt, seed=0):
+    """Two sequences packed (lengths 5 and 0 and 4), GVA 1 -> 2, K=24, V=40 (not powers of two)."""
+    g0 = torch.Generator().manual_seed(seed)
+    T, H, HV, K, V = 9, 1, 2, 24, 40
+    r = lambda *s: torch.randn(*s, generator=g0)  # noqa: E731
+    x = dict(q=r(1, T, H, K), k=F.normalize(r(1, T, H, K), dim=-1), v=r(1, T, HV, V))
+    if member in ("kda", "gla", "dplr"):
+        x["g"] = -torch.rand(1, T, HV, K, generator=g0) * 2
+        x["g"][0, 2, 1, :3] = -float("inf")  # a reset of three channels of one head
+    elif member == "kda_gate":
+        x["g"] = r(1, T, HV, K)  # the raw gate input; A_log, dt_bias below
+    elif member == "gdn":
+        x["g"] = -torch.rand(1, T, HV, generator=g0) * 2
+        x["g"][0, 6, 0] = -float("inf")
+    if member in ("kda", "kda_gate", "gdn", "deltanet"):
+        x["beta"] = torch.rand(1, T, HV, generator=g0)
+    if member == "dplr":
+        x["a"] = -F.normalize(r(1, T, HV, K), dim=-1)
+        x["b"] = F.normalize(r(1, T, HV, K), dim=-1) * torch.rand(1, T, HV, 1, generator=g0)
+    x = {n: t.to(dt) for n, t in x.items()}
+    h0 = r(3, HV, K, V) * 0.3
+    cu = torch.tensor([0, 5, 5, 9])
+    return x, h0, cu
+
+
+def _op(member, x, h0, cu, cfg):
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, config=cfg)
+    if member == "kda":
+        return kdagen.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    if member == "kda_gate":
+        return kdagen.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=_A_LOG,
+                                          dt_bias=_DT_BIAS, use_gate_in_kernel=True, **kw)
+    if member == "gdn":
+        return kdagen.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], **kw)
+    if member == "deltanet":
+        return kdagen.fused_recurrent_delta_rule(x["q"], x["k"], x["v"], x["beta"], **kw)
+    if member == "gla":
+        return kdagen.fused_recurrent_gla(x["q"], x["k"], x["v"], gk=x["g"], **kw)
+    return kdagen.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["g"], **kw)
+
+
+_A_LOG = torch.tensor([0.3, -0.2])
+_DT_BIAS = torch.linspace(-0.5, 0.5, 2 * 24).reshape(2, 24)
+
+
+def _ref(member, x, h0, cu):
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    if member == "kda":
+        return naive_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    if member == "kda_gate":
+        g = kdagen.spec.reference.kda_gate(x["g"], _A_LOG, _DT_BIAS)
+        return naive_recurrent_kda(x["q"], x["k"], x["v"], g, x["beta"], **kw)
+    if member == "gdn":
+        return naive_recurrent_gdn(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    if member == "deltanet":
+        return naive_recurrent_deltanet(x["q"], x["k"], x["v"], x["beta"], **kw)
+    if member == "gla":
+        return naive_recurrent_gla(x["q"], x["k"], x["v"], x["g"], **kw)
+    # kdagen's spec writes the rank-1 term as -a' b'^T S: FLA's (a reads, b writes) is a' = -b, b' = a
+    return naive_recurrent_dplr(x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"], **kw)
+
+
+@pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
+@pytest.mark.parametrize("member", MEMBERS)
+def test_both_readouts_are_the_recurrence(member, dt):
+    x, h0, cu = _inputs(member, dt)
+    ro, rh = _ref(member, x, h0, cu)
+    outs = {}
+    for readout in READOUTS:
+        o, ht = _op(member, x, h0, cu, RecurrentConfig(block_v=16, num_warps=1, readout=readout))
+        assert_close(o, ro, TOL[dt], f"{member} {readout} o")
+        assert_close(ht, rh, TOL[dt], f"{member} {readout} final state")
+        assert torch.isfinite(o).all() and torch.isfinite(ht).all()
+        outs[readout] = o
+    # the two are different programs (the check above would pass twice for one of them otherwise)
+    assert not torch.equal(outs["updated"], outs["loaded"]) or dt == F16
+
+
+def test_loaded_readout_in_a_state_pool():
+    """Decode from a pool, one token per sequence, slots permuted and one padding slot (-1)."""
+    torch.manual_seed(3)
+    N, HV, K, V, P = 4, 2, 32, 32, 6
+    q, k = torch.randn(N, 1, HV, K), F.normalize(torch.randn(N, 1, HV, K), dim=-1)
+    v, g, beta = torch.randn(N, 1, HV, V), -torch.rand(N, 1, HV, K), torch.rand(N, 1, HV)
+    pool = torch.randn(P, HV, K, V)
+    slots = torch.tensor([4, 0, -1, 2], dtype=torch.int32)
+    want = pool.clone()
+    keep = slots >= 0
+    ro, rh = naive_recurrent_kda(q[keep], k[keep], v[keep], g[keep], beta[keep],
+                                 initial_state=pool[slots[keep].long()], output_final_state=True)
+    o, _ = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
+                                      config=RecurrentConfig(block_v=16, num_warps=2, readout="loaded"))
+    want[slots[keep].long()] = rh.float()
+    assert_close(o[keep], ro, TOL[F32], "o")
+    assert torch.equal(o[~keep], torch.zeros_like(o[~keep]))
+    assert_close(pool, want, TOL[F32], "pool")
+
+
+def test_the_readout_is_a_config_choice_in_the_source():
+    plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
+    upd = render("recurrent", plan, RecurrentConfig(readout="updated")).text
+    ld = render("recurrent", plan, RecurrentConfig(readout="loaded")).text
+    assert "readout=updated" in upd and "readout=loaded" in ld  # the header line names it
+    assert "b_rq = tl.sum(b_S * b_dq[:, None], axis=0)" in ld and "b_rq" not in upd
+    assert "b_o = tl.sum(b_S * b_q[:, None], axis=0)" in upd
+    with pytest.raises(ConfigError, match="readout"):
+        RecurrentConfig(readout="late")
