@@ -26,6 +26,9 @@ def main():
     ap.add_argument("--batches", default="16,256")
     ap.add_argument("--block-v", default="16,32,64,128")
     ap.add_argument("--warps", default="1,2,4,8")
+    ap.add_argument("--readouts", default="updated,loaded", help="RecurrentConfig.readout values to time")
+    ap.add_argument("--pairs", default="", help="instead of the block-v x warps grid: 'pool:BV/warps,...', "
+                    "e.g. 'float32:64/4,bfloat16:32/1' (pool dtype names as torch spells them)")
     args = ap.parse_args()
     import kdagen
     from kdagen.config import RecurrentConfig
@@ -39,28 +42,33 @@ def main():
             _, nbytes, _, (x, pool, slots, cu, out) = decode_case(B, True, pool_dtype)
             p0 = pool.clone()
             ref = None
-            for bv in map(int, args.block_v.split(",")):
-                for w in map(int, args.warps.split(",")):
-                    cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1)
-                    row = dict(B=B, pool=str(pool_dtype)[6:], block_v=bv, num_warps=w)
-                    try:
-                        pool.copy_(p0)
-                        fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
-                                                                cu_seqlens=cu, out=out, config=cfg)
-                        fn()
-                        torch.cuda.synchronize()
-                        got = (out.float().clone(), pool.float().clone())
-                        if ref is None:
-                            ref = got
-                        row["diff"] = [float((got[0] - ref[0]).abs().max()), float((got[1] - ref[1]).abs().max())]
-                        us = graph_us(fn)
-                        row.update(us=us, pct_copy=100 * nbytes / (us * 1e-6) / 1e9 / ceil)
-                    except Exception as e:  # noqa: BLE001
-                        row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
-                    rows.append(row)
-                    print(f"B={B:4d} {row['pool']:9s} BV={bv:4d} warps={w} "
-                          f"{row.get('us', float('nan')):8.1f} us {row.get('pct_copy', float('nan')):5.1f}% "
-                          f"diff {row.get('diff')} {row.get('error', '')}", flush=True)
+            grid = [(bv, w, r) for bv in map(int, args.block_v.split(",")) for w in map(int, args.warps.split(","))
+                    for r in args.readouts.split(",")]
+            if args.pairs:
+                name = str(pool_dtype)[6:]
+                grid = [(int(p.split(":")[1].split("/")[0]), int(p.split("/")[1]), r)
+                        for p in args.pairs.split(",") if p.split(":")[0] == name for r in args.readouts.split(",")]
+            for bv, w, readout in grid:
+                cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1, readout=readout)
+                row = dict(B=B, pool=str(pool_dtype)[6:], block_v=bv, num_warps=w, readout=readout)
+                try:
+                    pool.copy_(p0)
+                    fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
+                                                            cu_seqlens=cu, out=out, config=cfg)
+                    fn()
+                    torch.cuda.synchronize()
+                    got = (out.float().clone(), pool.float().clone())
+                    if ref is None:
+                        ref = got
+                    row["diff"] = [float((got[0] - ref[0]).abs().max()), float((got[1] - ref[1]).abs().max())]
+                    us = graph_us(fn)
+                    row.update(us=us, pct_copy=100 * nbytes / (us * 1e-6) / 1e9 / ceil)
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
+                rows.append(row)
+                print(f"B={B:4d} {row['pool']:9s} BV={bv:4d} warps={w} {readout:7s} "
+                      f"{row.get('us', float('nan')):8.1f} us {row.get('pct_copy', float('nan')):5.1f}% "
+                      f"diff {row.get('diff')} {row.get('error', '')}", flush=True)
             del x, pool, p0, out
             torch.cuda.empty_cache()
     with open(os.path.join(args.out, "decode_variants.json"), "w") as f:

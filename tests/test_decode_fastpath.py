@@ -138,3 +138,70 @@ def test_cpu_tensors_outside_the_interpreter_are_refused(monkeypatch):
         kdagen.fused_recurrent_kda(q, k, v, g, beta)
     with pytest.raises(ValueError, match="CUDA tensors"):
         kdagen.chunk_kda(q, k, v, g, beta)
+
+
+class _Recorder:
+    """Stands in for Triton's compiled launcher: records what the fast path would launch."""
+
+    def __init__(self, scratch=0):
+        self.calls = []
+        self.global_scratch_size = self.profile_scratch_size = scratch
+        self.launch_cooperative_grid, self.launch_pdl = 0, 0
+
+    def launch(self, *a):
+        self.calls.append(("c", a))
+
+    def __call__(self, *a):
+        self.calls.append(("run", a))
+
+
+class _FakeKernel:
+    def __init__(self, run):
+        self.run, self.function, self.packed_metadata = run, 1234, (4, 1, 0)
+
+
+@pytest.mark.parametrize("packed", (False, True), ids=("batch", "packed"))
+@pytest.mark.parametrize("scratch", (0, 64), ids=("c-launch", "launcher"))
+def test_direct_launch_passes_what_the_generic_launcher_would(monkeypatch, packed, scratch):
+    """On a GPU the fast path lays the pointers out itself (kdagen.ops.recurrent._Direct).  Here
+    a recording launcher stands in for the compiled kernel: the arguments of a fast-path call
+    must be exactly the generic launch's -- each tensor's address in the kernel's order, then
+    T, P, scale and the constexprs -- with the C entry point taken only when no scratch memory
+    is needed, and a misaligned pointer must fall back to the generic launch."""
+    rec = _Recorder(scratch)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 99, raising=False)
+    monkeypatch.setattr(R._Direct, "of", classmethod(
+        lambda cls, desc: cls(_FakeKernel(rec), desc.args, desc.constexprs, desc.grid)))
+    R._FAST.clear()
+    gen = torch.Generator().manual_seed(7)
+    B, H, HV, K, V = 3, 1, 2, 16, 32
+    q, k, v, g, beta = _step(gen, B, H, HV, K, V)
+    cu = torch.arange(B + 1, dtype=torch.int32) if packed else None
+    if packed:
+        q, k, v, g, beta = (x.reshape(1, B, *x.shape[2:]).contiguous() for x in (q, k, v, g, beta))
+    pool = torch.randn(5, HV, K, V, generator=gen)
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32)
+    out = torch.empty_like(v)
+    kw = dict(initial_state=pool, ssm_state_indices=idx, out=out, cu_seqlens=cu)
+    kdagen.fused_recurrent_kda(q, k, v, g, beta, **kw)  # the full path: runs, fills the entry
+    assert not rec.calls
+    entry = next(iter(R._FAST.values()))
+    o, ht = kdagen.fused_recurrent_kda(q, k, v, g, beta, **kw)
+    assert o is out and ht is pool and len(rec.calls) == 1
+    kind, a = rec.calls[0]
+    _, _, args = R._outputs_and_args(q, k, v, g, beta, scale=entry.scale, initial_state=pool, output_final_state=False,
+                                     state_indices=idx, out=out, dims=entry.dims, cu_seqlens=cu)
+    want = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args.values()] + list(entry.constexprs.values())
+    grid = (tuple(entry.grid) + (1, 1))[:3]
+    assert kind == ("c" if scratch == 0 else "run")
+    assert a[:3] == grid and a[3] == 99 and a[4] == 1234
+    head = 8 if kind == "c" else 4  # (coop, pdl, scratch, scratch, metadata, 3 hooks) or (metadata, 3 hooks)
+    assert list(a[5 + head:]) == want
+    assert a[5:5 + head][-4] == (4, 1, 0)  # the packed metadata
+    # a pointer the kernel was specialised as 16-byte aligned, now misaligned: the generic launch
+    calls = []
+    monkeypatch.setattr(R, "launch", lambda *x: calls.append(x))
+    q_odd = torch.empty(q.numel() + 1)[1:].view(q.shape).copy_(q)
+    assert q_odd.data_ptr() % 16 and q_odd.is_contiguous()
+    kdagen.fused_recurrent_kda(q_odd, k, v, g, beta, **kw)
+    assert len(rec.calls) == 1 and len(calls) == 1

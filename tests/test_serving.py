@@ -227,10 +227,18 @@ def test_fast_path_uses_the_direct_launcher_when_there_is_one(monkeypatch):
     R._FAST.clear()
     tried = []
 
-    def fake_of(desc):
-        return lambda args: tried.append(sorted(args)) or False  # declines: the generic launcher runs
+    class Declines:  # a direct launcher that declines (as for a misaligned pointer): the generic one runs
+        dummy = 0
 
-    monkeypatch.setattr(R._Direct, "of", staticmethod(fake_of))
+        def launch(self, ptrs):
+            tried.append(len(ptrs))
+            return False
+
+        def __call__(self, args):
+            tried.append(sorted(args))
+            return False
+
+    monkeypatch.setattr(R._Direct, "of", staticmethod(lambda desc: Declines()))
     gen = torch.Generator().manual_seed(2)
     pool = torch.randn(P, HV, K, V, generator=gen)
     idx = torch.tensor(SLOTS, dtype=torch.int32)
@@ -240,7 +248,10 @@ def test_fast_path_uses_the_direct_launcher_when_there_is_one(monkeypatch):
         o, _ = kdagen.fused_recurrent_kda(*x, initial_state=pool, ssm_state_indices=idx)
         ro, _ = naive_recurrent_kda(*(z[[0, 2]].double() for z in x), initial_state=p0[[4, 1]].double())
         assert_close(o[[0, 2]], ro, TOL[torch.float32], "o")
-    assert len(tried) == 2 and "q" in tried[0] and "cu_seqlens" in tried[0]
+    # the two later calls: ten addresses (q, k, v, g, beta, o, h0, ht, slots, cu_seqlens), then the
+    # arguments by name for the generic path's own try
+    assert len(tried) == 4 and tried[0] == tried[2] == 10
+    assert "q" in tried[1] and "cu_seqlens" in tried[1] and tried[1] == tried[3]
 
 
 # ---------------------------------------------------------------- gates outside any bound

@@ -215,15 +215,37 @@ def fused_recurrent_kda(
             if len(_FAST) >= _FAST_MAX:
                 _FAST.clear()
             _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages, float(scale),
-                                dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc))
+                                dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc),
+                                state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first))
         return o, ht  # the launch description already leaves out a final state nobody asked for
-    if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
+    if cu_seqlens is not None and not cu_seqlens.is_cuda:
         host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
     if check:
         _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
                       use_gate_in_kernel)
     if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel:
         q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    elif hit.direct is not None and (cu_seqlens is None or cu_seqlens.is_cuda):  # (host cu_seqlens: copied)
+        # the decode step: the caller's tensors as they are, pointers laid out in the kernel's order
+        o = out if out is not None else torch.empty_like(v)
+        if ssm_state_indices is not None:
+            ht = initial_state  # the pool, updated in place
+        elif output_final_state:
+            ht = torch.empty(hit.state_shape, dtype=torch.float32, device=v.device)
+        else:
+            ht = None
+        d = hit.direct
+        ptrs = [q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr()]
+        if hit.with_A:
+            ptrs.append(A_log.data_ptr())
+        if hit.with_bias:
+            ptrs.append(dt_bias.data_ptr())
+        ptrs += (o.data_ptr(), d.dummy if initial_state is None else initial_state.data_ptr(),
+                 d.dummy if ht is None else ht.data_ptr(),
+                 d.dummy if ssm_state_indices is None else ssm_state_indices.data_ptr(),
+                 d.dummy if cu_seqlens is None else cu_seqlens.data_ptr())
+        if d.launch(ptrs):
+            return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
     o, ht, args = _outputs_and_args(
         q, k, v, g, beta, scale=hit.scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=ssm_state_indices, out=out, dims=hit.dims, cu_seqlens=cu_seqlens,
@@ -359,17 +381,32 @@ _FAST_MAX = 4096  # geometries kept (a packed decode has one per batch size); be
 class _Direct:
     """A fast-path entry's compiled kernel on a GPU, launched without the generic launcher's
     per-call work: no specialisation key to build (the entry's signature fixes the shapes, so
-    only the pointers' 16-byte alignment is re-checked), the stream read raw, and pointers
-    passed as integers (Triton's launcher then skips a driver query per pointer)."""
+    only the 16-byte alignment the kernel was specialised on is re-checked), the stream read
+    raw, pointers passed as integers (Triton's launcher then skips a driver query per pointer),
+    and -- when the kernel needs no scratch memory -- the launcher's C entry point called
+    directly.  On the H200's host (bench/launch_floor.py) the C launch is 4.8 us of a decode step."""
 
     def __init__(self, kernel, args: dict, constexprs: dict, grid):
-        self.run, self.function, self.metadata = kernel.run, kernel.function, kernel.packed_metadata
-        self.pointers = tuple(i for i, a in enumerate(args.values()) if isinstance(a, torch.Tensor))
+        run = kernel.run
+        self.run, self.function, self.metadata = run, kernel.function, kernel.packed_metadata
         vals = list(args.values())
+        self.pointers = tuple(i for i, a in enumerate(vals) if isinstance(a, torch.Tensor))
         self.aligned = tuple(vals[i].data_ptr() % 16 == 0 for i in self.pointers)
+        # the pointers the kernel assumes 16-byte aligned (any pointer serves where it does not)
+        self.required = tuple(n for n, (i, a) in enumerate(zip(self.pointers, self.aligned)) if a)
         self.device = vals[0].device.index
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.tail = tuple(constexprs.values())
+        self.scalars = tuple(a for a in vals if not isinstance(a, torch.Tensor))  # T, P, scale
+        self.dummy = dummy_pointer(vals[0].device).data_ptr()
+        c_launch = getattr(run, "launch", None)
+        plain = (c_launch is not None and getattr(run, "global_scratch_size", 1) == 0
+                 and getattr(run, "profile_scratch_size", 1) == 0)
+        if plain:
+            self.c_launch = c_launch
+            self.c_head = (run.launch_cooperative_grid, run.launch_pdl, None, None, self.metadata, None, None, None)
+        else:
+            self.c_launch = None
 
     @classmethod
     def of(cls, desc: Launch):
@@ -383,17 +420,26 @@ class _Direct:
         except Exception:  # noqa: BLE001 - e.g. an asynchronous compile: the generic launcher serves instead
             return None
 
-    def __call__(self, args: dict) -> bool:
-        """Launch; False (nothing launched) when a pointer's alignment differs from the
-        compiled kernel's specialisation."""
-        vals = list(args.values())
-        for i, aligned in zip(self.pointers, self.aligned):
-            vals[i] = p = vals[i].data_ptr()
-            if (p % 16 == 0) != aligned:
-                return False
+    def launch(self, ptrs: list) -> bool:
+        """Launch with the tensor arguments as integer addresses, in the kernel's order; False
+        (nothing launched) when one the kernel assumes aligned is not."""
+        m = 0
+        for n in self.required:
+            m |= ptrs[n]
+        if m & 15:
+            return False
         stream = torch._C._cuda_getCurrentRawStream(self.device)
-        self.run(*self.grid, stream, self.function, self.metadata, None, None, None, *vals, *self.tail)
+        if self.c_launch is not None:
+            self.c_launch(*self.grid, stream, self.function, *self.c_head, *ptrs, *self.scalars, *self.tail)
+        else:
+            self.run(*self.grid, stream, self.function, self.metadata, None, None, None, *ptrs, *self.scalars,
+                     *self.tail)
         return True
+
+    def __call__(self, args: dict) -> bool:
+        """:meth:`launch` from the arguments as :func:`_outputs_and_args` lays them out."""
+        vals = list(args.values())
+        return self.launch([vals[i].data_ptr() for i in self.pointers])
 
 
 @dataclass(frozen=True)
@@ -409,13 +455,14 @@ class _Entry:
     with_A: bool  # the kernel takes A_log / dt_bias (the plan's in-kernel gate reads them)
     with_bias: bool
     direct: _Direct | None  # on a GPU
-
-
-def _t(x):
-    return None if x is None else (x.shape, x.dtype, x.device, x.is_contiguous(), x.requires_grad)
+    state_shape: tuple  # of a final state the call allocates
 
 
 def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias, flags):
-    """The fast path's key of a call: tensors by geometry, everything else by value."""
-    return (_t(q), _t(k), _t(v), _t(g), _t(beta), _t(initial_state), _t(state_indices), _t(out),
-            _t(cu_seqlens), _t(A_log), _t(dt_bias), flags, torch.is_grad_enabled())
+    """The fast path's key of a call: tensors by geometry (shape, dtype, device index,
+    contiguity, requires_grad), everything else by value.  Flat, and the device as an index, not
+    a torch.device: each attribute is ~0.1 us on the host, a measurable share of a decode step."""
+    key = [flags, torch.is_grad_enabled()]
+    for x in (q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias):
+        key.append(None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous(), x.requires_grad))
+    return tuple(key)
