@@ -218,7 +218,7 @@ def fused_recurrent_kda(
                                 dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc),
                                 state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first))
         return o, ht  # the launch description already leaves out a final state nobody asked for
-    if cu_seqlens is not None and not cu_seqlens.is_cuda:
+    if cu_seqlens is not None and cu_seqlens.is_cpu:
         host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
     if check:
         _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
