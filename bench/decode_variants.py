@@ -27,8 +27,10 @@ def main():
     ap.add_argument("--block-v", default="16,32,64,128")
     ap.add_argument("--warps", default="1,2,4,8")
     ap.add_argument("--readouts", default="updated,loaded", help="RecurrentConfig.readout values to time")
-    ap.add_argument("--pairs", default="", help="instead of the block-v x warps grid: 'pool:BV/warps,...', "
-                    "e.g. 'float32:64/4,bfloat16:32/1' (pool dtype names as torch spells them)")
+    ap.add_argument("--pairs", default="", help="instead of the block-v x warps grid: 'pool:BV/warps[/pps],...', "
+                    "e.g. 'float32:64/4,bfloat16:32/1/8' (pool dtype names as torch spells them; pps: "
+                    "RecurrentConfig.programs_per_sm, 0 when left out)")
+    ap.add_argument("--fla", action="store_true", help="also time FLA's packed decode with an fp32 pool (same process)")
     args = ap.parse_args()
     import kdagen
     from kdagen.config import RecurrentConfig
@@ -42,15 +44,19 @@ def main():
             _, nbytes, _, (x, pool, slots, cu, out) = decode_case(B, True, pool_dtype)
             p0 = pool.clone()
             ref = None
-            grid = [(bv, w, r) for bv in map(int, args.block_v.split(",")) for w in map(int, args.warps.split(","))
+            grid = [(bv, w, 0, r) for bv in map(int, args.block_v.split(",")) for w in map(int, args.warps.split(","))
                     for r in args.readouts.split(",")]
             if args.pairs:
                 name = str(pool_dtype)[6:]
-                grid = [(int(p.split(":")[1].split("/")[0]), int(p.split("/")[1]), r)
-                        for p in args.pairs.split(",") if p.split(":")[0] == name for r in args.readouts.split(",")]
-            for bv, w, readout in grid:
-                cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1, readout=readout)
-                row = dict(B=B, pool=str(pool_dtype)[6:], block_v=bv, num_warps=w, readout=readout)
+                grid = []
+                for p in args.pairs.split(","):
+                    pool_name, fields = p.split(":")
+                    f = [int(x) for x in fields.split("/")] + [0]
+                    if pool_name == name:
+                        grid += [(f[0], f[1], f[2], r) for r in args.readouts.split(",")]
+            for bv, w, pps, readout in grid:
+                cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1, readout=readout, programs_per_sm=pps)
+                row = dict(B=B, pool=str(pool_dtype)[6:], block_v=bv, num_warps=w, readout=readout, programs_per_sm=pps)
                 try:
                     pool.copy_(p0)
                     fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
@@ -66,11 +72,21 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
                 rows.append(row)
-                print(f"B={B:4d} {row['pool']:9s} BV={bv:4d} warps={w} {readout:7s} "
+                print(f"B={B:4d} {row['pool']:9s} BV={bv:4d} warps={w} pps={pps:2d} {readout:7s} "
                       f"{row.get('us', float('nan')):8.1f} us {row.get('pct_copy', float('nan')):5.1f}% "
                       f"diff {row.get('diff')} {row.get('error', '')}", flush=True)
             del x, pool, p0, out
             torch.cuda.empty_cache()
+        if args.fla:
+            from serving import fla_decode
+            fla, ver = fla_decode()
+            if fla is not None:
+                fn, nbytes, err, _ = decode_case(B, True, torch.float32, fla=fla)
+                us = graph_us(fn)
+                rows.append(dict(B=B, op=f"fla {ver}", pool="float32", us=us, pct_copy=100 * nbytes / (us * 1e-6) / 1e9 / ceil,
+                                 err_vs_float64=err))
+                print(f"B={B:4d} FLA {ver} float32 pool (packed) {us:8.1f} us {rows[-1]['pct_copy']:5.1f}% "
+                      f"(error vs float64 {err:.1e})", flush=True)
     with open(os.path.join(args.out, "decode_variants.json"), "w") as f:
         json.dump(dict(copy_GBps=ceil, rows=rows), f, indent=1)
 

@@ -199,11 +199,19 @@ class RecurrentConfig(_Config):
     # a chain); "loaded" -- from the state as loaded plus the token's own terms, so the reductions
     # are independent of each other and of the update (templates/recurrent.py.j2)
     readout: str = "updated"
+    # 0: one program per (V tile, sequence, value head); n > 0: n programs per SM, each taking
+    # items in turn and loading the next item's state while it computes the current one
+    programs_per_sm: int = 0
 
     def __post_init__(self):
         self._check_pow2("block_v", "num_warps")
         self._check_stages("num_stages")
         self._check_choice("readout", READOUTS)
+        if self.programs_per_sm != 0:
+            self._check_pow2("programs_per_sm")
+            if self.programs_per_sm > 32:
+                raise ConfigError(f"recurrent: programs_per_sm must be 0 or a power of two up to 32, "
+                                  f"got {self.programs_per_sm}")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

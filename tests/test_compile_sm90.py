@@ -97,6 +97,11 @@ REC_CASES = [
     ("bf16-gate-in-kernel-lowerbound-BV64", "bfloat16", 128, 128, "gik_lb", 64, {}),
     ("fp16-gate-in-kernel-softplus-BV16", "float16", 128, 128, "gik_sp", 16, {}),
     ("bf16-K128V128-BV64-pool-v-first", "bfloat16", 128, 128, "direct", 64, dict(pool="float32", v_first=True)),
+    # persistent programs prefetching their next item, the readout from the loaded state
+    ("bf16-K128V128-BV32-bf16-pool-persistent-loaded", "bfloat16", 128, 128, "direct", 32,
+     dict(pool="bfloat16", rc=dict(num_warps=1, readout="loaded", programs_per_sm=8))),
+    ("bf16-K96V192-varlen-gate-in-kernel-persistent", "bfloat16", 96, 192, "gik_lb", 16,
+     dict(varlen=True, rc=dict(programs_per_sm=4))),
 ]
 
 # the recurrent backward: (id, dtype, K, V, gate, RecurrentBwdConfig fields or None, extra)
@@ -219,7 +224,8 @@ def _worker_compile(jobs):
                                        state_v_first=vf)
                 spec = select_spec(gik, False, kw.get("lower_bound"), A_log is not None, dt_bias is not None)
                 plan = lower(spec, K, V, as_dtype(q.dtype).name, "recurrent", gik)
-                built = build(plan, resolve("recurrent", plan, None if cfg is None else RecurrentConfig(block_v=cfg),
+                built = build(plan, resolve("recurrent", plan, None if cfg is None else
+                                            RecurrentConfig(block_v=cfg, **extra.get("rc", {})),
                                             {"T": dims.T, "B": dims.B, "N": dims.N}))
                 launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                               output_final_state=True, cu_seqlens=cu, state_indices=idx,

@@ -1,9 +1,10 @@
-"""The recurrent form's two readouts (RecurrentConfig.readout): "updated" reads o = S_t^T q after
+"""The recurrent form's variants: its two readouts (RecurrentConfig.readout): "updated" reads o = S_t^T q after
 the update, "loaded" from the state as loaded plus the token's own terms.  Both must be the
 recurrence's answer for every member -- KDA (also with its gate in the kernel), Gated DeltaNet,
 DeltaNet, GLA and general DPLR -- in fp32 and fp16, over several tokens (the state carried in
 registers from one token's update to the next readout), varlen with an empty sequence, GVA, an
-initial state, a state pool, and g = -inf (a reset)."""
+initial state, a state pool, and g = -inf (a reset); each also as persistent programs
+(RecurrentConfig.programs_per_sm: fewer programs than items, each prefetching its next item)."""
 from __future__ import annotations
 
 import pytest
@@ -87,14 +88,16 @@ def _ref(member, x, h0, cu):
     return naive_recurrent_dplr(x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"], **kw)
 
 
+@pytest.mark.parametrize("pps", (0, 2), ids=("grid", "persistent"))
 @pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
 @pytest.mark.parametrize("member", MEMBERS)
-def test_both_readouts_are_the_recurrence(member, dt):
+def test_both_readouts_are_the_recurrence(member, dt, pps):
+    """(persistent: 2 programs on the interpreter's one 'SM' for 3 V tiles x 3 sequences x 2 heads)"""
     x, h0, cu = _inputs(member, dt)
     ro, rh = _ref(member, x, h0, cu)
     outs = {}
     for readout in READOUTS:
-        o, ht = _op(member, x, h0, cu, RecurrentConfig(block_v=16, num_warps=1, readout=readout))
+        o, ht = _op(member, x, h0, cu, RecurrentConfig(block_v=16, num_warps=1, readout=readout, programs_per_sm=pps))
         assert_close(o, ro, TOL[dt], f"{member} {readout} o")
         assert_close(ht, rh, TOL[dt], f"{member} {readout} final state")
         assert torch.isfinite(o).all() and torch.isfinite(ht).all()
@@ -103,24 +106,31 @@ def test_both_readouts_are_the_recurrence(member, dt):
     assert not torch.equal(outs["updated"], outs["loaded"]) or dt == F16
 
 
-def test_loaded_readout_in_a_state_pool():
-    """Decode from a pool, one token per sequence, slots permuted and one padding slot (-1)."""
+@pytest.mark.parametrize("v_first", (False, True), ids=("k-first", "v-first"))
+@pytest.mark.parametrize("pps", (0, 1, 4), ids=("grid", "one-program", "persistent"))
+def test_loaded_readout_in_a_state_pool(pps, v_first):
+    """Decode from a pool, one token per sequence, slots permuted and one padding slot (-1);
+    persistent programs: one program for every item, and four; the pool [P, HV, K, V] or
+    (state_v_first) [P, HV, V, K]."""
     torch.manual_seed(3)
     N, HV, K, V, P = 4, 2, 32, 32, 6
     q, k = torch.randn(N, 1, HV, K), F.normalize(torch.randn(N, 1, HV, K), dim=-1)
     v, g, beta = torch.randn(N, 1, HV, V), -torch.rand(N, 1, HV, K), torch.rand(N, 1, HV)
-    pool = torch.randn(P, HV, K, V)
+    pool_kv = torch.randn(P, HV, K, V)
+    pool = pool_kv.transpose(-1, -2).contiguous() if v_first else pool_kv.clone()
     slots = torch.tensor([4, 0, -1, 2], dtype=torch.int32)
-    want = pool.clone()
+    want = pool_kv.clone()
     keep = slots >= 0
     ro, rh = naive_recurrent_kda(q[keep], k[keep], v[keep], g[keep], beta[keep],
-                                 initial_state=pool[slots[keep].long()], output_final_state=True)
+                                 initial_state=pool_kv[slots[keep].long()], output_final_state=True)
     o, _ = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
-                                      config=RecurrentConfig(block_v=16, num_warps=2, readout="loaded"))
+                                      state_v_first=v_first,
+                                      config=RecurrentConfig(block_v=16, num_warps=2, readout="loaded",
+                                                             programs_per_sm=pps))
     want[slots[keep].long()] = rh.float()
     assert_close(o[keep], ro, TOL[F32], "o")
     assert torch.equal(o[~keep], torch.zeros_like(o[~keep]))
-    assert_close(pool, want, TOL[F32], "pool")
+    assert_close(pool.transpose(-1, -2) if v_first else pool, want, TOL[F32], "pool")
 
 
 def test_the_readout_is_a_config_choice_in_the_source():
@@ -132,3 +142,26 @@ def test_the_readout_is_a_config_choice_in_the_source():
     assert "b_o = tl.sum(b_S * b_q[:, None], axis=0)" in upd
     with pytest.raises(ConfigError, match="readout"):
         RecurrentConfig(readout="late")
+
+
+@pytest.mark.parametrize("reverse", (False, True), ids=("forward", "reverse"))
+def test_persistent_dplr_with_reverse_and_the_batch_form(reverse):
+    """General DPLR's reverse order (the prefetched first token is the last) and the batch form
+    (no cu_seqlens) as persistent programs, against the float64 recurrence."""
+    x, h0, _ = _inputs("dplr", F32, seed=5)
+    x = {n: t[:, :8].reshape(2, 4, *t.shape[2:]).contiguous() for n, t in x.items()}  # B=2, T=4
+    kw = dict(initial_state=h0[:2], output_final_state=True, reverse=reverse)
+    flip = (lambda t: t.flip(1)) if reverse else (lambda t: t)  # noqa: E731
+    ro, rh = naive_recurrent_dplr(*(flip(t) for t in (x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"])),
+                                  initial_state=h0[:2], output_final_state=True)
+    for pps in (0, 2):
+        o, ht = kdagen.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["g"], **kw,
+                                                       config=RecurrentConfig(block_v=16, programs_per_sm=pps))
+        assert_close(flip(o), ro, TOL[F32], f"o, {pps} programs per SM")
+        assert_close(ht, rh, TOL[F32], f"final state, {pps} programs per SM")
+
+
+def test_programs_per_sm_is_validated():
+    for bad in (3, 64, -1):
+        with pytest.raises(ConfigError, match="programs_per_sm"):
+            RecurrentConfig(programs_per_sm=bad)

@@ -106,6 +106,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             v["cumsum_dot"] = config.cumsum == "dot"
     elif kernel == "recurrent":
         v["readout_loaded"] = config.readout == "loaded"
+        v["persistent"] = config.programs_per_sm > 0
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
     return v

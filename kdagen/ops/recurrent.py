@@ -83,9 +83,25 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
                       IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first))
     if dplr:
         constexprs["REVERSE"] = bool(reverse)
-    launch = Launch("recurrent", built.fns[0], (triton.cdiv(V, bv), N * HV), args, constexprs,
-                    cfg.num_warps, cfg.num_stages)
+    grid = (triton.cdiv(V, bv), N * HV)
+    if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
+        args["NS"] = N
+        grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
+    launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of a CUDA device (1 elsewhere: the interpreter runs programs in turn)."""
+    if device.type != "cuda":
+        return 1
+    n = _SMS.get(device.index)
+    if n is None:
+        n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 def fused_recurrent_kda(
@@ -216,7 +232,8 @@ def fused_recurrent_kda(
                 _FAST.clear()
             _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages, float(scale),
                                 dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc),
-                                state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first))
+                                state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first),
+                                {n: desc.args[n] for n in ("NS",) if n in desc.args})
         return o, ht  # the launch description already leaves out a final state nobody asked for
     if cu_seqlens is not None and cu_seqlens.is_cpu:
         host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
@@ -250,6 +267,7 @@ def fused_recurrent_kda(
         q, k, v, g, beta, scale=hit.scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=ssm_state_indices, out=out, dims=hit.dims, cu_seqlens=cu_seqlens,
         A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None, state_v_first=state_v_first)
+    args.update(hit.extra)
     if hit.direct is None or not hit.direct(args):
         launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
@@ -456,6 +474,7 @@ class _Entry:
     with_bias: bool
     direct: _Direct | None  # on a GPU
     state_shape: tuple  # of a final state the call allocates
+    extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (a persistent grid's NS)
 
 
 def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias, flags):
