@@ -477,6 +477,11 @@ class _Entry:
     extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (a persistent grid's NS)
 
 
+def _t(x):
+    """One tensor's part of a fast-path signature (the family ops' decode, kdagen.ops.member)."""
+    return None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous(), x.requires_grad)
+
+
 def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias, flags):
     """The fast path's key of a call: tensors by geometry (shape, dtype, device index,
     contiguity, requires_grad), everything else by value.  Flat, and the device as an index, not
