@@ -100,6 +100,10 @@ class ChunkFwdConfig(_Config):
     state_prefetch: bool = True  # load v, beta and G_n of the next chunk one iteration ahead
     inverse_precision: str = "bf16"  # operands of the (I + A)^-1 products (fp32 inputs: always ieee)
     factor_precision: str = "input"  # the factored q/k tiles of the A products: the input dtype or fp32
+    # the state pass, sequence-parallel (kdagen/ops/chunk_segments.py): segments of this many chunks
+    # each get their transition and zero-start end state in parallel, a short pass chains them and
+    # the pass proper walks each segment from its entering state; 0: one pass over each sequence
+    state_segment_chunks: int = 0
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "intra_num_warps", "state_num_warps")
@@ -114,6 +118,9 @@ class ChunkFwdConfig(_Config):
         self._check_choice("factor_precision", FACTOR_PRECISIONS)
         if not isinstance(self.state_prefetch, bool):
             raise ConfigError(f"chunk_fwd: state_prefetch must be a bool, got {self.state_prefetch!r}")
+        L = self.state_segment_chunks
+        if not isinstance(L, int) or isinstance(L, bool) or not (L == 0 or (L >= 2 and _pow2(L))):
+            raise ConfigError(f"chunk_fwd: state_segment_chunks must be 0 (off) or a power of two >= 2, got {L!r}")
 
 
 @dataclass(frozen=True)

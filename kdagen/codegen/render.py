@@ -24,6 +24,10 @@ from .lower import Plan
 TEMPLATES = {
     "chunk_solve": ("chunk_solve.py.j2", ChunkFwdConfig),
     "chunk_pass": ("chunk_pass.py.j2", ChunkFwdConfig),
+    # the sequence-parallel state pass (ChunkFwdConfig.state_segment_chunks > 0, kdagen/ops/chunk_segments.py)
+    "chunk_seg_state": ("chunk_seg_state.py.j2", ChunkFwdConfig),
+    "chunk_seg_combine": ("chunk_seg_combine.py.j2", ChunkFwdConfig),
+    "chunk_seg_pass": ("chunk_pass.py.j2", ChunkFwdConfig),  # chunk_pass's template, per segment
     "chunk_intra": ("chunk_intra.py.j2", ChunkTrainConfig),
     "chunk_state": ("chunk_state.py.j2", ChunkTrainConfig),
     "recurrent": ("recurrent.py.j2", RecurrentConfig),
@@ -38,11 +42,14 @@ STRUCTURE_TEMPLATES = {
     ("chunk_bwd_intra", "dplr"): "chunk_bwd_intra_dplr.py.j2",
 }
 # the kernels of each config family, in launch order
-FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass"),
+FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass"),
                   "chunk_train": ("chunk_intra", "chunk_state"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"),
                   "recurrent": ("recurrent",),
                   "recurrent_bwd": ("recurrent_bwd",)}
+# the launches that stand in for a kernel's launch when a config asks for them (the tuner times
+# them in its place): the sequence-parallel state pass's three for the one pass
+REPLACES = {"chunk_seg_state": "chunk_pass", "chunk_seg_combine": "chunk_pass", "chunk_seg_pass": "chunk_pass"}
 # the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
 # kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
 DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
@@ -76,7 +83,16 @@ def _check_structure(kernel: str, plan: Plan) -> None:
                          "backward, kdagen.chunk_dplr_delta_rule)")
 
 
+# the widest state row (BK) the sequence-parallel state pass takes: its chaining launch holds a
+# segment's K x K transition in one float32 tile (BK=256 would be 256 KiB)
+SEGMENT_MAX_BK = 128
+
+
 def _check_config(plan: Plan, config: _Config) -> None:
+    if isinstance(config, ChunkFwdConfig) and config.state_segment_chunks and plan.BK > SEGMENT_MAX_BK:
+        raise ConfigError(
+            f"chunk_fwd: state_segment_chunks={config.state_segment_chunks} needs K <= {SEGMENT_MAX_BK} (the "
+            f"chaining launch holds a K x K transition in one tile); K={plan.K} takes state_segment_chunks=0")
     if isinstance(config, ChunkTrainConfig) and plan.diag_mode == "factorised" and config.sub_chunk > plan.safe_sub_chunk:
         raise ConfigError(
             f"chunk_train: sub_chunk={config.sub_chunk} exceeds the {plan.safe_sub_chunk}-token sub-tile the "
@@ -88,8 +104,15 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     these and on plan fields, never on the config.  Each is made only for the kernels that use
     it, since what it reads from the config is part of that kernel's source (its header line)."""
     v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
-    if kernel in ("chunk_solve", "chunk_pass"):
+    if kernel in ("chunk_solve", "chunk_pass", "chunk_seg_pass"):
         v.update(_forward_vars(kernel, plan, config))
+    elif kernel == "chunk_seg_state":
+        v["k_mask"] = plan.K != plan.BK
+    elif kernel == "chunk_seg_combine":
+        v["k_mask"] = plan.K != plan.BK
+        # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
+        # kdagen/ops/chunk_segments.py on the error)
+        v["combine_kw"] = ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'
     elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd"):  # one program holds a whole K row
         v["k_mask"] = plan.K != plan.BK
     elif kernel in ("chunk_intra", "chunk_bwd_intra"):  # (and the DPLR intra backward's own template)
@@ -132,8 +155,9 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
     exact (ieee) throughout."""
     halves = config.chunk_size // HALF
     v = {"k_mask": plan.K != plan.BK, "halves": halves}
-    if kernel == "chunk_pass":
+    if kernel in ("chunk_pass", "chunk_seg_pass"):
         v["prefetch"] = config.state_prefetch
+        v["segmented"] = kernel == "chunk_seg_pass"
         return v
     low = dtype(plan.dtype)
     exact = plan.dtype == "float32"

@@ -11,6 +11,12 @@ Per chunk (L = (I + A_kk)^-1, G the gate's cumulated sum within the chunk):
     qg = scale q exp(G),  bk = beta k exp(G),  kgL = L^T (k exp(G_n - G)),  P = A_qk L
 which is the chunkwise form of DESIGN.md with U = L beta V and W = L (beta exp(G) k) folded
 into the pass: V' = U - W S = L X, so A_qk V' = P X and kg^T V' = kgL^T X.
+
+With ``config.state_segment_chunks`` = L > 0 the pass is sequence parallel: three launches in its
+place (:mod:`kdagen.ops.chunk_segments`, whose docstring has the algebra) -- segments of L chunks
+get their transition and zero-start end state in parallel (chunk_seg_state), a short pass chains
+them from the initial state (chunk_seg_combine, which writes the final state), and the pass
+proper walks each segment from the state entering it (chunk_seg_pass).
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import triton
 
 from ..config import ChunkFwdConfig
 from ..kernels import Launch, dummy_pointer
+from .chunk_segments import segment_launches
 from .inputs import state_shape
 from .schedule import chunk_schedule, to_device
 
@@ -32,7 +39,11 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     by the solve, beta is raw and ``beta_scale * sigmoid(beta)`` is used (FLA's in-kernel flags).
     With ``return_intermediate_states`` the pass also writes the float32 state entering each
     chunk, [NT_total, HV, K, V].  ``state_v_first``: the initial, final and per-chunk states are
-    stored [.., V, K] (the kernel's loads and stores address them so; nothing is transposed)."""
+    stored [.., V, K] (the kernel's loads and stores address them so; nothing is transposed).
+
+    Returns ``(launches, (o, ht, hs))``: launches ``(solve, pass)``, or with
+    ``config.state_segment_chunks`` > 0 ``(solve, seg_state, seg_combine, seg_pass)`` (passes A, B
+    and C of :mod:`kdagen.ops.chunk_segments`); run them in order."""
     B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
     C = config.chunk_size
     dev = q.device
@@ -74,11 +85,16 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
                      ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
                      cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
                      T=T, NT=NT)
-    state = Launch("chunk_pass", built.fns[1], (triton.cdiv(V, bv), N * HV), pass_args,
-                   dict(**(dict(H=H) if scalar else {}), HV=HV, K=K, V=V, BT=C, BH=min(C, 32), BK=plan.BK, BV=bv,
-                        USE_H0=initial_state is not None,
-                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states,
-                        STATE_V_FIRST=bool(state_v_first),
-                        LOOP_STAGES=config.state_num_stages, **flags),
+    pass_const = dict(**(dict(H=H) if scalar else {}), HV=HV, K=K, V=V, BT=C, BH=min(C, 32), BK=plan.BK, BV=bv,
+                      USE_H0=initial_state is not None,
+                      STORE_HT=output_final_state, STORE_HS=return_intermediate_states,
+                      STATE_V_FIRST=bool(state_v_first),
+                      LOOP_STAGES=config.state_num_stages, **flags)
+    if config.state_segment_chunks:
+        segments = segment_launches(built, seqlens=seqlens, dims=dims, plan=plan, config=config, C=C, bv=bv,
+                                    rows=rows, pass_args=pass_args, pass_constexprs=pass_const, flags=flags,
+                                    initial_state=initial_state, ht=ht, dev=dev)
+        return (solve, *segments), (o, ht, hs)
+    state = Launch("chunk_pass", built.fns[1], (triton.cdiv(V, bv), N * HV), pass_args, pass_const,
                    config.state_num_warps, 1)
     return (solve, state), (o, ht, hs)

@@ -1,0 +1,105 @@
+"""The sequence-parallel state pass of the inference forward (``ChunkFwdConfig.state_segment_chunks``
+= L > 0): three launches in place of :mod:`kdagen.ops.chunk_fwd`'s one pass, for calls with too few
+(sequence, value head, V tile) programs to fill the GPU and long sequences (the one pass is then
+latency bound: each program walks every chunk of its sequence).  Nothing here validates or runs.
+
+The algebra.  The pass (templates/chunk_pass.py.j2) maps the state entering chunk c to the state
+leaving it affinely, S' = M_c S + E_c, with (exp2: G_n is in log2 units)
+
+    general (KDA):       X = beta v - bk S,           S' = D_c S + kgL^T X
+                         M_c = D_c - kgL^T bk,         E_c = kgL^T (beta v),   D_c = Diag(exp2 G_n)
+    scalar decay (GDN):  bk = bs * k (rows scaled):    M_c = D_c - kgL^T (bs * k), D_c = exp2(g_n) I
+    no decay (DeltaNet): D_c = I:                      M_c = I - kgL^T bk
+    no rank-1 (GLA):     X = v:                        M_c = D_c,              E_c = kgL^T v
+
+and o of the chunk depends only on S entering it (o = qg S + P X).  A sequence's chunks are cut
+into segments of L chunks (the last one of a sequence may be shorter; segments never cross a
+sequence boundary; an empty sequence has none).  For segment j with chunks c_1 .. c_m:
+
+    M_j = M_{c_m} ... M_{c_1}   (K x K)       E_j = the state after its chunks from S = 0  (K x V)
+    S_{j+1} = M_j S_j + E_j,    S_0 = the initial state (or 0); the last S_{j+1} is the final state.
+
+Launches (all float32 state tiles, [K, V] scratch whatever the caller's state layout):
+
+A. ``chunk_seg_state``, grid (cdiv(V, BV) + cdiv(K, BV), segments x HV): the pass's recurrence
+   without o over one segment, T <- D_c T + kgL^T (W - bk T): the V tiles take W = beta v from
+   T = 0 (E_j -> he), the K tiles W = 0 from the identity's columns (M_j -> hm), i.e. the
+   transition tiled over its columns like V.
+B. ``chunk_seg_combine``, grid (cdiv(V, BV), N x HV): the chain above, one step per segment,
+   writing S_j to hseg [segments, HV, K, V] and the final state to ht.  One small kernel, not a
+   host loop (a launch costs ~15 us on an H200).
+C. ``chunk_seg_pass``, grid (cdiv(V, BV), segments x HV): chunk_pass per segment, from hseg[j]
+   (the ``segmented`` branch of its template): o and, when asked, the per-chunk states.
+
+Precision.  M_j and E_j are accumulated in float32 in registers, with the pass's dot operands
+(the input dtype for bf16/fp16 inputs, exact fp32 for fp32 inputs): the same rounding per chunk as
+the one pass applies to S.  B's product M_j S_j takes float32 operands: exact (ieee) for fp32 inputs,
+tf32 otherwise (10 mantissa bits, finer than the bf16 operands every chunk's dots already take;
+M_j is a product of contractions for beta in [0, 2] and unit-norm k, so its error does not grow
+along the chain).  A tf32 product costs a few us per segment step on the H200 where an ieee one
+would cost ~tens of us (the 128 x 128 x BV dot off the tensor cores).
+
+The segment schedule: fixed length -- NS = ceil(ceil(T / C) / L) segments per sequence, segment s
+is segment s % NS of sequence s // NS (nothing is built or read on the host); varlen -- built from
+the host-side offsets (:func:`kdagen.ops.schedule.segment_schedule`) and copied to the device once.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..kernels import Launch, dummy_pointer
+from .schedule import segment_schedule
+
+
+def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, rows: dict, pass_args: dict,
+                     pass_constexprs: dict, flags: dict, initial_state, ht, dev) -> tuple[Launch, Launch, Launch]:
+    """Launches A, B and C (module docstring) for the pass :func:`~.chunk_fwd.prepare_chunk_fwd`
+    describes by ``pass_args`` / ``pass_constexprs`` (its ``rows``: the dot operands by name)."""
+    B, T, HV, K, V, N = dims.B, dims.T, dims.HV, dims.K, dims.V, dims.N
+    L = config.state_segment_chunks
+    NS_total, NS, seg_indices, seg_offsets = segment_schedule(seqlens, B, T, C, L, dev)
+    dummy = dummy_pointer(dev)
+    n = max(NS_total, 1)
+    he = torch.empty(n, HV, K, V, dtype=torch.float32, device=dev)
+    hm = torch.empty(n, HV, K, K, dtype=torch.float32, device=dev)
+    hseg = torch.empty(n, HV, K, V, dtype=torch.float32, device=dev)
+    seg_idx = seg_indices if seg_indices is not None else dummy
+    scalar = plan.diag_mode == "scalar"
+    a_rows = dict(k=rows["k"], bs=rows["bs"]) if scalar else dict(bk=rows["bk"])
+    a_args = dict(v=pass_args["v"], beta=pass_args["beta"], **a_rows, kgl=pass_args["kgl"], gn=pass_args["gn"],
+                  he=he, hm=hm, cu_seqlens=pass_args["cu_seqlens"], chunk_offsets=pass_args["chunk_offsets"],
+                  seg_indices=seg_idx, T=T, NT=pass_args["NT"], NS=NS)
+    a_const = dict(**(dict(H=dims.H) if scalar else {}), HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, SEG_CHUNKS=L,
+                   **flags, LOOP_STAGES=config.state_num_stages)
+    seg_state = Launch("chunk_seg_state", built.fns[2], (triton.cdiv(V, bv) + triton.cdiv(K, bv), NS_total * HV),
+                       a_args, a_const, config.state_num_warps, 1)
+    b_args = dict(hm=hm, he=he, hseg=hseg, h0=initial_state if initial_state is not None else dummy,
+                  ht=ht if ht is not None else dummy, cu_seqlens=pass_args["cu_seqlens"],
+                  seg_offsets=seg_offsets if seg_offsets is not None else dummy, NS=NS)
+    b_const = dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, SEG_CHUNKS=L, USE_H0=initial_state is not None,
+                   STORE_HT=ht is not None, STATE_V_FIRST=pass_constexprs["STATE_V_FIRST"],
+                   IS_VARLEN=flags["IS_VARLEN"])
+    seg_combine = Launch("chunk_seg_combine", built.fns[3], (triton.cdiv(V, bv), N * HV), b_args, b_const,
+                         config.state_num_warps, 1)
+    # chunk_pass's arguments in its segmented signature's order: hseg for h0 and ht, the segments
+    c_args = {}
+    for name, a in pass_args.items():
+        if name == "h0":
+            c_args["hseg"] = hseg
+        elif name == "T":
+            c_args["seg_indices"] = seg_idx
+            c_args["T"] = a
+        elif name == "NT":
+            c_args.update(NT=a, NS=NS)
+        elif name != "ht":
+            c_args[name] = a
+    c_const = {}
+    for name, c in pass_constexprs.items():
+        if name == "USE_H0":
+            c_const["SEG_CHUNKS"] = L
+        elif name != "STORE_HT":
+            c_const[name] = c
+    seg_pass = Launch("chunk_seg_pass", built.fns[4], (triton.cdiv(V, bv), NS_total * HV), c_args, c_const,
+                      config.state_num_warps, 1)
+    return seg_state, seg_combine, seg_pass
