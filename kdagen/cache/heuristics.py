@@ -25,9 +25,33 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     # (a scalar decay's in-kernel gate is one number per row, not per element: its solve keeps the
     # plain call's 64-row chunks -- the same reasoning, not yet measured on the GPU)
     small = plan.gate_in_kernel and plan.diag_mode != "scalar"
-    return ChunkFwdConfig(chunk_size=32 if small else 64, intra_num_warps=4,
-                          state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=3,
-                          inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
+    C, bv = 32 if small else 64, min(32, plan.BV)
+    return ChunkFwdConfig(chunk_size=C, intra_num_warps=4,
+                          state_block_v=bv, state_num_warps=4, state_num_stages=3,
+                          inverse_precision="tf32" if plan.dtype == "float16" else "bf16",
+                          state_segment_chunks=_segments(plan, shape, C, bv))
+
+
+# The sequence-parallel state pass (kdagen/ops/chunk_segments.py): with fewer state-pass programs
+# than SMs (132 on the H100/H200) each walks all chunks of a long sequence alone -- (1, 65536, 8,
+# 128) has 32 programs and its pass took 1.32 ms at 0.55 TB/s on the H200.  Segments of
+# SEGMENT_CHUNKS chunks, when the longest sequence has at least SEGMENT_MIN segments of them (the
+# chain's and the extra launches' cost is then small against the walk they split).  Not yet
+# measured on the GPU: the thresholds are the design's, to be tuned by the benchmark.
+SEGMENT_SMS = 132
+SEGMENT_CHUNKS = 16
+SEGMENT_MIN = 4
+
+
+def _segments(plan: Plan, shape: dict | None, C: int, bv: int) -> int:
+    """state_segment_chunks for ``shape`` ({"N", "HV", "T", and "T_max": the longest sequence,
+    T when absent}): 0 without a shape, for K > 128 (kdagen.codegen.render.SEGMENT_MAX_BK), with
+    enough programs, or for short sequences."""
+    if not shape or not {"N", "HV", "T"} <= set(shape) or plan.BK > 128:
+        return 0
+    programs = shape["N"] * shape["HV"] * -(-plan.V // bv)
+    chunks = -(-int(shape.get("T_max", shape["T"])) // C)
+    return SEGMENT_CHUNKS if programs < SEGMENT_SMS and chunks >= SEGMENT_MIN * SEGMENT_CHUNKS else 0
 
 
 # Below about two state-pass programs per SM of a 132-SM GPU the state pass is latency bound

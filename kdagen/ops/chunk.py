@@ -69,7 +69,8 @@ class _Call:
     def shape(self) -> dict:
         """The call's shape as the config look-up reads it."""
         d = self.dims
-        return {"T": d.T, "B": d.B, "N": d.N, "HV": d.HV}
+        longest = d.T if self.seqlens is None else max((b - a for a, b in zip(self.seqlens, self.seqlens[1:])), default=0)
+        return {"T": d.T, "B": d.B, "N": d.N, "HV": d.HV, "T_max": longest}
 
 
 def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,

@@ -13,6 +13,7 @@ import time
 import torch
 
 from ..codegen.lower import Plan
+from ..codegen.render import REPLACES
 from ..config import ChunkTrainConfig
 from ..dtypes import dtype as as_dtype
 from ..ops.chunk import chunk_bwd_config, chunk_kda, chunk_kda_bwd_launches, chunk_kda_launches
@@ -188,7 +189,7 @@ class KernelCandidate:
                 else:
                     before, launches = M.chunk_bwd_launches(self.member, x, self.fwd_config, config,
                                                             do=torch.ones_like(x["v"]))
-                timed = [ln for ln in launches if self.launch in (None, ln.kernel)]
+                timed = [ln for ln in launches if self.launch in (None, ln.kernel, REPLACES.get(ln.kernel))]
                 for ln in list(before) + list(launches[:launches.index(timed[0])]):  # what the timed launches read
                     ln()
                 fn = lambda: [ln() for ln in timed]  # noqa: E731
@@ -206,7 +207,7 @@ class KernelCandidate:
                 before, launches, _ = chunk_kda_bwd_launches(
                     **x, output_final_state=True, config=self.fwd_config, bwd_config=config,
                     do=torch.ones_like(x["v"]), **op_args(self.spec_args))
-            timed = [ln for ln in launches if self.launch in (None, ln.kernel)]
+            timed = [ln for ln in launches if self.launch in (None, ln.kernel, REPLACES.get(ln.kernel))]
             for ln in list(before) + list(launches[:launches.index(timed[0])]):  # what the timed launches read
                 ln()
             fn = lambda: [ln() for ln in timed]  # noqa: E731

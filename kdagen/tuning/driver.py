@@ -59,7 +59,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     lengths are the backward's; default: its heuristic)."""
     space = space or space_for(family, plan)
     ctx = space_context(plan, spec, gpu, elem_bytes(dtype))
-    hint = {"N": shape[0], "HV": shape[3]}
+    hint = {"N": shape[0], "HV": shape[3], "T": shape[1], "T_max": shape[1]}
     if family == "chunk_bwd" and fwd_config is None:
         fwd_config = default_train_config(plan, hint)
     default = default_config(family, plan, hint, fwd_config)
