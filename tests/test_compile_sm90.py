@@ -56,6 +56,14 @@ CHUNK_CASES = [
     ("bf16-varlen-states-v-first", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True, v_first=True)),
 ]
 
+# the sequence-parallel state pass (state_segment_chunks > 0): its three launches after the solve
+SEG_CASES = [
+    ("bf16-K128V128-seg16", "bfloat16", 128, 128, "safe", dict(state_segment_chunks=16), {}),
+    ("fp16-K96V192-C32-seg8-varlen-states-v-first", "float16", 96, 192, "free",
+     dict(chunk_size=32, state_segment_chunks=8, inverse_precision="tf32"), dict(varlen=True, states=True, v_first=True)),
+]
+SEG_KINDS = ("chunk_solve", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass")
+
 # the training forward (ChunkTrainConfig): the same cover as before the inference forward existed
 TRAIN_CASES = [
     ("bf16-K128V128-bounded-default", "bfloat16", 128, 128, "safe", None, {}),
@@ -169,7 +177,7 @@ def _worker_compile(jobs):
     for family, case in jobs:
         cid, dtype, K, V, gate, cfg, extra = case
         try:
-            if family == "chunk":
+            if family in ("chunk", "seg"):
                 varlen = extra.get("varlen", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
                 N = 3 if varlen else 2
@@ -178,7 +186,7 @@ def _worker_compile(jobs):
                     q, k, v, g, beta, initial_state=torch.zeros((N, HV, V, K) if vf else (N, HV, K, V)),
                     output_final_state=True, return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
                     config=None if cfg is None else ChunkFwdConfig(**cfg), state_v_first=vf, **gate_kwargs(gate, K))
-                results[f"{family}:{cid}"] = [report("chunk_solve", launches[0]), report("chunk_pass", launches[1])]
+                results[f"{family}:{cid}"] = [report(ln.kernel, ln) for ln in launches]
             elif family == "train":
                 varlen = extra.get("varlen", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
@@ -262,7 +270,7 @@ def compiled():
     env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")  # generated sources, no tuned winners
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
     env["PYTHONWARNINGS"] = "ignore"
-    jobs = ([("chunk", c) for c in CHUNK_CASES] + [("train", c) for c in TRAIN_CASES]
+    jobs = ([("chunk", c) for c in CHUNK_CASES] + [("seg", c) for c in SEG_CASES] + [("train", c) for c in TRAIN_CASES]
             + [("recurrent", c) for c in REC_CASES] + [("recurrent_bwd", c) for c in REC_BWD_CASES])
     # two workers of similar cost: alternate the (expensive) chunk cases between them
     halves = [jobs[0::2], jobs[1::2]]
@@ -283,7 +291,7 @@ def _check_ok(entry):
 
 
 def _compiled_pair(entries, kinds, extra):
-    """The two launches of a chunk forward, compiled, within shared memory: (entries, constexprs)."""
+    """The launches of a chunk forward, compiled, within shared memory: (entries, constexprs)."""
     assert [e["kind"] for e in entries] == list(kinds), entries
     _check_smem(entries, extra)
     return entries, [e["constexprs"] for e in entries]
@@ -319,6 +327,23 @@ def test_chunk_kernels_compile_for_sm90(case, compiled):
     if extra.get("states"):
         assert state["STORE_HS"]
     assert state["STATE_V_FIRST"] == bool(extra.get("v_first"))
+
+
+@pytest.mark.parametrize("case", SEG_CASES, ids=[c[0] for c in SEG_CASES])
+def test_sequence_parallel_state_pass_compiles_for_sm90(case, compiled):
+    """The inference forward with state_segment_chunks: the solve, then passes A, B and C."""
+    cid, dtype, K, V, gate, cfg, extra = case
+    entries, (solve, a, b, c) = _compiled_pair(compiled["seg:" + cid], SEG_KINDS, extra)
+    BK = 1 << (K - 1).bit_length()
+    bv = min(cfg.get("state_block_v", 32), 1 << (V - 1).bit_length())
+    assert a["SEG_CHUNKS"] == b["SEG_CHUNKS"] == c["SEG_CHUNKS"] == cfg["state_segment_chunks"]
+    assert a["BK"] == b["BK"] == c["BK"] == BK and a["BV"] == b["BV"] == c["BV"] == bv
+    assert solve["BT"] == a["BT"] == b["BT"] == c["BT"] == cfg.get("chunk_size", 64)
+    assert a["IS_VARLEN"] == b["IS_VARLEN"] == c["IS_VARLEN"] == bool(extra.get("varlen"))
+    assert b["USE_H0"] and b["STORE_HT"] and c["STORE_HS"] == bool(extra.get("states"))
+    assert b["STATE_V_FIRST"] == c["STATE_V_FIRST"] == bool(extra.get("v_first"))
+    # the chain holds a K x K fp32 transition: at least its dot operand in shared memory
+    assert entries[2]["shared_bytes"] >= 4 * K * K // 2
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])

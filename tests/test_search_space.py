@@ -12,7 +12,7 @@ CTX = dict(K=128, V=128, safe_sub_chunk=32, smem_limit=H100_SMEM)
 
 def test_default_chunk_fwd_space():
     space = load_space("chunk_fwd")
-    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 2 * 2 * 2 * 2  # ... x factor_precision
+    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 2 * 2 * 2 * 2 * 4  # ... x factor_precision x segments
     cands = space.candidates(CTX)
     assert cands and all(isinstance(c, ChunkFwdConfig) for c in cands)
     assert all(c.intra_num_stages == ChunkFwdConfig().intra_num_stages for c in cands)  # default
@@ -20,6 +20,9 @@ def test_default_chunk_fwd_space():
     assert {c.inverse_precision for c in cands} == {"bf16", "tf32"} and {c.state_prefetch for c in cands} == {True, False}
     assert cands == space.candidates(dict(CTX))  # deterministic order
     assert len(set(cands)) == len(cands)
+    assert {c.state_segment_chunks for c in cands} == {0, 8, 16, 32}
+    wide = space.candidates(dict(CTX, K=256, V=256))  # the sequence-parallel pass takes K <= 128
+    assert wide and {c.state_segment_chunks for c in wide} == {0}
 
 
 def test_the_forward_candidates_do_not_depend_on_the_gate_bound():
@@ -64,6 +67,11 @@ def test_estimate_smem_formula():
     state = 2 * (3 * 64 * 128 + 64 * 64) * 2 + (128 + 64) * 32 * 2
     assert estimate_smem("chunk_fwd", c, 128, 128, 2) == max(solve, state)
     assert estimate_smem("chunk_fwd", c.replace(state_num_stages=3), 128, 128, 2) > max(solve, state)
+    # the sequence-parallel pass's chaining launch: a K x K fp32 transition and the K x BV state
+    c32 = ChunkFwdConfig(chunk_size=32, state_block_v=64, state_num_stages=2)
+    assert estimate_smem("chunk_fwd", c32, 128, 128, 2) == 2 * (3 * 32 * 128 + 32 * 32) * 2 + (128 + 32) * 64 * 2
+    assert estimate_smem("chunk_fwd", c32.replace(state_segment_chunks=16), 128, 128, 2) == 4 * (128 * 128 + 128 * 64)
+    assert estimate_smem("chunk_fwd", c.replace(state_segment_chunks=16), 128, 128, 2) == max(solve, state)
     t = ChunkTrainConfig(chunk_size=64, intra_block_k=64, intra_num_stages=2, state_block_v=32, state_num_stages=2)
     intra = 2 * 2 * 64 * 64 * 2 + 4 * 64 * 64 + 64 * 32 * 2
     state = 2 * ((3 * 64 * 128 + 64 * 64) * 2 + 64 * 32 * 2)

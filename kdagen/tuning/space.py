@@ -186,7 +186,10 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
       ``32*32`` matrices (A_kk, A_qk, L, P): ``4*32*K*e + 4*4*32*32``;
     * state pass, per pipeline stage: the ``C*K`` tiles of bk, qg and kgL and the ``C*C`` P;
       once: the state and X as dot operands, ``(K*BV + C*BV)*e``:
-      ``state_num_stages*(3*C*K + C*C)*e + (K + C)*BV*e``.
+      ``state_num_stages*(3*C*K + C*C)*e + (K + C)*BV*e``;
+    * with ``state_segment_chunks`` > 0, also the chaining launch (chunk_seg_combine): a
+      segment's fp32 ``K*K`` transition and the fp32 ``K*BV`` state as dot operands,
+      ``4*(K*K + K*BV)`` (its other two launches hold no more than the pass).
 
     ``chunk_train`` (C=chunk_size, BK=intra_block_k, BV=min(state_block_v, V),
     i = 4 if intermediates == "fp32" else e):
@@ -211,7 +214,8 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
         C, BV = config.chunk_size, min(config.state_block_v, V)
         solve = 4 * 32 * K * e + 4 * 4 * 32 * 32
         state = config.state_num_stages * (3 * C * K + C * C) * e + (K + C) * BV * e
-        return int(max(solve, state))
+        chain = 4 * (K * K + K * BV) if config.state_segment_chunks else 0
+        return int(max(solve, state, chain))
     if kernel == "chunk_train":
         C, BK = config.chunk_size, config.intra_block_k
         BV = min(config.state_block_v, V)
