@@ -88,6 +88,8 @@ def main():
         fn, _, _, (xx, pool, slots, cu, out) = decode_case(1, packed, torch.float32)
         form = "packed" if packed else "batch"
         row(f"decode op B=1 {form} fp32 pool", fn)
+        with torch.inference_mode():
+            row(f"decode op B=1 {form} fp32 pool, under torch.inference_mode()", fn)
         entry = next(iter(R._FAST.values()), None)
         if entry is None:
             continue

@@ -484,9 +484,14 @@ def _t(x):
 
 def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias, flags):
     """The fast path's key of a call: tensors by geometry (shape, dtype, device index,
-    contiguity, requires_grad), everything else by value.  Flat, and the device as an index, not
+    contiguity, and requires_grad when autograd is on), everything else by value.  Flat, and the device as an index, not
     a torch.device: each attribute is ~0.1 us on the host, a measurable share of a decode step."""
-    key = [flags, torch.is_grad_enabled()]
-    for x in (q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias):
-        key.append(None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous(), x.requires_grad))
+    grad = torch.is_grad_enabled()
+    key = [flags, grad]
+    if grad:
+        for x in (q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias):
+            key.append(None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous(), x.requires_grad))
+    else:  # (no_grad / inference_mode: requires_grad routes nothing)
+        for x in (q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias):
+            key.append(None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous()))
     return tuple(key)
