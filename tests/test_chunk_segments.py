@@ -228,12 +228,15 @@ def test_heuristic_takes_segments_only_for_few_programs_and_long_sequences():
     spec = select_spec(False, True, -5.0, False, False)
     plan = lower(spec, 128, 128, "bfloat16", "chunk")
     long1 = {"T": 65536, "B": 1, "N": 1, "HV": 8, "T_max": 65536}
-    assert default_chunk_config(plan, long1).state_segment_chunks == 16  # 32 programs, 1024 chunks
+    assert default_chunk_config(plan, long1).state_segment_chunks == 32  # 32 programs, 1024 chunks
+    # 64 and 128 programs: one pass (measured faster on the H200 at (1, 32768, 16) and (2, 16384, 16))
+    assert default_chunk_config(plan, dict(long1, HV=16, T=32768, T_max=32768)).state_segment_chunks == 0
+    assert default_chunk_config(plan, dict(long1, N=2, B=2, HV=16, T=16384, T_max=16384)).state_segment_chunks == 0
     assert default_chunk_config(plan, dict(long1, N=8, B=8)).state_segment_chunks == 0  # 256 programs
-    assert default_chunk_config(plan, dict(long1, T=2048, T_max=2048)).state_segment_chunks == 0  # 32 chunks
+    assert default_chunk_config(plan, dict(long1, T=4096, T_max=4096)).state_segment_chunks == 0  # 64 chunks
     # a packed call: its longest sequence decides, not its total length
     assert default_chunk_config(plan, dict(long1, T_max=2048)).state_segment_chunks == 0
-    assert default_chunk_config(plan, {"T": 65536, "B": 1, "N": 1, "HV": 8}).state_segment_chunks == 16
+    assert default_chunk_config(plan, {"T": 65536, "B": 1, "N": 1, "HV": 8}).state_segment_chunks == 32
     assert default_chunk_config(plan).state_segment_chunks == 0  # no shape: the one pass
     wide = lower(spec, 256, 256, "bfloat16", "chunk")
     assert default_chunk_config(wide, long1).state_segment_chunks == 0  # K > 128: not available

@@ -75,7 +75,11 @@ def test_recurrent_winner_and_fallback(h200):
     # a half-width pool has its own heuristic (half the bytes per program: narrower tiles, one warp)
     half = tuned.resolve("recurrent", plan, None, {"T": 1, "B": 8, "N": 8}, "bfloat16")
     assert half == default_recurrent_config(plan, "bfloat16") != default_recurrent_config(plan)
-    assert (half.block_v, half.num_warps) == (32, 1)
+    assert (half.block_v, half.num_warps, half.readout, half.programs_per_sm) == (32, 1, "loaded", 0)
+    # many items (B=256 sequences x 32 value heads): persistent programs prefetching their next item
+    many = tuned.resolve("recurrent", plan, None, {"T": 1, "B": 256, "N": 256, "HV": 32}, "bfloat16")
+    assert (many.block_v, many.num_warps, many.readout, many.programs_per_sm) == (64, 4, "loaded", 2)
+    assert tuned.resolve("recurrent", plan, None, {"T": 1, "B": 256, "N": 256, "HV": 32}) == default_recurrent_config(plan)
     won = RecurrentConfig(block_v=16, num_warps=2)
     TuningCache(h200.name).store(keys.cache_key(plan, "recurrent", {"T": 1, "B": 8, "N": 8}, h200),
                                  make_entry(config=won.to_dict(), kernel="recurrent", time_ms=0.01, error=0.0))

@@ -32,14 +32,15 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
                           state_segment_chunks=_segments(plan, shape, C, bv))
 
 
-# The sequence-parallel state pass (kdagen/ops/chunk_segments.py): with fewer state-pass programs
-# than SMs (132 on the H100/H200) each walks all chunks of a long sequence alone -- (1, 65536, 8,
-# 128) has 32 programs and its pass took 1.32 ms at 0.55 TB/s on the H200.  Segments of
-# SEGMENT_CHUNKS chunks, when the longest sequence has at least SEGMENT_MIN segments of them (the
-# chain's and the extra launches' cost is then small against the walk they split).  Not yet
-# measured on the GPU: the thresholds are the design's, to be tuned by the benchmark.
-SEGMENT_SMS = 132
-SEGMENT_CHUNKS = 16
+# The sequence-parallel state pass (kdagen/ops/chunk_segments.py): with few state-pass programs
+# each walks all chunks of a long sequence alone.  Measured on the H200 (bench/RESULTS.md, run 46,
+# bf16, K=V=128, forward op): (1, 65536, 8, 128) -- 32 programs at BV=32 -- 2.03 ms in one pass
+# (1.88 at BV=16), 1.79 ms with segments of 16 chunks and 1.65 ms with 32; with 64 programs
+# (1, 32768, 16, 128) segments are slower (1.73 against 1.40 ms), and with 128 (2, 16384, 16,
+# 128) too (1.62 against 1.06).  So: segments of SEGMENT_CHUNKS chunks below SEGMENT_PROGRAMS
+# programs, when the longest sequence holds at least SEGMENT_MIN of them.
+SEGMENT_PROGRAMS = 48
+SEGMENT_CHUNKS = 32
 SEGMENT_MIN = 4
 
 
@@ -51,7 +52,7 @@ def _segments(plan: Plan, shape: dict | None, C: int, bv: int) -> int:
         return 0
     programs = shape["N"] * shape["HV"] * -(-plan.V // bv)
     chunks = -(-int(shape.get("T_max", shape["T"])) // C)
-    return SEGMENT_CHUNKS if programs < SEGMENT_SMS and chunks >= SEGMENT_MIN * SEGMENT_CHUNKS else 0
+    return SEGMENT_CHUNKS if programs < SEGMENT_PROGRAMS and chunks >= SEGMENT_MIN * SEGMENT_CHUNKS else 0
 
 
 # Below about two state-pass programs per SM of a 132-SM GPU the state pass is latency bound
@@ -82,16 +83,31 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     )
 
 
-def default_recurrent_config(plan: Plan, state_dtype: str = "float32") -> RecurrentConfig:
-    """``state_dtype``: of the state the call reads and writes (its decode pool).  K=V=128 on the
-    H200 (bench/RESULTS.md, run 30, a packed decode step from graph replay): a float32 pool moves
-    fastest with BV=64 on 4 warps (271.7 us at B=256, 93% of copy; 16.6 us at B=16); a half-width
-    pool, half the bytes per program, with BV=32 on one warp (208.1 against 229.6 us at B=256,
-    11.1 against 13.3 us at B=16).  One warp at BV >= 64 spills registers and collapses."""
+# A half-width (bf16/fp16) pool moves half the bytes per program for the same work: with one
+# item per program it stays latency bound (run 30: 60% of copy at best).  Persistent programs that
+# load the next item while computing the current one (programs_per_sm) and the readout from the
+# loaded state: at B=256, H=32, K=V=128 on the H200, BV=64 on 4 warps, 2 programs per SM, 181.6 us
+# (70% of copy) against 192.4 (BV=32, one warp, one item per program) and 208.4 before the readout
+# (bench/RESULTS.md, runs 44-46); with few items (B=16: 1,024) the one-item grid stays faster (10.6
+# against 13.9 us).  A float32 pool is at 92-93% of copy either way: its config is unchanged.
+PERSISTENT_ITEMS = 4096
+
+
+def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: dict | None = None) -> RecurrentConfig:
+    """``state_dtype``: of the state the call reads and writes (its decode pool); ``shape``:
+    optional {"N": sequences, "HV": value heads}.  K=V=128 on the H200 (bench/RESULTS.md, runs 30
+    and 44-46, a packed decode step from graph replay): a float32 pool moves fastest with BV=64 on
+    4 warps (271.7 us at B=256, 93% of copy; 16.6 us at B=16); a half-width pool, half the bytes
+    per program, with BV=32 on one warp and the loaded-state readout for a few items, and
+    persistent programs (above) for many.  One warp at BV >= 64 spills registers and collapses."""
     if plan.K > 128:
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=4, num_stages=1)
     if state_dtype in ("bfloat16", "float16"):
-        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1)
+        items = (shape or {}).get("N", 0) * (shape or {}).get("HV", 0) * -(-plan.V // min(64, plan.BV))
+        if items >= PERSISTENT_ITEMS:
+            return RecurrentConfig(block_v=min(64, plan.BV), num_warps=4, num_stages=1, readout="loaded",
+                                   programs_per_sm=2)
+        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1, readout="loaded")
     return RecurrentConfig(block_v=min(64, plan.BV), num_warps=4, num_stages=1)
 
 
@@ -124,5 +140,5 @@ def default_config(family: str, plan: Plan, shape: dict | None = None,
         fwd = train_config or default_train_config(plan, shape)
         return default_chunk_bwd_config(plan).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
     if family == "recurrent":
-        return default_recurrent_config(plan, state_dtype)
+        return default_recurrent_config(plan, state_dtype, shape)
     raise ValueError(f"unknown kernel family {family!r}")
