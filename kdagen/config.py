@@ -209,16 +209,19 @@ class RecurrentConfig(_Config):
     # 0: one program per (V tile, sequence, value head); n > 0: n programs per SM, each taking
     # items in turn and loading the next item's state while it computes the current one
     programs_per_sm: int = 0
+    # the state's loads marked evict-first and its stores streaming (.cs): it is read and written
+    # once per step, so it need not stay in L2
+    stream_state: bool = False
 
     def __post_init__(self):
         self._check_pow2("block_v", "num_warps")
         self._check_stages("num_stages")
         self._check_choice("readout", READOUTS)
-        if self.programs_per_sm != 0:
-            self._check_pow2("programs_per_sm")
-            if self.programs_per_sm > 32:
-                raise ConfigError(f"recurrent: programs_per_sm must be 0 or a power of two up to 32, "
-                                  f"got {self.programs_per_sm}")
+        pps = self.programs_per_sm
+        if isinstance(pps, bool) or not isinstance(pps, int) or not 0 <= pps <= 32:
+            raise ConfigError(f"recurrent: programs_per_sm must be an int in 0..32, got {pps!r}")
+        if not isinstance(self.stream_state, bool):
+            raise ConfigError(f"recurrent: stream_state must be a bool, got {self.stream_state!r}")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

@@ -106,8 +106,8 @@ REC_CASES = [
     ("fp16-gate-in-kernel-softplus-BV16", "float16", 128, 128, "gik_sp", 16, {}),
     ("bf16-K128V128-BV64-pool-v-first", "bfloat16", 128, 128, "direct", 64, dict(pool="float32", v_first=True)),
     # persistent programs prefetching their next item, the readout from the loaded state
-    ("bf16-K128V128-BV32-bf16-pool-persistent-loaded", "bfloat16", 128, 128, "direct", 32,
-     dict(pool="bfloat16", rc=dict(num_warps=1, readout="loaded", programs_per_sm=8))),
+    ("bf16-K128V128-BV32-bf16-pool-persistent-loaded-streamed", "bfloat16", 128, 128, "direct", 32,
+     dict(pool="bfloat16", rc=dict(num_warps=1, readout="loaded", programs_per_sm=3, stream_state=True))),
     ("bf16-K96V192-varlen-gate-in-kernel-persistent", "bfloat16", 96, 192, "gik_lb", 16,
      dict(varlen=True, rc=dict(programs_per_sm=4))),
 ]

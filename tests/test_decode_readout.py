@@ -161,7 +161,26 @@ def test_persistent_dplr_with_reverse_and_the_batch_form(reverse):
         assert_close(ht, rh, TOL[F32], f"final state, {pps} programs per SM")
 
 
-def test_programs_per_sm_is_validated():
-    for bad in (3, 64, -1):
+def test_programs_per_sm_and_stream_state_are_validated():
+    assert RecurrentConfig(programs_per_sm=3).programs_per_sm == 3
+    for bad in (33, 64, -1, True, 2.0):
         with pytest.raises(ConfigError, match="programs_per_sm"):
             RecurrentConfig(programs_per_sm=bad)
+    with pytest.raises(ConfigError, match="stream_state"):
+        RecurrentConfig(stream_state=1)
+
+
+@pytest.mark.parametrize("pps", (0, 3), ids=("grid", "persistent"))
+def test_streamed_state_is_the_same_program(pps):
+    """stream_state only adds cache hints to the state's loads and stores: same results, and the
+    source says so where the state is read and written."""
+    x, h0, cu = _inputs("kda", F32, seed=9)
+    ro, rh = _ref("kda", x, h0, cu)
+    o, ht = _op("kda", x, h0, cu, RecurrentConfig(block_v=16, programs_per_sm=pps, stream_state=True))
+    assert_close(o, ro, TOL[F32], "o")
+    assert_close(ht, rh, TOL[F32], "final state")
+    plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
+    src = render("recurrent", plan, RecurrentConfig(programs_per_sm=pps, stream_state=True)).text
+    plain = render("recurrent", plan, RecurrentConfig(programs_per_sm=pps)).text
+    assert src.count('eviction_policy="evict_first"') >= 1 and src.count('cache_modifier=".cs"') >= 1
+    assert "evict_first" not in plain and ".cs" not in plain

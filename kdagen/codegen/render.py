@@ -130,6 +130,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     elif kernel == "recurrent":
         v["readout_loaded"] = config.readout == "loaded"
         v["persistent"] = config.programs_per_sm > 0
+        v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
+        v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
     return v
