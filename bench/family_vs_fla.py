@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 T0 = time.time()
 LOG: list[str] = []
 RES: dict = {"rows": [], "errors": [], "skipped": []}
-MEMBERS = ("gdn", "deltanet", "gla", "gla5", "dplr")  # gla5: GLA with g >= -5 promised to kdagen (safe_gate)
+MEMBERS = ("gdn", "deltanet", "gla", "gla5", "dplr", "dplr5")  # gla5/dplr5: g >= -5 promised to kdagen (safe_gate)
 PASSES = ("errors", "fwd", "fwdbwd", "decode", "profile")
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 DECODE = [(1, 32, 128), (256, 32, 128)]  # (B, H, K=V)
@@ -55,7 +55,8 @@ SMOKE_ERROR_SHAPES = [(1, 37, 1, 32)]
 RESERVE = {"fwd": 20.0, "fwdbwd": 45.0}  # seconds a GPU timing section needs left to start (compiles, warm-up)
 GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"), "deltanet": ("q", "k", "v", "beta", "initial_state"),
         "gla": ("q", "k", "v", "g", "initial_state"), "gla5": ("q", "k", "v", "g", "initial_state"),
-        "dplr": ("q", "k", "v", "a", "b", "gk", "initial_state")}
+        "dplr": ("q", "k", "v", "a", "b", "gk", "initial_state"),
+        "dplr5": ("q", "k", "v", "a", "b", "gk", "initial_state")}
 
 
 def log(*a):
@@ -100,6 +101,9 @@ def ops(member, lib):
             return kdagen.chunk_gla, kdagen.fused_recurrent_gla
         if member == "gla5":  # the caller promises g >= -5 (the inputs keep it): factorised diagonal tiles
             return functools.partial(kdagen.chunk_gla, safe_gate=True, lower_bound=-5.0), kdagen.fused_recurrent_gla
+        if member == "dplr5":  # the caller promises gk >= -5 (the inputs keep it): factorised diagonal tiles
+            return (functools.partial(kdagen.chunk_dplr_delta_rule, safe_gate=True, lower_bound=-5.0),
+                    kdagen.fused_recurrent_dplr_delta_rule)
         if member == "dplr":
             if not hasattr(kdagen, "chunk_dplr_delta_rule"):
                 log("kdagen has no chunk_dplr_delta_rule in this build: FLA's rows only")
@@ -107,7 +111,7 @@ def ops(member, lib):
             return kdagen.chunk_dplr_delta_rule, getattr(kdagen, "fused_recurrent_dplr_delta_rule", None)
         return kdagen.chunk_delta_rule, kdagen.fused_recurrent_delta_rule
     try:
-        if member == "dplr":
+        if member in ("dplr", "dplr5"):
             from fla.ops.generalized_delta_rule import chunk_dplr_delta_rule, fused_recurrent_dplr_delta_rule
             return chunk_dplr_delta_rule, fused_recurrent_dplr_delta_rule
         if member in ("gla", "gla5"):
@@ -124,7 +128,7 @@ def ops(member, lib):
 
 
 def call_chunk(member, fn, x):
-    if member == "dplr":
+    if member in ("dplr", "dplr5"):
         return fn(x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], initial_state=x["initial_state"],
                   output_final_state=True)
     if member in ("gla", "gla5"):
@@ -135,7 +139,7 @@ def call_chunk(member, fn, x):
 
 
 def call_recurrent(member, fn, x, **kw):
-    if member == "dplr":
+    if member in ("dplr", "dplr5"):
         return fn(x["q"], x["k"], x["v"], x["a"], x["b"], x["gk"], initial_state=x["initial_state"],
                   output_final_state=True, **kw)
     if member in ("gla", "gla5"):
@@ -155,7 +159,7 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     v = torch.randn(B, T, H, V, generator=gen)
     if member in ("gla", "gla5"):
         x = dict(q=q, k=k, v=v)
-    elif member == "dplr":  # FLA's convention S <- Diag(exp gk) S + b (a^T S) + k v^T: a unit read vector and
+    elif member in ("dplr", "dplr5"):  # FLA's convention S <- Diag(exp gk) S + b (a^T S) + k v^T: a unit read vector and
         # b = -beta * a (RWKV-7's pairing), so each step's transition Diag(exp gk) - beta a a^T stays contractive
         a = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
         x = dict(q=q, k=k, v=v, a=a, b=-torch.sigmoid(torch.randn(B, T, H, 1, generator=gen)) * a)
@@ -168,8 +172,9 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     if member in ("gla", "gla5"):  # a per-channel log decay (FLA's GLA recipe); gla5 keeps g >= -5
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 2.0)
         x["g"] = (g.clamp(min=-5.0) if member == "gla5" else g).to(dev)
-    if member == "dplr":
-        x["gk"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 2.0).to(dev)
+    if member in ("dplr", "dplr5"):  # dplr5 keeps gk >= -5
+        gk = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 2.0)
+        x["gk"] = (gk.clamp(min=-5.0) if member == "dplr5" else gk).to(dev)
     x["initial_state"] = (0.1 * torch.randn(B, H, K, V, generator=gen)).to(dev)
     return x
 
@@ -302,7 +307,7 @@ def _reference(member, x, names, dev):
     from kdagen.spec.reference import (naive_recurrent_deltanet, naive_recurrent_dplr, naive_recurrent_gdn,
                                        naive_recurrent_gla)
     r = {n: x[n].double().requires_grad_(True) for n in names}
-    if member == "dplr":  # kdagen's reference subtracts a b^T: FLA's b (a^T S) is a_ref = -b, b_ref = a
+    if member in ("dplr", "dplr5"):  # kdagen's reference subtracts a b^T: FLA's b (a^T S) is a_ref = -b, b_ref = a
         ro, rs = naive_recurrent_dplr(r["q"], r["k"], r["v"], -r["b"], r["a"], r["gk"],
                                       initial_state=r["initial_state"], output_final_state=True)
     elif member in ("gla", "gla5"):
