@@ -27,7 +27,7 @@ def _bench(monkeypatch):
 def test_smoke_runs_kdagen_side_of_every_section(monkeypatch, tmp_path, capsys):
     res = _bench(monkeypatch).main(["--smoke", "--out", str(tmp_path)])
     rows = {(r["member"], r["pass_"]): r for r in res["rows"]}
-    members = ("gdn", "deltanet", "gla", "gla5", "dplr")
+    members = ("gdn", "deltanet", "gla", "gla5", "dplr", "dplr5")
     assert set(rows) == {(m, p) for m in members for p in ("fwd", "fwdbwd", "decode")}
     for r in rows.values():
         key = "kdagen_graph_us" if r["pass_"] == "decode" else "kdagen_ms"
@@ -40,7 +40,7 @@ def test_smoke_runs_kdagen_side_of_every_section(monkeypatch, tmp_path, capsys):
         want = {"o", "final_state", "recurrent_o"} if e["kind"] == "forward" else (
             {"dq", "dk", "dv", "dinitial_state"} | ({"dbeta"} if e["member"] in ("gdn", "deltanet") else set())
             | ({"dg"} if e["member"] in ("gdn", "gla", "gla5") else set())
-            | ({"da", "db", "dgk"} if e["member"] == "dplr" else set()))
+            | ({"da", "db", "dgk"} if e["member"] in ("dplr", "dplr5") else set()))
         assert set(e["kdagen"]) == want, e
         assert all(v < 1e-5 for v in e["kdagen"].values()), e  # fp32 in the interpreter: float64-exact
     saved = json.loads((tmp_path / "family.json").read_text())
@@ -48,7 +48,7 @@ def test_smoke_runs_kdagen_side_of_every_section(monkeypatch, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| gdn | fwd | 1, 40, 2, 32 |" in out and "| deltanet | gradients | 1, 37, 1, 32 | kdagen | dq " in out
     # the forward rows of every member come before any gradient row
-    assert [r["pass_"] for r in res["rows"]] == ["fwd", "decode"] * 5 + ["fwdbwd"] * 5
+    assert [r["pass_"] for r in res["rows"]] == ["fwd", "decode"] * 6 + ["fwdbwd"] * 6
 
 
 def test_a_spent_budget_still_writes_the_table(monkeypatch, tmp_path, capsys):
