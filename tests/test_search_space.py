@@ -56,7 +56,9 @@ def test_recurrent_space():
     space = load_space("recurrent")
     assert space.size == 64
     cands = space.candidates(dict(K=128, V=128, smem_limit=H100_SMEM))
-    assert len(cands) == 64 and all(isinstance(c, RecurrentConfig) for c in cands)
+    # persistent programs on one warp are left out (they spill: bench/RESULTS.md, run 45)
+    assert len(cands) == 64 - 4 * 2 and all(isinstance(c, RecurrentConfig) for c in cands)
+    assert not [c for c in cands if c.programs_per_sm and c.num_warps == 1]
     assert {c.programs_per_sm for c in cands} == {0, 2}
     assert {c.num_stages for c in cands} == {1}
     assert {c.readout for c in cands} == {"updated", "loaded"}
