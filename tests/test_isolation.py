@@ -45,6 +45,26 @@ class Broken:
         raise RuntimeError("no GPU here")
 
 
+class SlowStart(Flaky):
+    """A candidate whose making takes a while (imports, inputs on the GPU)."""
+
+    def __init__(self, seconds: float):
+        time.sleep(seconds)
+        super().__init__()
+
+
+def test_start_up_has_its_own_limit():
+    """Making the worker may take longer than a config may take to answer (a loaded machine, a
+    slow import): the start-up's limit is separate from the calls', and it still applies."""
+    with IsolatedCandidate(SlowStart, 2.0, timeout_s=1.0) as c:
+        assert c.build("x") == "x" and c.restarts == 0
+        with pytest.raises(CandidateError, match="build: no answer from the worker within 1s"):
+            c.build("hang")
+    with IsolatedCandidate(SlowStart, 3.0, timeout_s=1.0, start_timeout_s=0.5) as c:
+        with pytest.raises(CandidateError, match="start: no answer from the worker within 0s"):
+            c.build("x")
+
+
 def test_answers_come_from_a_worker_that_is_reused():
     with IsolatedCandidate(Flaky, 1.0) as c:
         assert c.build("x") == "x" and c.check("x") == 0.0

@@ -6,7 +6,10 @@ unusable: every later launch in it fails.  :class:`IsolatedCandidate` forwards `
 ``check`` / ``time`` to a worker process that holds the real candidate (its inputs stay
 on the GPU between calls).  An exception there comes back as :class:`CandidateError` and
 becomes a failed trial; after a fatal one (a CUDA error, a crash, no answer within
-``timeout_s``) the worker is discarded and the next call starts a fresh one.
+``timeout_s``) the worker is discarded and the next call starts a fresh one.  Starting a
+worker (spawning it, importing torch and kdagen, making the candidate) has its own, longer
+limit, ``start_timeout_s``: on a loaded machine it can take longer than a config may take to
+answer, and it says nothing about a config.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import traceback
 from typing import Any
 
 REMAKE = "__remake__"  # the message that swaps the worker's candidate
+START_TIMEOUT_S = 120.0  # the least a worker's start-up is given
 FATAL_MARKERS = ("CUDA error", "AcceleratorError", "cudaError", "device-side assert", "illegal memory access")
 
 
@@ -67,9 +71,12 @@ class IsolatedCandidate:
     """``factory(*args, **kwargs)`` -- a picklable callable, e.g. a class -- is the candidate,
     made in a spawned worker.  Exposes ``build`` / ``check`` / ``time`` and ``tolerance``."""
 
-    def __init__(self, factory, *args, timeout_s: float = 600.0, tolerance: float | None = None, **kwargs):
+    def __init__(self, factory, *args, timeout_s: float = 600.0, tolerance: float | None = None,
+                 start_timeout_s: float | None = None, **kwargs):
         self.factory, self.args, self.kwargs = factory, args, kwargs
         self.timeout_s = timeout_s
+        # a worker's start-up (spawn, imports, the candidate made): at least START_TIMEOUT_S
+        self.start_timeout_s = max(timeout_s, START_TIMEOUT_S) if start_timeout_s is None else start_timeout_s
         self.tolerance = tolerance if tolerance is not None else getattr(factory, "tolerance", None)
         self.restarts = 0  # workers discarded after a fatal error
         self._proc = None
@@ -83,7 +90,7 @@ class IsolatedCandidate:
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
-        reply = self._recv("start")
+        reply = self._recv("start", self.start_timeout_s)
         if reply[0] != "ready":
             self._discard()
             raise CandidateError(f"candidate could not be made in the worker: {reply[1]}: {reply[2]}")
@@ -99,10 +106,11 @@ class IsolatedCandidate:
             self._proc.join(timeout=10)
         self._proc = self._conn = None
 
-    def _recv(self, what: str):
-        if not self._conn.poll(self.timeout_s):
+    def _recv(self, what: str, timeout_s: float | None = None):
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        if not self._conn.poll(limit):
             self._discard()
-            raise CandidateError(f"{what}: no answer from the worker within {self.timeout_s:.0f}s (killed)")
+            raise CandidateError(f"{what}: no answer from the worker within {limit:.0f}s (killed)")
         try:
             return self._conn.recv()
         except (EOFError, OSError):
