@@ -27,7 +27,7 @@ A. ``chunk_seg_state``, grid (cdiv(V, BV) + cdiv(K, BV), segments x HV): the pas
    transition tiled over its columns like V.
 B. ``chunk_seg_combine``, grid (cdiv(V, BV), N x HV): the chain above, one step per segment,
    writing S_j to hseg [segments, HV, K, V] and the final state to ht.  One small kernel, not a
-   host loop (a launch costs ~15 us on an H200).
+   host loop (a launch costs 5-13 us of host time on the H200 machine: bench/logs/run4[4-6]_launch_floor.log).
 C. ``chunk_seg_pass``, grid (cdiv(V, BV), segments x HV): chunk_pass per segment, from hseg[j]
    (the ``segmented`` branch of its template): o and, when asked, the per-chunk states.
 
