@@ -76,8 +76,8 @@ def _pow2(x: int) -> bool:
 
 
 INVERSE_PRECISIONS = ("bf16", "tf32", "ieee")  # operands of the forward solve's (I + A)^-1 products
-FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward solve's A products
-READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)
+FACTOR_PRECISIONS = ("input", "fp32")
+READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)  # the factored q/k tiles of the forward solve's A products
 
 
 @dataclass(frozen=True)

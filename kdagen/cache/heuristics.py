@@ -3,7 +3,6 @@ tuner measures its candidates against."""
 from __future__ import annotations
 
 from ..codegen.lower import Plan
-from ..codegen.render import SEGMENT_MAX_BK
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
 
 
@@ -49,7 +48,7 @@ def _segments(plan: Plan, shape: dict | None, C: int, bv: int) -> int:
     """state_segment_chunks for ``shape`` ({"N", "HV", "T", and "T_max": the longest sequence,
     T when absent}): 0 without a shape, for K > 128 (kdagen.codegen.render.SEGMENT_MAX_BK), with
     enough programs, or for short sequences."""
-    if not shape or not {"N", "HV", "T"} <= set(shape) or plan.BK > SEGMENT_MAX_BK:
+    if not shape or not {"N", "HV", "T"} <= set(shape) or plan.BK > 128:
         return 0
     programs = shape["N"] * shape["HV"] * -(-plan.V // bv)
     chunks = -(-int(shape.get("T_max", shape["T"])) // C)

@@ -106,9 +106,10 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
     if kernel in ("chunk_solve", "chunk_pass", "chunk_seg_pass"):
         v.update(_forward_vars(kernel, plan, config))
-    elif kernel in ("chunk_seg_state", "chunk_seg_combine"):  # one program holds a whole K row
+    elif kernel == "chunk_seg_state":
         v["k_mask"] = plan.K != plan.BK
-    if kernel == "chunk_seg_combine":
+    elif kernel == "chunk_seg_combine":
+        v["k_mask"] = plan.K != plan.BK
         # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
         # kdagen/ops/chunk_segments.py on the error)
         v["combine_kw"] = ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'
