@@ -90,6 +90,9 @@ def cases():
     out = [("plain", s, False, None) for s in PLAIN]
     out += [("layer", s, True, None) for s in LAYER]
     out.append(("packed64", (1, PACKED[1], PACKED[2], PACKED[3]), False, packed_lengths(PACKED[0], PACKED[1])))
+    # the same call given the offsets on the host too (FLA's cu_seqlens_cpu, both libraries): what a
+    # serving engine that has them passes; neither reads cu_seqlens back from the device
+    out.append(("packed64h", (1, PACKED[1], PACKED[2], PACKED[3]), False, packed_lengths(PACKED[0], PACKED[1])))
     out.append(("long", LONG, False, None))
     return out
 
@@ -191,7 +194,7 @@ def main():
     ap.add_argument("--warm-workers", type=int, default=12)
     ap.add_argument("--warm-budget", type=float, default=240.0, help="seconds the warm-up may take")
     ap.add_argument("--no-fla", action="store_true")
-    ap.add_argument("--only", default="", help="comma-separated case names (plain, layer, packed64, long)")
+    ap.add_argument("--only", default="", help="comma-separated case names (plain, layer, packed64, packed64h, long)")
     args = ap.parse_args()
     import triton
 
@@ -224,6 +227,8 @@ def main():
         if only and name not in only:
             continue
         x, flags = inputs(B, T, H, D, D, layer, cu)
+        if name == "packed64h":
+            flags = dict(flags, cu_seqlens_cpu=cu)
         th = B * T * H
         floor_bytes = th * (2 * D * 2 + D * 4 + D * 2 + 2 + D * 2)  # q, k, v, g (fp32), beta read; o written
         row = dict(case=name, shape=[B, T, H, D], tokens_heads=th, floor_ms=floor_bytes / ceil / 1e6)
@@ -232,7 +237,8 @@ def main():
                 fk = lambda: _call(kdagen.chunk_kda, x, flags)  # noqa: E731
                 fk()
                 row["kdagen_ms"] = bench_ms(fk)
-                launches, _ = chunk_kda_launches(**x, **flags, output_final_state=True)
+                launches, _ = chunk_kda_launches(**x, **{f: v for f, v in flags.items() if f != "cu_seqlens_cpu"},
+                                                 output_final_state=True)
                 for ln in launches:
                     ln()
                 row["kdagen_launch_ms"] = {ln.kernel: bench_ms(ln) for ln in launches}

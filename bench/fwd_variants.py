@@ -28,6 +28,15 @@ VARIANTS = {
     "f32": dict(factor_precision="fp32"),
     "c32": dict(chunk_size=32),
     "c32w8": dict(chunk_size=32, intra_num_warps=8),
+    "c64": dict(chunk_size=64),
+    "la1": dict(solve_load_ahead=1),
+    "la2": dict(solve_load_ahead=2),
+    "c64la1": dict(chunk_size=64, solve_load_ahead=1),
+    "c64la2": dict(chunk_size=64, solve_load_ahead=2),
+    "bv16": dict(state_block_v=16),
+    "bv64": dict(state_block_v=64),
+    "sw8": dict(state_num_warps=8),
+    "ss2": dict(state_num_stages=2),
 }
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128), (4, 4096, 32, 128)]
 
@@ -42,11 +51,11 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--tag", default="run")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--cases", default="plain,layer")
+    ap.add_argument("--cases", default="plain,layer", help="of plain, layer (three shapes each), packed64, long")
     ap.add_argument("--extra", default="", help="extra variants as JSON: {name: {field: value}}")
     args = ap.parse_args()
     import kdagen
-    from forward_vs_fla import inputs
+    from forward_vs_fla import cases, inputs
     from kdagen.cache.heuristics import default_chunk_config
     from kdagen.ops.chunk import _prepare, chunk_kda_launches
 
@@ -58,44 +67,47 @@ def main():
     t0 = time.time()
     print(f"kdagen {kdagen.__version__} from {os.path.dirname(kdagen.__file__)}, {torch.cuda.get_device_name()}",
           flush=True)
-    for case in args.cases.split(","):
-        for (B, T, H, D) in SHAPES:
-            x, flags = inputs(B, T, H, D, D, case == "layer")
-            call, _ = _prepare(**{n: x.get(n) for n in ("q", "k", "v", "g", "beta")},
-                               initial_state=x["initial_state"], A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
-                               use_qk_l2norm_in_kernel=flags.get("use_qk_l2norm_in_kernel", False),
-                               use_gate_in_kernel=flags.get("use_gate_in_kernel", False),
-                               use_beta_sigmoid_in_kernel=flags.get("use_beta_sigmoid_in_kernel", False),
-                               safe_gate=True, lower_bound=flags["lower_bound"])
-            base = default_chunk_config(call.plan, call.shape)
-            ref = None
-            for name in names:
-                cfg = base.replace(**variants[name])
-                row = dict(case=case, shape=[B, T, H, D], variant=name, config=cfg.to_dict())
-                try:
-                    with torch.no_grad():
-                        launches, (o, ht, _) = chunk_kda_launches(**x, **flags, output_final_state=True, config=cfg)
-                        for ln in launches:
-                            ln()
-                        torch.cuda.synchronize()
-                        if ref is None:
-                            ref = (o.float().clone(), ht.clone())
-                        row["diff_vs_first"] = [float((o.float() - ref[0]).abs().max()),
-                                                float((ht - ref[1]).abs().max())]
-                        row["launch_ms"] = {ln.kernel: bench_ms(ln) for ln in launches}
-                        row["op_ms"] = bench_ms(lambda: kdagen.chunk_kda(**x, **flags, output_final_state=True,
-                                                                         config=cfg))
-                except Exception as e:  # noqa: BLE001
-                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                rows.append(row)
-                lt = " ".join(f"{k} {v:.3f}" for k, v in row.get("launch_ms", {}).items())
-                print(f"{case:5s} {B},{T},{H},{D} {name:8s} op {row.get('op_ms', float('nan')):.3f} | {lt} "
-                      f"| diff {row.get('diff_vs_first')} {row.get('error', '')} [t={time.time() - t0:.0f}s]",
-                      flush=True)
-                with open(os.path.join(args.out, f"variants-{args.tag}.json"), "w") as f:
-                    json.dump(rows, f, indent=1)
-            del x
-            torch.cuda.empty_cache()
+    wanted = args.cases.split(",")
+    todo = [(c, s, c == "layer", None) for c in ("plain", "layer") if c in wanted for s in SHAPES]
+    todo += [c for c in cases() if c[0] in wanted and c[0] not in ("plain", "layer")]  # packed64, long
+    for case, (B, T, H, D), layer, cu in todo:
+        x, flags = inputs(B, T, H, D, D, layer, cu)
+        call, _ = _prepare(**{n: x.get(n) for n in ("q", "k", "v", "g", "beta")},
+                           initial_state=x["initial_state"], A_log=x.get("A_log"), dt_bias=x.get("dt_bias"),
+                           cu_seqlens=x.get("cu_seqlens"),
+                           use_qk_l2norm_in_kernel=flags.get("use_qk_l2norm_in_kernel", False),
+                           use_gate_in_kernel=flags.get("use_gate_in_kernel", False),
+                           use_beta_sigmoid_in_kernel=flags.get("use_beta_sigmoid_in_kernel", False),
+                           safe_gate=True, lower_bound=flags["lower_bound"])
+        base = default_chunk_config(call.plan, call.shape)
+        ref = None
+        for name in names:
+            cfg = base.replace(**variants[name])
+            row = dict(case=case, shape=[B, T, H, D], variant=name, config=cfg.to_dict())
+            try:
+                with torch.no_grad():
+                    launches, (o, ht, _) = chunk_kda_launches(**x, **flags, output_final_state=True, config=cfg)
+                    for ln in launches:
+                        ln()
+                    torch.cuda.synchronize()
+                    if ref is None:
+                        ref = (o.float().clone(), ht.clone())
+                    row["diff_vs_first"] = [float((o.float() - ref[0]).abs().max()),
+                                            float((ht - ref[1]).abs().max())]
+                    row["launch_ms"] = {ln.kernel: bench_ms(ln) for ln in launches}
+                    row["op_ms"] = bench_ms(lambda: kdagen.chunk_kda(**x, **flags, output_final_state=True,
+                                                                     config=cfg))
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+            lt = " ".join(f"{k} {v:.3f}" for k, v in row.get("launch_ms", {}).items())
+            print(f"{case:5s} {B},{T},{H},{D} {name:8s} op {row.get('op_ms', float('nan')):.3f} | {lt} "
+                  f"| diff {row.get('diff_vs_first')} {row.get('error', '')} [t={time.time() - t0:.0f}s]",
+                  flush=True)
+            with open(os.path.join(args.out, f"variants-{args.tag}.json"), "w") as f:
+                json.dump(rows, f, indent=1)
+        del x
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -104,6 +104,10 @@ class ChunkFwdConfig(_Config):
     # each get their transition and zero-start end state in parallel, a short pass chains them and
     # the pass proper walks each segment from its entering state; 0: one pass over each sequence
     state_segment_chunks: int = 0
+    # where the solve (channel decay) issues its loads of g, beta, k and q: 0 where each is first
+    # read (k after the cumulative sum, q after bk's store), 1 all of a half's at its start, 2 also
+    # the second half's before the first half's inverse (more registers live, fewer round trips)
+    solve_load_ahead: int = 0
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "intra_num_warps", "state_num_warps")
@@ -118,6 +122,8 @@ class ChunkFwdConfig(_Config):
         self._check_choice("factor_precision", FACTOR_PRECISIONS)
         if not isinstance(self.state_prefetch, bool):
             raise ConfigError(f"chunk_fwd: state_prefetch must be a bool, got {self.state_prefetch!r}")
+        if isinstance(self.solve_load_ahead, bool) or self.solve_load_ahead not in (0, 1, 2):
+            raise ConfigError(f"chunk_fwd: solve_load_ahead must be 0, 1 or 2, got {self.solve_load_ahead!r}")
         L = self.state_segment_chunks
         if not isinstance(L, int) or isinstance(L, bool) or not (L == 0 or (L >= 2 and _pow2(L))):
             raise ConfigError(f"chunk_fwd: state_segment_chunks must be 0 (off) or a power of two >= 2, got {L!r}")

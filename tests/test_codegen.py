@@ -95,8 +95,8 @@ def test_header_names_spec_config_and_version():
                      f"parameters)")
     solve = render("chunk_solve", p, c).text.splitlines()[5]
     assert solve == (f"# config : chunk_size={c.chunk_size} sub_chunk={c.sub_chunk} inverse_precision="
-                     f"{c.inverse_precision} factor_precision={c.factor_precision} (the other fields are launch "
-                     f"parameters)")
+                     f"{c.inverse_precision} factor_precision={c.factor_precision} solve_load_ahead={c.solve_load_ahead} "
+                     f"(the other fields are launch parameters)")
     state = render("chunk_pass", p, c).text.splitlines()[5]
     assert state == (f"# config : chunk_size={c.chunk_size} state_prefetch={c.state_prefetch} (the other fields are "
                      f"launch parameters)")

@@ -91,6 +91,15 @@ CASES = [
          cfg=dict(state_prefetch=False, state_num_stages=2, state_block_v=16)),
     Case("factors-fp32-gik-varlen-C32", 1, 105, 1, 2, 96, 16, gate="gik_lb", cu=VARLEN, C=32,
          cfg=dict(factor_precision="fp32", state_block_v=64)),
+    # --- the solve's loads issued ahead (solve_load_ahead): each half's together, and the second
+    # half's before the first half's inverse; masked channels, varlen, the element-wise path
+    Case("load-ahead-2-safe-varlen-K96V16", 1, 105, 1, 2, 96, 16, gate="safe", cu=VARLEN, C=64,
+         cfg=dict(solve_load_ahead=2)),
+    Case("load-ahead-1-below-bound-T130", 1, 130, 1, 1, 64, 64, gate="safe", g_mode="below", C=64,
+         cfg=dict(solve_load_ahead=1)),
+    Case("load-ahead-2-gik-T100", 1, 100, 1, 2, 64, 64, gate="gik_lb", C=64, cfg=dict(solve_load_ahead=2)),
+    Case("fp16-load-ahead-1-C32-free", 1, 64, 1, 1, 64, 64, dtype=F16, gate="free", C=32,
+         cfg=dict(solve_load_ahead=1)),
     # --- gates the factorised path cannot take (below the promised bound, -inf resets): the
     # element-wise path of the sub-tiles concerned gives the recurrence's answer
     Case("g-below-bound-safe-T130", 1, 130, 1, 2, 64, 64, gate="safe", g_mode="below"),
@@ -258,12 +267,12 @@ def test_chunk_kda_without_final_state_returns_none():
     assert_close(o2, ro2, TOL[torch.float32], "o without initial state")
 
 
-@pytest.mark.parametrize("K", [64, 80])
-def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K):
+@pytest.mark.parametrize("K,ahead", [(64, 0), (80, 0), (80, 2)])
+def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K, ahead):
     """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel with allow_neg_eigval and an
     explicit scale, against the reference fed the pre-processed inputs.  An inference call
     computes them inside the kernels: no torch pre-pass runs.  K=80: the norms of rows padded
-    to 128 channels."""
+    to 128 channels.  ahead: the solve's loads issued ahead (``solve_load_ahead``)."""
     from kdagen.ops import chunk as chunk_op
 
     def no_prepass(*a, **k):
@@ -279,7 +288,8 @@ def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K):
     braw = 2 * torch.randn(B, T, HV, generator=gen)
     h0 = torch.randn(B, HV, K, V, generator=gen)
     o, ht = kdagen.chunk_kda(q, k, v, g, braw, scale=0.3, initial_state=h0, output_final_state=True,
-                             use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
+                             use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                             config=ChunkFwdConfig(solve_load_ahead=ahead) if ahead else None)
     qn = torch.nn.functional.normalize(q.double(), dim=-1)
     kn = torch.nn.functional.normalize(k.double(), dim=-1)
     beta = 2 * torch.sigmoid(braw.double())

@@ -158,7 +158,7 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
     assert mine.fingerprint() != full.fingerprint() and mine.kernel == "chunk_fwd"
     assert set(full.params) == set(mine.params) and full.stages == mine.stages
     dropped = {f: [v for v in full.params[f] if v not in mine.params[f]] for f in full.params}
-    assert {f: v for f, v in dropped.items() if v} == {"factor_precision": ["fp32"]}
+    assert {f: v for f, v in dropped.items() if v} == {"factor_precision": ["fp32"], "solve_load_ahead": [2]}
     d = default_config("chunk_fwd", plan)
     for kind in FAMILY_KERNELS["chunk_fwd"]:
         for inv in full.params["inverse_precision"]:
@@ -168,6 +168,11 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
             # KDA's factorised solve does read it: its space keeps both
             if kind == "chunk_solve":
                 assert _body(render(kind, kda, a).text, kind) != _body(render(kind, kda, b).text, kind)
+    a, b = d.replace(solve_load_ahead=0), d.replace(solve_load_ahead=2)
+    assert _body(render("chunk_solve", plan, a).text, "chunk_solve") == _body(render("chunk_solve", plan, b).text,
+                                                                               "chunk_solve")
+    assert _body(render("chunk_solve", kda, a).text, "chunk_solve") != _body(render("chunk_solve", kda, b).text,
+                                                                              "chunk_solve")
     # what the scalar space keeps still changes the member's solve
     a, b = d.replace(inverse_precision="bf16"), d.replace(inverse_precision="tf32")
     assert _body(render("chunk_solve", plan, a).text, "chunk_solve") != _body(render("chunk_solve", plan, b).text,
@@ -175,7 +180,7 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
     ctx = F.space_context(plan, F.family_spec("chunk_fwd", _args(ref)), get_profile("h800"), 2)
     n_full = len(F.stage_candidates(full, ctx, "solve", d))
     n_mine = len(F.stage_candidates(mine, ctx, "solve", d))
-    assert n_mine * 2 == n_full and n_mine > 0
+    assert n_mine * 4 == n_full and n_mine > 0  # factor_precision and solve_load_ahead: two values each
 
 
 # --- build, list ------------------------------------------------------------------------

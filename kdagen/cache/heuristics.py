@@ -15,21 +15,32 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     (1, 8192, 96)).  Above K=128 a row of the state pass's tiles is twice as wide: 32-row
     chunks, two pipeline stages (their shared memory) and 8 warps in the solve.
 
-    With the gate computed in the kernel (the KDA layer's call: raw gate, A_log, dt_bias, and
-    the l2-norm and beta sigmoid alongside), the solve's extra work makes one 32-row half per
-    program pay: 32-row chunks measured 2.019 / 1.366 / 1.167 ms against 64-row chunks' 2.082 /
-    1.391 / 1.375 ms at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32) (bench/RESULTS.md, run 34)."""
+    The solve issues each half's loads together and the second half's before the first half's
+    inverse (``solve_load_ahead=2``): 0.966 / 0.660 / 0.660 ms against 1.073 / 0.708 / 0.708 ms
+    with the loads where they are read, at the three shapes above (run 50).  With it, the KDA
+    layer's call (raw q/k with the l2-norm, the raw gate with A_log and dt_bias, the raw beta, all
+    in the kernel) also takes 64-row chunks: 1.753 / 1.184 / 1.185 ms against 32-row chunks'
+    1.792 / 1.310 / 1.127 ms (without the early loads, 32-row chunks had won; run 34).
+
+    Many state-pass programs (a packed batch of short sequences: 8,192 at BV=32 for 64 sequences
+    of 32 heads) take 64-wide V tiles: 1.002 ms against 1.131 at BV=32 (run 50)."""
     if plan.BK > 128:
         return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
                               state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
-    # (a scalar decay's in-kernel gate is one number per row, not per element: its solve keeps the
-    # plain call's 64-row chunks -- the same reasoning, not yet measured on the GPU)
-    small = plan.gate_in_kernel and plan.diag_mode != "scalar"
-    C, bv = 32 if small else 64, min(32, plan.BV)
+    C, bv = 64, min(32, plan.BV)
+    if shape and {"N", "HV"} <= set(shape) and plan.BV >= 64 and shape["N"] * shape["HV"] * -(-plan.V // 32) >= \
+            STATE_PROGRAMS_WIDE:
+        bv = 64
     return ChunkFwdConfig(chunk_size=C, intra_num_warps=4,
                           state_block_v=bv, state_num_warps=4, state_num_stages=3,
                           inverse_precision="tf32" if plan.dtype == "float16" else "bf16",
-                          state_segment_chunks=_segments(plan, shape, C, bv))
+                          state_segment_chunks=_segments(plan, shape, C, bv),
+                          solve_load_ahead=0 if plan.diag_mode == "scalar" else 2)
+
+
+# At least this many state-pass programs at BV=32 (16 per SM of a 132-SM GPU, each walking few
+# chunks): the pass takes 64-wide V tiles (default_chunk_config).
+STATE_PROGRAMS_WIDE = 2048
 
 
 # The sequence-parallel state pass (kdagen/ops/chunk_segments.py): with few state-pass programs

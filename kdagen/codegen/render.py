@@ -174,6 +174,8 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
         inv_cast=".to(tl.bfloat16)" if inv == "bf16" else "",
         inv_kw="" if inv == "bf16" else f', input_precision="{inv}"',
         factor_low=config.factor_precision == "input" and plan.dtype == "bfloat16",
+        # a scalar decay's halves load a few rows and two tiles with nothing between: no choice
+        load_ahead=config.solve_load_ahead if plan.diag_mode != "scalar" else 0,
         # the factorised products hold exp(-D) <= exp(span): the exponent budget of the dot
         # dtype (structure.EXP_BUDGET), in log2 units
         # one channel's gate in the element-wise path: z and the bias of that channel alone
