@@ -106,9 +106,9 @@ def _call(fn, x, flags):
     return fn(**x, **flags, output_final_state=True)
 
 
-def _warm_worker(index, count, queue, with_fla):
-    """Compile a share of FLA's autotuning candidates at every case, and kdagen's kernels of
-    every count-th case, into the shared Triton cache."""
+def _warm_worker(index, count, queue, with_fla, only=()):
+    """Compile a share of FLA's autotuning candidates at every case (of ``only``, when given), and
+    kdagen's kernels of every count-th case, into the shared Triton cache."""
     import kdagen
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +117,7 @@ def _warm_worker(index, count, queue, with_fla):
     keep_share_of_configs(index, count)
     fla = _fla() if with_fla else None
     done = 0
-    for i, (name, (B, T, H, D), layer, cu) in enumerate(cases()):
+    for i, (name, (B, T, H, D), layer, cu) in enumerate(c for c in cases() if not only or c[0] in only):
         try:
             x, flags = inputs(B, T, H, D, D, layer, cu)
             with torch.no_grad():
@@ -133,10 +133,10 @@ def _warm_worker(index, count, queue, with_fla):
     queue.put((index, f"done {done}"))
 
 
-def warm(workers, with_fla, budget_s):
+def warm(workers, with_fla, budget_s, only=()):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_warm_worker, args=(i, workers, queue, with_fla)) for i in range(workers)]
+    procs = [ctx.Process(target=_warm_worker, args=(i, workers, queue, with_fla, tuple(only))) for i in range(workers)]
     for p in procs:
         p.start()
     deadline = time.time() + budget_s
@@ -218,7 +218,7 @@ def main():
     RES["copy_GBps"] = ceil
     log(f"copy ceiling {ceil:.0f} GB/s")
     if args.warm_workers > 0:
-        warm(args.warm_workers, fla is not None, args.warm_budget)
+        warm(args.warm_workers, fla is not None, args.warm_budget, filter(None, args.only.split(",")))
     log(f"\n== bf16 errors against float64 [t={time.time() - T0:.0f}s]")
     checks(fla)
     dump(args.out)

@@ -37,6 +37,15 @@ VARIANTS = {
     "bv64": dict(state_block_v=64),
     "sw8": dict(state_num_warps=8),
     "ss2": dict(state_num_stages=2),
+    "c32bv32": dict(chunk_size=32, state_block_v=32),
+    "c32bv64": dict(chunk_size=32, state_block_v=64),
+    "c32ss2": dict(chunk_size=32, state_block_v=32, state_num_stages=2),
+    "bv64sw8": dict(state_block_v=64, state_num_warps=8),
+    "bv64ss2": dict(state_block_v=64, state_num_stages=2),
+    "bv32": dict(state_block_v=32),
+    "sw2": dict(state_num_warps=2),
+    "bv16sw2": dict(state_block_v=16, state_num_warps=2),
+    "ss2sw2": dict(state_num_stages=2, state_num_warps=2),
 }
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128), (4, 4096, 32, 128)]
 
@@ -95,7 +104,8 @@ def main():
                     row["diff_vs_first"] = [float((o.float() - ref[0]).abs().max()),
                                             float((ht - ref[1]).abs().max())]
                     row["launch_ms"] = {ln.kernel: bench_ms(ln) for ln in launches}
-                    row["op_ms"] = bench_ms(lambda: kdagen.chunk_kda(**x, **flags, output_final_state=True,
+                    host = {} if cu is None else {"cu_seqlens_cpu": cu}  # packed: the offsets on the host too
+                    row["op_ms"] = bench_ms(lambda: kdagen.chunk_kda(**x, **flags, **host, output_final_state=True,
                                                                      config=cfg))
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"

@@ -12,6 +12,7 @@ from kdagen.cache.gpus import get_profile
 from kdagen.cache.heuristics import default_chunk_config, default_recurrent_config, default_train_config
 from kdagen.codegen.lower import lower
 from kdagen.ops.inputs import select_spec
+from kdagen.spec.recurrence import MEMBERS
 
 
 def chunk_kernels(plan, config, shape):
@@ -58,15 +59,27 @@ def test_cached_winner_is_used_for_its_exact_key(h200):
     assert chunk_kernels(plan, mine, SHAPE) == mine
 
 
-def test_the_forward_heuristic_takes_32_row_chunks_with_the_gate_in_the_kernel():
-    """Measured on the H200 (bench/RESULTS.md, run 34): the layer's call (gate in the kernel) is
-    faster with 32-row chunks at every measured shape, the plain call with 64-row ones."""
+def test_the_forward_heuristic():
+    """Measured on the H200 (bench/RESULTS.md, runs 50-52): with the solve's loads issued ahead
+    (solve_load_ahead=2) the layer's call (gate, l2-norm and beta sigmoid in the kernel) is faster
+    with 64-row chunks, as the plain call; many short packed sequences take 32-row chunks.  A
+    scalar decay's solve has no choice of load order (the field is not read: it keeps 0)."""
     given = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk")
     in_kernel = lower(select_spec(True, True, -5.0, True, True), 128, 128, "bfloat16", "chunk", True)
-    assert default_chunk_config(given).chunk_size == 64
-    assert default_chunk_config(in_kernel).chunk_size == 32
-    # everything else alike
-    assert default_chunk_config(in_kernel).replace(chunk_size=64) == default_chunk_config(given)
+    for plan in (given, in_kernel):
+        d = default_chunk_config(plan)
+        assert (d.chunk_size, d.state_block_v, d.solve_load_ahead) == (64, 32, 2)
+    assert default_chunk_config(in_kernel) == default_chunk_config(given)
+    # 64 sequences of 512 tokens on average, 32 heads: 8,192 state-pass programs of few chunks each
+    packed = {"T": 32768, "B": 1, "N": 64, "HV": 32, "T_max": 1030}
+    assert (default_chunk_config(given, packed).chunk_size, default_chunk_config(given, packed).state_block_v) == (32, 32)
+    # the same tokens in 16 sequences (2,048 on average), fewer programs: 64-row chunks
+    assert default_chunk_config(given, dict(packed, N=16)).chunk_size == 64
+    assert default_chunk_config(given, dict(packed, HV=4)).chunk_size == 64  # 1,024 programs
+    assert default_chunk_config(given, {"T": 8192, "B": 1, "N": 1, "HV": 96}).chunk_size == 64
+    assert default_chunk_config(given, {"T": 1024, "B": 8, "N": 8, "HV": 8}).chunk_size == 64  # 256 programs
+    gdn = lower(MEMBERS["gdn"](), 128, 128, "bfloat16", "chunk")
+    assert gdn.diag_mode == "scalar" and default_chunk_config(gdn).solve_load_ahead == 0
 
 
 def test_recurrent_winner_and_fallback(h200):

@@ -22,15 +22,18 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     in the kernel) also takes 64-row chunks: 1.753 / 1.184 / 1.185 ms against 32-row chunks'
     1.792 / 1.310 / 1.127 ms (without the early loads, 32-row chunks had won; run 34).
 
-    Many state-pass programs (a packed batch of short sequences: 8,192 at BV=32 for 64 sequences
-    of 32 heads) take 64-wide V tiles: 1.002 ms against 1.131 at BV=32 (run 50)."""
+    Many short sequences (a packed batch: many state-pass programs, each walking few chunks) take
+    32-row chunks: fewer padded rows in each sequence's last chunk and a solve with no coupling of
+    halves, while the pass's extra steps are few.  64 sequences of 512 tokens on average, H=32:
+    solve 1.221 + pass 1.067 ms against 1.383 + 0.992 with 64-row chunks and 64-wide V tiles
+    (the best of those) and 1.383 + 1.113 at BV=32 (runs 50 and 52)."""
     if plan.BK > 128:
         return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
                               state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
     C, bv = 64, min(32, plan.BV)
-    if shape and {"N", "HV"} <= set(shape) and plan.BV >= 64 and shape["N"] * shape["HV"] * -(-plan.V // 32) >= \
-            STATE_PROGRAMS_WIDE:
-        bv = 64
+    if shape and {"N", "HV", "T"} <= set(shape) and shape["N"] * shape["HV"] * -(-plan.V // 32) >= MANY_PROGRAMS \
+            and shape.get("B", 1) * shape["T"] <= SHORT_MEAN_TOKENS * shape["N"]:
+        C = 32
     return ChunkFwdConfig(chunk_size=C, intra_num_warps=4,
                           state_block_v=bv, state_num_warps=4, state_num_stages=3,
                           inverse_precision="tf32" if plan.dtype == "float16" else "bf16",
@@ -38,9 +41,10 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
                           solve_load_ahead=0 if plan.diag_mode == "scalar" else 2)
 
 
-# At least this many state-pass programs at BV=32 (16 per SM of a 132-SM GPU, each walking few
-# chunks): the pass takes 64-wide V tiles (default_chunk_config).
-STATE_PROGRAMS_WIDE = 2048
+# Many short sequences (default_chunk_config): at least this many state-pass programs at BV=32
+# (16 per SM of a 132-SM GPU), and sequences of at most this many tokens on average
+MANY_PROGRAMS = 2048
+SHORT_MEAN_TOKENS = 1024
 
 
 # The sequence-parallel state pass (kdagen/ops/chunk_segments.py): with few state-pass programs
