@@ -76,8 +76,11 @@ def _pow2(x: int) -> bool:
 
 
 INVERSE_PRECISIONS = ("bf16", "tf32", "ieee")  # operands of the forward solve's (I + A)^-1 products
-FACTOR_PRECISIONS = ("input", "fp32")
-READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)  # the factored q/k tiles of the forward solve's A products
+FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward solve's A products
+READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)
+# the widest state row (BK) the sequence-parallel state pass takes (ChunkFwdConfig.state_segment_chunks):
+# its chaining launch holds a segment's K x K transition in one float32 tile (BK=256 would be 256 KiB)
+SEGMENT_MAX_BK = 128
 
 
 @dataclass(frozen=True)

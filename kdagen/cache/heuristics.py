@@ -3,7 +3,7 @@ tuner measures its candidates against."""
 from __future__ import annotations
 
 from ..codegen.lower import Plan
-from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
+from ..config import SEGMENT_MAX_BK, ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
 
 
 def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
@@ -61,9 +61,9 @@ SEGMENT_MIN = 4
 
 def _segments(plan: Plan, shape: dict | None, C: int, bv: int) -> int:
     """state_segment_chunks for ``shape`` ({"N", "HV", "T", and "T_max": the longest sequence,
-    T when absent}): 0 without a shape, for K > 128 (kdagen.codegen.render.SEGMENT_MAX_BK), with
+    T when absent}): 0 without a shape, for K > 128 (kdagen.config.SEGMENT_MAX_BK), with
     enough programs, or for short sequences."""
-    if not shape or not {"N", "HV", "T"} <= set(shape) or plan.BK > 128:
+    if not shape or not {"N", "HV", "T"} <= set(shape) or plan.BK > SEGMENT_MAX_BK:
         return 0
     programs = shape["N"] * shape["HV"] * -(-plan.V // bv)
     chunks = -(-int(shape.get("T_max", shape["T"])) // C)

@@ -12,8 +12,8 @@ from functools import lru_cache
 
 import jinja2
 
-from ..config import (ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, ConfigError, RecurrentBwdConfig,
-                      RecurrentConfig, _Config)
+from ..config import (SEGMENT_MAX_BK, ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, ConfigError,
+                      RecurrentBwdConfig, RecurrentConfig, _Config)
 from ..dtypes import dtype
 from ..resources import templates_dir
 from ..version import __version__
@@ -83,11 +83,6 @@ def _check_structure(kernel: str, plan: Plan) -> None:
                          "backward, kdagen.chunk_dplr_delta_rule)")
 
 
-# the widest state row (BK) the sequence-parallel state pass takes: its chaining launch holds a
-# segment's K x K transition in one float32 tile (BK=256 would be 256 KiB)
-SEGMENT_MAX_BK = 128
-
-
 def _check_config(plan: Plan, config: _Config) -> None:
     if isinstance(config, ChunkFwdConfig) and config.state_segment_chunks and plan.BK > SEGMENT_MAX_BK:
         raise ConfigError(
@@ -106,15 +101,12 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
     if kernel in ("chunk_solve", "chunk_pass", "chunk_seg_pass"):
         v.update(_forward_vars(kernel, plan, config))
-    elif kernel == "chunk_seg_state":
-        v["k_mask"] = plan.K != plan.BK
-    elif kernel == "chunk_seg_combine":
-        v["k_mask"] = plan.K != plan.BK
-        # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
-        # kdagen/ops/chunk_segments.py on the error)
-        v["combine_kw"] = ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'
-    elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd"):  # one program holds a whole K row
-        v["k_mask"] = plan.K != plan.BK
+    elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd", "chunk_seg_state", "chunk_seg_combine"):
+        v["k_mask"] = plan.K != plan.BK  # one program holds a whole K row
+        if kernel == "chunk_seg_combine":
+            # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
+            # kdagen/ops/chunk_segments.py on the error)
+            v["combine_kw"] = ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'
     elif kernel in ("chunk_intra", "chunk_bwd_intra"):  # (and the DPLR intra backward's own template)
         sub = config.sub_chunk
         v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),

@@ -409,9 +409,8 @@ class _Direct:
         self.run, self.function, self.metadata = run, kernel.function, kernel.packed_metadata
         vals = list(args.values())
         self.pointers = tuple(i for i, a in enumerate(vals) if isinstance(a, torch.Tensor))
-        self.aligned = tuple(vals[i].data_ptr() % 16 == 0 for i in self.pointers)
         # the pointers the kernel assumes 16-byte aligned (any pointer serves where it does not)
-        self.required = tuple(n for n, (i, a) in enumerate(zip(self.pointers, self.aligned)) if a)
+        self.required = tuple(n for n, i in enumerate(self.pointers) if vals[i].data_ptr() % 16 == 0)
         self.device = vals[0].device.index
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.tail = tuple(constexprs.values())
