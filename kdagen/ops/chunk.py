@@ -213,9 +213,11 @@ def chunk_kda(
     """Chunkwise KDA with flash-linear-attention's signature and layout.
 
     Packed sequences (``cu_seqlens``): the chunk schedule is built on the host from the
-    sequences' lengths.  Given ``cu_seqlens_cpu`` (FLA's keyword: the same offsets on the host)
-    the call reads nothing back from the device; without it, it reads ``cu_seqlens`` once (one
-    synchronisation per call).
+    sequences' lengths, and kept on the device for the last few lengths seen (the layers of one
+    step share it; the key is the lengths' values, so offsets rewritten in place are never
+    served a stale schedule).  Given ``cu_seqlens_cpu`` (FLA's keyword: the same offsets on the
+    host) the call reads nothing back from the device; without it, it reads ``cu_seqlens`` once
+    (one synchronisation per call).
 
     ``chunk_size`` (32 or 64, as FLA) pins the chunk length; by default it is the tuned winner's
     or the heuristic's (64 for K <= 128).

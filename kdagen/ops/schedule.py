@@ -1,8 +1,44 @@
-"""Where the chunks of a call lie: the schedule both chunk forms launch over."""
+"""Where the chunks of a call lie: the schedule both chunk forms launch over.
+
+A packed call's schedule is built on the host from the sequences' lengths and copied to the
+device.  The layers of one model step call the ops with the same lengths, so the device tensors
+are kept for the last few (lengths, chunk length, device, stream) seen and given again: the key
+holds the lengths' values (never a tensor's identity, which an in-place rewrite would not change),
+and the stream the copy was queued on, so a stream that reuses them is one that ordered the copy
+before its own kernels.  The kernels only read them."""
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import torch
 import triton
+
+_KEPT: OrderedDict = OrderedDict()
+_KEPT_MAX = 32
+
+
+def _kept(key, make):
+    """``make()``'s result for ``key`` (a tuple of host values), made once while it stays among
+    the last :data:`_KEPT_MAX` keys used.  Not while a CUDA graph is being captured: a copy
+    queued then runs only when the graph replays, so its tensors are made afresh and not kept."""
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return make()
+    hit = _KEPT.get(key)
+    if hit is None:
+        hit = _KEPT[key] = make()
+        if len(_KEPT) > _KEPT_MAX:
+            _KEPT.popitem(last=False)
+    else:
+        _KEPT.move_to_end(key)
+    return hit
+
+
+def _where(device) -> tuple:
+    """The device and, on a GPU, its current stream: where a kept copy was queued."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return (str(device),)
+    return (str(device), torch.cuda.current_stream(device).cuda_stream)
 
 
 def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
@@ -10,9 +46,14 @@ def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
 
     chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
     global index of sequence n's first chunk.  Built with tensor ops on the host (a packed
-    batch can hold thousands of sequences) and copied to the device once."""
+    batch can hold thousands of sequences) and copied to the device once per lengths (the
+    module docstring)."""
     if seqlens is None:
         return B * triton.cdiv(T, C), None, None
+    return _kept(("chunks", tuple(seqlens), C) + _where(device), lambda: _build_chunk_schedule(seqlens, C, device))
+
+
+def _build_chunk_schedule(seqlens, C, device):
     cu = torch.tensor(seqlens, dtype=torch.int64)
     nchunks = (cu[1:] - cu[:-1] + C - 1) // C
     offsets = torch.cumsum(nchunks, 0) - nchunks
@@ -36,6 +77,11 @@ def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, 
     if seqlens is None:
         NS = triton.cdiv(triton.cdiv(T, C), L)
         return B * NS, NS, None, None
+    return _kept(("segments", tuple(seqlens), C, L) + _where(device),
+                 lambda: _build_segment_schedule(seqlens, C, L, device))
+
+
+def _build_segment_schedule(seqlens, C, L, device):
     cu = torch.tensor(seqlens, dtype=torch.int64)
     nseg = ((cu[1:] - cu[:-1] + C - 1) // C + L - 1) // L
     offsets = torch.cumsum(nseg, 0) - nseg
