@@ -219,13 +219,13 @@ def main():
     del xs, ys
     RES["copy_GBps"] = ceil
     log(f"copy ceiling {ceil:.0f} GB/s")
+    only = set(filter(None, args.only.split(",")))
     if args.warm_workers > 0:
-        warm(args.warm_workers, fla is not None, args.warm_budget, filter(None, args.only.split(",")))
+        warm(args.warm_workers, fla is not None, args.warm_budget, only)
     if not args.no_checks:
         log(f"\n== bf16 errors against float64 [t={time.time() - T0:.0f}s]")
         checks(fla)
     dump(args.out)
-    only = set(filter(None, args.only.split(",")))
     for name, (B, T, H, D), layer, cu in cases():
         if only and name not in only:
             continue

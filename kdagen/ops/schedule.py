@@ -17,12 +17,18 @@ _KEPT: OrderedDict = OrderedDict()
 _KEPT_MAX = 32
 
 
-def _kept(key, make):
-    """``make()``'s result for ``key`` (a tuple of host values), made once while it stays among
-    the last :data:`_KEPT_MAX` keys used.  Not while a CUDA graph is being captured: a copy
+def _kept(key: tuple, device, make):
+    """``make()``'s result for ``key`` (a tuple of host values) on ``device``, made once while it
+    stays among the last :data:`_KEPT_MAX` keys used; on a GPU the key also holds the current
+    stream (the one the copy is queued on).  Not while a CUDA graph is being captured: a copy
     queued then runs only when the graph replays, so its tensors are made afresh and not kept."""
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return make()
+    device = torch.device(device)
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return make()
+        key += (str(device), torch.cuda.current_stream(device).cuda_stream)
+    else:
+        key += (str(device),)
     hit = _KEPT.get(key)
     if hit is None:
         hit = _KEPT[key] = make()
@@ -31,14 +37,6 @@ def _kept(key, make):
     else:
         _KEPT.move_to_end(key)
     return hit
-
-
-def _where(device) -> tuple:
-    """The device and, on a GPU, its current stream: where a kept copy was queued."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return (str(device),)
-    return (str(device), torch.cuda.current_stream(device).cuda_stream)
 
 
 def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
@@ -50,7 +48,7 @@ def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
     module docstring)."""
     if seqlens is None:
         return B * triton.cdiv(T, C), None, None
-    return _kept(("chunks", tuple(seqlens), C) + _where(device), lambda: _build_chunk_schedule(seqlens, C, device))
+    return _kept(("chunks", tuple(seqlens), C), device, lambda: _build_chunk_schedule(seqlens, C, device))
 
 
 def _build_chunk_schedule(seqlens, C, device):
@@ -77,8 +75,7 @@ def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, 
     if seqlens is None:
         NS = triton.cdiv(triton.cdiv(T, C), L)
         return B * NS, NS, None, None
-    return _kept(("segments", tuple(seqlens), C, L) + _where(device),
-                 lambda: _build_segment_schedule(seqlens, C, L, device))
+    return _kept(("segments", tuple(seqlens), C, L), device, lambda: _build_segment_schedule(seqlens, C, L, device))
 
 
 def _build_segment_schedule(seqlens, C, L, device):
