@@ -8,10 +8,13 @@ Sections (``--suite``, comma-separated; each runs even if an earlier one failed)
 - ``sync``:   ``torch.cuda.set_sync_debug_mode("error")`` around fused_recurrent_kda -- the first
               call of a geometry (validation, planning, compile) and later ones, batch and packed
               forms, fp32 and bf16 pools -- and around chunk_kda (batch; packed with
-              ``cu_seqlens_cpu``). Any host synchronisation raises.
+              ``cu_seqlens_cpu``; packed with the offsets on the device only). Any host
+              synchronisation raises.
 - ``graph``:  the packed decode (cu_seqlens and slots on the device) captured in a CUDA graph and
               replayed step after step with new tokens copied into its inputs: every step's o and
               the pool against the same steps run eagerly, and against float64.
+- ``prefill_graph``: chunk_kda with packed sequences (device cu_seqlens, ``use_graph=True``)
+              captured once and replayed with new lengths of the same total, against eager calls.
 - ``gates``:  bf16, g at the bound (-5), below it (-8, -20) and -inf, against float64: decode,
               and chunk_kda with ``safe_gate=True, lower_bound=-5``.
 - ``timing``: decode, H=32, K=V=128, B = 1, 16, 256: kdagen batch and packed forms with the
@@ -169,7 +172,8 @@ def sync_free():
     x = Geometry(1, 32, 128, 128).tokens(gen, True)  # [1, 1, ...]: widen to T tokens
     x = {n: t.expand(1, T, *t.shape[2:]).contiguous() for n, t in x.items()}
     cu = torch.tensor(lens, device=DEV)
-    for name, kw in (("batch", {}), ("packed, cu_seqlens_cpu given", dict(cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens)))):
+    for name, kw in (("batch", {}), ("packed, cu_seqlens_cpu given", dict(cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens))),
+                     ("packed, offsets on the device only", dict(cu_seqlens=cu))):
         try:
             kdagen.chunk_kda(**x, **kw, output_final_state=True, safe_gate=True, lower_bound=LOWER)  # compile first
             torch.cuda.synchronize()
@@ -235,6 +239,43 @@ def graph_replay(steps=12):
         OUT["graph"] = dict(steps=steps, max_rel_vs_eager=worst_eager, max_rel_vs_float64=worst_ref)
         claim(name if GPU else name + " (dry run: no graph on the CPU)", ok if GPU else None,
               f"{steps} replays: max rel. error vs the eager op {worst_eager:.1e}, vs float64 {worst_ref:.1e}")
+    except Exception as e:  # noqa: BLE001
+        claim(name, False, f"{type(e).__name__}: {str(e)[:300]}")
+        log(traceback.format_exc())
+
+
+def prefill_graph(replays=4):
+    """chunk_kda with packed sequences (device cu_seqlens, use_graph=True) captured once and
+    replayed with other lengths of the same total: each replay's o and final state against the
+    eager call with those lengths (bit-identical expected: the same kernels, the same schedule)."""
+    name = "packed chunk_kda (use_graph=True) captured in a CUDA graph and replayed with new lengths"
+    if not GPU:
+        claim(name, None, "needs a GPU")
+        return
+    T, H, D, N = 1000, 4, 128, 5
+    gen = generator(5)
+    x = Geometry(1, H, D, D).tokens(gen, True)
+    x = {n: t.expand(1, T, *t.shape[2:]).contiguous() for n, t in x.items()}
+    cu = torch.tensor([0, 100, 300, 300, 650, T], device=DEV)
+    kw = dict(output_final_state=True, safe_gate=True, lower_bound=LOWER, use_graph=True)
+    out = {}
+
+    def step():
+        out["o"], out["ht"] = kdagen.chunk_kda(**x, cu_seqlens=cu, **kw)
+    try:
+        graph = capture(step)
+        worst = 0.0
+        lens_gen = torch.Generator().manual_seed(6)
+        for r in range(replays):
+            cuts = torch.sort(torch.randint(0, T + 1, (N - 1,), generator=lens_gen)).values.tolist()
+            lens = [0] + cuts + [T]
+            cu.copy_(torch.tensor(lens))
+            graph.replay()
+            o, ht = kdagen.chunk_kda(**x, cu_seqlens=torch.tensor(lens, device=DEV), **kw)
+            torch.cuda.synchronize()
+            worst = max(worst, rel_err(out["o"], o), rel_err(out["ht"], ht))
+        claim(name, worst == 0.0, f"{replays} replays with random lengths summing to {T}: max rel. error vs "
+              f"the eager call {worst:.1e}")
     except Exception as e:  # noqa: BLE001
         claim(name, False, f"{type(e).__name__}: {str(e)[:300]}")
         log(traceback.format_exc())
@@ -495,7 +536,7 @@ def table():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--suite", default="sync,graph,gates,timing,drift")
+    ap.add_argument("--suite", default="sync,graph,prefill_graph,gates,timing,drift")
     ap.add_argument("--drift-steps", type=int, default=None, help="default: 1000 on a GPU, 100 in a dry run")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -508,7 +549,7 @@ def main(argv=None):
     except ImportError:
         pass
     log(json.dumps(OUT["env"]))
-    sections = dict(sync=sync_free, graph=graph_replay, gates=gates, timing=timing,
+    sections = dict(sync=sync_free, graph=graph_replay, prefill_graph=prefill_graph, gates=gates, timing=timing,
                     drift=lambda: drift(args.drift_steps))
     for name in args.suite.split(","):
         log(f"\n== {name} [t={time.time() - T0:.0f}s] ==")

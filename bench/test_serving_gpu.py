@@ -42,3 +42,11 @@ def test_chunk_kda_gives_the_recurrence_for_any_gate_in_bf16():
 
 def test_chunk_kda_never_synchronises_given_host_lengths():
     _run(serving.sync_free, "chunk_kda")
+
+
+def test_chunk_kda_never_synchronises_with_device_offsets():
+    _run(serving.sync_free, "offsets on the device only")
+
+
+def test_packed_prefill_captures_and_replays_with_new_lengths():
+    _run(serving.prefill_graph)

@@ -213,14 +213,19 @@ def test_cp_context_and_num_accepted_tokens_are_refused_unless_none(no_launch):
 
 
 def test_use_graph_and_max_num_seqs():
-    """use_graph=True: fixed-length calls are unchanged; with cu_seqlens it is refused (kdagen's
-    schedule comes from the host's lengths).  max_num_seqs is checked, not used."""
+    """use_graph=True: fixed-length calls are unchanged; with cu_seqlens an inference call gives
+    the same answer (its schedule built on the device: tests/test_schedule.py) and a training
+    call is refused (its backward needs the host's lengths).  max_num_seqs is checked, not used."""
     x = make_inputs(1, 20, 1, 1, 16, 16, seed=2, cu_seqlens=[0, 7, 20])
     ref = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta)
     got = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, use_graph=True, max_num_seqs=4)
     assert torch.equal(ref[0], got[0])
-    with pytest.raises(ValueError, match="use_graph=True with cu_seqlens"):
-        kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, use_graph=True)
+    packed = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens)
+    graph = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, use_graph=True)
+    assert torch.equal(packed[0], graph[0])
+    with pytest.raises(ValueError, match="use_graph=True with cu_seqlens is not supported for a training call"):
+        kdagen.chunk_kda(x.q, x.k.clone().requires_grad_(), x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens,
+                         use_graph=True)
     with pytest.raises(ValueError, match="max_num_seqs"):
         kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, max_num_seqs=0)
     o, _ = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, max_num_seqs=2)

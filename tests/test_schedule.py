@@ -1,13 +1,17 @@
 """The chunk schedule of packed calls (kdagen.ops.schedule): built from the lengths' values, kept
-for the last few lengths seen, never stale."""
+for the last few lengths seen, never stale; or, with the offsets on the device only, built there
+over a bound without reading them back."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from conftest import F64, TOL, assert_close, make_inputs
+from conftest import F64, TOL, assert_close, make_inputs, run_poisoned
 
 import kdagen
+from kdagen.config import ChunkFwdConfig
 from kdagen.ops import schedule as S
+from kdagen.ops.chunk import chunk_kda_launches
 from kdagen.spec.reference import naive_recurrent_kda
 
 
@@ -66,3 +70,121 @@ def test_offsets_rewritten_in_place_give_the_new_schedule():
         assert_close(ht, rh, TOL[torch.float32], f"final state for {cu}")
         ref.append(o)
     assert not torch.allclose(ref[0], ref[1])
+
+
+# ------------------------------------------------------------- built on the device (no read-back)
+
+
+def test_the_device_schedule_is_the_host_one_then_surplus():
+    """Offsets on the device only: the schedule is built there over the bound T // C + N (or
+    (T // C + N) // L + N segments); its first entries are the host schedule's, the rest
+    (-1, .), and the first-unit offsets are the host's."""
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(60):
+        n = int(torch.randint(1, 9, (1,), generator=gen))
+        lens = torch.tensor([0, 1, 2, 31, 32, 33, 64, 65, 200])[torch.randint(0, 9, (n,), generator=gen)]
+        cu = [0] + torch.cumsum(lens, 0).tolist()
+        T = cu[-1]
+        for C in (32, 64):
+            total, idx, off = _direct(cu, C)
+            bound, didx, doff = S.chunk_schedule(None, 1, T, C, "cpu", torch.tensor(cu))
+            assert bound == max(T // C + n, 1) >= total
+            assert didx.tolist()[:total] == idx and doff.tolist() == off, (cu, C)
+            assert all(s == -1 for s, _ in didx.tolist()[total:])
+            for L in (2, 4):
+                want = S.segment_schedule(cu, 1, T, C, L, "cpu")
+                sb, ns, sidx, soff = S.segment_schedule(None, 1, T, C, L, "cpu", torch.tensor(cu))
+                assert ns == 0 and sb == max(S.schedule_bound(n, T, C, L), 1) >= want[0]
+                assert sidx.tolist()[:want[0]] == want[2].tolist() and soff.tolist() == want[3].tolist()
+                assert all(s == -1 for s, _ in sidx.tolist()[want[0]:])
+
+
+def test_the_device_schedule_checks_the_offsets():
+    """Bad offsets are refused where they live (on a GPU a device-side assertion; on the host
+    at once), before any kernel reads them."""
+    for bad in ([1, 5, 10], [0, 6, 5, 10], [0, 5, 9]):
+        with pytest.raises(RuntimeError, match="cu_seqlens must start at 0, be non-decreasing and end at T"):
+            S.chunk_schedule(None, 1, 10, 32, "cpu", torch.tensor(bad))
+
+
+def _device_only(monkeypatch):
+    """Make a host cu_seqlens behave as one on a GPU that the call must not read back: the
+    lengths reach the op only where it asks for a read (training, intermediate states)."""
+    from kdagen.ops import inputs
+    real = inputs.host_seqlens
+    reads = []
+
+    def unread_unless_synced(cu, T, cu_cpu=None, *, sync=True):
+        if cu_cpu is None and not sync:
+            return None
+        reads.append("cu_seqlens_cpu" if cu_cpu is not None else "cu_seqlens")
+        return real(cu, T, cu_cpu, sync=sync)
+
+    monkeypatch.setattr(inputs, "host_seqlens", unread_unless_synced)
+    return reads
+
+
+@pytest.mark.parametrize("cu, C, L", [([0, 0, 1, 40, 40, 41, 105], 32, 0), ([0, 0, 1, 40, 40, 41, 105], 64, 0),
+                                      ([0, 3, 130, 130, 200], 32, 2)])
+def test_a_packed_call_with_device_offsets_matches_the_recurrence(monkeypatch, cu, C, L):
+    """The inference call with device-only offsets (schedule built over a bound, surplus
+    programs returning at once): bit-identical to the host-scheduled call, within the float32
+    bound of the float64 recurrence, with length-0/1 sequences and the sequence-parallel pass."""
+    x = make_inputs(1, cu[-1], 1, 2, 32, 32, seed=9, cu_seqlens=cu)
+    config = ChunkFwdConfig(chunk_size=C, state_segment_chunks=L)
+    kw = dict(initial_state=x.h0, output_final_state=True, cu_seqlens=x.cu_seqlens, safe_gate=True,
+              lower_bound=-5.0, config=config)
+    host = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, **kw)
+    reads = _device_only(monkeypatch)
+    launches, _ = chunk_kda_launches(x.q, x.k, x.v, x.g, x.beta, **kw)
+    assert launches[0].grid[0] == len(cu) - 1 + cu[-1] // C  # the bound, not the real count
+    got = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, **kw)
+    assert reads == [], "the inference call read the offsets back"
+    assert torch.equal(got[0], host[0]) and torch.equal(got[1], host[1])
+    q, k, v, g, beta = x.ref_args()
+    ro, rh = naive_recurrent_kda(q, k, v, g, beta, initial_state=x.h0.to(F64), output_final_state=True,
+                                 cu_seqlens=torch.tensor(cu))
+    assert_close(got[0], ro, TOL[torch.float32], "o")
+    assert_close(got[1], rh, TOL[torch.float32], "final state")
+    # surplus programs write nothing: every output and intermediate NaN-filled first is overwritten
+    launches, (o, ht, _) = chunk_kda_launches(x.q, x.k, x.v, x.g, x.beta, **kw)
+    run_poisoned(launches, (o, ht))
+    assert torch.equal(o, host[0]) and torch.equal(ht, host[1])
+
+
+def test_what_needs_the_lengths_still_reads_them(monkeypatch):
+    """return_intermediate_states (its shape is the chunk count) and training (the backward)
+    read device offsets back; use_graph=True there is refused, and for inference it builds the
+    schedule on the device even when cu_seqlens_cpu is given (a captured graph must not freeze
+    host lengths)."""
+    cu = [0, 1, 40, 105]
+    x = make_inputs(1, cu[-1], 1, 1, 16, 16, seed=4, cu_seqlens=cu)
+    reads = _device_only(monkeypatch)
+    _, _, hs = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, return_intermediate_states=True,
+                                chunk_size=64)
+    assert reads == ["cu_seqlens"] and hs.shape[1] == 1 + 1 + 2
+    with pytest.raises(ValueError, match="use_graph=True with cu_seqlens is not supported for return_inter"):
+        kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, return_intermediate_states=True,
+                         use_graph=True)
+    q = x.q.clone().requires_grad_()
+    with pytest.raises(ValueError, match="use_graph=True with cu_seqlens is not supported for a training call"):
+        kdagen.chunk_kda(q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, use_graph=True)
+    reads.clear()
+    plain = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, cu_seqlens_cpu=torch.tensor(cu))
+    graph = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=x.cu_seqlens, cu_seqlens_cpu=torch.tensor(cu),
+                             use_graph=True, max_num_seqs=8)
+    assert reads == ["cu_seqlens_cpu"] and torch.equal(plain[0], graph[0])  # the graph call read nothing
+
+
+def test_the_state_pass_takes_the_longest_sequences_first():
+    """sequence_order: a permutation of the sequences by decreasing length (ties in order), the
+    same from the host lengths (kept) and on the device (sorted there, nothing read back)."""
+    S._KEPT.clear()
+    cu = [0, 5, 5, 70, 71, 200, 205]  # lengths 5, 0, 65, 1, 129, 5
+    host = S.sequence_order(cu, torch.tensor(cu), "cpu")
+    assert host.dtype == torch.int32 and host.tolist() == [4, 2, 0, 5, 3, 1]
+    assert S.sequence_order(list(cu), torch.tensor(cu), "cpu") is host  # kept per lengths
+    assert S.sequence_order(None, torch.tensor(cu), "cpu").tolist() == host.tolist()
+    launches, _ = chunk_kda_launches(*(lambda x: (x.q, x.k, x.v, x.g, x.beta))(
+        make_inputs(1, 205, 1, 1, 16, 16, seed=1, cu_seqlens=cu)), cu_seqlens=torch.tensor(cu))
+    assert launches[1].args["seq_order"].tolist() == host.tolist()  # what the pass is given

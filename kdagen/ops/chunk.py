@@ -76,13 +76,17 @@ class _Call:
 def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
              allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-             in_kernel: bool = True, cu_seqlens_cpu=None, state_v_first: bool = False) -> tuple[_Call, dict]:
+             in_kernel: bool = True, cu_seqlens_cpu=None, state_v_first: bool = False,
+             sync_seqlens: bool | None = None) -> tuple[_Call, dict]:
     """Validate the arguments and choose the spec and plan: the call and its contiguous inputs by
     name.  ``in_kernel``: the l2-norm and beta sigmoid are left to the kernels (the inference
-    forward); otherwise they are applied here as torch ops, which autograd differentiates."""
+    forward); otherwise they are applied here as torch ops, which autograd differentiates.
+    ``sync_seqlens``: read a device cu_seqlens back to the host (default: for a training call,
+    whose backward needs the lengths; an inference call builds its schedule on the device)."""
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                  A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
-                                 cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
+                                 cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
+                                 sync_seqlens=not in_kernel if sync_seqlens is None else sync_seqlens)
     spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
     flags = {}
     if in_kernel:
@@ -212,12 +216,16 @@ def chunk_kda(
 ):
     """Chunkwise KDA with flash-linear-attention's signature and layout.
 
-    Packed sequences (``cu_seqlens``): the chunk schedule is built on the host from the
-    sequences' lengths, and kept on the device for the last few lengths seen (the layers of one
-    step share it; the key is the lengths' values, so offsets rewritten in place are never
-    served a stale schedule).  Given ``cu_seqlens_cpu`` (FLA's keyword: the same offsets on the
-    host) the call reads nothing back from the device; without it, it reads ``cu_seqlens`` once
-    (one synchronisation per call).
+    Packed sequences (``cu_seqlens``).  Given ``cu_seqlens_cpu`` (FLA's keyword: the same offsets
+    on the host), the chunk schedule is built on the host from the lengths and kept on the
+    device for the last few lengths seen (the layers of one step share it; the key is the
+    lengths' values, so offsets rewritten in place are never served a stale schedule).  With
+    the offsets on the device only, an inference call builds its schedule there, over a bound
+    of T // C + N chunks whose surplus programs return at once, and reads nothing back (no
+    synchronisation; bad offsets stop the stream with a device-side assertion, see
+    :mod:`kdagen.ops.schedule`).  A training call, and one with
+    ``return_intermediate_states`` (whose output's shape is the chunk count), read a device
+    ``cu_seqlens`` back once unless ``cu_seqlens_cpu`` is given.
 
     ``chunk_size`` (32 or 64, as FLA) pins the chunk length; by default it is the tuned winner's
     or the heuristic's (64 for K <= 128).
@@ -250,12 +258,15 @@ def chunk_kda(
     recomputing them (``ChunkBwdConfig.store_intermediates``); no effect without a gradient.
     ``cp_context`` (context parallelism): not supported, only None is accepted.
     ``use_graph`` (FLA: a device-built, fixed-shape chunk list so a varlen call can be captured
-    in a CUDA graph): a fixed-length call (no ``cu_seqlens``) reads nothing on the host and
-    launches a schedule fixed by the shapes, so ``use_graph=True`` changes nothing;
-    with ``cu_seqlens`` kdagen builds the chunk schedule on the host from the lengths, which a
-    graph replay could not follow, so ``use_graph=True`` is refused (ValueError).
-    ``max_num_seqs``: the padded sequence count of ``use_graph`` with ``cu_seqlens`` (refused
-    above); checked to be a positive int or None and not read otherwise, as in FLA.
+    in a CUDA graph): a fixed-length call reads nothing on the host and launches a schedule
+    fixed by the shapes, so ``use_graph=True`` changes nothing there.  With ``cu_seqlens`` it
+    makes an inference call build its schedule on the device even when ``cu_seqlens_cpu`` is
+    given (host lengths would be frozen into a captured graph): the grid depends only on T and
+    the number of sequences, so a graph captured once replays with any lengths of the same
+    total (pad the count with empty sequences).  A training call or ``return_intermediate_states``
+    needs the lengths on the host, so ``use_graph=True`` with ``cu_seqlens`` is refused there
+    (ValueError).  ``max_num_seqs``: checked to be a positive int or None and not read (the
+    sequence count is cu_seqlens's length).
     ``A_log``, ``dt_bias``, ``chunk_size`` (FLA takes them through ``**kwargs``) are named here.
     Any other keyword is a TypeError.
     ``config`` overrides the tuned/heuristic kernel config: a :class:`~kdagen.config.ChunkFwdConfig`
@@ -275,7 +286,7 @@ def chunk_kda(
     state_v_first = state_layout("chunk_kda", state_v_first, kwargs)
     check_kwargs("chunk_kda", kwargs)
     check_cp_context("chunk_kda", cp_context)
-    _check_graph_flags(use_graph, max_num_seqs, cu_seqlens)
+    _check_graph_flags(use_graph, max_num_seqs)
     if chunk_size is not None and chunk_size not in (32, 64):
         raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
@@ -293,11 +304,15 @@ def chunk_kda(
         check_runnable(q)
     training = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    if use_graph and cu_seqlens is not None:
+        _check_graph_capturable(training, return_intermediate_states)
+        cu_seqlens_cpu = None  # a captured graph replays the schedule the device builds, never host lengths
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                       in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
+                       in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
+                       sync_seqlens=training or return_intermediate_states)
     if checks.wanted(check_inputs):
         checks.check_values("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                             cu_seqlens=cu_seqlens, gate_bound=checks.promised_bound(safe_gate, lower_bound,
@@ -328,18 +343,22 @@ def _fla_layout(hs: torch.Tensor, call: _Call) -> torch.Tensor:
     return hs.unsqueeze(0)
 
 
-def _check_graph_flags(use_graph, max_num_seqs, cu_seqlens) -> None:
+def _check_graph_flags(use_graph, max_num_seqs) -> None:
     if not isinstance(use_graph, bool):
         raise TypeError(f"chunk_kda: use_graph must be a bool, got {type(use_graph).__name__}")
     if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
                                      or max_num_seqs < 1):
         raise ValueError(f"chunk_kda: max_num_seqs must be a positive int or None, got {max_num_seqs!r}")
-    if use_graph and cu_seqlens is not None:
+
+
+def _check_graph_capturable(training: bool, return_intermediate_states: bool) -> None:
+    """use_graph=True with cu_seqlens: only an inference call builds its whole schedule on the device."""
+    if training or return_intermediate_states:
+        what = "a training call (its backward)" if training else "return_intermediate_states (its output's shape)"
         raise ValueError(
-            "chunk_kda: use_graph=True with cu_seqlens is not supported: kdagen builds the packed call's chunk "
-            "schedule on the host from the sequence lengths, which a CUDA-graph replay with new lengths would not "
-            "follow.  Capture fixed-length calls (no cu_seqlens), or decode with fused_recurrent_kda (capturable "
-            "with a device cu_seqlens)")
+            f"chunk_kda: use_graph=True with cu_seqlens is not supported for {what}: it needs the sequence "
+            "lengths on the host, which a CUDA-graph replay with new lengths would not follow.  Capture an "
+            "inference call (torch.no_grad()) without return_intermediate_states, or a fixed-length call")
 
 
 def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -353,7 +372,7 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                       state_v_first=state_v_first)
+                       state_v_first=state_v_first, sync_seqlens=return_intermediate_states)
     config, _ = _configs(call, config, None, False)
     return _forward_launches(call, x, config, output_final_state, return_intermediate_states)
 

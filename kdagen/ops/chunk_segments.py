@@ -41,7 +41,8 @@ would cost ~tens of us (the 128 x 128 x BV dot off the tensor cores).
 
 The segment schedule: fixed length -- NS = ceil(ceil(T / C) / L) segments per sequence, segment s
 is segment s % NS of sequence s // NS (nothing is built or read on the host); varlen -- built from
-the host-side offsets (:func:`kdagen.ops.schedule.segment_schedule`) and copied to the device once.
+the host-side offsets (:func:`kdagen.ops.schedule.segment_schedule`) and copied to the device once,
+or from device-only offsets on the device over a bound (the surplus segments return at once).
 """
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
     describes by ``pass_args`` / ``pass_constexprs`` (its ``rows``: the dot operands by name)."""
     B, T, HV, K, V, N = dims.B, dims.T, dims.HV, dims.K, dims.V, dims.N
     L = config.state_segment_chunks
-    NS_total, NS, seg_indices, seg_offsets = segment_schedule(seqlens, B, T, C, L, dev)
+    cu = pass_args["cu_seqlens"] if flags["IS_VARLEN"] else None
+    NS_total, NS, seg_indices, seg_offsets = segment_schedule(seqlens, B, T, C, L, dev, cu)
     dummy = dummy_pointer(dev)
     n = max(NS_total, 1)
     he = torch.empty(n, HV, K, V, dtype=torch.float32, device=dev)
@@ -92,7 +94,7 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
             c_args["T"] = a
         elif name == "NT":
             c_args.update(NT=a, NS=NS)
-        elif name != "ht":
+        elif name not in ("ht", "seq_order"):  # the segments' order is their schedule's
             c_args[name] = a
     c_const = {}
     for name, c in pass_constexprs.items():

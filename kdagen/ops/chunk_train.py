@@ -42,6 +42,8 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     B, T, H, HV, K, V, N = dims.B, dims.T, dims.H, dims.HV, dims.K, dims.V, dims.N
     C = config.chunk_size
     dev = q.device
+    if cu_seqlens is not None and seqlens is None:  # the backward's schedule and buffers need the lengths
+        raise ValueError("a training call with cu_seqlens needs the offsets on the host (read once per call)")
     NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
     NT = triton.cdiv(T, C)
     inter = storage(config.intermediates, q.dtype)

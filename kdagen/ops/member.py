@@ -154,7 +154,7 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
         use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, check_inputs=check_inputs,
-        op=op)
+        op=op, sync_seqlens=None if not return_intermediate_states else True)
     if training and return_intermediate_states:
         raise ValueError(f"{op}: return_intermediate_states=True is inference-only and has no backward")
     config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
@@ -172,10 +172,12 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
 def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
                    use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
                    allow_neg_eigval=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
-                   check_inputs=None, op="chunk_member", training=None):
+                   check_inputs=None, op="chunk_member", training=None, sync_seqlens=None):
     """Validate a chunk call of ``spec`` and plan it: ``(call, inputs by name, training)``.
     ``training`` None: whether some input requires grad (then the l2-norm and beta sigmoid are
-    torch ops here, which autograd differentiates; else the inference kernels apply them)."""
+    torch ops here, which autograd differentiates; else the inference kernels apply them).
+    ``sync_seqlens``: read a device cu_seqlens back (default: when training; an inference call
+    builds its chunk schedule on the device)."""
     from . import chunk as C
 
     _refuse_dplr(op, spec)
@@ -187,7 +189,7 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                               A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
                               cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, decay=spec.decay,
-                              rank1=spec.has_rank1)
+                              rank1=spec.has_rank1, sync_seqlens=training if sync_seqlens is None else sync_seqlens)
     if beta is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
         beta = dummy_pointer(q.device)
     if checks.wanted(check_inputs):

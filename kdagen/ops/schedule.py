@@ -1,11 +1,19 @@
 """Where the chunks of a call lie: the schedule both chunk forms launch over.
 
-A packed call's schedule is built on the host from the sequences' lengths and copied to the
-device.  The layers of one model step call the ops with the same lengths, so the device tensors
+A packed call whose lengths are on the host (``cu_seqlens_cpu``, or a host ``cu_seqlens``) has
+its schedule built on the host and copied to the device.  The layers of one model step call the ops with the same lengths, so the device tensors
 are kept for the last few (lengths, chunk length, device, stream) seen and given again: the key
 holds the lengths' values (never a tensor's identity, which an in-place rewrite would not change),
 and the stream the copy was queued on, so a stream that reuses them is one that ordered the copy
-before its own kernels.  The kernels only read them."""
+before its own kernels.  The kernels only read them.
+
+A packed call whose offsets are only on the device gets a schedule built there by tensor ops,
+without reading anything back (no synchronisation, nothing kept, and a CUDA graph captures it):
+its grid is a bound fixed by the shapes -- ``T // C + N`` chunks, ``(T // C + N) // L + N``
+segments -- and the entries past the real count hold sequence -1, which the kernels skip
+(``chunk_bounds``/``segment_bounds`` in templates/_macros.py.j2).  Its offsets are checked on the
+device (start at 0, non-decreasing, end at T): bad ones stop the stream with a device-side
+assertion before any kernel reads them, never a silent wrong answer."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -39,13 +47,17 @@ def _kept(key: tuple, device, make):
     return hit
 
 
-def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device):
+def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device, cu_seqlens=None):
     """(number of chunks, chunk_indices [NT,2] int32 or None, chunk_offsets [N] int32 or None).
 
     chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
-    global index of sequence n's first chunk.  Built with tensor ops on the host (a packed
-    batch can hold thousands of sequences) and copied to the device once per lengths (the
-    module docstring)."""
+    global index of sequence n's first chunk.  With ``seqlens`` (the offsets on the host): built
+    with tensor ops on the host (a packed batch can hold thousands of sequences) and copied to
+    the device once per lengths.  Without them but with a device ``cu_seqlens``: built on the
+    device over a bound of chunks, the surplus entries (-1, 0) (the module docstring).  Neither:
+    a fixed-length batch, nothing built."""
+    if seqlens is None and cu_seqlens is not None:
+        return _device_schedule(cu_seqlens, T, C, 1)
     if seqlens is None:
         return B * triton.cdiv(T, C), None, None
     return _kept(("chunks", tuple(seqlens), C), device, lambda: _build_chunk_schedule(seqlens, C, device))
@@ -62,7 +74,7 @@ def _build_chunk_schedule(seqlens, C, device):
     return total, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
 
 
-def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, device):
+def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, device, cu_seqlens=None):
     """The segments of ``L`` chunks of the sequence-parallel state pass
     (:mod:`kdagen.ops.chunk_segments`): (number of segments, segments per sequence NS (fixed
     length; 0 for varlen), seg_indices [S,2] int32 or None, seg_offsets [N] int32 or None).
@@ -71,7 +83,11 @@ def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, 
     has none).  seg_indices[s] = (sequence, segment within it) of global segment s;
     seg_offsets[n] = the global index of sequence n's first segment.  Fixed length: segment s is
     segment s % NS of sequence s // NS, nothing is built.  Varlen: built from the host-side
-    offsets and copied to the device once, as :func:`chunk_schedule`'s."""
+    offsets and copied to the device once, as :func:`chunk_schedule`'s, or from a device
+    ``cu_seqlens`` on the device over a bound of segments."""
+    if seqlens is None and cu_seqlens is not None:
+        total, idx, offsets = _device_schedule(cu_seqlens, T, C, L)
+        return total, 0, idx, offsets
     if seqlens is None:
         NS = triton.cdiv(triton.cdiv(T, C), L)
         return B * NS, NS, None, None
@@ -87,6 +103,59 @@ def _build_segment_schedule(seqlens, C, L, device):
     within = torch.arange(total) - torch.repeat_interleave(offsets, nseg)
     idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
     return total, 0, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
+
+
+def sequence_order(seqlens: list[int] | None, cu_seqlens: torch.Tensor, device) -> torch.Tensor:
+    """The packed sequences from the longest to the shortest (ties in order), int32 [N]: the order
+    the state pass takes them in, so that its last wave of programs walks short sequences and the
+    GPU is not left waiting on one long one started late.  From the host lengths (kept, as the
+    schedule), else sorted on the device (no read-back)."""
+    if seqlens is not None:
+        return _kept(("order", tuple(seqlens)), device, lambda: to_device(_order(torch.tensor(seqlens)), device))
+    return _order(cu_seqlens)
+
+
+def _order(cu: torch.Tensor) -> torch.Tensor:
+    return torch.argsort(cu[1:] - cu[:-1], descending=True, stable=True).to(torch.int32)
+
+
+def schedule_bound(N: int, T: int, C: int, L: int = 1) -> int:
+    """How many units (chunks of ``C`` tokens, or with ``L`` > 1 segments of ``L`` chunks) ``N``
+    packed sequences of ``T`` tokens in all can hold at most: a sequence of t tokens holds
+    ceil(t / C) <= t / C + 1 chunks, so at most T // C + N in all (the fraction parts sum to
+    below N), and ceil(n / L) <= n / L + 1 segments of its n chunks."""
+    chunks = T // C + N
+    return chunks if L == 1 else chunks // L + N
+
+
+def _device_schedule(cu_seqlens: torch.Tensor, T: int, C: int, L: int):
+    """(bound, indices [bound, 2] int32, offsets [N] int32) of the units -- chunks of ``C``
+    tokens, or segments of ``L`` chunks -- of the sequences ``cu_seqlens`` packs, built on its
+    device without reading it back.  Unit i < total is (sequence, unit within it); the others
+    are (-1, i - total).  Checks the offsets on the device first (:func:`_assert_offsets`)."""
+    N = cu_seqlens.numel() - 1
+    bound = max(schedule_bound(N, T, C, L), 1)
+    cu = cu_seqlens.to(torch.int64)
+    _assert_offsets(cu, T)
+    units = torch.div(cu[1:] - cu[:-1] + (C - 1), C, rounding_mode="floor")
+    if L > 1:
+        units = torch.div(units + (L - 1), L, rounding_mode="floor")
+    ends = torch.cumsum(units, 0)
+    starts = torch.cat([ends.new_zeros(1), ends])  # starts[n] = ends[n - 1]; starts[N] = the total
+    i = torch.arange(bound, device=cu.device)
+    seq = torch.searchsorted(ends, i, right=True)  # the first sequence whose units end past i (N: none)
+    within = i - starts[seq]
+    seq = torch.where(seq < N, seq, -1)
+    return bound, torch.stack([seq, within], 1).to(torch.int32), starts[:N].to(torch.int32)
+
+
+def _assert_offsets(cu: torch.Tensor, T: int) -> None:
+    """A device-side check that ``cu`` (int64) starts at 0, does not decrease and ends at ``T``:
+    queued before the kernels that read it, it stops the stream (a device-side assertion, which
+    the next synchronising call raises) instead of letting them read out of range.  On the host
+    it raises at once."""
+    ok = (cu[0] == 0) & (cu[-1] == T) & (cu[1:] >= cu[:-1]).all()
+    torch._assert_async(ok, "cu_seqlens must start at 0, be non-decreasing and end at T (the packed length)")
 
 
 def to_device(x: torch.Tensor, device) -> torch.Tensor:
