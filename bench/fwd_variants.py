@@ -46,6 +46,14 @@ VARIANTS = {
     "sw2": dict(state_num_warps=2),
     "bv16sw2": dict(state_block_v=16, state_num_warps=2),
     "ss2sw2": dict(state_num_stages=2, state_num_warps=2),
+    "ss4": dict(state_num_stages=4),
+    "np": dict(state_prefetch=False),
+    "npss2": dict(state_prefetch=False, state_num_stages=2),
+    "npss4": dict(state_prefetch=False, state_num_stages=4),
+    "npbv64": dict(state_prefetch=False, state_block_v=64),
+    "npc64": dict(state_prefetch=False, chunk_size=64),
+    "npc32": dict(state_prefetch=False, chunk_size=32),
+    "bv64ss4": dict(state_block_v=64, state_num_stages=4),
 }
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128), (4, 4096, 32, 128)]
 

@@ -78,7 +78,7 @@ def test_offsets_rewritten_in_place_give_the_new_schedule():
 def test_the_device_schedule_is_the_host_one_then_surplus():
     """Offsets on the device only: the schedule is built there over the bound T // C + N (or
     (T // C + N) // L + N segments); its first entries are the host schedule's, the rest
-    (-1, .), and the first-unit offsets are the host's."""
+    units past the last sequence's end, and the first-unit offsets are the host's."""
     gen = torch.Generator().manual_seed(3)
     for trial in range(60):
         n = int(torch.randint(1, 9, (1,), generator=gen))
@@ -90,13 +90,14 @@ def test_the_device_schedule_is_the_host_one_then_surplus():
             bound, didx, doff = S.chunk_schedule(None, 1, T, C, "cpu", torch.tensor(cu))
             assert bound == max(T // C + n, 1) >= total
             assert didx.tolist()[:total] == idx and doff.tolist() == off, (cu, C)
-            assert all(s == -1 for s, _ in didx.tolist()[total:])
+            # the surplus: chunks past the last sequence's end (the kernels skip them)
+            assert all(s == n - 1 and i * C >= cu[-1] - cu[-2] for s, i in didx.tolist()[total:])
             for L in (2, 4):
                 want = S.segment_schedule(cu, 1, T, C, L, "cpu")
                 sb, ns, sidx, soff = S.segment_schedule(None, 1, T, C, L, "cpu", torch.tensor(cu))
                 assert ns == 0 and sb == max(S.schedule_bound(n, T, C, L), 1) >= want[0]
                 assert sidx.tolist()[:want[0]] == want[2].tolist() and soff.tolist() == want[3].tolist()
-                assert all(s == -1 for s, _ in sidx.tolist()[want[0]:])
+                assert all(s == n - 1 and i * L * C >= cu[-1] - cu[-2] for s, i in sidx.tolist()[want[0]:])
 
 
 def test_the_device_schedule_checks_the_offsets():
@@ -175,16 +176,3 @@ def test_what_needs_the_lengths_still_reads_them(monkeypatch):
                              use_graph=True, max_num_seqs=8)
     assert reads == ["cu_seqlens_cpu"] and torch.equal(plain[0], graph[0])  # the graph call read nothing
 
-
-def test_the_state_pass_takes_the_longest_sequences_first():
-    """sequence_order: a permutation of the sequences by decreasing length (ties in order), the
-    same from the host lengths (kept) and on the device (sorted there, nothing read back)."""
-    S._KEPT.clear()
-    cu = [0, 5, 5, 70, 71, 200, 205]  # lengths 5, 0, 65, 1, 129, 5
-    host = S.sequence_order(cu, torch.tensor(cu), "cpu")
-    assert host.dtype == torch.int32 and host.tolist() == [4, 2, 0, 5, 3, 1]
-    assert S.sequence_order(list(cu), torch.tensor(cu), "cpu") is host  # kept per lengths
-    assert S.sequence_order(None, torch.tensor(cu), "cpu").tolist() == host.tolist()
-    launches, _ = chunk_kda_launches(*(lambda x: (x.q, x.k, x.v, x.g, x.beta))(
-        make_inputs(1, 205, 1, 1, 16, 16, seed=1, cu_seqlens=cu)), cu_seqlens=torch.tensor(cu))
-    assert launches[1].args["seq_order"].tolist() == host.tolist()  # what the pass is given

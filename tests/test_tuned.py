@@ -60,7 +60,7 @@ def test_cached_winner_is_used_for_its_exact_key(h200):
 
 
 def test_the_forward_heuristic():
-    """Measured on the H200 (bench/RESULTS.md, runs 50-52): with the solve's loads issued ahead
+    """Measured on the H200 (bench/RESULTS.md, runs 50-52 and 58): with the solve's loads issued ahead
     (solve_load_ahead=2) the layer's call (gate, l2-norm and beta sigmoid in the kernel) is faster
     with 64-row chunks, as the plain call; many short packed sequences take 32-row chunks.  A
     scalar decay's solve has no choice of load order (the field is not read: it keeps 0)."""
@@ -72,7 +72,13 @@ def test_the_forward_heuristic():
     assert default_chunk_config(in_kernel) == default_chunk_config(given)
     # 64 sequences of 512 tokens on average, 32 heads: 8,192 state-pass programs of few chunks each
     packed = {"T": 32768, "B": 1, "N": 64, "HV": 32, "T_max": 1030}
-    assert (default_chunk_config(given, packed).chunk_size, default_chunk_config(given, packed).state_block_v) == (32, 32)
+    d = default_chunk_config(given, packed)
+    assert (d.chunk_size, d.state_block_v, d.state_prefetch) == (32, 32, False)  # run 58: no hand prefetch there
+    assert default_chunk_config(given, dict(packed, T_max=32768)) == d  # device-only offsets: T_max unknown (T)
+    # one long sequence of few heads: the sequence-parallel pass on 64-wide V tiles (run 58)
+    long = default_chunk_config(given, {"T": 65536, "B": 1, "N": 1, "HV": 8})
+    assert (long.state_segment_chunks, long.state_block_v, long.state_prefetch) == (32, 64, False)
+    assert default_chunk_config(given).state_prefetch and default_chunk_config(given).state_segment_chunks == 0
     # the same tokens in 16 sequences (2,048 on average), fewer programs: 64-row chunks
     assert default_chunk_config(given, dict(packed, N=16)).chunk_size == 64
     assert default_chunk_config(given, dict(packed, HV=4)).chunk_size == 64  # 1,024 programs

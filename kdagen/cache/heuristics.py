@@ -26,18 +26,26 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     32-row chunks: fewer padded rows in each sequence's last chunk and a solve with no coupling of
     halves, while the pass's extra steps are few.  64 sequences of 512 tokens on average, H=32:
     solve 1.221 + pass 1.067 ms against 1.383 + 0.992 with 64-row chunks and 64-wide V tiles
-    (the best of those) and 1.383 + 1.113 at BV=32 (runs 50 and 52)."""
+    (the best of those) and 1.383 + 1.113 at BV=32 (runs 50 and 52).  Their pass does not
+    prefetch the next chunk's v, beta and G_n by hand: 0.965 against 1.067 ms (run 58; at 64-row
+    chunks the prefetch wins, 0.533 against 0.805 ms at (1, 8192, 96)).
+
+    The sequence-parallel pass (few long sequences, :func:`_segments`) takes 64-wide V tiles
+    without the prefetch: (1, 65536, 8) 1.474 against 1.573 ms with 32-wide ones (run 58)."""
     if plan.BK > 128:
         return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
                               state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
-    C, bv = 64, min(32, plan.BV)
+    C, bv, prefetch = 64, min(32, plan.BV), True
     if shape and {"N", "HV", "T"} <= set(shape) and shape["N"] * shape["HV"] * -(-plan.V // 32) >= MANY_PROGRAMS \
             and shape.get("B", 1) * shape["T"] <= SHORT_MEAN_TOKENS * shape["N"]:
-        C = 32
+        C, prefetch = 32, False
+    segments = _segments(plan, shape, C, bv)
+    if segments:
+        bv, prefetch = min(64, plan.BV), False
     return ChunkFwdConfig(chunk_size=C, intra_num_warps=4,
-                          state_block_v=bv, state_num_warps=4, state_num_stages=3,
+                          state_block_v=bv, state_num_warps=4, state_num_stages=3, state_prefetch=prefetch,
                           inverse_precision="tf32" if plan.dtype == "float16" else "bf16",
-                          state_segment_chunks=_segments(plan, shape, C, bv),
+                          state_segment_chunks=segments,
                           solve_load_ahead=0 if plan.diag_mode == "scalar" else 2)
 
 

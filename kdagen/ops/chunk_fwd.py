@@ -5,8 +5,7 @@ validates or runs):
    is solved where its q, k, g and beta are loaded; v is not read.  The l2-norm of q and k,
    the in-kernel gate and the beta sigmoid are computed here, from the raw inputs.
 2. pass  (grid: V tiles x sequences x value heads) walks the chunks of each sequence with the
-   state in registers: X = beta v - bk S, o = qg S + P X, S <- exp(G_n) S + kgL^T X.  Packed
-   sequences are taken longest first (:func:`~kdagen.ops.schedule.sequence_order`).
+   state in registers: X = beta v - bk S, o = qg S + P X, S <- exp(G_n) S + kgL^T X.
 
 Per chunk (L = (I + A_kk)^-1, G the gate's cumulated sum within the chunk):
     qg = scale q exp(G),  bk = beta k exp(G),  kgL = L^T (k exp(G_n - G)),  P = A_qk L
@@ -28,7 +27,7 @@ from ..config import ChunkFwdConfig
 from ..kernels import Launch, dummy_pointer
 from .chunk_segments import segment_launches
 from .inputs import state_shape
-from .schedule import chunk_schedule, sequence_order, to_device
+from .schedule import chunk_schedule, to_device
 
 
 def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
@@ -86,7 +85,6 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
                      h0=initial_state if initial_state is not None else dummy,
                      ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
                      cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
-                     seq_order=sequence_order(seqlens, cu, dev) if cu_seqlens is not None else dummy,
                      T=T, NT=NT)
     pass_const = dict(**(dict(H=H) if scalar else {}), HV=HV, K=K, V=V, BT=C, BH=min(C, 32), BK=plan.BK, BV=bv,
                       USE_H0=initial_state is not None,

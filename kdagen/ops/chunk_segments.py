@@ -94,7 +94,7 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
             c_args["T"] = a
         elif name == "NT":
             c_args.update(NT=a, NS=NS)
-        elif name not in ("ht", "seq_order"):  # the segments' order is their schedule's
+        elif name != "ht":
             c_args[name] = a
     c_const = {}
     for name, c in pass_constexprs.items():

@@ -10,8 +10,8 @@ before its own kernels.  The kernels only read them.
 A packed call whose offsets are only on the device gets a schedule built there by tensor ops,
 without reading anything back (no synchronisation, nothing kept, and a CUDA graph captures it):
 its grid is a bound fixed by the shapes -- ``T // C + N`` chunks, ``(T // C + N) // L + N``
-segments -- and the entries past the real count hold sequence -1, which the kernels skip
-(``chunk_bounds``/``segment_bounds`` in templates/_macros.py.j2).  Its offsets are checked on the
+segments -- and the entries past the real count name units past the last sequence's end, which
+the kernels skip (``chunk_bounds``/``segment_bounds`` in templates/_macros.py.j2).  Its offsets are checked on the
 device (start at 0, non-decreasing, end at T): bad ones stop the stream with a device-side
 assertion before any kernel reads them, never a silent wrong answer."""
 from __future__ import annotations
@@ -54,7 +54,8 @@ def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device, cu
     global index of sequence n's first chunk.  With ``seqlens`` (the offsets on the host): built
     with tensor ops on the host (a packed batch can hold thousands of sequences) and copied to
     the device once per lengths.  Without them but with a device ``cu_seqlens``: built on the
-    device over a bound of chunks, the surplus entries (-1, 0) (the module docstring).  Neither:
+    device over a bound of chunks, the surplus entries past the last sequence's end (the module
+    docstring).  Neither:
     a fixed-length batch, nothing built."""
     if seqlens is None and cu_seqlens is not None:
         return _device_schedule(cu_seqlens, T, C, 1)
@@ -105,20 +106,6 @@ def _build_segment_schedule(seqlens, C, L, device):
     return total, 0, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
 
 
-def sequence_order(seqlens: list[int] | None, cu_seqlens: torch.Tensor, device) -> torch.Tensor:
-    """The packed sequences from the longest to the shortest (ties in order), int32 [N]: the order
-    the state pass takes them in, so that its last wave of programs walks short sequences and the
-    GPU is not left waiting on one long one started late.  From the host lengths (kept, as the
-    schedule), else sorted on the device (no read-back)."""
-    if seqlens is not None:
-        return _kept(("order", tuple(seqlens)), device, lambda: to_device(_order(torch.tensor(seqlens)), device))
-    return _order(cu_seqlens)
-
-
-def _order(cu: torch.Tensor) -> torch.Tensor:
-    return torch.argsort(cu[1:] - cu[:-1], descending=True, stable=True).to(torch.int32)
-
-
 def schedule_bound(N: int, T: int, C: int, L: int = 1) -> int:
     """How many units (chunks of ``C`` tokens, or with ``L`` > 1 segments of ``L`` chunks) ``N``
     packed sequences of ``T`` tokens in all can hold at most: a sequence of t tokens holds
@@ -129,32 +116,32 @@ def schedule_bound(N: int, T: int, C: int, L: int = 1) -> int:
 
 
 def _device_schedule(cu_seqlens: torch.Tensor, T: int, C: int, L: int):
-    """(bound, indices [bound, 2] int32, offsets [N] int32) of the units -- chunks of ``C``
+    """(bound, indices [bound, 2] int64, offsets [N] int64) of the units -- chunks of ``C``
     tokens, or segments of ``L`` chunks -- of the sequences ``cu_seqlens`` packs, built on its
-    device without reading it back.  Unit i < total is (sequence, unit within it); the others
-    are (-1, i - total).  Checks the offsets on the device first (:func:`_assert_offsets`)."""
+    device without reading it back, in a few small kernels.  Unit i < total is (sequence, unit
+    within it); a surplus unit is one past the last sequence's end (that sequence, its unit
+    count + j), which the kernels skip.  Checks the offsets on the device first
+    (:func:`_assert_offsets`)."""
     N = cu_seqlens.numel() - 1
     bound = max(schedule_bound(N, T, C, L), 1)
     cu = cu_seqlens.to(torch.int64)
-    _assert_offsets(cu, T)
-    units = torch.div(cu[1:] - cu[:-1] + (C - 1), C, rounding_mode="floor")
+    lens = cu.diff()
+    _assert_offsets(cu, lens, T)
+    units = torch.div(lens + (C - 1), C, rounding_mode="floor")
     if L > 1:
         units = torch.div(units + (L - 1), L, rounding_mode="floor")
-    ends = torch.cumsum(units, 0)
-    starts = torch.cat([ends.new_zeros(1), ends])  # starts[n] = ends[n - 1]; starts[N] = the total
+    starts = torch.nn.functional.pad(torch.cumsum(units, 0), (1, 0))  # starts[n]: sequence n's first unit
     i = torch.arange(bound, device=cu.device)
-    seq = torch.searchsorted(ends, i, right=True)  # the first sequence whose units end past i (N: none)
-    within = i - starts[seq]
-    seq = torch.where(seq < N, seq, -1)
-    return bound, torch.stack([seq, within], 1).to(torch.int32), starts[:N].to(torch.int32)
+    seq = torch.searchsorted(starts[1:], i, right=True).clamp_(max=N - 1)  # the sequence whose units hold i
+    return bound, torch.stack([seq, i - starts[seq]], 1), starts[:N]
 
 
-def _assert_offsets(cu: torch.Tensor, T: int) -> None:
-    """A device-side check that ``cu`` (int64) starts at 0, does not decrease and ends at ``T``:
-    queued before the kernels that read it, it stops the stream (a device-side assertion, which
-    the next synchronising call raises) instead of letting them read out of range.  On the host
-    it raises at once."""
-    ok = (cu[0] == 0) & (cu[-1] == T) & (cu[1:] >= cu[:-1]).all()
+def _assert_offsets(cu: torch.Tensor, lens: torch.Tensor, T: int) -> None:
+    """A device-side check that ``cu`` (int64; ``lens`` its differences) starts at 0, does not
+    decrease and ends at ``T``: queued before the kernels that read it, it stops the stream (a
+    device-side assertion, which the next synchronising call raises) instead of letting them
+    read out of range.  On the host it raises at once."""
+    ok = (cu[0] == 0) & (cu[-1] == T) & (lens.min() >= 0)
     torch._assert_async(ok, "cu_seqlens must start at 0, be non-decreasing and end at T (the packed length)")
 
 
