@@ -349,3 +349,45 @@ def test_a_gdn_tuning_run_end_to_end_through_the_real_engine(tmp_path, monkeypat
                                                                                          {**hint, "HV": 2})
     finally:
         TU._cache_for.cache_clear()
+
+
+# --- what a shape's search leaves out ---------------------------------------------------
+
+def test_the_sequence_parallel_pass_is_timed_only_where_it_can_win(tmp_path, monkeypatch):
+    """The forward's state stage times state_segment_chunks > 0 only at shapes with few state-pass
+    programs (below twice the heuristic's 48, at BV=32) and enough chunks for 4 segments: at the
+    default build shapes the stage times 48 candidates, not 96 (run 60: ~75 s a shape)."""
+    from kdagen.cache.heuristics import worth_timing
+    from kdagen.config import ChunkFwdConfig
+    from kdagen.tuning import driver as D
+
+    plan = lower(S.kda(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk")
+    seg = ChunkFwdConfig(chunk_size=64, state_segment_chunks=32)
+    assert worth_timing("chunk_fwd", plan, seg, {"N": 1, "HV": 8, "T": 65536})  # 32 programs, 1,024 chunks
+    assert not worth_timing("chunk_fwd", plan, seg, {"N": 2, "HV": 16, "T": 16384})  # 128 programs
+    assert not worth_timing("chunk_fwd", plan, seg, {"N": 1, "HV": 8, "T": 4096})  # 64 chunks: 2 segments
+    assert worth_timing("chunk_fwd", plan, seg.replace(state_segment_chunks=0), {"N": 2, "HV": 16, "T": 16384})
+    assert worth_timing("chunk_bwd", plan, default_config("chunk_bwd", plan), {"N": 2, "HV": 16, "T": 16384})
+
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(D, "precompile", lambda *a, **k: None)
+    timed = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_tune(cands, cand, *, study_name, **kw):
+        stage = study_name.split("-")[1]
+        timed[stage] = cands
+        if stage == "state":
+            raise Stop
+
+    monkeypatch.setattr(D, "tune", fake_tune)
+    spec = F.family_spec("chunk_fwd", _args("kda"))
+    h200 = get_profile("h200")
+    for shape, segmented in (((2, 16384, 16, 16), False), ((1, 65536, 8, 8), True)):
+        with pytest.raises(Stop):
+            D.tune_family("chunk_fwd", plan, spec, _args("kda"), h200, torch.bfloat16, shape, progress=False,
+                          device="cpu")
+        counts = [c.state_segment_chunks for c in timed["state"]]
+        assert (max(counts) > 0) == segmented and counts.count(0) == 48, (shape, counts)

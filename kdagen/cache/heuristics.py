@@ -78,6 +78,21 @@ def _segments(plan: Plan, shape: dict | None, C: int, bv: int) -> int:
     return SEGMENT_CHUNKS if programs < SEGMENT_PROGRAMS and chunks >= SEGMENT_MIN * SEGMENT_CHUNKS else 0
 
 
+def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
+    """Whether the tuner times ``config`` at ``shape`` ({"N", "HV", "T", optional "T_max"}) at all.
+    Only the sequence-parallel state pass is left out: at shapes with at least twice the
+    :data:`SEGMENT_PROGRAMS` state-pass programs (at BV=32) under which the heuristic takes it --
+    it was slower at 64 and 128 programs (run 46) -- or with fewer than :data:`SEGMENT_MIN`
+    segments in the longest sequence.  Left in, it doubled the forward's state stage at every
+    shape (96 candidates, ~75 s of a build's time per shape on the H200, run 60)."""
+    L = getattr(config, "state_segment_chunks", 0)
+    if family != "chunk_fwd" or not L:
+        return True
+    programs = shape["N"] * shape["HV"] * -(-plan.V // 32)
+    chunks = -(-int(shape.get("T_max", shape["T"])) // config.chunk_size)
+    return programs < 2 * SEGMENT_PROGRAMS and chunks >= SEGMENT_MIN * L
+
+
 # Below about two state-pass programs per SM of a 132-SM GPU the state pass is latency bound
 # (each program walks all chunks of its sequence): narrower V tiles give more programs.  On the
 # H200 at C=32, (2, 16384, 16, 128) -- 128 programs at BV=32 -- takes 1.09 ms at BV=16 on 4 warps

@@ -12,7 +12,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from ..cache.gpus import GpuProfile
-from ..cache.heuristics import default_config, default_train_config
+from ..cache.heuristics import default_config, default_train_config, worth_timing
 from ..cache.keys import cache_key, source_hash
 from ..cache.paths import studies_dir
 from ..cache.store import TuningCache, make_entry
@@ -71,7 +71,8 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
         cands = (candidates_by_stage or {}).get(stage) or stage_candidates(space, ctx, stage, default)
         if family == "chunk_bwd":  # the forward's chunk lengths
             cands = [c.replace(chunk_size=default.chunk_size, sub_chunk=default.sub_chunk) for c in cands]
-        cands_by_stage[stage] = cands
+        # not at this shape: the sequence-parallel pass where it cannot win (the heuristic's reason)
+        cands_by_stage[stage] = [c for c in cands if worth_timing(family, plan, c, hint)] or cands
     # the templates' hash is in the name: a study measured on other kernels is not resumed
     names = {stage: (f"{family}-{stage or 'all'}-{plan.tuning_spec_hash}-{source_hash(family)}-K{plan.K}-V{plan.V}-"
                      f"{plan.dtype}-{as_dtype(state_dtype).name}-{'x'.join(map(str, shape))}-{gpu.name}-"
