@@ -176,3 +176,34 @@ def test_what_needs_the_lengths_still_reads_them(monkeypatch):
                              use_graph=True, max_num_seqs=8)
     assert reads == ["cu_seqlens_cpu"] and torch.equal(plain[0], graph[0])  # the graph call read nothing
 
+
+
+@pytest.mark.parametrize("member", ["gdn", "deltanet", "gla"])
+def test_the_family_ops_build_their_packed_schedule_on_the_device_too(monkeypatch, member):
+    """Every member's inference chunk op (a scalar decay's solve, no decay, no rank-1 part) takes
+    the device-built schedule with device-only offsets (int32 here): bit-identical to its
+    host-scheduled call, nothing read back."""
+    from kdagen.ops import family
+
+    cu = [0, 1, 40, 40, 105]
+    x = make_inputs(1, cu[-1], 1, 2, 16, 16, seed=11, cu_seqlens=cu)
+    offsets = x.cu_seqlens.to(torch.int32)
+    if member == "gdn":
+        g = x.g[..., 0].contiguous()  # a decay per token and value head
+        call = lambda **kw: family.chunk_gated_delta_rule(x.q, x.k, x.v, g, x.beta, initial_state=x.h0,  # noqa: E731
+                                                         output_final_state=True, **kw)
+    elif member == "deltanet":
+        call = lambda **kw: family.chunk_delta_rule(x.q, x.k, x.v, x.beta, initial_state=x.h0,  # noqa: E731
+                                                   output_final_state=True, **kw)
+    else:
+        call = lambda **kw: family.chunk_gla(x.q, x.k, x.v, x.g, initial_state=x.h0, output_final_state=True,  # noqa: E731
+                                            **kw)
+    host = call(cu_seqlens=offsets)
+    reads = _device_only(monkeypatch)
+    built = []
+    real = S._device_schedule
+    monkeypatch.setattr(S, "_device_schedule", lambda *a: built.append(a[2:]) or real(*a))
+    got = call(cu_seqlens=offsets)
+    assert reads == [], "the inference call read the offsets back"
+    assert built, "the schedule was not built on the device"
+    assert torch.equal(got[0], host[0]) and torch.equal(got[1], host[1])
