@@ -113,6 +113,11 @@ REC_CASES = [
 ]
 
 # the recurrent backward: (id, dtype, K, V, gate, RecurrentBwdConfig fields or None, extra)
+# the schedule of a packed call whose offsets are on the device only: chunks (L 1) or segments
+SCHEDULE_CASES = [
+    ("int64-C64-chunks", "bfloat16", 128, 128, "safe", dict(chunk_size=64), dict(cu_dtype="int64", L=1)),
+    ("int32-C32-segments", "bfloat16", 128, 128, "safe", dict(chunk_size=32), dict(cu_dtype="int32", L=32)),
+]
 REC_BWD_CASES = [
     ("bf16-K128V128-default", "bfloat16", 128, 128, "direct", None, {}),
     ("bf16-K96V192-varlen-BV64-v-first", "bfloat16", 96, 192, "direct", dict(block_v=64), dict(varlen=True, v_first=True)),
@@ -187,6 +192,15 @@ def _worker_compile(jobs):
                     output_final_state=True, return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
                     config=None if cfg is None else ChunkFwdConfig(**cfg), state_v_first=vf, **gate_kwargs(gate, K))
                 results[f"{family}:{cid}"] = [report(ln.kernel, ln) for ln in launches]
+            elif family == "schedule":  # a packed call's schedule from device-only offsets
+                from kdagen.ops.chunk_fwd import SCHEDULE
+                from kdagen.ops.schedule import schedule_launch
+
+                plan = lower(select_spec(False, True, -5.0, False, False), K, V, dtype, "chunk")
+                fn = build(plan, ChunkFwdConfig(**cfg)).fns[SCHEDULE]
+                cu = torch.tensor([0, 7, 7, 50, 70], dtype=getattr(torch, extra["cu_dtype"]))
+                launch, _ = schedule_launch(cu, 70, cfg["chunk_size"], extra["L"], fn)
+                results[f"{family}:{cid}"] = [report("chunk_schedule", launch)]
             elif family == "train":
                 varlen = extra.get("varlen", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
@@ -271,6 +285,7 @@ def compiled():
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
     env["PYTHONWARNINGS"] = "ignore"
     jobs = ([("chunk", c) for c in CHUNK_CASES] + [("seg", c) for c in SEG_CASES] + [("train", c) for c in TRAIN_CASES]
+            + [("schedule", c) for c in SCHEDULE_CASES]
             + [("recurrent", c) for c in REC_CASES] + [("recurrent_bwd", c) for c in REC_BWD_CASES])
     # two workers of similar cost: alternate the (expensive) chunk cases between them
     halves = [jobs[0::2], jobs[1::2]]
@@ -389,3 +404,13 @@ def test_recurrent_backward_compiles_for_sm90(case, compiled):
     assert c["K"] == K and c["V"] == V and c["STATE_V_FIRST"] == bool(extra.get("v_first"))
     assert c["BV"] == min((cfg or {}).get("block_v", 32), V)
     assert c["IS_VARLEN"] == bool(extra.get("varlen"))
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES, ids=[c[0] for c in SCHEDULE_CASES])
+def test_the_packed_schedule_kernel_compiles_for_sm90(case, compiled):
+    """The one-program kernel that builds a packed call's chunk or segment schedule on the device."""
+    cid, dtype, K, V, gate, cfg, extra = case
+    (entry,) = compiled["schedule:" + cid]
+    _check_ok(entry)
+    assert entry["kind"] == "chunk_schedule" and entry["constexprs"]["C"] == cfg["chunk_size"]
+    assert entry["constexprs"]["L"] == extra["L"] and entry["shared_bytes"] <= SMEM_LIMIT

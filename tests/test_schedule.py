@@ -10,6 +10,7 @@ from conftest import F64, TOL, assert_close, make_inputs, run_poisoned
 
 import kdagen
 from kdagen.config import ChunkFwdConfig
+from kdagen.kernels import build
 from kdagen.ops import schedule as S
 from kdagen.ops.chunk import chunk_kda_launches
 from kdagen.spec.reference import naive_recurrent_kda
@@ -75,29 +76,55 @@ def test_offsets_rewritten_in_place_give_the_new_schedule():
 # ------------------------------------------------------------- built on the device (no read-back)
 
 
+def _schedule_kernel():
+    """The chunk_fwd family's schedule kernel (templates/chunk_schedule.py.j2), as the ops get it."""
+    from kdagen import spec as SP
+    from kdagen.codegen.lower import lower
+    from kdagen.ops.chunk_fwd import SCHEDULE
+
+    return build(lower(SP.kda(SP.gate_direct(-5.0)), 16, 16, "float32", "chunk"), ChunkFwdConfig()).fns[SCHEDULE]
+
+
 def test_the_device_schedule_is_the_host_one_then_surplus():
     """Offsets on the device only: the schedule is built there over the bound T // C + N (or
     (T // C + N) // L + N segments); its first entries are the host schedule's, the rest
     units past the last sequence's end, and the first-unit offsets are the host's."""
     gen = torch.Generator().manual_seed(3)
-    for trial in range(60):
+    for trial in range(12):  # (the interpreter runs the schedule kernel: ~0.1 s a call)
         n = int(torch.randint(1, 9, (1,), generator=gen))
         lens = torch.tensor([0, 1, 2, 31, 32, 33, 64, 65, 200])[torch.randint(0, 9, (n,), generator=gen)]
         cu = [0] + torch.cumsum(lens, 0).tolist()
         T = cu[-1]
         for C in (32, 64):
             total, idx, off = _direct(cu, C)
-            bound, didx, doff = S.chunk_schedule(None, 1, T, C, "cpu", torch.tensor(cu))
+            bound, didx, doff = S.chunk_schedule(None, 1, T, C, "cpu", torch.tensor(cu), _schedule_kernel())
             assert bound == max(T // C + n, 1) >= total
             assert didx.tolist()[:total] == idx and doff.tolist() == off, (cu, C)
             # the surplus: chunks past the last sequence's end (the kernels skip them)
             assert all(s == n - 1 and i * C >= cu[-1] - cu[-2] for s, i in didx.tolist()[total:])
             for L in (2, 4):
                 want = S.segment_schedule(cu, 1, T, C, L, "cpu")
-                sb, ns, sidx, soff = S.segment_schedule(None, 1, T, C, L, "cpu", torch.tensor(cu))
+                sb, ns, sidx, soff = S.segment_schedule(None, 1, T, C, L, "cpu", torch.tensor(cu), _schedule_kernel())
                 assert ns == 0 and sb == max(S.schedule_bound(n, T, C, L), 1) >= want[0]
                 assert sidx.tolist()[:want[0]] == want[2].tolist() and soff.tolist() == want[3].tolist()
                 assert all(s == n - 1 and i * L * C >= cu[-1] - cu[-2] for s, i in sidx.tolist()[want[0]:])
+
+
+def test_the_device_schedule_spans_more_sequences_and_units_than_one_step():
+    """More sequences and units than the kernel takes in one step (SCHEDULE_BLOCK): the running
+    sum carries over, and every unit's sequence is found."""
+    gen = torch.Generator().manual_seed(8)
+    lens = torch.randint(0, 70, (S.SCHEDULE_BLOCK + 300,), generator=gen)
+    lens[::7] = 0
+    cu = [0] + torch.cumsum(lens, 0).tolist()
+    for C, L in ((32, 1), (32, 2)):
+        want = _direct(cu, C) if L == 1 else S.segment_schedule(cu, 1, cu[-1], C, L, "cpu")
+        got = (S.chunk_schedule(None, 1, cu[-1], C, "cpu", torch.tensor(cu), _schedule_kernel()) if L == 1 else
+               S.segment_schedule(None, 1, cu[-1], C, L, "cpu", torch.tensor(cu), _schedule_kernel()))
+        total, idx, off = (want[0], want[1], want[2]) if L == 1 else (want[0], want[2].tolist(), want[3].tolist())
+        gidx, goff = (got[1], got[2]) if L == 1 else (got[2], got[3])
+        assert got[0] > S.SCHEDULE_BLOCK and total > S.SCHEDULE_BLOCK
+        assert gidx.tolist()[:total] == idx and goff.tolist() == off
 
 
 def test_the_device_schedule_checks_the_offsets():
@@ -105,7 +132,7 @@ def test_the_device_schedule_checks_the_offsets():
     at once), before any kernel reads them."""
     for bad in ([1, 5, 10], [0, 6, 5, 10], [0, 5, 9]):
         with pytest.raises(RuntimeError, match="cu_seqlens must start at 0, be non-decreasing and end at T"):
-            S.chunk_schedule(None, 1, 10, 32, "cpu", torch.tensor(bad))
+            S.chunk_schedule(None, 1, 10, 32, "cpu", torch.tensor(bad), _schedule_kernel())
 
 
 def _device_only(monkeypatch):

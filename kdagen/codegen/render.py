@@ -28,6 +28,8 @@ TEMPLATES = {
     "chunk_seg_state": ("chunk_seg_state.py.j2", ChunkFwdConfig),
     "chunk_seg_combine": ("chunk_seg_combine.py.j2", ChunkFwdConfig),
     "chunk_seg_pass": ("chunk_pass.py.j2", ChunkFwdConfig),  # chunk_pass's template, per segment
+    # a packed call's chunk or segment schedule from device-only offsets (kdagen/ops/schedule.py)
+    "chunk_schedule": ("chunk_schedule.py.j2", ChunkFwdConfig),
     "chunk_intra": ("chunk_intra.py.j2", ChunkTrainConfig),
     "chunk_state": ("chunk_state.py.j2", ChunkTrainConfig),
     "recurrent": ("recurrent.py.j2", RecurrentConfig),
@@ -42,7 +44,8 @@ STRUCTURE_TEMPLATES = {
     ("chunk_bwd_intra", "dplr"): "chunk_bwd_intra_dplr.py.j2",
 }
 # the kernels of each config family, in launch order
-FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass"),
+FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass",
+                                 "chunk_schedule"),
                   "chunk_train": ("chunk_intra", "chunk_state"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"),
                   "recurrent": ("recurrent",),

@@ -29,6 +29,8 @@ from .chunk_segments import segment_launches
 from .inputs import state_shape
 from .schedule import chunk_schedule, to_device
 
+SCHEDULE = 5  # the chunk_fwd family's schedule kernel (kdagen.codegen.render.FAMILY_KERNELS), for device-only offsets
+
 
 def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkFwdConfig, built, A_log=None, dt_bias=None,
@@ -48,7 +50,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     C = config.chunk_size
     dev = q.device
     cu = to_device(cu_seqlens, dev) if cu_seqlens is not None else None
-    NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev, cu)
+    NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev, cu, built.fns[SCHEDULE])
     NT = triton.cdiv(T, C)
     scalar = plan.diag_mode == "scalar"
     if scalar:  # a decay shared by the channels: qg and bk are row scales of q and k (chunk_solve.py.j2)

@@ -7,8 +7,8 @@ holds the lengths' values (never a tensor's identity, which an in-place rewrite 
 and the stream the copy was queued on, so a stream that reuses them is one that ordered the copy
 before its own kernels.  The kernels only read them.
 
-A packed call whose offsets are only on the device gets a schedule built there by tensor ops,
-without reading anything back (no synchronisation, nothing kept, and a CUDA graph captures it):
+A packed call whose offsets are only on the device gets a schedule built there by one program of
+a generated kernel (templates/chunk_schedule.py.j2), without reading anything back (no synchronisation, nothing kept, and a CUDA graph captures it):
 its grid is a bound fixed by the shapes -- ``T // C + N`` chunks, ``(T // C + N) // L + N``
 segments -- and the entries past the real count name units past the last sequence's end, which
 the kernels skip (``chunk_bounds``/``segment_bounds`` in templates/_macros.py.j2).  Its offsets are checked on the
@@ -20,6 +20,8 @@ from collections import OrderedDict
 
 import torch
 import triton
+
+from ..kernels import Launch
 
 _KEPT: OrderedDict = OrderedDict()
 _KEPT_MAX = 32
@@ -47,18 +49,18 @@ def _kept(key: tuple, device, make):
     return hit
 
 
-def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device, cu_seqlens=None):
+def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device, cu_seqlens=None, kernel=None):
     """(number of chunks, chunk_indices [NT,2] int32 or None, chunk_offsets [N] int32 or None).
 
     chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
     global index of sequence n's first chunk.  With ``seqlens`` (the offsets on the host): built
     with tensor ops on the host (a packed batch can hold thousands of sequences) and copied to
     the device once per lengths.  Without them but with a device ``cu_seqlens``: built on the
-    device over a bound of chunks, the surplus entries past the last sequence's end (the module
-    docstring).  Neither:
+    device over a bound of chunks by ``kernel`` (the chunk_fwd family's schedule kernel), the
+    surplus entries past the last sequence's end (the module docstring).  Neither:
     a fixed-length batch, nothing built."""
     if seqlens is None and cu_seqlens is not None:
-        return _device_schedule(cu_seqlens, T, C, 1)
+        return _device_schedule(cu_seqlens, T, C, 1, kernel)
     if seqlens is None:
         return B * triton.cdiv(T, C), None, None
     return _kept(("chunks", tuple(seqlens), C), device, lambda: _build_chunk_schedule(seqlens, C, device))
@@ -75,7 +77,8 @@ def _build_chunk_schedule(seqlens, C, device):
     return total, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
 
 
-def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, device, cu_seqlens=None):
+def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, device, cu_seqlens=None,
+                     kernel=None):
     """The segments of ``L`` chunks of the sequence-parallel state pass
     (:mod:`kdagen.ops.chunk_segments`): (number of segments, segments per sequence NS (fixed
     length; 0 for varlen), seg_indices [S,2] int32 or None, seg_offsets [N] int32 or None).
@@ -87,7 +90,7 @@ def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, 
     offsets and copied to the device once, as :func:`chunk_schedule`'s, or from a device
     ``cu_seqlens`` on the device over a bound of segments."""
     if seqlens is None and cu_seqlens is not None:
-        total, idx, offsets = _device_schedule(cu_seqlens, T, C, L)
+        total, idx, offsets = _device_schedule(cu_seqlens, T, C, L, kernel)
         return total, 0, idx, offsets
     if seqlens is None:
         NS = triton.cdiv(triton.cdiv(T, C), L)
@@ -115,34 +118,35 @@ def schedule_bound(N: int, T: int, C: int, L: int = 1) -> int:
     return chunks if L == 1 else chunks // L + N
 
 
-def _device_schedule(cu_seqlens: torch.Tensor, T: int, C: int, L: int):
-    """(bound, indices [bound, 2] int64, offsets [N] int64) of the units -- chunks of ``C``
+def _device_schedule(cu_seqlens: torch.Tensor, T: int, C: int, L: int, kernel):
+    """(bound, indices [bound, 2] int32, offsets [N] int32) of the units -- chunks of ``C``
     tokens, or segments of ``L`` chunks -- of the sequences ``cu_seqlens`` packs, built on its
-    device without reading it back, in a few small kernels.  Unit i < total is (sequence, unit
-    within it); a surplus unit is one past the last sequence's end (that sequence, its unit
-    count + j), which the kernels skip.  Checks the offsets on the device first
-    (:func:`_assert_offsets`)."""
+    device by one program of ``kernel`` (:func:`schedule_launch`), without reading anything
+    back.  Unit i < total is (sequence, unit within it); a surplus unit lies past the last
+    sequence's end, which the kernels skip.  The offsets are checked there too (start at 0,
+    non-decreasing, end at T): bad ones stop the stream with a device-side assertion queued
+    before any kernel reads them (on the host: a RuntimeError)."""
+    launch, (indices, offsets, ok) = schedule_launch(cu_seqlens, T, C, L, kernel)
+    launch()
+    torch._assert_async(ok[0], "cu_seqlens must start at 0, be non-decreasing and end at T (the packed length)")
+    return launch.args["bound"], indices, offsets
+
+
+def schedule_launch(cu_seqlens: torch.Tensor, T: int, C: int, L: int, kernel):
+    """The launch of the schedule kernel (templates/chunk_schedule.py.j2, the chunk_fwd family's
+    last) for ``cu_seqlens``, described and not run: ``(launch, (indices, offsets, ok))``."""
     N = cu_seqlens.numel() - 1
     bound = max(schedule_bound(N, T, C, L), 1)
-    cu = cu_seqlens.to(torch.int64)
-    lens = cu.diff()
-    _assert_offsets(cu, lens, T)
-    units = torch.div(lens + (C - 1), C, rounding_mode="floor")
-    if L > 1:
-        units = torch.div(units + (L - 1), L, rounding_mode="floor")
-    starts = torch.nn.functional.pad(torch.cumsum(units, 0), (1, 0))  # starts[n]: sequence n's first unit
-    i = torch.arange(bound, device=cu.device)
-    seq = torch.searchsorted(starts[1:], i, right=True).clamp_(max=N - 1)  # the sequence whose units hold i
-    return bound, torch.stack([seq, i - starts[seq]], 1), starts[:N]
+    dev = cu_seqlens.device
+    indices = torch.empty(bound, 2, dtype=torch.int32, device=dev)
+    offsets = torch.empty(N, dtype=torch.int32, device=dev)
+    ok = torch.empty(1, dtype=torch.int32, device=dev)
+    args = dict(cu_seqlens=cu_seqlens, indices=indices, offsets=offsets, ok=ok, N=N, T=T, bound=bound,
+                search_steps=N.bit_length())  # a binary search over N first units
+    return Launch("chunk_schedule", kernel, (1,), args, dict(C=C, L=L, BLOCK=SCHEDULE_BLOCK), 4, 1), (indices, offsets, ok)
 
 
-def _assert_offsets(cu: torch.Tensor, lens: torch.Tensor, T: int) -> None:
-    """A device-side check that ``cu`` (int64; ``lens`` its differences) starts at 0, does not
-    decrease and ends at ``T``: queued before the kernels that read it, it stops the stream (a
-    device-side assertion, which the next synchronising call raises) instead of letting them
-    read out of range.  On the host it raises at once."""
-    ok = (cu[0] == 0) & (cu[-1] == T) & (lens.min() >= 0)
-    torch._assert_async(ok, "cu_seqlens must start at 0, be non-decreasing and end at T (the packed length)")
+SCHEDULE_BLOCK = 1024  # the schedule kernel's sequences or units per step
 
 
 def to_device(x: torch.Tensor, device) -> torch.Tensor:
