@@ -44,6 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import kdagen  # noqa: E402
 import kdagen.ops.recurrent as R  # noqa: E402
+from kdagen.config import ChunkFwdConfig  # noqa: E402
 from kdagen.kernels import launch as generic_launch  # noqa: E402
 from kdagen.spec.reference import naive_recurrent_kda  # noqa: E402
 
@@ -276,6 +277,16 @@ def prefill_graph(replays=4):
             worst = max(worst, rel_err(out["o"], o), rel_err(out["ht"], ht))
         claim(name, worst == 0.0, f"{replays} replays with random lengths summing to {T}: max rel. error vs "
               f"the eager call {worst:.1e}")
+        # the schedule built on the device (one program of the schedule kernel) against the host's
+        lens = cu.tolist()
+        for form, kw2 in (("chunks", {}), ("segments", dict(config=ChunkFwdConfig(state_segment_chunks=2)))):
+            dev = kdagen.chunk_kda(**x, cu_seqlens=cu, output_final_state=True, safe_gate=True, lower_bound=LOWER, **kw2)
+            host = kdagen.chunk_kda(**x, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens), output_final_state=True,
+                                    safe_gate=True, lower_bound=LOWER, **kw2)
+            same = torch.equal(dev[0], host[0]) and torch.equal(dev[1], host[1])
+            claim(f"packed chunk_kda: the device-built schedule gives the host-built one's answer ({form})", same,
+                  f"lengths {lens}: bit-identical o and final state" if same else
+                  f"lengths {lens}: max rel. difference {max(rel_err(dev[0], host[0]), rel_err(dev[1], host[1])):.1e}")
     except Exception as e:  # noqa: BLE001
         claim(name, False, f"{type(e).__name__}: {str(e)[:300]}")
         log(traceback.format_exc())

@@ -50,3 +50,7 @@ def test_chunk_kda_never_synchronises_with_device_offsets():
 
 def test_packed_prefill_captures_and_replays_with_new_lengths():
     _run(serving.prefill_graph)
+
+
+def test_the_device_built_packed_schedule_gives_the_host_ones_answer():
+    _run(serving.prefill_graph, "device-built schedule")
