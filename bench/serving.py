@@ -258,7 +258,8 @@ def prefill_graph(replays=4):
     x = Geometry(1, H, D, D).tokens(gen, True)
     x = {n: t.expand(1, T, *t.shape[2:]).contiguous() for n, t in x.items()}
     cu = torch.tensor([0, 100, 300, 300, 650, T], device=DEV)
-    kw = dict(output_final_state=True, safe_gate=True, lower_bound=LOWER, use_graph=True)
+    base = dict(output_final_state=True, safe_gate=True, lower_bound=LOWER)
+    kw = dict(base, use_graph=True)
     out = {}
 
     def step():
@@ -280,9 +281,8 @@ def prefill_graph(replays=4):
         # the schedule built on the device (one program of the schedule kernel) against the host's
         lens = cu.tolist()
         for form, kw2 in (("chunks", {}), ("segments", dict(config=ChunkFwdConfig(state_segment_chunks=2)))):
-            dev = kdagen.chunk_kda(**x, cu_seqlens=cu, output_final_state=True, safe_gate=True, lower_bound=LOWER, **kw2)
-            host = kdagen.chunk_kda(**x, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens), output_final_state=True,
-                                    safe_gate=True, lower_bound=LOWER, **kw2)
+            dev = kdagen.chunk_kda(**x, cu_seqlens=cu, **base, **kw2)
+            host = kdagen.chunk_kda(**x, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens), **base, **kw2)
             same = torch.equal(dev[0], host[0]) and torch.equal(dev[1], host[1])
             claim(f"packed chunk_kda: the device-built schedule gives the host-built one's answer ({form})", same,
                   f"lengths {lens}: bit-identical o and final state" if same else

@@ -85,6 +85,12 @@ def _schedule_kernel():
     return build(lower(SP.kda(SP.gate_direct(-5.0)), 16, 16, "float32", "chunk"), ChunkFwdConfig()).fns[SCHEDULE]
 
 
+def test_the_schedule_kernel_is_where_the_ops_look_for_it():
+    from kdagen.codegen.render import FAMILY_KERNELS
+
+    assert FAMILY_KERNELS["chunk_fwd"][S.SCHEDULE] == "chunk_schedule"
+
+
 def test_the_device_schedule_is_the_host_one_then_surplus():
     """Offsets on the device only: the schedule is built there over the bound T // C + N (or
     (T // C + N) // L + N segments); its first entries are the host schedule's, the rest

@@ -36,7 +36,7 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
         return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
                               state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
     C, bv, prefetch = 64, min(32, plan.BV), True
-    if shape and {"N", "HV", "T"} <= set(shape) and shape["N"] * shape["HV"] * -(-plan.V // 32) >= MANY_PROGRAMS \
+    if shape and {"N", "HV", "T"} <= set(shape) and _state_programs(plan, shape, 32) >= MANY_PROGRAMS \
             and shape.get("B", 1) * shape["T"] <= SHORT_MEAN_TOKENS * shape["N"]:
         C, prefetch = 32, False
     segments = _segments(plan, shape, C, bv)
@@ -73,9 +73,19 @@ def _segments(plan: Plan, shape: dict | None, C: int, bv: int) -> int:
     enough programs, or for short sequences."""
     if not shape or not {"N", "HV", "T"} <= set(shape) or plan.BK > SEGMENT_MAX_BK:
         return 0
-    programs = shape["N"] * shape["HV"] * -(-plan.V // bv)
-    chunks = -(-int(shape.get("T_max", shape["T"])) // C)
-    return SEGMENT_CHUNKS if programs < SEGMENT_PROGRAMS and chunks >= SEGMENT_MIN * SEGMENT_CHUNKS else 0
+    segments_fit = _longest_chunks(shape, C) >= SEGMENT_MIN * SEGMENT_CHUNKS
+    return SEGMENT_CHUNKS if _state_programs(plan, shape, bv) < SEGMENT_PROGRAMS and segments_fit else 0
+
+
+def _state_programs(plan: Plan, shape: dict, bv: int) -> int:
+    """The state pass's programs at ``shape`` with V tiles of ``bv``: one per (sequence, value
+    head, V tile)."""
+    return shape["N"] * shape["HV"] * -(-plan.V // bv)
+
+
+def _longest_chunks(shape: dict, C: int) -> int:
+    """The chunks of ``C`` tokens of the longest sequence ("T_max", else T)."""
+    return -(-int(shape.get("T_max", shape["T"])) // C)
 
 
 def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
@@ -88,9 +98,8 @@ def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
     L = getattr(config, "state_segment_chunks", 0)
     if family != "chunk_fwd" or not L:
         return True
-    programs = shape["N"] * shape["HV"] * -(-plan.V // 32)
-    chunks = -(-int(shape.get("T_max", shape["T"])) // config.chunk_size)
-    return programs < 2 * SEGMENT_PROGRAMS and chunks >= SEGMENT_MIN * L
+    return (_state_programs(plan, shape, 32) < 2 * SEGMENT_PROGRAMS
+            and _longest_chunks(shape, config.chunk_size) >= SEGMENT_MIN * L)
 
 
 # Below about two state-pass programs per SM of a 132-SM GPU the state pass is latency bound

@@ -27,9 +27,7 @@ from ..config import ChunkFwdConfig
 from ..kernels import Launch, dummy_pointer
 from .chunk_segments import segment_launches
 from .inputs import state_shape
-from .schedule import chunk_schedule, to_device
-
-SCHEDULE = 5  # the chunk_fwd family's schedule kernel (kdagen.codegen.render.FAMILY_KERNELS), for device-only offsets
+from .schedule import SCHEDULE, chunk_schedule, to_device
 
 
 def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,

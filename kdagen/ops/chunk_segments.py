@@ -50,7 +50,7 @@ import torch
 import triton
 
 from ..kernels import Launch, dummy_pointer
-from .schedule import segment_schedule
+from .schedule import SCHEDULE, segment_schedule
 
 
 def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, rows: dict, pass_args: dict,
@@ -60,7 +60,7 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
     B, T, HV, K, V, N = dims.B, dims.T, dims.HV, dims.K, dims.V, dims.N
     L = config.state_segment_chunks
     cu = pass_args["cu_seqlens"] if flags["IS_VARLEN"] else None
-    NS_total, NS, seg_indices, seg_offsets = segment_schedule(seqlens, B, T, C, L, dev, cu, built.fns[5])
+    NS_total, NS, seg_indices, seg_offsets = segment_schedule(seqlens, B, T, C, L, dev, cu, built.fns[SCHEDULE])
     dummy = dummy_pointer(dev)
     n = max(NS_total, 1)
     he = torch.empty(n, HV, K, V, dtype=torch.float32, device=dev)

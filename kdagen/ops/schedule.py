@@ -1,19 +1,22 @@
 """Where the chunks of a call lie: the schedule both chunk forms launch over.
 
 A packed call whose lengths are on the host (``cu_seqlens_cpu``, or a host ``cu_seqlens``) has
-its schedule built on the host and copied to the device.  The layers of one model step call the ops with the same lengths, so the device tensors
-are kept for the last few (lengths, chunk length, device, stream) seen and given again: the key
-holds the lengths' values (never a tensor's identity, which an in-place rewrite would not change),
-and the stream the copy was queued on, so a stream that reuses them is one that ordered the copy
-before its own kernels.  The kernels only read them.
+its schedule built on the host and copied to the device.  The layers of one model step call the
+ops with the same lengths, so the device tensors are kept for the last few (lengths, chunk
+length, device, stream) seen and given again: the key holds the lengths' values (never a
+tensor's identity, which an in-place rewrite would not change), and the stream the copy was
+queued on, so a stream that reuses them is one that ordered the copy before its own kernels.
+The kernels only read them.
 
-A packed call whose offsets are only on the device gets a schedule built there by one program of
-a generated kernel (templates/chunk_schedule.py.j2), without reading anything back (no synchronisation, nothing kept, and a CUDA graph captures it):
-its grid is a bound fixed by the shapes -- ``T // C + N`` chunks, ``(T // C + N) // L + N``
-segments -- and the entries past the real count name units past the last sequence's end, which
-the kernels skip (``chunk_bounds``/``segment_bounds`` in templates/_macros.py.j2).  Its offsets are checked on the
-device (start at 0, non-decreasing, end at T): bad ones stop the stream with a device-side
-assertion before any kernel reads them, never a silent wrong answer."""
+A packed call whose offsets are only on the device gets a schedule built there by one program
+of a generated kernel (templates/chunk_schedule.py.j2, the chunk_fwd family's
+:data:`SCHEDULE`-th), without reading anything back (no synchronisation, nothing kept, and a
+CUDA graph captures it): its grid is a bound fixed by the shapes -- ``T // C + N`` chunks,
+``(T // C + N) // L + N`` segments -- and the entries past the real count name units past the
+last sequence's end, which the kernels skip (``chunk_bounds``/``segment_bounds`` in
+templates/_macros.py.j2).  Its offsets are checked on the device (start at 0, non-decreasing,
+end at T): bad ones stop the stream with a device-side assertion before any kernel reads them,
+never a silent wrong answer."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -23,6 +26,7 @@ import triton
 
 from ..kernels import Launch
 
+SCHEDULE = 5  # the schedule kernel's index among the chunk_fwd family's (codegen.render.FAMILY_KERNELS)
 _KEPT: OrderedDict = OrderedDict()
 _KEPT_MAX = 32
 
@@ -54,8 +58,7 @@ def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device, cu
 
     chunk_indices[i] = (sequence, chunk within it) of global chunk i; chunk_offsets[n] = the
     global index of sequence n's first chunk.  With ``seqlens`` (the offsets on the host): built
-    with tensor ops on the host (a packed batch can hold thousands of sequences) and copied to
-    the device once per lengths.  Without them but with a device ``cu_seqlens``: built on the
+    on the host and copied to the device once per lengths (:func:`_build_host_schedule`).  Without them but with a device ``cu_seqlens``: built on the
     device over a bound of chunks by ``kernel`` (the chunk_fwd family's schedule kernel), the
     surplus entries past the last sequence's end (the module docstring).  Neither:
     a fixed-length batch, nothing built."""
@@ -63,18 +66,7 @@ def chunk_schedule(seqlens: list[int] | None, B: int, T: int, C: int, device, cu
         return _device_schedule(cu_seqlens, T, C, 1, kernel)
     if seqlens is None:
         return B * triton.cdiv(T, C), None, None
-    return _kept(("chunks", tuple(seqlens), C), device, lambda: _build_chunk_schedule(seqlens, C, device))
-
-
-def _build_chunk_schedule(seqlens, C, device):
-    cu = torch.tensor(seqlens, dtype=torch.int64)
-    nchunks = (cu[1:] - cu[:-1] + C - 1) // C
-    offsets = torch.cumsum(nchunks, 0) - nchunks
-    total = int(nchunks.sum())
-    seq = torch.repeat_interleave(torch.arange(len(nchunks)), nchunks)
-    within = torch.arange(total) - torch.repeat_interleave(offsets, nchunks)
-    idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
-    return total, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
+    return _kept(("chunks", tuple(seqlens), C), device, lambda: _build_host_schedule(seqlens, C, 1, device))
 
 
 def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, device, cu_seqlens=None,
@@ -95,18 +87,23 @@ def segment_schedule(seqlens: list[int] | None, B: int, T: int, C: int, L: int, 
     if seqlens is None:
         NS = triton.cdiv(triton.cdiv(T, C), L)
         return B * NS, NS, None, None
-    return _kept(("segments", tuple(seqlens), C, L), device, lambda: _build_segment_schedule(seqlens, C, L, device))
+    total, idx, offsets = _kept(("segments", tuple(seqlens), C, L), device,
+                                lambda: _build_host_schedule(seqlens, C, L, device))
+    return total, 0, idx, offsets
 
 
-def _build_segment_schedule(seqlens, C, L, device):
+def _build_host_schedule(seqlens, C: int, L: int, device):
+    """(total, indices, offsets) of the units -- chunks of ``C`` tokens, or segments of ``L``
+    chunks -- of the host lengths ``seqlens``, built with tensor ops on the host (a packed batch
+    can hold thousands of sequences) and copied to ``device``."""
     cu = torch.tensor(seqlens, dtype=torch.int64)
-    nseg = ((cu[1:] - cu[:-1] + C - 1) // C + L - 1) // L
-    offsets = torch.cumsum(nseg, 0) - nseg
-    total = int(nseg.sum())
-    seq = torch.repeat_interleave(torch.arange(len(nseg)), nseg)
-    within = torch.arange(total) - torch.repeat_interleave(offsets, nseg)
+    units = ((cu[1:] - cu[:-1] + C - 1) // C + L - 1) // L
+    offsets = torch.cumsum(units, 0) - units
+    total = int(units.sum())
+    seq = torch.repeat_interleave(torch.arange(len(units)), units)
+    within = torch.arange(total) - torch.repeat_interleave(offsets, units)
     idx = torch.stack([seq, within], 1) if total else torch.zeros(1, 2, dtype=torch.int64)
-    return total, 0, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
+    return total, to_device(idx.to(torch.int32), device), to_device(offsets.to(torch.int32), device)
 
 
 def schedule_bound(N: int, T: int, C: int, L: int = 1) -> int:
