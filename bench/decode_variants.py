@@ -27,9 +27,10 @@ def main():
     ap.add_argument("--block-v", default="16,32,64,128")
     ap.add_argument("--warps", default="1,2,4,8")
     ap.add_argument("--readouts", default="updated,loaded", help="RecurrentConfig.readout values to time")
-    ap.add_argument("--pairs", default="", help="instead of the block-v x warps grid: 'pool:BV/warps[/pps],...', "
-                    "e.g. 'float32:64/4,bfloat16:32/1/8/s' (pool dtype names as torch spells them; pps: "
-                    "RecurrentConfig.programs_per_sm, 0 when left out; a final /s: stream_state)")
+    ap.add_argument("--pairs", default="", help="instead of the block-v x warps grid: 'pool:BV/warps[/pps[/stages]][/s],...', "
+                    "e.g. 'float32:64/4,bfloat16:32/1/8/s,bfloat16:64/4/2/3' (pool dtype names as torch spells them; "
+                    "then RecurrentConfig.programs_per_sm, 0 when left out, and num_stages, 1 when left out; a "
+                    "final /s: stream_state)")
     ap.add_argument("--fla", action="store_true", help="also time FLA's packed decode with an fp32 pool (same process)")
     args = ap.parse_args()
     import kdagen
@@ -44,7 +45,7 @@ def main():
             _, nbytes, _, (x, pool, slots, cu, out) = decode_case(B, True, pool_dtype)
             p0 = pool.clone()
             ref = None
-            grid = [(bv, w, 0, r) for bv in map(int, args.block_v.split(",")) for w in map(int, args.warps.split(","))
+            grid = [(bv, w, 0, 1, r) for bv in map(int, args.block_v.split(",")) for w in map(int, args.warps.split(","))
                     for r in args.readouts.split(",")]
             if args.pairs:
                 name = str(pool_dtype)[6:]
@@ -53,16 +54,16 @@ def main():
                     pool_name, fields = p.split(":")
                     parts = fields.split("/")
                     stream = parts[-1] == "s"
-                    f = [int(x) for x in (parts[:-1] if stream else parts)] + [0]
+                    f = [int(x) for x in (parts[:-1] if stream else parts)] + [0, 1][len(parts) - stream - 2:]
                     if pool_name == name:
-                        grid += [(f[0], f[1], f[2], r, stream) for r in args.readouts.split(",")]
+                        grid += [(f[0], f[1], f[2], f[3], r, stream) for r in args.readouts.split(",")]
             else:
                 grid = [g + (False,) for g in grid]
-            for bv, w, pps, readout, stream in grid:
-                cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1, readout=readout, programs_per_sm=pps,
+            for bv, w, pps, stages, readout, stream in grid:
+                cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=stages, readout=readout, programs_per_sm=pps,
                                       stream_state=stream)
                 row = dict(B=B, pool=str(pool_dtype)[6:], block_v=bv, num_warps=w, readout=readout, programs_per_sm=pps,
-                           stream_state=stream)
+                           num_stages=stages, stream_state=stream)
                 try:
                     pool.copy_(p0)
                     fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
@@ -78,7 +79,7 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {str(e)[:160]}"
                 rows.append(row)
-                print(f"B={B:4d} {row['pool']:9s} BV={bv:4d} warps={w} pps={pps:2d} {readout:7s}{' stream' if stream else ''} "
+                print(f"B={B:4d} {row['pool']:9s} BV={bv:4d} warps={w} pps={pps:2d} stages={stages} {readout:7s}{' stream' if stream else ''} "
                       f"{row.get('us', float('nan')):8.1f} us {row.get('pct_copy', float('nan')):5.1f}% "
                       f"diff {row.get('diff')} {row.get('error', '')}", flush=True)
             del x, pool, p0, out

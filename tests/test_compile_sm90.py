@@ -110,6 +110,11 @@ REC_CASES = [
      dict(pool="bfloat16", rc=dict(num_warps=1, readout="loaded", programs_per_sm=3, stream_state=True))),
     ("bf16-K96V192-varlen-gate-in-kernel-persistent", "bfloat16", 96, 192, "gik_lb", 16,
      dict(varlen=True, rc=dict(programs_per_sm=4))),
+    # persistent programs whose item loop Triton pipelines (num_stages > 1)
+    ("bf16-K128V128-BV64-bf16-pool-pipelined", "bfloat16", 128, 128, "direct", 64,
+     dict(pool="bfloat16", rc=dict(num_warps=4, readout="loaded", programs_per_sm=2, num_stages=3))),
+    ("bf16-K96V192-varlen-gate-in-kernel-pipelined", "bfloat16", 96, 192, "gik_lb", 32,
+     dict(varlen=True, rc=dict(programs_per_sm=2, num_stages=2))),
 ]
 
 # the recurrent backward: (id, dtype, K, V, gate, RecurrentBwdConfig fields or None, extra)
@@ -390,6 +395,12 @@ def test_recurrent_kernel_compiles_for_sm90(case, compiled):
     assert c["USE_INDICES"] == ("pool" in extra)
     assert c["IS_VARLEN"] == bool(extra.get("varlen"))
     assert c["STATE_V_FIRST"] == bool(extra.get("v_first"))
+    rc = extra.get("rc", {})
+    if rc.get("programs_per_sm") and rc.get("num_stages", 1) > 1:
+        # the pipelined item loop: the state tile goes through shared memory, one buffer per
+        # stage ahead (the hand-prefetched form holds it in registers: a few hundred bytes)
+        tile = c["BK"] * c["BV"] * (2 if extra.get("pool") in ("bfloat16", "float16") else 4)
+        assert e["shared_bytes"] >= (rc["num_stages"] - 1) * tile, (e["shared_bytes"], tile)
 
 
 @pytest.mark.parametrize("case", REC_BWD_CASES, ids=[c[0] for c in REC_BWD_CASES])

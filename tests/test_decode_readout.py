@@ -4,7 +4,9 @@ recurrence's answer for every member -- KDA (also with its gate in the kernel), 
 DeltaNet, GLA and general DPLR -- in fp32 and fp16, over several tokens (the state carried in
 registers from one token's update to the next readout), varlen with an empty sequence, GVA, an
 initial state, a state pool, and g = -inf (a reset); each also as persistent programs
-(RecurrentConfig.programs_per_sm: fewer programs than items, each prefetching its next item)."""
+(RecurrentConfig.programs_per_sm: fewer programs than items, each prefetching its next item), and
+as persistent programs whose item loop Triton's pipeliner runs (num_stages > 1: one-token items in
+the pipelined loop, longer ones in a second loop)."""
 from __future__ import annotations
 
 import pytest
@@ -88,16 +90,18 @@ def _ref(member, x, h0, cu):
     return naive_recurrent_dplr(x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"], **kw)
 
 
-@pytest.mark.parametrize("pps", (0, 2), ids=("grid", "persistent"))
+@pytest.mark.parametrize(("pps", "stages"), ((0, 1), (2, 1), (2, 3)), ids=("grid", "persistent", "pipelined"))
 @pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
 @pytest.mark.parametrize("member", MEMBERS)
-def test_both_readouts_are_the_recurrence(member, dt, pps):
-    """(persistent: 2 programs on the interpreter's one 'SM' for 3 V tiles x 3 sequences x 2 heads)"""
+def test_both_readouts_are_the_recurrence(member, dt, pps, stages):
+    """(persistent: 2 programs on the interpreter's one 'SM' for 3 V tiles x 3 sequences x 2 heads;
+    pipelined: every item has more or less than one token, so the second loop runs them all)"""
     x, h0, cu = _inputs(member, dt)
     ro, rh = _ref(member, x, h0, cu)
     outs = {}
     for readout in READOUTS:
-        o, ht = _op(member, x, h0, cu, RecurrentConfig(block_v=16, num_warps=1, readout=readout, programs_per_sm=pps))
+        o, ht = _op(member, x, h0, cu, RecurrentConfig(block_v=16, num_warps=1 if pps == 0 else 2, readout=readout,
+                                                       programs_per_sm=pps, num_stages=stages))
         assert_close(o, ro, TOL[dt], f"{member} {readout} o")
         assert_close(ht, rh, TOL[dt], f"{member} {readout} final state")
         assert torch.isfinite(o).all() and torch.isfinite(ht).all()
@@ -107,11 +111,12 @@ def test_both_readouts_are_the_recurrence(member, dt, pps):
 
 
 @pytest.mark.parametrize("v_first", (False, True), ids=("k-first", "v-first"))
-@pytest.mark.parametrize("pps", (0, 1, 4), ids=("grid", "one-program", "persistent"))
-def test_loaded_readout_in_a_state_pool(pps, v_first):
+@pytest.mark.parametrize(("pps", "stages"), ((0, 1), (1, 1), (4, 1), (1, 2), (4, 3)),
+                         ids=("grid", "one-program", "persistent", "one-program-pipelined", "pipelined"))
+def test_loaded_readout_in_a_state_pool(pps, stages, v_first):
     """Decode from a pool, one token per sequence, slots permuted and one padding slot (-1);
-    persistent programs: one program for every item, and four; the pool [P, HV, K, V] or
-    (state_v_first) [P, HV, V, K]."""
+    persistent programs: one program for every item, and four, with the hand prefetch or
+    pipelined by Triton (num_stages > 1); the pool [P, HV, K, V] or (state_v_first) [P, HV, V, K]."""
     torch.manual_seed(3)
     N, HV, K, V, P = 4, 2, 32, 32, 6
     q, k = torch.randn(N, 1, HV, K), F.normalize(torch.randn(N, 1, HV, K), dim=-1)
@@ -126,7 +131,7 @@ def test_loaded_readout_in_a_state_pool(pps, v_first):
     o, _ = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
                                       state_v_first=v_first,
                                       config=RecurrentConfig(block_v=16, num_warps=2, readout="loaded",
-                                                             programs_per_sm=pps))
+                                                             programs_per_sm=pps, num_stages=stages))
     want[slots[keep].long()] = rh.float()
     assert_close(o[keep], ro, TOL[F32], "o")
     assert torch.equal(o[~keep], torch.zeros_like(o[~keep]))
@@ -154,11 +159,40 @@ def test_persistent_dplr_with_reverse_and_the_batch_form(reverse):
     flip = (lambda t: t.flip(1)) if reverse else (lambda t: t)  # noqa: E731
     ro, rh = naive_recurrent_dplr(*(flip(t) for t in (x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"])),
                                   initial_state=h0[:2], output_final_state=True)
-    for pps in (0, 2):
+    for pps, stages in ((0, 1), (2, 1), (2, 3)):
         o, ht = kdagen.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["g"], **kw,
-                                                       config=RecurrentConfig(block_v=16, programs_per_sm=pps))
-        assert_close(flip(o), ro, TOL[F32], f"o, {pps} programs per SM")
-        assert_close(ht, rh, TOL[F32], f"final state, {pps} programs per SM")
+                                                       config=RecurrentConfig(block_v=16, programs_per_sm=pps,
+                                                                              num_stages=stages))
+        assert_close(flip(o), ro, TOL[F32], f"o, {pps} programs per SM, {stages} stages")
+        assert_close(ht, rh, TOL[F32], f"final state, {pps} programs per SM, {stages} stages")
+
+
+@pytest.mark.parametrize("member", ("kda", "dplr"))
+@pytest.mark.parametrize("with_state", (True, False), ids=("final-state", "no-final-state"))
+def test_pipelined_items_of_one_and_of_several_tokens(member, with_state):
+    """The pipelined persistent form with sequences of 1, 3, 0, 1 and 2 tokens in one call: the
+    one-token items go through the pipelined loop, the others through the second loop, and both
+    kinds share programs (two programs for 3 V tiles x 5 sequences x 2 heads)."""
+    x, h0, _ = _inputs(member, F32, seed=11)
+    x = {n: t[:, :7].contiguous() for n, t in x.items()}
+    cu = torch.tensor([0, 1, 4, 4, 5, 7])
+    h0 = torch.randn(5, 2, 24, 40) * 0.3
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    ro, rh = _ref(member, x, h0, cu)
+    cfg = RecurrentConfig(block_v=16, num_warps=2, readout="loaded", programs_per_sm=2, num_stages=3)
+    o, ht = _op(member, x, h0, cu, cfg) if with_state else _op_no_state(member, x, h0, cu, cfg)
+    assert_close(o, ro, TOL[F32], "o")
+    if with_state:
+        assert_close(ht, rh, TOL[F32], "final state")
+    else:
+        assert ht is None
+
+
+def _op_no_state(member, x, h0, cu, cfg):
+    kw = dict(initial_state=h0, output_final_state=False, cu_seqlens=cu, config=cfg)
+    if member == "kda":
+        return kdagen.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
+    return kdagen.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["g"], **kw)
 
 
 def test_programs_per_sm_and_stream_state_are_validated():
@@ -184,3 +218,15 @@ def test_streamed_state_is_the_same_program(pps):
     plain = render("recurrent", plan, RecurrentConfig(programs_per_sm=pps)).text
     assert src.count('eviction_policy="evict_first"') >= 1 and src.count('cache_modifier=".cs"') >= 1
     assert "evict_first" not in plain and ".cs" not in plain
+
+
+def test_only_persistent_programs_with_stages_pipeline_their_item_loop():
+    """num_stages > 1 makes the persistent item loop a pipelined tl.range (the hand prefetch
+    then goes); one program per item, or one stage, keeps the source it had."""
+    plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
+    piped = render("recurrent", plan, RecurrentConfig(programs_per_sm=2, num_stages=3)).text
+    hand = render("recurrent", plan, RecurrentConfig(programs_per_sm=2)).text
+    grid = render("recurrent", plan, RecurrentConfig(programs_per_sm=0, num_stages=3)).text
+    assert "tl.range(it0, n_items, step, num_stages=3)" in piped and "item_n" not in piped
+    assert "tl.range" not in hand and "item_n = it + step" in hand
+    assert "tl.range" not in grid and "n_items" not in grid

@@ -125,6 +125,10 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     elif kernel == "recurrent":
         v["readout_loaded"] = config.readout == "loaded"
         v["persistent"] = config.programs_per_sm > 0
+        # persistent programs with num_stages > 1: the item loop is left to Triton's software
+        # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
+        # ahead) in place of the hand prefetch of the next item into registers
+        v["pipeline_stages"] = config.num_stages if v["persistent"] and config.num_stages > 1 else 0
         v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
         v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
     elif kernel == "chunk_bwd_dqkw":
