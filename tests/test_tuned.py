@@ -95,9 +95,13 @@ def test_recurrent_winner_and_fallback(h200):
     half = tuned.resolve("recurrent", plan, None, {"T": 1, "B": 8, "N": 8}, "bfloat16")
     assert half == default_recurrent_config(plan, "bfloat16") != default_recurrent_config(plan)
     assert (half.block_v, half.num_warps, half.readout, half.programs_per_sm) == (32, 1, "loaded", 0)
-    # many items (B=256 sequences x 32 value heads): persistent programs prefetching their next item
+    # many items (B=256 sequences x 32 value heads, one 64-wide V tile at K=V=64): persistent
+    # programs whose item loop Triton pipelines, 4 per SM; four times as many items: 16 per SM
     many = tuned.resolve("recurrent", plan, None, {"T": 1, "B": 256, "N": 256, "HV": 32}, "bfloat16")
-    assert (many.block_v, many.num_warps, many.readout, many.programs_per_sm) == (64, 4, "loaded", 2)
+    assert (many.block_v, many.num_warps, many.readout, many.programs_per_sm, many.num_stages) == (
+        64, 2, "loaded", 4, 2)
+    more = tuned.resolve("recurrent", plan, None, {"T": 1, "B": 1024, "N": 1024, "HV": 32}, "bfloat16")
+    assert (more.programs_per_sm, more.num_stages) == (16, 2)
     assert tuned.resolve("recurrent", plan, None, {"T": 1, "B": 256, "N": 256, "HV": 32}) == default_recurrent_config(plan)
     won = RecurrentConfig(block_v=16, num_warps=2)
     TuningCache(h200.name).store(keys.cache_key(plan, "recurrent", {"T": 1, "B": 8, "N": 8}, h200),

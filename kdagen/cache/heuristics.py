@@ -131,31 +131,35 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
 
 
 # A half-width (bf16/fp16) pool moves half the bytes per program for the same work: with one
-# item per program it stays latency bound (run 30: 60% of copy at best).  Persistent programs that
-# load the next item while computing the current one (programs_per_sm) and the readout from the
-# loaded state: at B=256, H=32, K=V=128 on the H200, BV=64 on 4 warps, 2 programs per SM, 181.6 us
-# (70% of copy) against 192.4 (BV=32, one warp, one item per program) and 208.4 before the readout
-# (bench/RESULTS.md, runs 44-46); with few items (B=16: 1,024) the one-item grid stays faster (10.6
-# against 13.9 us).  A float32 pool is at 92-93% of copy either way: its config is unchanged.
+# item per program it stays latency bound (run 30: 60% of copy at best).  Persistent programs
+# whose item loop Triton pipelines (num_stages 2: the next item's state tile loaded
+# asynchronously into shared memory, not held in registers) and the readout from the loaded
+# state: at B=256, H=32, K=V=128 on the H200, BV=64 on 2 warps, 163.5 us (77% of copy) with 4
+# programs per SM and 160.1 with 16 (about 8 items each; at B=64, 4,096 items, 4 per SM is the
+# faster: 43.4 against 45.6 us), against 181.5 for the hand prefetch into registers (BV=64, 4 warps,
+# 2 per SM) and 192.3 for one item per program (bench/RESULTS.md, runs 44-46 and 64-67); with few items (B=16: 1,024)
+# the one-item grid on one warp stays close to the best (10.6 against 10.9 us).  A float32 pool
+# is at 93% of copy with one item per program, BV=64 on 2 warps (271.0 us at B=256, 16.1 at B=16,
+# against 274.2 / 17.5 on 4 warps); pipelining it loses (293.6 us).
 PERSISTENT_ITEMS = 4096
 
 
 def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: dict | None = None) -> RecurrentConfig:
     """``state_dtype``: of the state the call reads and writes (its decode pool); ``shape``:
-    optional {"N": sequences, "HV": value heads}.  K=V=128 on the H200 (bench/RESULTS.md, runs 30
-    and 44-46, a packed decode step from graph replay): a float32 pool moves fastest with BV=64 on
-    4 warps (271.7 us at B=256, 93% of copy; 16.6 us at B=16); a half-width pool, half the bytes
-    per program, with BV=32 on one warp and the loaded-state readout for a few items, and
-    persistent programs (above) for many.  One warp at BV >= 64 spills registers and collapses."""
+    optional {"N": sequences, "HV": value heads}.  K=V=128 on the H200 (bench/RESULTS.md, runs 30,
+    44-46 and 64-65, a packed decode step from graph replay): a float32 pool moves fastest with
+    BV=64 on 2 warps; a half-width pool, half the bytes per program, with BV=32 on one warp and
+    the loaded-state readout for a few items, and pipelined persistent programs (above) for many.
+    One warp at BV >= 64 spills registers and collapses."""
     if plan.K > 128:
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=4, num_stages=1)
     if state_dtype in ("bfloat16", "float16"):
         items = (shape or {}).get("N", 0) * (shape or {}).get("HV", 0) * -(-plan.V // min(64, plan.BV))
         if items >= PERSISTENT_ITEMS:
-            return RecurrentConfig(block_v=min(64, plan.BV), num_warps=4, num_stages=1, readout="loaded",
-                                   programs_per_sm=2)
+            return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=2, readout="loaded",
+                                   programs_per_sm=16 if items >= 4 * PERSISTENT_ITEMS else 4)
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1, readout="loaded")
-    return RecurrentConfig(block_v=min(64, plan.BV), num_warps=4, num_stages=1)
+    return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=1)
 
 
 def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:

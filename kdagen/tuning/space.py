@@ -201,7 +201,9 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
       and a ``C*BV`` u tile: ``state_num_stages*((3*C*K + C*C)*i + C*BV*e)``.
 
     For both the estimate is the larger of the two launches'.  ``recurrent`` keeps its state in registers and
-    only stages the q/k vectors and a v slice: ``(2*K + block_v)*e``.
+    only stages the q/k vectors and a v slice: ``(2*K + block_v)*e``; its pipelined persistent form
+    (programs_per_sm > 0, num_stages > 1) buffers per stage the state tile and the token's slices
+    in shared memory, counted at 4 bytes (an fp32 pool, the widest).
 
     ``chunk_bwd``, the largest of: the reverse state pass, per stage, the ``C*K`` tiles of
     qg, kg and W, the ``C*C`` Aqk and a ``C*BV`` dO tile; the chunk-parallel launch, per
@@ -224,6 +226,10 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
         state = config.state_num_stages * ((3 * C * K + C * C) * i + C * BV * e)
         return int(max(intra, state))
     if kernel == "recurrent":
+        if config.programs_per_sm and config.num_stages > 1:
+            # the pipelined item loop: per stage the state tile (its dtype is the pool's: fp32 at
+            # most) and the token's q, k, g and v slices
+            return int(config.num_stages * (K * config.block_v * 4 + (3 * K + config.block_v) * 4))
         return int((2 * K + config.block_v) * e)
     if kernel == "chunk_bwd":
         C = config.chunk_size
