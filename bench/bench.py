@@ -170,6 +170,13 @@ def bench_plan(K, V, dtype=torch.bfloat16):
     return lower(select_spec(False, True, LOWER, False, False), K, V, as_dtype(dtype).name, "chunk", False)
 
 
+def resolved_bwd_config(B, T, H, K):
+    """The backward config kdagen's op resolves at this shape (tuned winner, else heuristic)."""
+    from kdagen.cache.lookup import resolve
+
+    return resolve("chunk_bwd", bench_plan(K, K), None, {"T": T, "B": B, "N": B, "HV": H})
+
+
 def used_configs(B, T, H, K):
     """The forward and backward configs kdagen's op picks at this shape (a tuned winner from
     KDAGEN_CACHE_DIR, else the heuristic), so that each timing names what it timed."""
@@ -359,7 +366,7 @@ def bwd_breakdown(x, do, dht, variants=()):
     plan = bench_plan(K, V, x["q"].dtype)
     for name, kwcfg in variants:
         try:
-            cfg = default_chunk_bwd_config(plan).replace(**kwcfg)
+            cfg = default_chunk_bwd_config(plan, {"N": x["q"].shape[0], "HV": x["v"].shape[2]}).replace(**kwcfg)
             fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, bwd_config=cfg)
             for ln in list(fw) + list(bw):  # the backward reads what this forward writes
                 ln()

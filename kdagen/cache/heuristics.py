@@ -162,17 +162,29 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
     return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=1)
 
 
-def default_chunk_bwd_config(plan: Plan) -> ChunkBwdConfig:
+def default_chunk_bwd_config(plan: Plan, shape: dict | None = None) -> ChunkBwdConfig:
+    """The backward's heuristic config; ``shape`` (optional {"N", "HV"}) picks the reverse state
+    pass's V tile by its program count."""
     # The reverse state pass holds only dS [K, BV] (fp32) and does three dots per chunk; the
-    # chunk-parallel launch holds three [C, K] fp32 accumulators.  Tuned winners differ from
-    # these in those two launches' tiles and are 6-14% faster on the backward (bench/RESULTS.md).
-    # The intra-chunk gradients run on 4 warps: on the H200, bf16, K=V=128, 4.29 / 2.84 ms against
-    # 8 warps' 7.91 / 5.24 ms at (1, 8192, 96, 128) / (2, 16384, 16, 128), despite 32 bytes of
-    # spill against none (two programs per SM instead of one; bench/RESULTS.md, run 9).  fp16
-    # keeps the per-chunk states in fp32 (its range is 6.5e4).
+    # chunk-parallel launch holds three [C, K] fp32 accumulators.  On the H200, bf16, K=V=128,
+    # `kdagen build` picked at each of its three shapes (bench/RESULTS.md, run 63) the chunk-parallel
+    # launch on [128, 64] tiles of (K, V), and the state pass on 64-wide V tiles with >= 256 programs at
+    # BV=32, 16-wide below (run 2's reason: few programs): 6.33 / 4.80 / 4.14 ms against 7.25 / 5.13 /
+    # 4.66 ms for 64 x 32 and BV=32 at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32); those tiles are the
+    # defaults for half-precision inputs with K <= 128 (fp32 tiles are twice the bytes: unmeasured).
+    # The intra-chunk gradients run on 4 warps: 4.29 / 2.84 ms against 8 warps' 7.91 / 5.24 ms at
+    # (1, 8192, 96, 128) / (2, 16384, 16, 128), despite 32 bytes of spill against none (two programs
+    # per SM instead of one; run 9).  fp16 keeps the per-chunk states in fp32 (its range is 6.5e4).
+    half = plan.dtype in ("bfloat16", "float16") and plan.K <= 128
+    state_bv, dqkw_bk, dqkw_bv = min(32, plan.BV), min(64, plan.BK), min(32, plan.BV)
+    if half:
+        dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
+        if shape and "N" in shape and "HV" in shape:
+            few = shape["N"] * shape["HV"] * -(-plan.V // 32) < STATE_PROGRAMS_LOW
+            state_bv = min(16 if few else 64, plan.BV)
     return ChunkBwdConfig(
-        chunk_size=32, sub_chunk=16, state_block_v=min(32, plan.BV), state_num_warps=4, state_num_stages=2,
-        dqkw_block_k=min(64, plan.BK), dqkw_block_v=min(32, plan.BV), dqkw_num_warps=4, dqkw_num_stages=2,
+        chunk_size=32, sub_chunk=16, state_block_v=state_bv, state_num_warps=4, state_num_stages=2,
+        dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
         intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4, intra_num_stages=2,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
     )
@@ -189,7 +201,7 @@ def default_config(family: str, plan: Plan, shape: dict | None = None,
         return default_train_config(plan, shape)
     if family == "chunk_bwd":
         fwd = train_config or default_train_config(plan, shape)
-        return default_chunk_bwd_config(plan).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
+        return default_chunk_bwd_config(plan, shape).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
     if family == "recurrent":
         return default_recurrent_config(plan, state_dtype, shape)
     raise ValueError(f"unknown kernel family {family!r}")
