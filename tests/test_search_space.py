@@ -66,6 +66,20 @@ def test_recurrent_space():
     assert {c.readout for c in cands} == {"updated", "loaded"}
 
 
+def test_estimate_smem_counts_the_pipelined_decode_buffers():
+    """One-item and hand-prefetching decode programs keep the state in registers; pipelined
+    persistent ones buffer, per stage, the state tile (fp32 at most) and the token's slices.
+    (sm_90 compile of BV=64, 2 stages, bf16 pool: 35 KB; fp32 pool: 68 KB -- tests/test_compile_sm90.py.)"""
+    plain = RecurrentConfig(block_v=64, programs_per_sm=4)
+    assert estimate_smem("recurrent", plain, 128, 128, 2) == (2 * 128 + 64) * 2
+    piped = plain.replace(num_stages=2)
+    assert estimate_smem("recurrent", piped, 128, 128, 2) == 2 * (128 * 64 * 4 + (3 * 128 + 64) * 4)
+    assert estimate_smem("recurrent", piped.replace(num_stages=3), 128, 128, 2) > estimate_smem(
+        "recurrent", piped, 128, 128, 2)
+    # one program per item pipelines nothing, whatever its num_stages
+    assert estimate_smem("recurrent", piped.replace(programs_per_sm=0), 128, 128, 2) == (2 * 128 + 64) * 2
+
+
 def test_estimate_smem_formula():
     c = ChunkFwdConfig(chunk_size=64, state_block_v=32, state_num_stages=2)
     solve = 4 * 32 * 128 * 2 + 4 * 4 * 32 * 32
