@@ -170,11 +170,16 @@ def bench_plan(K, V, dtype=torch.bfloat16):
     return lower(select_spec(False, True, LOWER, False, False), K, V, as_dtype(dtype).name, "chunk", False)
 
 
+def shape_hint(B, T, H):
+    """The shape the ops resolve configs at, for a fixed-length batch."""
+    return {"T": T, "B": B, "N": B, "HV": H}
+
+
 def resolved_bwd_config(B, T, H, K):
     """The backward config kdagen's op resolves at this shape (tuned winner, else heuristic)."""
     from kdagen.cache.lookup import resolve
 
-    return resolve("chunk_bwd", bench_plan(K, K), None, {"T": T, "B": B, "N": B, "HV": H})
+    return resolve("chunk_bwd", bench_plan(K, K), None, shape_hint(B, T, H))
 
 
 def used_configs(B, T, H, K):
@@ -183,7 +188,7 @@ def used_configs(B, T, H, K):
     from kdagen.cache.lookup import lookup_winner, resolve
 
     plan = bench_plan(K, K)
-    hint = {"T": T, "B": B, "N": B, "HV": H}
+    hint = shape_hint(B, T, H)
     out = {}
     for fam, name in (("chunk_fwd", "fwd_config"), ("chunk_bwd", "bwd_config")):
         tuned = lookup_winner(plan, fam, hint)
@@ -364,9 +369,10 @@ def bwd_breakdown(x, do, dht, variants=()):
         out[f"bwd_{i}"] = t
     K, V = x["q"].shape[-1], x["v"].shape[-1]
     plan = bench_plan(K, V, x["q"].dtype)
+    hint = shape_hint(*x["v"].shape[:3])
     for name, kwcfg in variants:
         try:
-            cfg = default_chunk_bwd_config(plan, {"N": x["q"].shape[0], "HV": x["v"].shape[2]}).replace(**kwcfg)
+            cfg = default_chunk_bwd_config(plan, hint).replace(**kwcfg)
             fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, bwd_config=cfg)
             for ln in list(fw) + list(bw):  # the backward reads what this forward writes
                 ln()

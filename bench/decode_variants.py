@@ -54,9 +54,11 @@ def main():
                     pool_name, fields = p.split(":")
                     parts = fields.split("/")
                     stream = parts[-1] == "s"
-                    f = [int(x) for x in (parts[:-1] if stream else parts)] + [0, 1][len(parts) - stream - 2:]
+                    f = [int(x) for x in (parts[:-1] if stream else parts)]
+                    pps = f[2] if len(f) > 2 else 0
+                    stages = f[3] if len(f) > 3 else 1
                     if pool_name == name:
-                        grid += [(f[0], f[1], f[2], f[3], r, stream) for r in args.readouts.split(",")]
+                        grid += [(f[0], f[1], pps, stages, r, stream) for r in args.readouts.split(",")]
             else:
                 grid = [g + (False,) for g in grid]
             for bv, w, pps, stages, readout, stream in grid:

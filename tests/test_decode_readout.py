@@ -53,8 +53,8 @@ def _inputs(member, dt, seed=0):
     return x, h0, cu
 
 
-def _op(member, x, h0, cu, cfg):
-    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, config=cfg)
+def _op(member, x, h0, cu, cfg, final_state=True):
+    kw = dict(initial_state=h0, output_final_state=final_state, cu_seqlens=cu, config=cfg)
     if member == "kda":
         return kdagen.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
     if member == "kda_gate":
@@ -177,22 +177,14 @@ def test_pipelined_items_of_one_and_of_several_tokens(member, with_state):
     x = {n: t[:, :7].contiguous() for n, t in x.items()}
     cu = torch.tensor([0, 1, 4, 4, 5, 7])
     h0 = torch.randn(5, 2, 24, 40) * 0.3
-    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
     ro, rh = _ref(member, x, h0, cu)
     cfg = RecurrentConfig(block_v=16, num_warps=2, readout="loaded", programs_per_sm=2, num_stages=3)
-    o, ht = _op(member, x, h0, cu, cfg) if with_state else _op_no_state(member, x, h0, cu, cfg)
+    o, ht = _op(member, x, h0, cu, cfg, final_state=with_state)
     assert_close(o, ro, TOL[F32], "o")
     if with_state:
         assert_close(ht, rh, TOL[F32], "final state")
     else:
         assert ht is None
-
-
-def _op_no_state(member, x, h0, cu, cfg):
-    kw = dict(initial_state=h0, output_final_state=False, cu_seqlens=cu, config=cfg)
-    if member == "kda":
-        return kdagen.fused_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
-    return kdagen.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["g"], **kw)
 
 
 def test_programs_per_sm_and_stream_state_are_validated():

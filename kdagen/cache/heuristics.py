@@ -122,7 +122,7 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
         bk = min(128, plan.BK)
     bv, warps = min(32, plan.BV), (2 if plan.K <= 128 else 4)
     if shape and "N" in shape and "HV" in shape and plan.BV >= 32:
-        if shape["N"] * shape["HV"] * -(-plan.V // 32) < STATE_PROGRAMS_LOW:
+        if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW:
             bv, warps = 16, 4
     return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
@@ -180,8 +180,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None) -> ChunkBwdC
     if half:
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
         if shape and "N" in shape and "HV" in shape:
-            few = shape["N"] * shape["HV"] * -(-plan.V // 32) < STATE_PROGRAMS_LOW
-            state_bv = min(16 if few else 64, plan.BV)
+            state_bv = min(16 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
     return ChunkBwdConfig(
         chunk_size=32, sub_chunk=16, state_block_v=state_bv, state_num_warps=4, state_num_stages=2,
         dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
