@@ -338,16 +338,26 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
 
 
 BWD_VARIANTS = [
-    ("st_bv16w4", dict(state_block_v=16, state_num_warps=4)),
-    ("st_bv64w8", dict(state_block_v=64, state_num_warps=8)),
-    ("dq_bk128w8", dict(dqkw_block_k=128, dqkw_num_warps=8)),
-    ("dq_bk32w4", dict(dqkw_block_k=32)),
-    ("in_bk64w8", dict(intra_block_k=64, intra_num_warps=8)),
-    ("in_bk32w8", dict(intra_num_warps=8)),  # the default before run 9
+    # (runs 9-69 measured the state, dqkw and fused intra tiles: bench/RESULTS.md)
     ("in_bk64w4", dict(intra_block_k=64)),
-    ("in_bk16w4", dict(intra_block_k=16)),
-    ("stored", dict(store_intermediates=True)),  # no re-run of the forward intra launch
-    ("states_fp32", dict(state_dtype="fp32")),
+    ("stored", dict(store_intermediates=True)),  # no re-run: the forward keeps qg, kg, W, A_qk, G_n
+    # the intra-chunk gradients as two launches (chunk_bwd_wy, then dq/dk/dg per K tile; run 70)
+    ("split", dict(intra_split=True)),
+    ("split_w2", dict(intra_split=True, intra_num_warps=2)),
+    ("split_bk64w2", dict(intra_split=True, intra_block_k=64, intra_num_warps=2)),
+    ("split_bk16w2", dict(intra_split=True, intra_block_k=16, intra_num_warps=2)),
+    ("split_w2_bv64", dict(intra_split=True, intra_num_warps=2, intra_block_v=64)),
+    ("split_w2_st1", dict(intra_split=True, intra_num_warps=2, intra_num_stages=1)),
+    # recompute mode's re-run from the kept A_qk and T (chunk_bwd_rerun)
+    ("rerun_bk32", dict(rerun_block_k=32)),
+    ("rerun_bk128", dict(rerun_block_k=128)),
+    ("rerun_w2", dict(rerun_num_warps=2)),
+    ("rerun_w8", dict(rerun_num_warps=8)),
+]
+# whole forward+backward runs under a changed backward config, in the same process as the default's
+WHOLE_VARIANTS = [
+    # run 69's intra launch (one fused launch on 4 warps, 32-wide V tiles) and the re-run on 4 warps
+    ("fused_intra", dict(intra_split=False, intra_num_warps=4, intra_block_v=32, rerun_num_warps=4)),
 ]
 
 
@@ -365,8 +375,8 @@ def bwd_breakdown(x, do, dht, variants=()):
         ln()
     times = [do_bench(ln, warmup=20, rep=100, return_mode="median") for ln in list(fwd) + list(bwd)]
     out = {"fwd_intra": times[0], "fwd_state_hs": times[1]}
-    for i, t in enumerate(times[2:]):
-        out[f"bwd_{i}"] = t
+    for i, (ln, t) in enumerate(zip(bwd, times[2:])):
+        out[f"bwd_{i}_{ln.kernel}"] = t
     K, V = x["q"].shape[-1], x["v"].shape[-1]
     plan = bench_plan(K, V, x["q"].dtype)
     hint = shape_hint(*x["v"].shape[:3])
@@ -376,7 +386,8 @@ def bwd_breakdown(x, do, dht, variants=()):
             fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, bwd_config=cfg)
             for ln in list(fw) + list(bw):  # the backward reads what this forward writes
                 ln()
-            out[f"v:{name}"] = " ".join("%.3f" % do_bench(ln, warmup=10, rep=50, return_mode="median") for ln in bw)
+            out[f"v:{name}"] = " ".join("%s %.3f" % (ln.kernel.replace("chunk_bwd_", ""),
+                                                     do_bench(ln, warmup=10, rep=50, return_mode="median")) for ln in bw)
         except Exception as e:  # noqa: BLE001
             out[f"v:{name}"] = f"error {type(e).__name__}: {str(e)[:120]}"
     return out
@@ -415,6 +426,18 @@ def time_fwd_bwd(fchunk, shapes, variants=()):
                 row["kdagen_stored_peak_gib"] = peak_gib(kd)
         except Exception as e:  # noqa: BLE001
             row["kdagen_stored_ms"] = f"error {type(e).__name__}: {str(e)[:200]}"
+        for name, kwcfg in WHOLE_VARIANTS:
+            try:
+                from kdagen.ops.chunk import chunk_bwd_config
+                with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(**kwcfg)):
+                    a = kd()
+                    if fchunk is not None:
+                        for n, ga, gb in zip(GRAD_NAMES, a, fl()):
+                            row[f"{name}_diff_vs_fla_d{n}"] = rel(ga, gb)
+                    row[f"kdagen_{name}_ms"] = do_bench(kd, warmup=50, rep=300, return_mode="median")
+                    row[f"kdagen_{name}_peak_gib"] = peak_gib(kd)
+            except Exception as e:  # noqa: BLE001
+                row[f"kdagen_{name}_ms"] = f"error {type(e).__name__}: {str(e)[:200]}"
         try:
             row["kdagen_launches"] = bwd_breakdown(x, do, dht, variants)
         except Exception as e:  # noqa: BLE001

@@ -416,7 +416,7 @@ def _tuned_as(ref: str, spec, lb: float) -> dict:
 def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel, config_json, kernel, plan_only):
     """Print the plan, the config and the generated Triton source for a key."""
     from .cache.heuristics import default_config
-    from .codegen.render import FAMILY_KERNELS, render
+    from .codegen.render import family_kernels, render
     from .config import config_from_dict
     from .ops.inputs import select_spec
     from .spec import get_spec
@@ -455,10 +455,6 @@ def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel,
     plan = _check_lowerable(spec, spec_name, head_dims, dtype_name, (fname,), gik)[(K, V, fname, gik)]
     if plan.structure == "dplr" and family == "chunk_fwd":  # general DPLR's chunk forward: the training-path kernels
         family = "chunk_train"
-    kinds = FAMILY_KERNELS[family]
-    if kernel and kernel not in kinds:
-        raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form; its kernels: {', '.join(kinds)}",
-                                 param_hint="--kernel")
     if config_json:
         try:
             config = config_from_dict(family, json.loads(config_json))
@@ -466,6 +462,10 @@ def inspect(spec_name, head_dims, dtype_name, form, lower_bound, gate_in_kernel,
             raise click.BadParameter(str(e), param_hint="--config") from None
     else:
         config = default_config(family, plan)
+    kinds = family_kernels(family, plan, config)
+    if kernel and kernel not in kinds:
+        raise click.BadParameter(f"{kernel!r} is not a kernel of the {form} form under this config; its kernels: "
+                                 f"{', '.join(kinds)}", param_hint="--kernel")
     click.echo(f"# spec  : {spec.name} hash {spec.hash} ({_gate_text(spec)})")
     note = padding_note(plan)
     if note:

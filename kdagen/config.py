@@ -187,20 +187,41 @@ class ChunkBwdConfig(_Config):
     intra_num_stages: int = 2
     inverse_precision: str = "ieee"  # fp32 dots of the triangular inverse and its gradient
     store_intermediates: bool = False  # keep qg/kg/W/U/A_qk/G_n from the forward (else recompute)
+    # the intra-chunk gradients as two launches: dE, T, dv, dbeta per (chunk, value head), then
+    # dq, dk, dg per (chunk, value head, K tile) (templates/chunk_bwd_intra.py.j2); plans with a rank-1 part
+    intra_split: bool = False
+    rerun_block_k: int = 64  # K tile of one program of recompute mode's re-run (chunk_bwd_rerun)
+    rerun_num_warps: int = 4
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
-                         "intra_block_v", "state_num_warps", "dqkw_num_warps", "intra_num_warps")
+                         "intra_block_v", "state_num_warps", "dqkw_num_warps", "intra_num_warps", "rerun_block_k",
+                         "rerun_num_warps")
         self._check_chunking()
-        for name in ("state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k", "intra_block_v"):
+        for name in ("state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k", "intra_block_v",
+                     "rerun_block_k"):
             if getattr(self, name) < 16:
                 raise ConfigError(f"chunk_bwd: {name} must be >= 16 (the smallest tl.dot tile)")
         self._check_stages("state_num_stages", "dqkw_num_stages", "intra_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
-        if not isinstance(self.store_intermediates, bool):
-            raise ConfigError(f"chunk_bwd: store_intermediates must be a bool, got {self.store_intermediates!r}")
+        for name in ("store_intermediates", "intra_split"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"chunk_bwd: {name} must be a bool, got {getattr(self, name)!r}")
+
+    def splits_intra(self, plan) -> bool:
+        """Whether the intra-chunk gradients run as two launches (chunk_bwd_wy, then
+        chunk_bwd_intra): when this config asks and ``plan`` has the rank-1 part the first launch
+        differentiates (general DPLR has an intra template of its own, never split).  The field
+        is read only when the plan could split, so other plans' sources do not name it."""
+        return plan.has_rank1 and plan.structure != "dplr" and self.intra_split
+
+    def reruns_from_saved(self, plan) -> bool:
+        """Whether the backward rebuilds the forward's intermediates with chunk_bwd_rerun from the
+        A_qk and T the training forward keeps: recompute mode (``store_intermediates=False``),
+        except general DPLR, which re-runs its forward intra launch."""
+        return plan.structure != "dplr" and not self.store_intermediates
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 
 from .cache.paths import fall_back_for_sources, generated_dir, source_dir
 from .codegen.lower import Plan
-from .codegen.render import FAMILY_KERNELS, GeneratedSource, render
+from .codegen.render import GeneratedSource, family_kernels, render
 
 _LOADED: dict[str, Any] = {}
 
@@ -66,14 +66,22 @@ class Built:
     plan: Plan
     config: Any
     sources: tuple[GeneratedSource, ...]
-    fns: tuple[Any, ...]  # in the family's launch order (FAMILY_KERNELS)
+    fns: tuple[Any, ...]  # in the family's launch order (codegen.render.family_kernels)
+    kinds: tuple[str, ...] = ()  # the kernel kind of each, e.g. "chunk_bwd_wy"
+
+    def fn(self, kernel: str):
+        """The loaded kernel of one kind, wherever the optional kinds before it put it."""
+        if kernel not in self.kinds:
+            raise KeyError(f"no {kernel} kernel for config {self.config.short()}; built: {', '.join(self.kinds)}")
+        return self.fns[self.kinds.index(kernel)]
 
 
 @lru_cache(maxsize=256)
 def build(plan: Plan, config) -> Built:
     """Render and load every kernel of ``config``'s family for ``plan``."""
-    srcs = tuple(render(kind, plan, config) for kind in FAMILY_KERNELS[config.kernel])
-    return Built(plan, config, srcs, tuple(load(s) for s in srcs))
+    kinds = family_kernels(config.kernel, plan, config)
+    srcs = tuple(render(kind, plan, config) for kind in kinds)
+    return Built(plan, config, srcs, tuple(load(s) for s in srcs), kinds)
 
 
 @dataclass(frozen=True)

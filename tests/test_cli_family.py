@@ -232,7 +232,7 @@ def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels(monkeypatch):
     the generated sources are the same but for the header and the function's name; a spec
     that does not lower is refused with the reason."""
     from kdagen.cache.heuristics import default_config
-    from kdagen.codegen.render import FAMILY_KERNELS, render
+    from kdagen.codegen.render import family_kernels, render
     from kdagen.ops.inputs import select_spec
     from kdagen.tuning.families import check_tunable, family_spec, lower_for
 
@@ -242,7 +242,7 @@ def test_the_tuner_runs_a_kda_structured_spec_through_kdas_kernels(monkeypatch):
         mine = lower_for(family_spec(fam, user_args), fam, 64, 64, torch.bfloat16)
         kdas = lower_for(select_spec(False, fam != "recurrent", -3.0, False, False), fam, 64, 64, torch.bfloat16)
         cfg = default_config(fam, mine)
-        for kind in FAMILY_KERNELS[fam]:
+        for kind in family_kernels(fam, mine, cfg):
             a, b = render(kind, mine, cfg).text, render(kind, kdas, cfg).text
             assert a != b  # the header names the spec
             body = lambda t: re.sub(r"\w+_" + kind + r"_[0-9a-f]+", "NAME", t[t.index("@triton.jit"):])  # noqa: E731

@@ -37,8 +37,8 @@ CASES = [
     ("gla-fp16-K96V192-varlen-v-first-C32", "gla", "float16", 96, 192,
      dict(varlen=True, v_first=True, bound=-5.0, fwd=dict(chunk_size=32))),
 ]
-KINDS = ("chunk_solve", "chunk_pass", "chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw",
-         "chunk_bwd_intra", "recurrent", "recurrent_bwd")
+KINDS = ("chunk_solve", "chunk_pass", "chunk_intra", "chunk_state", "chunk_bwd_rerun", "chunk_bwd_state",
+         "chunk_bwd_dqkw", "chunk_bwd_wy", "chunk_bwd_intra", "recurrent", "recurrent_bwd")
 
 
 def _worker_compile(cases):
@@ -98,7 +98,7 @@ def _worker_compile(cases):
             tf, tb, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True,
                                               config=tcfg, **kw)
             out += [report("chunk_intra", tf[0]), report("chunk_state", tf[1])]
-            out += [report(n, x) for n, x in zip(("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"), tb)]
+            out += [report(x.kernel, x) for x in tb]
             # decode (B sequences of one token) and the recurrent backward
             dt_bias = torch.zeros(HV, K) if gik else None  # per channel, as the member entries expand it
             A_log = gate.get("A_log")
@@ -138,7 +138,11 @@ def compiled():
 def test_family_kernels_compile_for_sm90(case, compiled):
     cid, member = case[0], case[1]
     entries = compiled[cid]
-    assert [e["kind"] for e in entries] == list(KINDS), entries
+    # the backward: the re-run from the forward's kept tiles, then three launches, or four where the
+    # intra-chunk gradients split (a rank-1 part in half precision: the heuristic)
+    split = member != "gla" and case[2] in ("bfloat16", "float16") and case[3] <= 128
+    kinds = [k for k in KINDS if k != "chunk_bwd_wy" or split]
+    assert [e["kind"] for e in entries] == kinds, entries
     for e in entries:
         assert "error" not in e, f"{cid}: {e['kind']} failed to compile for sm_90:\n{e['error']}"
         assert e["is_report"] and e["target"] == "cuda:90"

@@ -284,7 +284,8 @@ def test_state_storage_dtype(dtype, state_dtype, expect):
     fwd, bwd, _ = chunk_kda_bwd_launches(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                                          initial_state=leaves["initial_state"], bwd_config=cfg, **kw)
     assert fwd[1].args["hs"].dtype == expect
-    assert bwd[0].args["dhs"].dtype == expect and bwd[1].args["hs"] is fwd[1].args["hs"]
+    kind = {ln.kernel: ln for ln in bwd}
+    assert kind["chunk_bwd_state"].args["dhs"].dtype == expect and kind["chunk_bwd_dqkw"].args["hs"] is fwd[1].args["hs"]
 
 
 @pytest.mark.parametrize("HV", [1, 2])
@@ -297,7 +298,9 @@ def test_gradients_are_written_in_the_inputs_dtypes(HV):
     expect = F16 if HV == 1 else F32
     assert outs["dq"].dtype == outs["dk"].dtype == expect
     assert outs["dbeta"].dtype == F16 and outs["dv"].dtype == F16 and outs["dg"].dtype == F32
-    assert bwd[2].args["dq"] is outs["dq"] and bwd[2].args["dbeta"] is outs["dbeta"]
+    # fp16: the split intra launches (chunk_bwd_wy writes dbeta, the second dq)
+    kind = {ln.kernel: ln for ln in bwd}
+    assert kind["chunk_bwd_intra"].args["dq"] is outs["dq"] and kind["chunk_bwd_wy"].args["dbeta"] is outs["dbeta"]
 
 
 # ------------------------------------------------------------------ the forward without grad
@@ -329,9 +332,10 @@ def test_forward_without_grad_runs_the_inference_kernels(monkeypatch):
 
 
 def test_backward_launch_sequence(monkeypatch):
-    """Forward (intra writing U, state writing the per-chunk states and V'), then the
-    backward: the intra launch re-run without U, the reverse state pass, the chunk-parallel
-    products, the intra-chunk gradients -- six launches, nothing else."""
+    """Forward (intra writing U and T, state writing the per-chunk states and V'), then the
+    backward: the re-run of qg, kg, W and G_n from the kept A_qk and T, the reverse state pass,
+    the chunk-parallel products, the intra-chunk gradients (fp32: one launch) -- six launches,
+    nothing else."""
     seen = []
     real_call = Launch.__call__
 
@@ -344,9 +348,9 @@ def test_backward_launch_sequence(monkeypatch):
     leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
     o, ht = kdagen.chunk_kda(**leaves, output_final_state=True, **kw)
     (o.sum() + ht.sum()).backward()
-    assert [k for k, _ in seen] == ["chunk_intra", "chunk_state", "chunk_intra", "chunk_bwd_state",
+    assert [k for k, _ in seen] == ["chunk_intra", "chunk_state", "chunk_bwd_rerun", "chunk_bwd_state",
                                     "chunk_bwd_dqkw", "chunk_bwd_intra"]
-    assert seen[0][1]["STORE_U"] is True and seen[2][1]["STORE_U"] is False
+    assert seen[0][1]["STORE_U"] is True and seen[0][1]["STORE_T"] is True
     assert seen[1][1]["STORE_HS"] is True and seen[1][1]["STORE_VN"] is True
 
 
@@ -368,13 +372,14 @@ COMPILE_CASES = [
     ("bf16-K128V128-safe", "bfloat16", 128, 128, "safe", None),
     ("bf16-K96V192-free", "bfloat16", 96, 192, "free", None),
     ("bf16-K128V128-gik-lb-varlen-C64", "bfloat16", 128, 128, "gik_lb", dict(chunk_size=64)),
+    ("bf16-K128V128-safe-fused-intra", "bfloat16", 128, 128, "safe", None),  # intra_split=False
 ]
 # Runs in a clean interpreter (Triton cannot compile while TRITON_INTERPRET=1, which the
 # conftest sets for this process): the ops' own launch builders, compiled for sm_90.
 _WORKER = r'''
 import json, sys, torch
 from triton.backends.compiler import GPUTarget
-from kdagen.config import ChunkTrainConfig
+from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.kernels import compile_for_target
 from kdagen.ops.chunk import chunk_kda_bwd_launches
 out = {}
@@ -395,12 +400,14 @@ for cid, dtype, K, V, gate, cfg in json.loads(sys.stdin.read()):
     try:
         _, bwd, _ = chunk_kda_bwd_launches(q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V),
                                            output_final_state=True, cu_seqlens=cu,
-                                           config=None if cfg is None else ChunkTrainConfig(**cfg), **kw)
+                                           config=None if cfg is None else ChunkTrainConfig(**cfg),
+                                           bwd_config=ChunkBwdConfig(intra_split=False) if "fused" in cid else None,
+                                           **kw)
         res = []
         for l in bwd:
             r = compile_for_target(l.fn, l.args, l.constexprs, GPUTarget("cuda", 90, 32), l.num_warps, l.num_stages)
             res.append(dict(name=r.name, fn=l.fn.__name__, target=r.target, shared=r.shared_bytes,
-                            BT=l.constexprs["BT"], K=l.constexprs["K"], V=l.constexprs["V"]))
+                            BT=l.constexprs["BT"], K=l.constexprs["K"], V=l.constexprs.get("V")))
         out[cid] = res
     except Exception as e:
         out[cid] = dict(error=f"{type(e).__name__}: {e}"[:4000])
@@ -431,9 +438,13 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
     cid, dtype, K, V, gate, cfg = case
     res = compiled_bwd[cid]
     assert not isinstance(res, dict), f"build/compile failed:\n{res.get('error')}"
-    assert len(res) == 3
-    for r, kind in zip(res, ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra")):
+    # the re-run from the forward's kept tiles, then state, dqkw and the intra gradients (bf16: two launches)
+    kinds = ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy", "chunk_bwd_intra"]
+    if "fused" in cid:
+        kinds.remove("chunk_bwd_wy")
+    assert len(res) == len(kinds)
+    for r, kind in zip(res, kinds):
         assert kind in r["name"] and r["name"] == r["fn"] and r["target"] == "cuda:90"
         assert 0 < r["shared"] <= SMEM_LIMIT, f"{kind}: {r['shared']} bytes of shared memory (limit {SMEM_LIMIT})"
-        assert (r["K"], r["V"]) == (K, V)
+        assert r["K"] == K and r["V"] in ((None,) if kind == "chunk_bwd_rerun" else (V,))
         assert r["BT"] == (cfg or {}).get("chunk_size", 32)

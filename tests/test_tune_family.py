@@ -130,7 +130,7 @@ def test_the_timed_launches_are_the_members_kernels():
     fwd, bwd = M.chunk_bwd_launches(cand.member, cand.timed_inputs, default_train_config(cand.plan),
                                     default_config("chunk_bwd", cand.plan), with_rerun=True)
     assert all(ln.fn.__name__.startswith("gdn_") for ln in list(fwd) + list(bwd))
-    assert [ln.kernel for ln in bwd] == ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
+    assert [ln.kernel for ln in bwd] == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
 
 
 # --- the search spaces ------------------------------------------------------------------

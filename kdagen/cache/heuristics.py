@@ -175,16 +175,27 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None) -> ChunkBwdC
     # The intra-chunk gradients run on 4 warps: 4.29 / 2.84 ms against 8 warps' 7.91 / 5.24 ms at
     # (1, 8192, 96, 128) / (2, 16384, 16, 128), despite 32 bytes of spill against none (two programs
     # per SM instead of one; run 9).  fp16 keeps the per-chunk states in fp32 (its range is 6.5e4).
+    #
+    # Recompute mode rebuilds qg, kg, W and G_n from the A_qk and T the forward kept (chunk_bwd_rerun)
+    # and the intra-chunk gradients run as two launches (chunk_bwd_wy: dE, T, dv, dbeta; then dq, dk,
+    # dg per K tile): at (1, 8192, 96, 128), bf16, re-run 1.89 -> 0.65 ms on 2 warps and the intra
+    # gradients 4.24 -> 1.02 + 2.59 ms on 2 warps with 64-wide V tiles in the first (2, 16384, 16, 128:
+    # 1.27 -> 0.43 and 2.80 -> 0.69 + 1.72; bench/RESULTS.md, runs 70-71).  fp32 and K > 128: unmeasured,
+    # the fused launch and 4 warps stay.
     half = plan.dtype in ("bfloat16", "float16") and plan.K <= 128
     state_bv, dqkw_bk, dqkw_bv = min(32, plan.BV), min(64, plan.BK), min(32, plan.BV)
+    intra = dict(intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4)
+    rerun_warps = 4
     if half:
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
         if shape and "N" in shape and "HV" in shape:
             state_bv = min(16 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
+        intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
+        rerun_warps = 2
     return ChunkBwdConfig(
         chunk_size=32, sub_chunk=16, state_block_v=state_bv, state_num_warps=4, state_num_stages=2,
         dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
-        intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4, intra_num_stages=2,
+        intra_num_stages=2, rerun_block_k=min(64, plan.BK), rerun_num_warps=rerun_warps, **intra,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
     )
 

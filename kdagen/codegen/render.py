@@ -37,6 +37,10 @@ TEMPLATES = {
     "chunk_bwd_state": ("chunk_bwd_state.py.j2", ChunkBwdConfig),
     "chunk_bwd_dqkw": ("chunk_bwd_dqkw.py.j2", ChunkBwdConfig),
     "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
+    # the first of the intra-chunk gradients' two launches (ChunkBwdConfig.intra_split): the same template
+    "chunk_bwd_wy": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
+    # recompute mode's stage 0: qg, kg, W and G_n from the forward's kept A_qk and T
+    "chunk_bwd_rerun": ("chunk_bwd_rerun.py.j2", ChunkBwdConfig),
 }
 # a kernel whose template for one structure shares too little with the others' to be a branch
 # of theirs: (kernel, plan.structure) -> template (same config family)
@@ -47,17 +51,44 @@ STRUCTURE_TEMPLATES = {
 FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass",
                                  "chunk_schedule"),
                   "chunk_train": ("chunk_intra", "chunk_state"),
-                  "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"),
+                  "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "chunk_bwd_wy",
+                                "chunk_bwd_rerun"),
                   "recurrent": ("recurrent",),
                   "recurrent_bwd": ("recurrent_bwd",)}
 # the launches that stand in for a kernel's launch when a config asks for them (the tuner times
 # them in its place): the sequence-parallel state pass's three for the one pass
-REPLACES = {"chunk_seg_state": "chunk_pass", "chunk_seg_combine": "chunk_pass", "chunk_seg_pass": "chunk_pass"}
+REPLACES = {"chunk_seg_state": "chunk_pass", "chunk_seg_combine": "chunk_pass", "chunk_seg_pass": "chunk_pass",
+            "chunk_bwd_wy": "chunk_bwd_intra"}
 # the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
 # kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
 DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
                 "recurrent_bwd")
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
+
+
+# launches that only some (plan, config) pairs run (family_kernels leaves them out of the others)
+OPTIONAL_KERNELS = ("chunk_bwd_wy", "chunk_bwd_rerun")
+
+
+def intra_parts(kernel: str, plan: Plan, config: _Config) -> str:
+    """The ``part`` of templates/chunk_bwd_intra.py.j2 a kernel renders: "fused", or "wy" /
+    "dqkg" for the split's two launches."""
+    if kernel == "chunk_bwd_wy":
+        if not config.splits_intra(plan):
+            raise ConfigError("chunk_bwd_wy is the first launch of a split intra backward: it needs "
+                              "intra_split=True and a plan with a rank-1 part")
+        return "wy"
+    return "dqkg" if config.splits_intra(plan) else "fused"
+
+
+def family_kernels(family: str, plan: Plan, config: _Config) -> tuple[str, ...]:
+    """The kernels of ``family`` that a (plan, config) runs, in launch order: FAMILY_KERNELS less
+    the optional launches it does not take (chunk_bwd_wy without a split)."""
+    kinds = FAMILY_KERNELS[family]
+    if family == "chunk_bwd":
+        takes = {"chunk_bwd_wy": config.splits_intra(plan), "chunk_bwd_rerun": config.reruns_from_saved(plan)}
+        kinds = tuple(k for k in kinds if takes.get(k, True))
+    return kinds
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 
 
@@ -110,7 +141,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)
             v["combine_kw"] = ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'
-    elif kernel in ("chunk_intra", "chunk_bwd_intra"):  # (and the DPLR intra backward's own template)
+    elif kernel in ("chunk_intra", "chunk_bwd_intra", "chunk_bwd_wy"):  # (and the DPLR intra backward's own template)
         sub = config.sub_chunk
         v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),
                  # the gate's tiles: [rows, BK] per channel; [rows, 1] when one number per row holds
@@ -122,6 +153,10 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
                  neumann_steps=max(0, (sub - 1).bit_length() - 1))
         if kernel == "chunk_intra":
             v["cumsum_dot"] = config.cumsum == "dot"
+        else:
+            v["part"] = intra_parts(kernel, plan, config)
+            # the second launch of a split over a per-channel decay: one K tile per program
+            v["k_split"] = v["part"] == "dqkg" and plan.decay == "channel"
     elif kernel == "recurrent":
         v["readout_loaded"] = config.readout == "loaded"
         v["persistent"] = config.programs_per_sm > 0
@@ -131,6 +166,10 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["pipeline_stages"] = config.num_stages if v["persistent"] and config.num_stages > 1 else 0
         v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
         v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
+    elif kernel == "chunk_bwd_rerun":
+        v.update(n_sub=config.chunk_size // config.sub_chunk, sub=config.sub_chunk, g_floor=repr(G_FLOOR),
+                 gw="BK" if plan.decay == "channel" else "1",
+                 k_mask=plan.K % min(config.rerun_block_k, plan.BK) != 0)
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
     return v
@@ -197,6 +236,8 @@ class _FieldsRead:
 
     def __getattr__(self, name: str):
         value = getattr(self._config, name)
+        if getattr(value, "__self__", None) is self._config:  # a method: its reads go through here too
+            return value.__func__.__get__(self)
         if not callable(value):
             self.read.add(name)
         return value

@@ -13,7 +13,7 @@ from ..cache.gpus import GpuProfile
 from ..cache.heuristics import default_config
 from ..cache.keys import source_hash
 from ..codegen.lower import Plan, lower
-from ..codegen.render import FAMILY_KERNELS, GeneratedSource, render
+from ..codegen.render import GeneratedSource, family_kernels, render
 from ..config import ConfigError, RecurrentBwdConfig, config_from_dict
 from ..dtypes import dtype as as_dtype
 from ..ops.inputs import gate_choice, select_spec
@@ -209,7 +209,7 @@ def _once(configs: list) -> list:
 
 
 def _render(c: Contents, pid: int, plan: Plan, cfg) -> None:
-    for kernel in FAMILY_KERNELS[cfg.kernel]:
+    for kernel in family_kernels(cfg.kernel, plan, cfg):
         src = render(kernel, plan, cfg)
         m = _CONFIG_LINE.search(src.text)
         fields = dict(kv.split("=", 1) for kv in m.group(1).split() if "=" in kv) if m else {}

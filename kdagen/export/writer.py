@@ -49,6 +49,7 @@ def package_files(c: Contents) -> dict[str, str]:
         files[f"{name}/kernels/{src_name}.py"] = src.text
     contract = describe(c)
     table = {"exported_for": contract, "families": {f: list(k) for f, k in _families().items()},
+             "optional_kernels": list(_optional_kernels()),
              "plans": [{"gate": list(gate), "plan": p.to_dict()} for p, gate in zip(c.plans, c.plan_gates)],
              "sources": c.source_rows, "winners": c.winners}
     files[f"{name}/{RUNTIME}/exported.json"] = _json(table)
@@ -70,6 +71,12 @@ def _families() -> dict:
     from ..codegen.render import FAMILY_KERNELS
 
     return FAMILY_KERNELS
+
+
+def _optional_kernels() -> tuple:
+    from ..codegen.render import OPTIONAL_KERNELS
+
+    return OPTIONAL_KERNELS
 
 
 def _manifest(c: Contents, contract: str, files: dict[str, str]) -> dict:

@@ -155,7 +155,8 @@ def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_confi
         output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
         return_intermediate_states=True, state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True,
-        state_v_first=call.state_v_first, a=x.get("a"), b=x.get("b"))
+        state_v_first=call.state_v_first, a=x.get("a"), b=x.get("b"),
+        store_t=bwd_config.reruns_from_saved(call.plan))
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
 
 
@@ -172,7 +173,7 @@ class _ChunkKDAFunction(torch.autograd.Function):
         launches, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
         for launch in launches:
             launch()
-        ctx.save_for_backward(*bwd.saved_tensors(launches, initial_state, hs, meta.config))
+        ctx.save_for_backward(*bwd.saved_tensors(launches, initial_state, hs, call.plan, meta.config))
         ctx.meta = meta
         ctx.like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
         return o, ht
@@ -398,13 +399,13 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     config, bwd_config = _configs(call, config, bwd_config, True)
     fwd, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
     inputs = {n: x[n] for n in bwd.INPUT_NAMES}
-    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES}
+    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES + bwd.RERUN_SAVED if n in fwd[0].args}
     if do is None:
         do = torch.zeros_like(o)
     if dht is None and output_final_state:
         dht = torch.zeros_like(ht)
     launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do.contiguous(),
                                            None if dht is None else dht.contiguous(), initial_state is not None)
-    if with_rerun and not meta.config.store_intermediates:
-        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
+    if with_rerun and not meta.config.store_intermediates and not meta.config.reruns_from_saved(call.plan):
+        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]  # (general DPLR: chunk_dplr_bwd_launches)
     return fwd, launches, outs

@@ -1,7 +1,11 @@
-"""The backward of `chunk_kda`: three launches after the forward's intermediates are at hand.
+"""The backward of `chunk_kda`: three launches (four with ``intra_split``) after the forward's
+intermediates are at hand.
 
-0. (``store_intermediates=False``, the default) the forward's intra launch is re-run to
-   rebuild qg, kg, W, U, A_qk and G_n; with ``store_intermediates=True`` the forward keeps them.
+0. (``store_intermediates=False``, the default) chunk_bwd_rerun rebuilds qg, kg, W and G_n
+   from the inputs and the two [C, C]-per-row tiles the training forward kept, A_qk and T
+   (grid: chunks x value heads x K tiles; no inverse is redone); with
+   ``store_intermediates=True`` the forward keeps all of them.  General DPLR re-runs its
+   forward's intra launch instead.
 1. reverse state pass (grid: V tiles x sequences x value heads) walks the chunks of each
    sequence last to first with dS in registers; writes dU, dh0 and dS per chunk (dhs).
 2. chunk-parallel products over V (grid: chunks x value heads x K tiles) from the stored
@@ -9,7 +13,8 @@
    dW, dA_qk and dgamma_n, written once.
 3. intra-chunk gradients (grid: chunks x value heads) recompute G, A_kk, (I + A_kk)^-1 from
    q, k, g, beta and write dq, dk (per value head), dv, dbeta and dg (dz for an in-kernel
-   gate, plus per-chunk partials of dA_log / ddt_bias).
+   gate, plus per-chunk partials of dA_log / ddt_bias).  With ``intra_split`` two launches:
+   chunk_bwd_wy (dv, dbeta, and dE and T for the next), then dq, dk, dg per K tile.
 
 Only the sequential recurrence is in launch 1 (three dots per chunk); everything that can
 run per chunk is in 2 and 3.  What is left to torch: the GVA sum of dq/dk over the value
@@ -36,6 +41,7 @@ from .inputs import Dims, state_shape
 
 INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
 KEPT_INTERMEDIATES = ("qg", "kg", "w", "aqk", "gn")  # what the backward reads (V' replaces U)
+RERUN_SAVED = ("aqk", "td")  # what recompute mode keeps for chunk_bwd_rerun (td: T, the forward's STORE_T)
 INPUT_NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 # general DPLR's forward (plan.structure == "dplr") also reads a and b (no beta) and writes aqv and kgv
 DPLR_INPUT_NAMES = ("a", "b")
@@ -70,7 +76,7 @@ def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
     HV, V = a["v"].shape[2], a["v"].shape[3]
     C, BC = intra.constexprs["BT"], intra.constexprs["BC"]
     assert (config.chunk_size, config.sub_chunk) == (C, BC), "the backward walks the forward's chunks"
-    tensors = INPUT_NAMES + INTERMEDIATES + DPLR_INPUT_NAMES + DPLR_INTERMEDIATES
+    tensors = INPUT_NAMES + INTERMEDIATES + RERUN_SAVED + DPLR_INPUT_NAMES + DPLR_INTERMEDIATES
     stripped = {n: (None if n in tensors else x) for n, x in a.items()}
     return BwdMeta(
         B=B, T=T, H=H, HV=HV, K=K, V=V, N=state.grid[1] // HV, NT=a["NT"], NT_total=intra.grid[0], C=C,
@@ -105,13 +111,18 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     input_names, inter_names = INPUT_NAMES + DPLR_INPUT_NAMES, INTERMEDIATES + DPLR_INTERMEDIATES
     for n, x in fi.args.items():  # the forward's argument order
         args[n] = inputs[n] if n in input_names else inter[n] if n in inter_names else x
-    return dataclasses.replace(fi, args=args, constexprs={**fi.constexprs, "STORE_U": False}), inter
+    const = {**fi.constexprs, "STORE_U": False}
+    if "td" in args:  # T is not written again
+        args["td"], const["STORE_T"] = dummy_pointer(dev), False
+    return dataclasses.replace(fi, args=args, constexprs=const), inter
 
 
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
                       hs: torch.Tensor, vn: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool,
                       built=None):
-    """Allocate the gradient buffers and describe the three backward launches (run or compile)."""
+    """Allocate the gradient buffers and describe the backward's launches (run or compile).
+    ``inter``: the forward's intermediates (KEPT_INTERMEDIATES), or in recompute mode
+    (``config.reruns_from_saved``) A_qk and T only, and the launches begin with chunk_bwd_rerun."""
     plan, cfg = meta.plan, meta.config
     if built is None:
         built = build(plan, cfg)
@@ -120,6 +131,9 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dev = q.device
     f32 = torch.float32
     NTt = max(meta.NT_total, 1)
+    rerun = ()
+    if cfg.reruns_from_saved(plan):
+        rerun, inter = _rerun_from_saved(meta, built, inputs, inter["aqk"], inter["td"])
     bv = min(cfg.state_block_v, plan.BV)
     NV = triton.cdiv(V, bv)
     dummy = dummy_pointer(dev)
@@ -176,24 +190,78 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
         intra_args["dbias_part"] = dbias_part
     intra_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
                       scale=float(meta.scale))
-    intra = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, HV), intra_args,
-                   dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
-                        BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen),
-                   cfg.intra_num_warps, cfg.intra_num_stages)
+    intra_const = dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
+                       BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
     outputs = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
-    return (state, dqkw, intra), outputs
+    if not cfg.splits_intra(plan):
+        intra = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, HV), intra_args, intra_const,
+                       cfg.intra_num_warps, cfg.intra_num_stages)
+        return rerun + (state, dqkw, intra), outputs
+    return rerun + (state, dqkw) + _split_intra(meta, built, intra_args, intra_const), outputs
 
 
-def saved_tensors(launches, initial_state, hs, config: ChunkBwdConfig) -> list:
+def _rerun_from_saved(meta: BwdMeta, built, inputs: dict, aqk: torch.Tensor, td: torch.Tensor):
+    """(chunk_bwd_rerun's launch, as a 1-tuple; the intermediates it writes with the kept A_qk)."""
+    plan, cfg = meta.plan, meta.config
+    B, T, HV, K = meta.B, meta.T, meta.HV, meta.K
+    q = inputs["q"]
+    dev = q.device
+    qg = torch.empty(B, T, HV, K, dtype=meta.inter_dtype, device=dev)
+    inter = dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg) if plan.has_rank1 else dummy_pointer(dev),
+                 aqk=aqk, gn=torch.empty(max(meta.NT_total, 1), HV, K, dtype=torch.float32, device=dev))
+    args = dict(q=q, k=inputs["k"], g=inputs["g"])
+    for n in ("A_log", "dt_bias"):
+        if getattr(plan, "gate_has_A" if n == "A_log" else "gate_has_bias"):
+            args[n] = inputs[n]
+    args.update(td=td, qg=inter["qg"], kg=inter["kg"], w=inter["w"], gn=inter["gn"], cu_seqlens=meta.cu_seqlens,
+                chunk_indices=meta.chunk_indices, T=T, NT=meta.NT, scale=float(meta.scale))
+    bk = min(cfg.rerun_block_k, plan.BK)
+    launch = Launch("chunk_bwd_rerun", built.fn("chunk_bwd_rerun"), (meta.NT_total, HV, triton.cdiv(K, bk)), args,
+                    dict(H=meta.H, HV=HV, K=K, BT=meta.C, BC=cfg.sub_chunk, BK=bk, IS_VARLEN=meta.is_varlen),
+                    cfg.rerun_num_warps, 1)
+    return (launch,), inter
+
+
+def _split_intra(meta: BwdMeta, built, args: dict, const: dict):
+    """The intra-chunk gradients as two launches (``ChunkBwdConfig.intra_split``): chunk_bwd_wy
+    writes dv, dbeta and, for the second, dE (fp32) and T (the dot dtype), [B, T, HV, C] each as
+    A_qk is laid out; chunk_bwd_intra then reads them for dq, dk and dg, one K tile per program
+    with a per-channel decay (its dg needs no sum over channels)."""
+    plan, cfg = meta.plan, meta.config
+    de = torch.empty_like(args["daqk"])
+    td = torch.empty(de.shape, dtype=args["q"].dtype, device=de.device)
+    wy_names = ("k", "v", "g", "beta", "A_log", "dt_bias", "du", "dw", "dv", "dbeta")
+    wy_args = {n: args[n] for n in wy_names if n in args}
+    wy_args.update(de=de, td=td, cu_seqlens=args["cu_seqlens"], chunk_indices=args["chunk_indices"], T=args["T"],
+                   NT=args["NT"])
+    wy = Launch("chunk_bwd_wy", built.fn("chunk_bwd_wy"), (meta.NT_total, meta.HV), wy_args, const,
+                cfg.intra_num_warps, cfg.intra_num_stages)
+    dqkg_args = {}
+    for n, x in args.items():  # the fused launch's order, less what the first launch took over
+        if n in ("v", "beta", "du", "dv", "dbeta"):
+            continue
+        dqkg_args[n] = x
+        if n == "dgn":
+            dqkg_args.update(de=de, td=td)
+    nk = triton.cdiv(meta.K, const["BK"]) if plan.decay == "channel" else 1
+    dqkg = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, meta.HV, nk), dqkg_args, const,
+                  cfg.intra_num_warps, cfg.intra_num_stages)
+    return wy, dqkg
+
+
+def saved_tensors(launches, initial_state, hs, plan: Plan, config: ChunkBwdConfig) -> list:
     """What a training forward keeps for :func:`backward`, from its launches' arguments: the
     (pre-processed) inputs, the per-chunk states, V' and, when the config stores rather than
-    recomputes them, the intra launch's intermediates.  General DPLR (no beta: None in its place)
+    recomputes them, the intra launch's intermediates (in recompute mode, A_qk and T:
+    RERUN_SAVED).  General DPLR (no beta: None in its place)
     appends its inputs a and b, and with ``store_intermediates`` aqv and kgv after those."""
     a = launches[0].args
     saved = [a["q"], a["k"], a["v"], a["g"], a.get("beta"), initial_state, a.get("A_log"), a.get("dt_bias"), hs,
              launches[1].args["vn"]]
     if config.store_intermediates:
         saved += [a[n] for n in KEPT_INTERMEDIATES]
+    elif config.reruns_from_saved(plan):
+        saved += [a[n] for n in RERUN_SAVED]
     if "a" in a:  # general DPLR
         saved += [a[n] for n in DPLR_INPUT_NAMES]
         if config.store_intermediates:
@@ -210,10 +278,8 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
         return _dplr_backward(meta, saved, like, need, do, dht)
     q, k, v, g, beta, h0, A_log, dt_bias, hs, vn = saved[:10]
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
-    if meta.config.store_intermediates:
-        inter = dict(zip(KEPT_INTERMEDIATES, saved[10:]))
-    else:
-        inter = rerun_forward_intra(meta, inputs)
+    # the kept intermediates, or (recompute mode) A_qk and T, from which the first launch rebuilds them
+    inter = dict(zip(KEPT_INTERMEDIATES if meta.config.store_intermediates else RERUN_SAVED, saved[10:]))
     if do is None:
         do = torch.zeros(meta.B, meta.T, meta.HV, meta.V, dtype=v.dtype, device=v.device)
     need_dh0 = h0 is not None and need[5]

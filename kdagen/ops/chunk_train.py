@@ -27,13 +27,15 @@ from .schedule import chunk_schedule, to_device
 def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkTrainConfig, built, A_log=None, dt_bias=None,
                       return_intermediate_states=False, state_dtype=torch.float32, store_vn=False,
-                      state_v_first=False, a=None, b=None):
+                      state_v_first=False, a=None, b=None, store_t=False):
     """Allocate outputs and describe both launches (used for running and compile-only).
     ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
     forward may keep them in the input dtype for its backward).  ``store_vn``: the state
     pass also writes V' = U - W S (the backward's, in the intermediates' dtype) to the
     state launch's ``vn`` argument.  ``state_v_first``: the initial and final states are stored
-    [.., V, K] (the per-chunk states stay [K, V]: they are the backward's).
+    [.., V, K] (the per-chunk states stay [K, V]: they are the backward's).  ``store_t``: the intra
+    launch also writes T = (I + A_kk)^-1 Diag(beta) in the dot dtype, [B, T, HV, C] as A_qk (``td``;
+    a plan with a rank-1 part), from which the backward's chunk_bwd_rerun rebuilds W.
 
     General DPLR (``plan.structure == "dplr"``): ``a`` and ``b`` ([B, T, HV, K], the read and
     write vectors) replace ``beta``, which is not read; the intra launch also writes ``aqv``
@@ -74,14 +76,18 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
         intra_args["A_log"] = A_log
     if plan.gate_has_bias:
         intra_args["dt_bias"] = dt_bias
-    intra_args.update(qg=qg, kg=kg, w=w, u=u, aqk=aqk, **(dict(aqv=aqv, kgv=kgv) if dplr else {}), gn=gn,
-                      cu_seqlens=cu,
+    intra_args.update(qg=qg, kg=kg, w=w, u=u, aqk=aqk, **(dict(aqv=aqv, kgv=kgv) if dplr else {}), gn=gn)
+    store_t = store_t and plan.has_rank1 and not dplr
+    if not dplr:
+        intra_args["td"] = torch.empty(B, T, HV, C, dtype=q.dtype, device=dev) if store_t else dummy
+    intra_args.update(cu_seqlens=cu,
                       chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                       T=T, NT=NT, scale=float(scale))
     bk = min(config.intra_block_k, plan.BK)
     intra = Launch("chunk_intra", built.fns[0], (NT_total, HV), intra_args,
                    dict(H=H, HV=HV, K=K, V=V, BT=C, BC=config.sub_chunk, BK=bk,
-                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=plan.has_rank1),
+                        BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=plan.has_rank1,
+                        **({} if dplr else dict(STORE_T=store_t))),
                    config.intra_num_warps, config.intra_num_stages)
     bv = min(config.state_block_v, plan.BV)
     state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, **(dict(v=v, aqv=aqv, kgv=kgv) if dplr else {}), o=o,

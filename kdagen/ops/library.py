@@ -114,7 +114,9 @@ def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, outpu
             launch()
     a = launches[0].args
     vn = launches[1].args["vn"]
-    inter = [a[n] if bwd.store_intermediates else _empty(q) for n in ("qg", "kg", "w", "aqk", "gn")]
+    # what the backward reads: the kept intermediates, or in recompute mode A_qk and T (td)
+    kept = B.KEPT_INTERMEDIATES if bwd.store_intermediates else B.RERUN_SAVED
+    inter = [a[n] if n in kept and n in a else _empty(q) for n in B.KEPT_INTERMEDIATES + ("td",)]
     return (o, ht if ht is not None else _empty(q), hs, vn, *inter)
 
 
@@ -124,9 +126,9 @@ def chunk_kda_train(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, in
                     output_final_state: bool, use_gate_in_kernel: bool, safe_gate: bool, lower_bound: Optional[float],
                     chunk_size: Optional[int], state_v_first: bool,
                     disable_recompute: bool) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                                        Tensor, Tensor]:
-    """(o, final state or empty, then what the backward reads: hs, vn, qg, kg, w, aqk, gn --
-    the last five empty unless the backward's config stores them)."""
+                                                        Tensor, Tensor, Tensor]:
+    """(o, final state or empty, then what the backward reads: hs, vn, qg, kg, w, aqk, gn, td --
+    qg, kg, w and gn empty unless the backward's config stores them, td (T) only in recompute mode)."""
     return _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
                           use_gate_in_kernel, safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute,
                           run=True)
@@ -157,8 +159,8 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, init
     meta = _backward_meta(call, x, train, bwd, output_final_state)
     hs, vn = saved[0], saved[1]
     full = [x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state, x["A_log"], x["dt_bias"], hs, vn]
-    if bwd.store_intermediates:
-        full += list(saved[2:])
+    named = dict(zip(B.KEPT_INTERMEDIATES + ("td",), saved[2:]))
+    full += [named[n] for n in (B.KEPT_INTERMEDIATES if bwd.store_intermediates else B.RERUN_SAVED)]
     like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
     grads = B.backward(meta, full, like, tuple(needs), do, dht)
     return [gr if gr is not None else _empty(q) for gr in grads]

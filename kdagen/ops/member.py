@@ -230,13 +230,13 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
         return C._forward_launches(call, x, config, output_final_state)
     fwd, (o, ht, hs), meta = C._training_launches(call, x, config, bwd_config, output_final_state)
     inputs = {n: x[n] for n in bwd.INPUT_NAMES}
-    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES}
+    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES + bwd.RERUN_SAVED if n in fwd[0].args}
     do = torch.zeros_like(o) if do is None else do.contiguous()
     if dht is None and output_final_state:
         dht = torch.zeros_like(ht)
     launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do,
                                            None if dht is None else dht.contiguous(), x["initial_state"] is not None)
-    if with_rerun and not meta.config.store_intermediates:
+    if with_rerun and not meta.config.store_intermediates and not meta.config.reruns_from_saved(call.plan):
         fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
     return fwd, launches, outs
 

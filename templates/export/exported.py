@@ -95,7 +95,7 @@ def build(plan, config):
     from .kernels import Built
 
     pid = _PLANS.get(plan)
-    names, fns = [], []
+    names, fns, kinds = [], [], []
     for kernel in TABLE["families"][config.kernel]:
         name = None
         for src in TABLE["sources"]:
@@ -104,9 +104,12 @@ def build(plan, config):
                 name = src["name"]
                 break
         if name is None:
+            if kernel in TABLE.get("optional_kernels", ()):  # a launch this config does not take
+                continue
             _refuse(f"a {kernel} kernel for config {config.short()}")
         mod = importlib.import_module(f"{PACKAGE}.kernels.{name}")
         names.append(name)
         fns.append(getattr(mod, name))
-    built = _BUILT[key] = Built(plan, config, tuple(names), tuple(fns))
+        kinds.append(kernel)
+    built = _BUILT[key] = Built(plan, config, tuple(names), tuple(fns), tuple(kinds))
     return built

@@ -1,0 +1,152 @@
+"""The backward's two launch-structure options, in the CPU interpreter:
+
+* ``ChunkBwdConfig.intra_split``: the intra-chunk gradients as two launches (chunk_bwd_wy writes
+  dE and T; chunk_bwd_intra reads them, one K tile per program for a per-channel decay) give
+  the same numbers as the fused launch -- bit for bit, since every value is computed by the
+  same operations and dE crosses between them in float32 -- for KDA (bounded and unbounded
+  gates, the in-kernel gate), Gated DeltaNet (a scalar decay: its dg sums the channels) and
+  DeltaNet (no decay), fp32 and fp16, K over several tiles and K not a multiple of the tile;
+* recompute mode's chunk_bwd_rerun rebuilds from the kept A_qk and T exactly what the
+  forward's intra launch wrote (qg, kg, W, G_n);
+
+and which launches each (plan, config) takes (codegen.render.family_kernels).  The gradients
+of both paths against float64 are tests/test_ops_chunk_bwd.py's (its fp16 cases run the split,
+the heuristic for half precision; its fp32 cases the fused launch).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import make_inputs
+
+import kdagen.spec as S
+from kdagen.codegen.lower import lower
+from kdagen.codegen.render import family_kernels, render
+from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
+from kdagen.ops.chunk import chunk_kda_bwd_launches
+from kdagen.ops.member import chunk_member_launches
+
+F32, F16 = torch.float32, torch.float16
+OUT_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_part", "dbias_part")
+
+
+def _kda(dtype, K, V, gate, bwd_config, T=45, cu=None, HV=2):
+    x = make_inputs(1, T, 1, HV, K, V, dtype=dtype, seed=3, gate="raw" if gate == "gik" else "random",
+                    cu_seqlens=cu)
+    kw = dict(safe_gate=True, lower_bound=-5.0) if gate == "safe" else {}
+    if gate == "gik":
+        gen = torch.Generator().manual_seed(5)
+        kw = dict(use_gate_in_kernel=True, A_log=0.5 * torch.randn(HV, generator=gen),
+                  dt_bias=0.5 * torch.randn(HV * K, generator=gen))
+    gen = torch.Generator().manual_seed(9)
+    do = torch.randn(x.v.shape, generator=gen).to(dtype)
+    N = x.h0.shape[0]
+    dht = torch.randn(N, HV, K, V, generator=gen)
+    return chunk_kda_bwd_launches(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
+                                  cu_seqlens=x.cu_seqlens, bwd_config=bwd_config, do=do, dht=dht, **kw)
+
+
+def _member(member, dtype, K, V, bwd_config, T=45, HV=2):
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, T, 1, K, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(1, T, 1, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    beta = torch.rand(1, T, HV, generator=gen).to(dtype)
+    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 1.0).to(dtype) if member == "gdn" else None
+    spec = S.gdn() if member == "gdn" else S.deltanet()
+    do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    return chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True,
+                                 initial_state=torch.randn(1, HV, K, V, generator=gen), bwd_config=bwd_config,
+                                 do=do)
+
+
+def _run(launches):
+    fwd, bwd, out = launches
+    for ln in list(fwd) + list(bwd):
+        ln()
+    return [ln.kernel for ln in bwd], {n: out[n] for n in OUT_NAMES if out.get(n) is not None}
+
+
+SPLIT_CASES = [
+    # (id, builder, dtype, K, V, extra config)
+    ("kda-safe-fp32-K64-two-tiles", lambda c: _kda(F32, 64, 32, "safe", c), {}),
+    ("kda-free-fp32-K40-masked", lambda c: _kda(F32, 40, 24, "free", c), dict(intra_block_k=16)),
+    ("kda-gik-fp16", lambda c: _kda(F16, 32, 32, "gik", c), {}),
+    ("kda-safe-fp16-varlen", lambda c: _kda(F16, 32, 40, "safe", c, T=53, cu=[0, 1, 20, 53]), {}),
+    ("gdn-scalar-decay-fp32-K64", lambda c: _member("gdn", F32, 64, 32, c), {}),
+    ("deltanet-no-decay-fp16", lambda c: _member("deltanet", F16, 32, 32, c), {}),
+]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_split_intra_equals_the_fused_launch(case):
+    _, builder, extra = case
+    base = ChunkBwdConfig(intra_block_v=16, **extra)
+    kinds_f, fused = _run(builder(base.replace(intra_split=False)))
+    kinds_s, split = _run(builder(base.replace(intra_split=True)))
+    assert kinds_f == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
+    assert kinds_s == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy", "chunk_bwd_intra"]
+    assert fused.keys() == split.keys() and {"dq", "dk", "dv", "dbeta"} <= fused.keys()
+    for n, a in fused.items():
+        assert torch.isfinite(a).all(), n
+        assert torch.equal(a, split[n]), f"{n}: max difference {(a.float() - split[n].float()).abs().max()}"
+
+
+@pytest.mark.parametrize("gate,dtype,K", [("safe", F32, 64), ("free", F16, 40), ("gik", F32, 32)])
+def test_rerun_rebuilds_the_forwards_intermediates(gate, dtype, K):
+    """chunk_bwd_rerun's qg, kg, W and G_n against those the forward's intra launch wrote (the
+    forward keeps only A_qk and T): the same sums and exps, so equal; W is a dot of the same
+    rounded factors, equal to fp32 rounding."""
+    fwd, bwd, _ = _kda(dtype, K, 32, gate, ChunkBwdConfig(rerun_block_k=32), T=70)
+    for ln in fwd:
+        ln()
+    rerun = bwd[0]
+    assert rerun.kernel == "chunk_bwd_rerun" and rerun.grid[2] == -(-K // 32)
+    assert rerun.args["td"] is fwd[0].args["td"] and fwd[0].constexprs["STORE_T"]
+    rerun()
+    mine, theirs = rerun.args, fwd[0].args
+    for n in ("qg", "kg", "gn"):
+        assert torch.equal(mine[n], theirs[n]), f"{n}: max difference {(mine[n] - theirs[n]).abs().max()}"
+    w, w_ref = mine["w"].float(), theirs["w"].float()
+    assert w_ref.abs().max() > 1e-2  # not a zero tensor compared with itself
+    tol = 1e-6 if dtype == F32 else 2e-3  # fp16: W rounded to fp16 (one ulp where the sums differ in order)
+    assert (w - w_ref).abs().max() <= tol * w_ref.abs().max()
+
+
+def test_stored_intermediates_keep_no_T_and_run_no_rerun():
+    fwd, bwd, _ = _kda(F32, 32, 32, "safe", ChunkBwdConfig(store_intermediates=True))
+    assert not fwd[0].constexprs["STORE_T"]
+    assert [ln.kernel for ln in bwd] == ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
+
+
+def test_which_launches_a_plan_and_config_take():
+    kda = lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk")
+    gla = lower(S.gla(), 64, 64, "bfloat16", "chunk")
+    dplr = lower(S.dplr(), 64, 64, "bfloat16", "chunk")
+    split, fused, stored = (ChunkBwdConfig(intra_split=True), ChunkBwdConfig(),
+                            ChunkBwdConfig(intra_split=True, store_intermediates=True))
+    base = ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra")
+    assert family_kernels("chunk_bwd", kda, split) == base + ("chunk_bwd_wy", "chunk_bwd_rerun")
+    assert family_kernels("chunk_bwd", kda, fused) == base + ("chunk_bwd_rerun",)
+    assert family_kernels("chunk_bwd", kda, stored) == base + ("chunk_bwd_wy",)
+    # no rank-1 part: nothing to split; general DPLR: its own intra template and forward re-run
+    assert family_kernels("chunk_bwd", gla, split) == base + ("chunk_bwd_rerun",)
+    assert family_kernels("chunk_bwd", dplr, split) == base
+    with pytest.raises(ConfigError, match="intra_split=True"):
+        render("chunk_bwd_wy", kda, fused)
+    # the field is named in the header of the sources it changes, and only there
+    assert "intra_split=True" in render("chunk_bwd_intra", kda, split).text
+    assert "intra_split" not in render("chunk_bwd_intra", gla, split).text
+    with pytest.raises(ConfigError, match="intra_split must be a bool"):
+        ChunkBwdConfig(intra_split=1)
+
+
+def test_the_training_config_keeps_its_chunking():
+    """The re-run reads T laid out per the forward's chunks: a forward at C=64 and its backward."""
+    x = make_inputs(1, 70, 1, 1, 32, 32, seed=1)
+    fwd, bwd, _ = chunk_kda_bwd_launches(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, safe_gate=True,
+                                         lower_bound=-5.0, config=ChunkTrainConfig(chunk_size=64),
+                                         bwd_config=ChunkBwdConfig(intra_split=True))
+    assert fwd[0].args["td"].shape[-1] == 64 and bwd[0].constexprs["BT"] == 64
