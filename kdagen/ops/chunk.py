@@ -389,7 +389,8 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
 
     The backward reads the intermediates and per-chunk states the forward launches write
     (run those first); ``do`` / ``dht`` default to zeros.  No host pre-processing, and dq/dk
-    in the outputs are per value head (not yet summed over GVA groups).  ``with_rerun``: the
+    in the outputs are per value head (not yet summed over GVA groups); in recompute mode the
+    backward's launches begin with chunk_bwd_rerun.  ``with_rerun`` (a general DPLR plan only): the
     forward launches end with the backward's re-run of the intra launch (when the config
     recomputes rather than stores the intermediates), for compiling everything a training
     step runs."""

@@ -6,7 +6,8 @@ validates or runs):
    fusing V' = U - W S, O and the state update, and keeps the state entering every chunk and
    V' for the backward.
 
-The backward re-runs launch 1 to rebuild what it reads (:mod:`kdagen.ops.chunk_bwd`).  An
+The backward rebuilds what it reads of launch 1 from the A_qk and T it keeps (``store_t``; general
+DPLR re-runs launch 1; :mod:`kdagen.ops.chunk_bwd`).  An
 inference call runs :mod:`kdagen.ops.chunk_fwd` instead -- except general DPLR's
 (``plan.structure == "dplr"``, :mod:`kdagen.ops.dplr`), which runs these two launches for
 inference too: its intra launch also writes A_qk (``aqv``) and k exp(G_n - G) (``kgv``), and its

@@ -217,9 +217,9 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
     """Describe, without running, the launches a chunk call of ``spec`` makes (for compile-only
     checks, benchmarks of single kernels and the tuner): inference ``(fwd_launches, outputs)``;
     ``training=True``: ``(fwd_launches, bwd_launches, bwd_outputs)`` -- the backward reads what
-    the forward launches write (run those first); ``do``/``dht`` default to zeros.  ``with_rerun``:
-    the forward launches end with the backward's re-run of the intra launch when the backward
-    config recomputes the intermediates (everything a training step compiles).  ``kw``: the
+    the forward launches write (run those first); ``do``/``dht`` default to zeros.  In recompute
+    mode the backward's launches begin with chunk_bwd_rerun; ``with_rerun`` adds the forward intra
+    launch's re-run only where the backward still takes one (no such plan reaches this function today).  ``kw``: the
     validation keywords of :func:`chunk_member` (scale, initial_state, cu_seqlens, gate ...)."""
     from . import chunk as C
     from . import chunk_bwd as bwd
