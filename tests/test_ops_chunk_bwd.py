@@ -246,21 +246,29 @@ def test_backward_writes_every_element(gate):
     fwd, bwd, out = chunk_kda_bwd_launches(
         leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], initial_state=leaves["initial_state"],
         output_final_state=True, cu_seqlens=cu, A_log=leaves.get("A_log"), dt_bias=leaves.get("dt_bias"),
-        do=do, dht=dht, bwd_config=ChunkBwdConfig(state_block_v=32, dqkw_block_k=16), **kw)
+        do=do, dht=dht, bwd_config=ChunkBwdConfig(state_block_v=32, dqkw_block_k=16, rerun_block_k=16,
+                                                  intra_block_k=16, intra_split=gate == "gik_lb"), **kw)
     poison(fwd[1].args["vn"])  # V', written by the forward's state pass for the backward
     for launch in fwd:
         launch()
-    state, dqkw, intra = bwd
+    # the re-run from the kept A_qk and T, state, dqkw, then the intra gradients (gik_lb: split in two)
+    kind = {ln.kernel: ln for ln in bwd}
+    rerun, state, dqkw, intra = (kind[n] for n in ("chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw",
+                                                     "chunk_bwd_intra"))
+    assert len(bwd) == (5 if gate == "gik_lb" else 4) and rerun.grid[2] == 2, "two K tiles of the re-run expected"
     assert state.grid[0] == 2, "two V tiles expected"
     assert dqkw.constexprs["BV"] == 32 and dqkw.constexprs["V"] == 40, "two V tiles in the dqkw loop expected"
     assert dqkw.grid[2] == 2, "two K tiles of the dqkw launch expected (K=24, BK=16)"
+    for name in ("qg", "kg", "w", "gn"):
+        poison(rerun.args[name])
     for name in ("du", "dhs", "dh0"):
         poison(state.args[name])
     for name in ("dqg", "dkg", "dw", "daqk", "dgn"):
         poison(dqkw.args[name])
-    for name in ("dq", "dk", "dv", "dg", "dbeta", "dA_part", "dbias_part"):
-        if name in intra.args:
-            poison(intra.args[name])
+    for ln in (kind.get("chunk_bwd_wy"), intra):
+        for name in ("dq", "dk", "dv", "dg", "dbeta", "dA_part", "dbias_part", "de"):
+            if ln is not None and name in ln.args:
+                poison(ln.args[name])
     for launch in bwd:
         launch()
     ref = _reference_grads(case, leaves, kw, cu, do, dht)

@@ -58,7 +58,9 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
         u = torch.empty(B, T, HV, V, dtype=inter, device=dev)
     else:  # no rank-1 part: W = 0 is never formed, and U = V (the state launch reads v as u)
         w, u = dummy, v
-    aqk = torch.empty(B, T, HV, C, dtype=inter, device=dev)
+    # zeros: the launch writes the lower [BC, BC] blocks only, and a training call returns aqk (and td)
+    # to the backward as outputs (the library op's contract: deterministic, no uninitialised memory)
+    aqk = torch.zeros(B, T, HV, C, dtype=inter, device=dev)
     gn = torch.empty(max(NT_total, 1), HV, K, dtype=torch.float32, device=dev)
     o = torch.empty(B, T, HV, V, dtype=v.dtype, device=dev)
     ht = torch.empty(state_shape(N, HV, K, V, state_v_first), dtype=torch.float32, device=dev) if output_final_state else None
@@ -80,7 +82,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     intra_args.update(qg=qg, kg=kg, w=w, u=u, aqk=aqk, **(dict(aqv=aqv, kgv=kgv) if dplr else {}), gn=gn)
     store_t = store_t and plan.has_rank1 and not dplr
     if not dplr:
-        intra_args["td"] = torch.empty(B, T, HV, C, dtype=q.dtype, device=dev) if store_t else dummy
+        intra_args["td"] = torch.zeros(B, T, HV, C, dtype=q.dtype, device=dev) if store_t else dummy
     intra_args.update(cu_seqlens=cu,
                       chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                       T=T, NT=NT, scale=float(scale))
