@@ -338,21 +338,25 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
 
 
 BWD_VARIANTS = [
-    # (runs 9-69 measured the state, dqkw and fused intra tiles: bench/RESULTS.md)
-    ("in_bk64w4", dict(intra_block_k=64)),
-    ("stored", dict(store_intermediates=True)),  # no re-run: the forward keeps qg, kg, W, A_qk, G_n
-    # the intra-chunk gradients as two launches (chunk_bwd_wy, then dq/dk/dg per K tile; run 70)
-    ("split", dict(intra_split=True)),
-    ("split_w2", dict(intra_split=True, intra_num_warps=2)),
-    ("split_bk64w2", dict(intra_split=True, intra_block_k=64, intra_num_warps=2)),
-    ("split_bk16w2", dict(intra_split=True, intra_block_k=16, intra_num_warps=2)),
-    ("split_w2_bv64", dict(intra_split=True, intra_num_warps=2, intra_block_v=64)),
-    ("split_w2_st1", dict(intra_split=True, intra_num_warps=2, intra_num_stages=1)),
-    # recompute mode's re-run from the kept A_qk and T (chunk_bwd_rerun)
-    ("rerun_bk32", dict(rerun_block_k=32)),
-    ("rerun_bk128", dict(rerun_block_k=128)),
-    ("rerun_w2", dict(rerun_num_warps=2)),
-    ("rerun_w8", dict(rerun_num_warps=8)),
+    # (runs 9-71 measured the state, dqkw and intra tiles, the split and the re-run: bench/RESULTS.md)
+    ("split_w1", dict(intra_num_warps=1)),
+    ("split_bk16w1", dict(intra_num_warps=1, intra_block_k=16)),
+    ("split_bk64w2_bv64", dict(intra_block_k=64)),
+    ("rerun_bk32w2", dict(rerun_block_k=32)),
+    ("rerun_w1", dict(rerun_num_warps=1)),
+    ("rerun_bk128w2", dict(rerun_block_k=128)),
+    ("dq_bv128", dict(dqkw_block_v=128)),
+    ("dq_w8_bv128", dict(dqkw_block_v=128, dqkw_num_warps=8)),
+    ("dq_w2", dict(dqkw_num_warps=2)),
+    ("st_w2", dict(state_num_warps=2)),
+    ("st_bv32", dict(state_block_v=32)),
+    # the training forward at C=64 (its launches timed too), with the backward at the same chunks
+    ("c32_train", dict(train={})),
+    ("c64", dict(train=dict(chunk_size=64))),
+    ("c64_fused_w4", dict(train=dict(chunk_size=64), intra_split=False, intra_num_warps=4, intra_block_v=32)),
+    ("c64_st32", dict(train=dict(chunk_size=64, state_block_v=32), state_block_v=32)),
+    ("c64_st64w8", dict(train=dict(chunk_size=64, state_block_v=64, state_num_warps=8), state_block_v=64,
+                        state_num_warps=8)),
 ]
 # whole forward+backward runs under a changed backward config, in the same process as the default's
 WHOLE_VARIANTS = [
@@ -381,15 +385,30 @@ def bwd_breakdown(x, do, dht, variants=()):
     plan = bench_plan(K, V, x["q"].dtype)
     hint = shape_hint(*x["v"].shape[:3])
     for name, kwcfg in variants:
+        train_kw = kwcfg.pop("train", None) if isinstance(kwcfg, dict) else None
         try:
-            cfg = default_chunk_bwd_config(plan, hint).replace(**kwcfg)
-            fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, bwd_config=cfg)
+            if train_kw is None:
+                cfg = default_chunk_bwd_config(plan, hint).replace(**kwcfg)
+                fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, bwd_config=cfg)
+                timed = bw
+            else:  # a training forward config too: its launches are timed with the backward's
+                from kdagen.cache.heuristics import default_train_config
+                from kdagen.config import ChunkTrainConfig  # noqa: F401
+                tcfg = default_train_config(plan, hint).replace(**train_kw)
+                cfg = default_chunk_bwd_config(plan, hint).replace(chunk_size=tcfg.chunk_size,
+                                                                  sub_chunk=tcfg.sub_chunk, **kwcfg)
+                fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, config=tcfg, bwd_config=cfg)
+                timed = list(fw) + list(bw)
             for ln in list(fw) + list(bw):  # the backward reads what this forward writes
                 ln()
-            out[f"v:{name}"] = " ".join("%s %.3f" % (ln.kernel.replace("chunk_bwd_", ""),
-                                                     do_bench(ln, warmup=10, rep=50, return_mode="median")) for ln in bw)
+            ts = [do_bench(ln, warmup=10, rep=50, return_mode="median") for ln in timed]
+            out[f"v:{name}"] = " ".join("%s %.3f" % (ln.kernel.replace("chunk_bwd_", ""), t)
+                                        for ln, t in zip(timed, ts)) + " | sum %.3f" % sum(ts)
         except Exception as e:  # noqa: BLE001
             out[f"v:{name}"] = f"error {type(e).__name__}: {str(e)[:120]}"
+        finally:
+            if train_kw is not None:
+                kwcfg["train"] = train_kw
     return out
 
 

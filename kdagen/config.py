@@ -212,16 +212,21 @@ class ChunkBwdConfig(_Config):
 
     def splits_intra(self, plan) -> bool:
         """Whether the intra-chunk gradients run as two launches (chunk_bwd_wy, then
-        chunk_bwd_intra): when this config asks and ``plan`` has the rank-1 part the first launch
-        differentiates (general DPLR has an intra template of its own, never split).  The field
-        is read only when the plan could split, so other plans' sources do not name it."""
-        return plan.has_rank1 and plan.structure != "dplr" and self.intra_split
+        chunk_bwd_intra): when this config asks, the chunk holds two sub-tiles, and ``plan`` has
+        the rank-1 part the first launch differentiates (general DPLR has an intra template of its
+        own, never split).  Two sub-tiles only: with four (C=64, BC=16) the split gave non-finite
+        gradients on the H200 (bench/RESULTS.md, runs 73-75; exact in the interpreter, cause not
+        found), so there the fused launch runs whatever the field says.  The field is read only
+        when the plan could split, so other plans' sources do not name it."""
+        return (plan.has_rank1 and plan.structure != "dplr" and self.chunk_size == 2 * self.sub_chunk
+                and self.intra_split)
 
     def reruns_from_saved(self, plan) -> bool:
         """Whether the backward rebuilds the forward's intermediates with chunk_bwd_rerun from the
-        A_qk and T the training forward keeps: recompute mode (``store_intermediates=False``),
-        except general DPLR, which re-runs its forward intra launch."""
-        return plan.structure != "dplr" and not self.store_intermediates
+        A_qk and T the training forward keeps: recompute mode (``store_intermediates=False``) on
+        chunks of two sub-tiles.  General DPLR, and chunks of four sub-tiles (C=64, BC=16: not yet
+        checked on a GPU, see :meth:`splits_intra`), re-run the forward's intra launch instead."""
+        return plan.structure != "dplr" and not self.store_intermediates and self.chunk_size == 2 * self.sub_chunk
 
 
 @dataclass(frozen=True)

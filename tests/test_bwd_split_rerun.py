@@ -143,10 +143,26 @@ def test_which_launches_a_plan_and_config_take():
         ChunkBwdConfig(intra_split=1)
 
 
-def test_the_training_config_keeps_its_chunking():
-    """The re-run reads T laid out per the forward's chunks: a forward at C=64 and its backward."""
+def test_chunks_of_four_sub_tiles_take_neither():
+    """C=64 (four 16-row sub-tiles): the split and the re-run from kept tiles are not taken (they
+    gave non-finite gradients on the H200 there, cause not found: bench/RESULTS.md, runs 73-75),
+    whatever the config asks -- the fused launch after a re-run of the forward's intra launch,
+    which keeps no T; the heuristic at that chunking is the fused launch on 4 warps."""
+    from kdagen.cache.heuristics import default_config
+    from kdagen.config import ChunkTrainConfig as Train
+
     x = make_inputs(1, 70, 1, 1, 32, 32, seed=1)
+    asked = ChunkBwdConfig(chunk_size=64, intra_split=True)
+    kda = lower(S.get_spec("kda", lower_bound=-5.0), 32, 32, "float16", "chunk")
+    assert not asked.splits_intra(kda) and not asked.reruns_from_saved(kda)
     fwd, bwd, _ = chunk_kda_bwd_launches(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, safe_gate=True,
                                          lower_bound=-5.0, config=ChunkTrainConfig(chunk_size=64),
-                                         bwd_config=ChunkBwdConfig(intra_split=True))
-    assert fwd[0].args["td"].shape[-1] == 64 and bwd[0].constexprs["BT"] == 64
+                                         bwd_config=asked, with_rerun=True)
+    assert [ln.kernel for ln in fwd] == ["chunk_intra", "chunk_state", "chunk_intra"]
+    assert not fwd[0].constexprs["STORE_T"] and not fwd[2].constexprs["STORE_U"]
+    assert [ln.kernel for ln in bwd] == ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
+    assert bwd[2].grid == (bwd[2].grid[0], 1) and bwd[2].constexprs["BT"] == 64
+    cfg = default_config("chunk_bwd", kda, None, Train(chunk_size=64))
+    assert (cfg.chunk_size, cfg.intra_split, cfg.intra_num_warps, cfg.rerun_num_warps) == (64, False, 4, 4)
+    cfg32 = default_config("chunk_bwd", kda, None, Train())
+    assert (cfg32.chunk_size, cfg32.intra_split, cfg32.intra_num_warps, cfg32.rerun_num_warps) == (32, True, 2, 2)

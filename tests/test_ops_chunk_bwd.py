@@ -450,6 +450,8 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
     kinds = ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy", "chunk_bwd_intra"]
     if "fused" in cid:
         kinds.remove("chunk_bwd_wy")
+    if "C64" in cid:  # four sub-tiles per chunk: neither the re-run from kept tiles nor the split
+        kinds = ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
     assert len(res) == len(kinds)
     for r, kind in zip(res, kinds):
         assert kind in r["name"] and r["name"] == r["fn"] and r["target"] == "cuda:90"

@@ -162,9 +162,10 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
     return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=1)
 
 
-def default_chunk_bwd_config(plan: Plan, shape: dict | None = None) -> ChunkBwdConfig:
+def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tuple[int, int] = (32, 16)
+                             ) -> ChunkBwdConfig:
     """The backward's heuristic config; ``shape`` (optional {"N", "HV"}) picks the reverse state
-    pass's V tile by its program count."""
+    pass's V tile by its program count; ``chunking``: the training forward's (C, BC)."""
     # The reverse state pass holds only dS [K, BV] (fp32) and does three dots per chunk; the
     # chunk-parallel launch holds three [C, K] fp32 accumulators.  On the H200, bf16, K=V=128,
     # `kdagen build` picked at each of its three shapes (bench/RESULTS.md, run 63) the chunk-parallel
@@ -181,7 +182,8 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None) -> ChunkBwdC
     # dg per K tile): at (1, 8192, 96, 128), bf16, re-run 1.89 -> 0.65 ms on 2 warps and the intra
     # gradients 4.24 -> 1.02 + 2.59 ms on 2 warps with 64-wide V tiles in the first (2, 16384, 16, 128:
     # 1.27 -> 0.43 and 2.80 -> 0.69 + 1.72; bench/RESULTS.md, runs 70-71).  fp32 and K > 128: unmeasured,
-    # the fused launch and 4 warps stay.
+    # the fused launch and 4 warps stay; so do chunks of four sub-tiles (C=64: the split is slower
+    # there, 3.29 + 5.97 ms at the first shape, and gave non-finite gradients on the H200, run 73-75).
     half = plan.dtype in ("bfloat16", "float16") and plan.K <= 128
     state_bv, dqkw_bk, dqkw_bv = min(32, plan.BV), min(64, plan.BK), min(32, plan.BV)
     intra = dict(intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4)
@@ -190,10 +192,11 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None) -> ChunkBwdC
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
         if shape and "N" in shape and "HV" in shape:
             state_bv = min(16 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
-        intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
-        rerun_warps = 2
+        if chunking[0] == 2 * chunking[1]:
+            intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
+            rerun_warps = 2
     return ChunkBwdConfig(
-        chunk_size=32, sub_chunk=16, state_block_v=state_bv, state_num_warps=4, state_num_stages=2,
+        chunk_size=chunking[0], sub_chunk=chunking[1], state_block_v=state_bv, state_num_warps=4, state_num_stages=2,
         dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
         intra_num_stages=2, rerun_block_k=min(64, plan.BK), rerun_num_warps=rerun_warps, **intra,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
@@ -211,7 +214,7 @@ def default_config(family: str, plan: Plan, shape: dict | None = None,
         return default_train_config(plan, shape)
     if family == "chunk_bwd":
         fwd = train_config or default_train_config(plan, shape)
-        return default_chunk_bwd_config(plan, shape).replace(chunk_size=fwd.chunk_size, sub_chunk=fwd.sub_chunk)
+        return default_chunk_bwd_config(plan, shape, (fwd.chunk_size, fwd.sub_chunk))
     if family == "recurrent":
         return default_recurrent_config(plan, state_dtype, shape)
     raise ValueError(f"unknown kernel family {family!r}")

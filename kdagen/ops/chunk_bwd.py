@@ -249,19 +249,25 @@ def _split_intra(meta: BwdMeta, built, args: dict, const: dict):
     return wy, dqkg
 
 
+def saved_names(plan: Plan, config: ChunkBwdConfig) -> tuple[str, ...]:
+    """Which of the forward intra launch's outputs the training forward keeps for the backward:
+    all it reads (``store_intermediates``), A_qk and T (chunk_bwd_rerun rebuilds the rest), or
+    none (the backward re-runs the forward's intra launch: general DPLR, C=64)."""
+    if config.store_intermediates:
+        return KEPT_INTERMEDIATES
+    return RERUN_SAVED if config.reruns_from_saved(plan) else ()
+
+
 def saved_tensors(launches, initial_state, hs, plan: Plan, config: ChunkBwdConfig) -> list:
     """What a training forward keeps for :func:`backward`, from its launches' arguments: the
     (pre-processed) inputs, the per-chunk states, V' and, when the config stores rather than
-    recomputes them, the intra launch's intermediates (in recompute mode, A_qk and T:
-    RERUN_SAVED).  General DPLR (no beta: None in its place)
+    recomputes them, the intra launch's intermediates (:func:`saved_names`).  General DPLR (no beta:
+    None in its place)
     appends its inputs a and b, and with ``store_intermediates`` aqv and kgv after those."""
     a = launches[0].args
     saved = [a["q"], a["k"], a["v"], a["g"], a.get("beta"), initial_state, a.get("A_log"), a.get("dt_bias"), hs,
              launches[1].args["vn"]]
-    if config.store_intermediates:
-        saved += [a[n] for n in KEPT_INTERMEDIATES]
-    elif config.reruns_from_saved(plan):
-        saved += [a[n] for n in RERUN_SAVED]
+    saved += [a[n] for n in saved_names(plan, config)]
     if "a" in a:  # general DPLR
         saved += [a[n] for n in DPLR_INPUT_NAMES]
         if config.store_intermediates:
@@ -278,8 +284,10 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
         return _dplr_backward(meta, saved, like, need, do, dht)
     q, k, v, g, beta, h0, A_log, dt_bias, hs, vn = saved[:10]
     inputs = dict(q=q, k=k, v=v, g=g, beta=beta, A_log=A_log, dt_bias=dt_bias)
-    # the kept intermediates, or (recompute mode) A_qk and T, from which the first launch rebuilds them
-    inter = dict(zip(KEPT_INTERMEDIATES if meta.config.store_intermediates else RERUN_SAVED, saved[10:]))
+    # the kept intermediates; or (recompute mode) A_qk and T, from which the first launch rebuilds
+    # them; or nothing, and the forward's intra launch runs again
+    names = saved_names(meta.plan, meta.config)
+    inter = dict(zip(names, saved[10:])) if names else rerun_forward_intra(meta, inputs)
     if do is None:
         do = torch.zeros(meta.B, meta.T, meta.HV, meta.V, dtype=v.dtype, device=v.device)
     need_dh0 = h0 is not None and need[5]

@@ -115,8 +115,8 @@ def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, outpu
     a = launches[0].args
     vn = launches[1].args["vn"]
     # what the backward reads: the kept intermediates, or in recompute mode A_qk and T (td)
-    kept = B.KEPT_INTERMEDIATES if bwd.store_intermediates else B.RERUN_SAVED
-    inter = [a[n] if n in kept and n in a else _empty(q) for n in B.KEPT_INTERMEDIATES + ("td",)]
+    kept = B.saved_names(call.plan, bwd)
+    inter = [a[n] if n in kept else _empty(q) for n in B.KEPT_INTERMEDIATES + ("td",)]
     return (o, ht if ht is not None else _empty(q), hs, vn, *inter)
 
 
@@ -160,7 +160,7 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, init
     hs, vn = saved[0], saved[1]
     full = [x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state, x["A_log"], x["dt_bias"], hs, vn]
     named = dict(zip(B.KEPT_INTERMEDIATES + ("td",), saved[2:]))
-    full += [named[n] for n in (B.KEPT_INTERMEDIATES if bwd.store_intermediates else B.RERUN_SAVED)]
+    full += [named[n] for n in B.saved_names(call.plan, bwd)]
     like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
     grads = B.backward(meta, full, like, tuple(needs), do, dht)
     return [gr if gr is not None else _empty(q) for gr in grads]
