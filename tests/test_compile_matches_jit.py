@@ -64,10 +64,16 @@ def record(fn, grid, args, constexprs, num_warps, num_stages):
     ran.append([fn.__name__, src.hash(), sorted(opts.items())])
 KN.launch = OR.launch = record
 OC.check_runnable = OR.check_runnable = lambda q: None
-for fam, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2)), ("recurrent", (64, 1, 4, 4))]:
+# (chunk_bwd_c32: the backward after the training forward's own heuristic, C=32, as the tuner runs it:
+# the re-run from kept tiles and the split intra launches)
+for key, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2)), ("chunk_bwd_c32", (1, 100, 2, 2)),
+                   ("recurrent", (64, 1, 4, 4))]:
+    fam = key.replace("_c32", "")
     plan = F.lower_for(F.family_spec(fam, sa), fam, 32, 32, torch.bfloat16)
     hint = {"N": shape[0], "HV": shape[3]}
-    fwd = default_config("chunk_fwd", plan, hint) if fam == "chunk_bwd" else None
+    fwd = None
+    if fam == "chunk_bwd":
+        fwd = default_config("chunk_train" if key.endswith("c32") else "chunk_fwd", plan, hint)
     cfg = default_config(fam, plan, hint, fwd)
     ran.clear()
     CA.KernelCandidate(fam, None, plan, sa, torch.bfloat16, shape, device="cpu", fwd_config=fwd).build(cfg)
@@ -75,7 +81,7 @@ for fam, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2
     for ln in CP.launches_for(plan, cfg, torch.bfloat16, sa, F.check_shape(fam, shape), fwd, with_forward=True):
         src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
         compiled.append([ln.fn.__name__, src.hash(), sorted(opts.items())])
-    out["build"][fam] = {"ran": ran[:], "compiled": compiled}
+    out["build"][key] = {"ran": ran[:], "compiled": compiled}
 print(json.dumps(out))
 '''
 
@@ -95,7 +101,9 @@ def test_compile_check_builds_what_the_device_jit_loads(tmp_path):
         # launches) is one the precompile compiles, with the same specialisation and options
         compiled = {json.dumps(c) for c in d["compiled"]}
         ran = {json.dumps(c) for c in d["ran"]}
-        # chunk_bwd: the training forward's two, the re-run from its kept tiles, the reverse state pass,
-        # the chunk-parallel products and the intra-chunk gradients' two launches (bf16: intra_split)
-        assert len(d["compiled"]) == {"chunk_fwd": 2, "chunk_bwd": 7, "recurrent": 1}[fam]
+        # chunk_bwd at the inference forward's C=64: the training forward's two launches, the re-run of
+        # its intra launch (four sub-tiles per chunk: no re-run from kept tiles, no split), the reverse
+        # state pass, the chunk-parallel products and the intra-chunk gradients
+        # chunk_bwd_c32: the training forward's two, the re-run from kept tiles, state, dqkw, wy, intra
+        assert len(d["compiled"]) == {"chunk_fwd": 2, "chunk_bwd": 6, "chunk_bwd_c32": 7, "recurrent": 1}[fam]
         assert ran and ran == compiled, fam
