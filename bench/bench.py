@@ -324,6 +324,18 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
                     x, do, dht)
         for n, a, r in zip(GRAD_NAMES, kd, ref):
             row[f"kdagen_d{n}"] = rel(a, r)
+        for prec in DIAG_CHECKS:  # the factorised diagonal's operands in fp32
+            from kdagen.ops.chunk import chunk_bwd_config
+            try:
+                with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(diag_precision=prec)):
+                    kp = _grads(lambda d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True,
+                                                           lower_bound=LOWER,
+                                                           config=train_config_for(B, T, H, K, diag_precision=prec)),
+                                x, do, dht)
+                for n, a, r in zip(GRAD_NAMES, kp, ref):
+                    row[f"kdagen_diag_{prec}_d{n}"] = rel(a, r)
+            except Exception as e:  # noqa: BLE001
+                row[f"kdagen_diag_{prec}_error"] = repr(e)[:200]
         if fchunk is not None:
             try:
                 fl = _grads(lambda d: fchunk(**d, output_final_state=True, safe_gate=True, lower_bound=LOWER),
@@ -362,7 +374,20 @@ BWD_VARIANTS = [
 WHOLE_VARIANTS = [
     # run 69's intra launch (one fused launch on 4 warps, 32-wide V tiles) and the re-run on 4 warps
     ("fused_intra", dict(intra_split=False, intra_num_warps=4, intra_block_v=32, rerun_num_warps=4)),
+    # the factorised diagonal's operands in fp32 (tf32 / ieee dots), training forward and backward: the
+    # bf16 emulation's fix for dg's and dv's errors (tests/test_bf16_emulated.py); its cost here
+    ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
+    ("diag_ieee", dict(diag_precision="ieee", train=dict(diag_precision="ieee"))),
 ]
+# the same precisions' gradient errors (bwd_check rows)
+DIAG_CHECKS = ("tf32", "ieee")
+
+
+def train_config_for(B, T, H, K, **kw):
+    """The training forward's heuristic config at this shape, changed by ``kw``."""
+    from kdagen.cache.heuristics import default_train_config
+
+    return default_train_config(bench_plan(K, K), shape_hint(B, T, H)).replace(**kw)
 
 
 def bwd_breakdown(x, do, dht, variants=()):
@@ -448,13 +473,18 @@ def time_fwd_bwd(fchunk, shapes, variants=()):
         for name, kwcfg in WHOLE_VARIANTS:
             try:
                 from kdagen.ops.chunk import chunk_bwd_config
+                kwcfg = dict(kwcfg)
+                train = kwcfg.pop("train", None)
+                kv = kd if train is None else (lambda: _grads(lambda d: kdagen.chunk_kda(  # noqa: E731
+                    **d, output_final_state=True, safe_gate=True, lower_bound=LOWER,
+                    config=train_config_for(B, T, H, K, **train)), x, do, dht))
                 with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(**kwcfg)):
-                    a = kd()
+                    a = kv()
                     if fchunk is not None:
                         for n, ga, gb in zip(GRAD_NAMES, a, fl()):
                             row[f"{name}_diff_vs_fla_d{n}"] = rel(ga, gb)
-                    row[f"kdagen_{name}_ms"] = do_bench(kd, warmup=50, rep=300, return_mode="median")
-                    row[f"kdagen_{name}_peak_gib"] = peak_gib(kd)
+                    row[f"kdagen_{name}_ms"] = do_bench(kv, warmup=50, rep=300, return_mode="median")
+                    row[f"kdagen_{name}_peak_gib"] = peak_gib(kv)
             except Exception as e:  # noqa: BLE001
                 row[f"kdagen_{name}_ms"] = f"error {type(e).__name__}: {str(e)[:200]}"
         try:

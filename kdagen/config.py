@@ -77,6 +77,9 @@ def _pow2(x: int) -> bool:
 
 INVERSE_PRECISIONS = ("bf16", "tf32", "ieee")  # operands of the forward solve's (I + A)^-1 products
 FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward solve's A products
+# operands of the training path's factorised diagonal sub-tile products (exp(G_i - a) and exp(a - G_j)
+# factors): the input dtype, or fp32 on tf32 / ieee dots
+DIAG_PRECISIONS = ("input", "tf32", "ieee")
 READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)
 # the widest state row (BK) the sequence-parallel state pass takes (ChunkFwdConfig.state_segment_chunks):
 # its chaining launch holds a segment's K x K transition in one float32 tile (BK=256 would be 256 KiB)
@@ -152,6 +155,7 @@ class ChunkTrainConfig(_Config):
     inverse_precision: str = "ieee"  # fp32 dots of the triangular inverse
     intermediates: str = "input"  # dtype of W, U, qg, kg and Aqk between the launches
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
+    diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
@@ -161,6 +165,7 @@ class ChunkTrainConfig(_Config):
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
+        self._check_choice("diag_precision", DIAG_PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,7 @@ class ChunkBwdConfig(_Config):
     # the intra-chunk gradients as two launches: dE, T, dv, dbeta per (chunk, value head), then
     # dq, dk, dg per (chunk, value head, K tile) (templates/chunk_bwd_intra.py.j2); plans with a rank-1 part
     intra_split: bool = False
+    diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
     rerun_block_k: int = 64  # K tile of one program of recompute mode's re-run (chunk_bwd_rerun)
     rerun_num_warps: int = 4
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
@@ -206,6 +212,7 @@ class ChunkBwdConfig(_Config):
         self._check_stages("state_num_stages", "dqkw_num_stages", "intra_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
+        self._check_choice("diag_precision", DIAG_PRECISIONS)
         for name in ("store_intermediates", "intra_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"chunk_bwd: {name} must be a bool, got {getattr(self, name)!r}")

@@ -14,7 +14,9 @@ not model: bf16 storage of inputs, intermediates and outputs (they stay float32 
 
     python tests/bf16_interpreter.py CASE [CASE ...]     # prints {case: {output: rel. error}}
 
-CASE is name:B,T,H,HV,K,V[:free] (free: the unbounded plan, element-wise diagonals).
+CASE is name:B,T,H,HV,K,V[:free][:ieee] (free: the unbounded plan, element-wise diagonals; ieee:
+diag_precision="ieee", the factorised diagonal's operands in fp32 -- tf32's operand rounding is not
+emulated).
 """
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ def install() -> None:
         if plan.dtype != "float32":
             raise ValueError("the bf16 emulation renders float32 plans")
         v["dot_dtype"], v["dot_kw"] = MARKER, ""
+        if "diag_dtype" in v and (plan.diag_mode != "factorised" or config.diag_precision == "input"):
+            v["diag_dtype"], v["diag_kw"] = MARKER, ""  # the diagonal in bf16 too, as on the GPU by default
+        # (diag_precision tf32 / ieee: the factorised diagonal's operands stay fp32, ieee dots)
         return v
 
     codegen._template_vars = bf16_operands
@@ -72,9 +77,10 @@ def install() -> None:
     semantic.TritonSemantic.dot = dot_fp32_result
 
 
-def errors(B, T, H, HV, K, V, free=False, seed=0) -> dict[str, float]:
+def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input") -> dict[str, float]:
     """Relative Frobenius error of o, the final state and every gradient against float64
-    autograd through the token-by-token recurrence; inputs as bench/bench.py draws them."""
+    autograd through the token-by-token recurrence; inputs as bench/bench.py draws them.
+    ``diag``: the training forward's and the backward's ``diag_precision``."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
@@ -87,8 +93,16 @@ def errors(B, T, H, HV, K, V, free=False, seed=0) -> dict[str, float]:
     leaves = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
     gate = {} if free else dict(safe_gate=True, lower_bound=-5.0)
     x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
-    o, ht = kdagen.chunk_kda(**x, output_final_state=True, **gate)
-    ((o * do).sum() + (ht * dht).sum()).backward()
+    from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+    from kdagen.codegen.lower import lower
+    from kdagen.ops.chunk import chunk_bwd_config
+    from kdagen.ops.inputs import select_spec
+
+    plan = lower(select_spec(False, not free, -5.0 if not free else None, False, False), K, V, "float32", "chunk")
+    with chunk_bwd_config(default_chunk_bwd_config(plan).replace(diag_precision=diag)):
+        train = default_train_config(plan).replace(diag_precision=diag)
+        o, ht = kdagen.chunk_kda(**x, output_final_state=True, config=train, **gate)
+        ((o * do).sum() + (ht * dht).sum()).backward()
     r = {n: t.double().requires_grad_(True) for n, t in leaves.items()}
     ro, rht = naive_recurrent_kda(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
                                   output_final_state=True)
@@ -107,7 +121,8 @@ def main(argv: list[str]) -> None:
     result = {}
     for arg in argv:
         name, dims, *flags = arg.split(":")
-        result[name] = errors(*(int(d) for d in dims.split(",")), free="free" in flags)
+        diag = next((f for f in flags if f in ("tf32", "ieee")), "input")
+        result[name] = errors(*(int(d) for d in dims.split(",")), free="free" in flags, diag=diag)
     print(json.dumps(result))
 
 

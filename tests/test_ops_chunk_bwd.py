@@ -58,6 +58,7 @@ class Case:
     BC: int = 16  # forward sub-chunk (with C)
     lb: float = -5.0  # lower bound promised with gate="safe"
     bwd: dict = field(default_factory=dict)  # ChunkBwdConfig overrides
+    train: dict = field(default_factory=dict)  # ChunkTrainConfig overrides
     seed: int = 0
 
     @property
@@ -91,6 +92,9 @@ CASES = [
     Case("fp16-gik-lowerbound-C64", 1, 70, 1, 2, 32, 32, dtype=F16, gate="gik_lb", C=64),
     Case("fp16-gik-softplus", 1, 45, 1, 2, 32, 32, dtype=F16, gate="gik_sp"),
     Case("fp16-states-in-fp16", 1, 70, 1, 2, 32, 40, dtype=F16, bwd=dict(state_dtype="input")),
+    # the factorised diagonal's operands in fp32 (training forward and backward; the split intra launches)
+    Case("fp16-safe-diag-ieee-varlen", 1, 53, 1, 2, 32, 32, dtype=F16, cu=VARLEN,
+         bwd=dict(diag_precision="ieee", intra_split=True), train=dict(diag_precision="ieee")),
     # longer sequences: several chunks per sequence in the reverse state pass
     Case("T130-K64V64-safe-B2-gva2x4", 2, 130, 2, 4, 64, 64, bwd=dict(dqkw_block_k=32)),
     Case("fp16-T130-free-K96V16", 1, 130, 1, 1, 96, 16, dtype=F16, gate="free"),
@@ -146,7 +150,10 @@ def _reference_grads(case: Case, leaves, kw, cu, do, dht):
 
 
 def _config(case: Case):
-    return None if case.C is None else ChunkTrainConfig(chunk_size=case.C, sub_chunk=case.BC)
+    if case.C is None and not case.train:
+        return None
+    chunking = {} if case.C is None else dict(chunk_size=case.C, sub_chunk=case.BC)
+    return ChunkTrainConfig(**chunking, **case.train)
 
 
 # the cases the interpreter takes well over half a second for (the quick subset leaves them out)
@@ -154,7 +161,8 @@ SLOW = {
     'C64-BC32-safe-lb2', 'C64-free-K40V24-tiles16', 'K24V40-dqkw-tiles16-state-fp32', 'K24V40-safe-gva1x2',
     'K48V80-free-gva2x4-B2-stored', 'T1-B2-free', 'T130-K64V64-safe-B2-gva2x4', 'beta-near-1-free',
     'fp16-T130-free-K96V16', 'fp16-free-varlen-gva', 'fp16-gik-lowerbound-C64', 'fp16-gik-softplus',
-    'fp16-safe-g-at-lb', 'fp16-states-in-fp16', 'free-strong-gates', 'gik-lowerbound-gva', 'gik-softplus-varlen',
+    'fp16-safe-diag-ieee-varlen', 'fp16-safe-g-at-lb', 'fp16-states-in-fp16', 'free-strong-gates',
+    'gik-lowerbound-gva', 'gik-softplus-varlen',
     'varlen-len1-free-gva-noh0', 'varlen-len1-safe'
 }
 

@@ -151,6 +151,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
                  inv_kw=f', input_precision="{config.inverse_precision}"',
                  # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
                  neumann_steps=max(0, (sub - 1).bit_length() - 1))
+        v.update(_diag_vars(plan, config, v))
         if kernel == "chunk_intra":
             v["cumsum_dot"] = config.cumsum == "dot"
         else:
@@ -187,6 +188,19 @@ SPAN_LIMIT = EXP_BUDGET + 1.0
 # relative to anything the state holds, and the cumulated sums of a chunk stay finite (-inf,
 # a reset, becomes a decay to 4e-18)
 G_FLOOR = -40.0
+
+
+def _diag_vars(plan: Plan, config: _Config, v: dict) -> dict:
+    """The dot dtype and keywords of the factorised diagonal sub-tile products (diag_dtype,
+    diag_kw): the input dtype's, or fp32 operands on tf32 / ieee dots (config.diag_precision;
+    read only for a plan whose diagonal is factorised).  fp32 operands hold exp(|g_min| BC)
+    factors with fp32's 24-bit mantissa where bf16 keeps 8 bits: in the bf16 emulation
+    (tests/bf16_interpreter.py) the diagonal's operand rounding is what lifts dg's and dv's
+    errors over dq's."""
+    if (plan.diag_mode != "factorised" or plan.structure == "dplr" or plan.dtype == "float32"
+            or config.diag_precision == "input"):
+        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"]}
+    return {"diag_dtype": "tl.float32", "diag_kw": f', input_precision="{config.diag_precision}"'}
 
 
 def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
