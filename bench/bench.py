@@ -410,16 +410,15 @@ def bwd_breakdown(x, do, dht, variants=()):
     plan = bench_plan(K, V, x["q"].dtype)
     hint = shape_hint(*x["v"].shape[:3])
     for name, kwcfg in variants:
-        train_kw = kwcfg.pop("train", None) if isinstance(kwcfg, dict) else None
+        kwcfg = dict(kwcfg)
+        train_kw = kwcfg.pop("train", None)
         try:
             if train_kw is None:
                 cfg = default_chunk_bwd_config(plan, hint).replace(**kwcfg)
                 fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, bwd_config=cfg)
                 timed = bw
             else:  # a training forward config too: its launches are timed with the backward's
-                from kdagen.cache.heuristics import default_train_config
-                from kdagen.config import ChunkTrainConfig  # noqa: F401
-                tcfg = default_train_config(plan, hint).replace(**train_kw)
+                tcfg = train_config_for(*x["v"].shape[:3], K, **train_kw)
                 cfg = default_chunk_bwd_config(plan, hint).replace(chunk_size=tcfg.chunk_size,
                                                                   sub_chunk=tcfg.sub_chunk, **kwcfg)
                 fw, bw, _ = chunk_kda_bwd_launches(**xd, **kw, config=tcfg, bwd_config=cfg)
@@ -431,9 +430,6 @@ def bwd_breakdown(x, do, dht, variants=()):
                                         for ln, t in zip(timed, ts)) + " | sum %.3f" % sum(ts)
         except Exception as e:  # noqa: BLE001
             out[f"v:{name}"] = f"error {type(e).__name__}: {str(e)[:120]}"
-        finally:
-            if train_kw is not None:
-                kwcfg["train"] = train_kw
     return out
 
 

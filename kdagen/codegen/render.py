@@ -64,13 +64,12 @@ REPLACES = {"chunk_seg_state": "chunk_pass", "chunk_seg_combine": "chunk_pass", 
 DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
                 "recurrent_bwd")
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
-
-
+_CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 # launches that only some (plan, config) pairs run (family_kernels leaves them out of the others)
 OPTIONAL_KERNELS = ("chunk_bwd_wy", "chunk_bwd_rerun")
 
 
-def intra_parts(kernel: str, plan: Plan, config: _Config) -> str:
+def intra_part(kernel: str, plan: Plan, config: _Config) -> str:
     """The ``part`` of templates/chunk_bwd_intra.py.j2 a kernel renders: "fused", or "wy" /
     "dqkg" for the split's two launches."""
     if kernel == "chunk_bwd_wy":
@@ -83,13 +82,13 @@ def intra_parts(kernel: str, plan: Plan, config: _Config) -> str:
 
 def family_kernels(family: str, plan: Plan, config: _Config) -> tuple[str, ...]:
     """The kernels of ``family`` that a (plan, config) runs, in launch order: FAMILY_KERNELS less
-    the optional launches it does not take (chunk_bwd_wy without a split)."""
+    the optional launches it does not take (chunk_bwd_wy without a split, chunk_bwd_rerun where
+    the backward keeps or re-runs the forward's intermediates)."""
     kinds = FAMILY_KERNELS[family]
     if family == "chunk_bwd":
         takes = {"chunk_bwd_wy": config.splits_intra(plan), "chunk_bwd_rerun": config.reruns_from_saved(plan)}
         kinds = tuple(k for k in kinds if takes.get(k, True))
     return kinds
-_CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 
 
 @dataclass(frozen=True)
@@ -155,7 +154,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         if kernel == "chunk_intra":
             v["cumsum_dot"] = config.cumsum == "dot"
         else:
-            v["part"] = intra_parts(kernel, plan, config)
+            v["part"] = intra_part(kernel, plan, config)
             # the second launch of a split over a per-channel decay: one K tile per program
             v["k_split"] = v["part"] == "dqkg" and plan.decay == "channel"
     elif kernel == "recurrent":

@@ -390,10 +390,10 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     The backward reads the intermediates and per-chunk states the forward launches write
     (run those first); ``do`` / ``dht`` default to zeros.  No host pre-processing, and dq/dk
     in the outputs are per value head (not yet summed over GVA groups); in recompute mode the
-    backward's launches begin with chunk_bwd_rerun.  ``with_rerun`` (a general DPLR plan only): the
-    forward launches end with the backward's re-run of the intra launch (when the config
-    recomputes rather than stores the intermediates), for compiling everything a training
-    step runs."""
+    backward's launches begin with chunk_bwd_rerun.  ``with_rerun``: the forward launches end with
+    the backward's re-run of the intra launch where the backward takes one (it keeps nothing of the
+    forward's intermediates: chunks of four sub-tiles, :func:`~.chunk_bwd.saved_names`), for
+    compiling everything a training step runs."""
     call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
                        lower_bound=lower_bound, in_kernel=False, state_v_first=state_v_first)
@@ -407,6 +407,6 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
         dht = torch.zeros_like(ht)
     launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do.contiguous(),
                                            None if dht is None else dht.contiguous(), initial_state is not None)
-    if with_rerun and not meta.config.store_intermediates and not meta.config.reruns_from_saved(call.plan):
-        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]  # (general DPLR: chunk_dplr_bwd_launches)
+    if with_rerun and not bwd.saved_names(call.plan, meta.config):
+        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
     return fwd, launches, outs

@@ -95,17 +95,20 @@ def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[
     return inter
 
 
+def _rebuilt_buffers(meta: BwdMeta, dev) -> dict[str, torch.Tensor]:
+    """Buffers for the qg, kg, W and G_n a re-run writes (W a dummy without a rank-1 part)."""
+    qg = torch.empty(meta.B, meta.T, meta.HV, meta.K, dtype=meta.inter_dtype, device=dev)
+    return dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg) if meta.plan.has_rank1 else dummy_pointer(dev),
+                gn=torch.empty(max(meta.NT_total, 1), meta.HV, meta.K, dtype=torch.float32, device=dev))
+
+
 def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     """(the launch, the intermediates it writes) of :func:`rerun_forward_intra`, not run."""
-    B, T, HV, K, C = meta.B, meta.T, meta.HV, meta.K, meta.C
     dev = inputs["q"].device
-    qg = torch.empty(B, T, HV, K, dtype=meta.inter_dtype, device=dev)
-    inter = dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg) if meta.plan.has_rank1 else dummy_pointer(dev),
-                 u=dummy_pointer(dev),
-                 aqk=torch.empty(B, T, HV, C, dtype=meta.inter_dtype, device=dev),
-                 gn=torch.empty(max(meta.NT_total, 1), HV, K, dtype=torch.float32, device=dev))
+    inter = dict(_rebuilt_buffers(meta, dev), u=dummy_pointer(dev),
+                 aqk=torch.empty(meta.B, meta.T, meta.HV, meta.C, dtype=meta.inter_dtype, device=dev))
     if meta.plan.structure == "dplr":  # A_qk and k exp(G_n - G) too
-        inter.update(aqv=torch.empty_like(inter["aqk"]), kgv=torch.empty_like(qg))
+        inter.update(aqv=torch.empty_like(inter["aqk"]), kgv=torch.empty_like(inter["qg"]))
     fi = meta.fwd_intra
     args = {}
     input_names, inter_names = INPUT_NAMES + DPLR_INPUT_NAMES, INTERMEDIATES + DPLR_INTERMEDIATES
@@ -203,22 +206,20 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
 def _rerun_from_saved(meta: BwdMeta, built, inputs: dict, aqk: torch.Tensor, td: torch.Tensor):
     """(chunk_bwd_rerun's launch, as a 1-tuple; the intermediates it writes with the kept A_qk)."""
     plan, cfg = meta.plan, meta.config
-    B, T, HV, K = meta.B, meta.T, meta.HV, meta.K
-    q = inputs["q"]
-    dev = q.device
-    qg = torch.empty(B, T, HV, K, dtype=meta.inter_dtype, device=dev)
-    inter = dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg) if plan.has_rank1 else dummy_pointer(dev),
-                 aqk=aqk, gn=torch.empty(max(meta.NT_total, 1), HV, K, dtype=torch.float32, device=dev))
-    args = dict(q=q, k=inputs["k"], g=inputs["g"])
-    for n in ("A_log", "dt_bias"):
-        if getattr(plan, "gate_has_A" if n == "A_log" else "gate_has_bias"):
-            args[n] = inputs[n]
-    args.update(td=td, qg=inter["qg"], kg=inter["kg"], w=inter["w"], gn=inter["gn"], cu_seqlens=meta.cu_seqlens,
-                chunk_indices=meta.chunk_indices, T=T, NT=meta.NT, scale=float(meta.scale))
+    HV, K = meta.HV, meta.K
+    out = _rebuilt_buffers(meta, inputs["q"].device)
+    args = dict(q=inputs["q"], k=inputs["k"], g=inputs["g"])
+    if plan.gate_has_A:
+        args["A_log"] = inputs["A_log"]
+    if plan.gate_has_bias:
+        args["dt_bias"] = inputs["dt_bias"]
+    args.update(td=td, **out, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=meta.T, NT=meta.NT,
+                scale=float(meta.scale))
     bk = min(cfg.rerun_block_k, plan.BK)
     launch = Launch("chunk_bwd_rerun", built.fn("chunk_bwd_rerun"), (meta.NT_total, HV, triton.cdiv(K, bk)), args,
                     dict(H=meta.H, HV=HV, K=K, BT=meta.C, BC=cfg.sub_chunk, BK=bk, IS_VARLEN=meta.is_varlen),
                     cfg.rerun_num_warps, 1)
+    inter = dict(out, aqk=aqk)
     return (launch,), inter
 
 
@@ -243,6 +244,7 @@ def _split_intra(meta: BwdMeta, built, args: dict, const: dict):
         dqkg_args[n] = x
         if n == "dgn":
             dqkg_args.update(de=de, td=td)
+    # one K tile per program for a per-channel decay (the template's k_split); a scalar decay loops over K
     nk = triton.cdiv(meta.K, const["BK"]) if plan.decay == "channel" else 1
     dqkg = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, meta.HV, nk), dqkg_args, const,
                   cfg.intra_num_warps, cfg.intra_num_stages)
@@ -261,9 +263,9 @@ def saved_names(plan: Plan, config: ChunkBwdConfig) -> tuple[str, ...]:
 def saved_tensors(launches, initial_state, hs, plan: Plan, config: ChunkBwdConfig) -> list:
     """What a training forward keeps for :func:`backward`, from its launches' arguments: the
     (pre-processed) inputs, the per-chunk states, V' and, when the config stores rather than
-    recomputes them, the intra launch's intermediates (:func:`saved_names`).  General DPLR (no beta:
-    None in its place)
-    appends its inputs a and b, and with ``store_intermediates`` aqv and kgv after those."""
+    recomputes them, the intra launch's intermediates (:func:`saved_names`).  General DPLR (no
+    beta: None in its place) appends its inputs a and b, and with ``store_intermediates`` aqv and
+    kgv after those."""
     a = launches[0].args
     saved = [a["q"], a["k"], a["v"], a["g"], a.get("beta"), initial_state, a.get("A_log"), a.get("dt_bias"), hs,
              launches[1].args["vn"]]

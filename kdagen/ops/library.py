@@ -104,6 +104,11 @@ def _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_g
     return call, x, train, bwd
 
 
+# chunk_kda_train's outputs after (o, final state, hs, vn): every tensor the backward may read (empty
+# where the backward config does not keep it)
+_TRAIN_SAVED = B.KEPT_INTERMEDIATES + ("td",)
+
+
 def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state, use_gate_in_kernel,
                    safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute, run: bool):
     call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
@@ -116,7 +121,7 @@ def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, outpu
     vn = launches[1].args["vn"]
     # what the backward reads: the kept intermediates, or in recompute mode A_qk and T (td)
     kept = B.saved_names(call.plan, bwd)
-    inter = [a[n] if n in kept else _empty(q) for n in B.KEPT_INTERMEDIATES + ("td",)]
+    inter = [a[n] if n in kept else _empty(q) for n in _TRAIN_SAVED]
     return (o, ht if ht is not None else _empty(q), hs, vn, *inter)
 
 
@@ -159,7 +164,7 @@ def chunk_kda_bwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, init
     meta = _backward_meta(call, x, train, bwd, output_final_state)
     hs, vn = saved[0], saved[1]
     full = [x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state, x["A_log"], x["dt_bias"], hs, vn]
-    named = dict(zip(B.KEPT_INTERMEDIATES + ("td",), saved[2:]))
+    named = dict(zip(_TRAIN_SAVED, saved[2:]))
     full += [named[n] for n in B.saved_names(call.plan, bwd)]
     like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
     grads = B.backward(meta, full, like, tuple(needs), do, dht)

@@ -219,7 +219,7 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
     ``training=True``: ``(fwd_launches, bwd_launches, bwd_outputs)`` -- the backward reads what
     the forward launches write (run those first); ``do``/``dht`` default to zeros.  In recompute
     mode the backward's launches begin with chunk_bwd_rerun; ``with_rerun`` adds the forward intra
-    launch's re-run only where the backward still takes one (no such plan reaches this function today).  ``kw``: the
+    launch's re-run where the backward takes one instead (:func:`~.chunk_bwd.saved_names`).  ``kw``: the
     validation keywords of :func:`chunk_member` (scale, initial_state, cu_seqlens, gate ...)."""
     from . import chunk as C
     from . import chunk_bwd as bwd
@@ -236,7 +236,7 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
         dht = torch.zeros_like(ht)
     launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do,
                                            None if dht is None else dht.contiguous(), x["initial_state"] is not None)
-    if with_rerun and not meta.config.store_intermediates and not meta.config.reruns_from_saved(call.plan):
+    if with_rerun and not bwd.saved_names(call.plan, meta.config):
         fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
     return fwd, launches, outs
 
