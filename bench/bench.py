@@ -350,25 +350,21 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
 
 
 BWD_VARIANTS = [
-    # (runs 9-71 measured the state, dqkw and intra tiles, the split and the re-run: bench/RESULTS.md)
-    ("split_w1", dict(intra_num_warps=1)),
-    ("split_bk16w1", dict(intra_num_warps=1, intra_block_k=16)),
-    ("split_bk64w2_bv64", dict(intra_block_k=64)),
-    ("rerun_bk32w2", dict(rerun_block_k=32)),
-    ("rerun_w1", dict(rerun_num_warps=1)),
-    ("rerun_bk128w2", dict(rerun_block_k=128)),
-    ("dq_bv128", dict(dqkw_block_v=128)),
-    ("dq_w8_bv128", dict(dqkw_block_v=128, dqkw_num_warps=8)),
-    ("dq_w2", dict(dqkw_num_warps=2)),
-    ("st_w2", dict(state_num_warps=2)),
-    ("st_bv32", dict(state_block_v=32)),
-    # the training forward at C=64 (its launches timed too), with the backward at the same chunks
-    ("c32_train", dict(train={})),
-    ("c64", dict(train=dict(chunk_size=64))),
-    ("c64_fused_w4", dict(train=dict(chunk_size=64), intra_split=False, intra_num_warps=4, intra_block_v=32)),
-    ("c64_st32", dict(train=dict(chunk_size=64, state_block_v=32), state_block_v=32)),
-    ("c64_st64w8", dict(train=dict(chunk_size=64, state_block_v=64, state_num_warps=8), state_block_v=64,
-                        state_num_warps=8)),
+    # (runs 9-73 measured the state, dqkw and intra tiles, the split, the re-run and C=64: bench/RESULTS.md;
+    # C=64 with the new paths faulted in run 73, so it is launch_fault.py's, not this list's)
+    # the reverse state pass: G_n loaded one chunk ahead, and a deeper pipeline
+    ("st_pf", dict(state_prefetch=True)),
+    ("st_s3", dict(state_num_stages=3)),
+    ("st_pf_s3", dict(state_prefetch=True, state_num_stages=3)),
+    ("st_bv32_pf", dict(state_block_v=32, state_prefetch=True)),
+    # the training forward's state pass (its launches timed with the backward's): U and G_n one chunk ahead
+    ("tr_default", dict(train={})),
+    ("tr_pf", dict(train=dict(state_prefetch=True))),
+    ("tr_s3", dict(train=dict(state_num_stages=3))),
+    ("tr_pf_s3", dict(train=dict(state_prefetch=True, state_num_stages=3))),
+    ("tr_bv32w2_pf", dict(train=dict(state_block_v=32, state_num_warps=2, state_prefetch=True))),
+    ("tr_bv32w4_pf", dict(train=dict(state_block_v=32, state_num_warps=4, state_prefetch=True))),
+    ("tr_bv64w4_pf", dict(train=dict(state_block_v=64, state_num_warps=4, state_prefetch=True))),
 ]
 # whole forward+backward runs under a changed backward config, in the same process as the default's
 WHOLE_VARIANTS = [
@@ -378,6 +374,8 @@ WHOLE_VARIANTS = [
     # bf16 emulation's fix for dg's and dv's errors (tests/test_bf16_emulated.py); its cost here
     ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
     ("diag_ieee", dict(diag_precision="ieee", train=dict(diag_precision="ieee"))),
+    # both state passes loading their element-wise operands one chunk ahead
+    ("state_prefetch", dict(state_prefetch=True, train=dict(state_prefetch=True))),
 ]
 # the same precisions' gradient errors (bwd_check rows)
 DIAG_CHECKS = ("tf32", "ieee")
@@ -500,6 +498,64 @@ def time_fwd_bwd(fchunk, shapes, variants=()):
         torch.cuda.empty_cache()
 
 
+LAYER_GRADS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+
+
+def layer_inputs(B, T, H, K, seed=0):
+    """The KDA layer's call (bench/forward_vs_fla.py's): raw q/k (l2-normalised in the op), the raw
+    gate with A_log/dt_bias (in-kernel gate, lower bound LOWER), raw beta (sigmoid in the op)."""
+    gen = torch.Generator().manual_seed(seed)
+    dev, bf = "cuda", torch.bfloat16
+    x = dict(q=torch.randn(B, T, H, K, generator=gen).to(dev, bf), k=torch.randn(B, T, H, K, generator=gen).to(dev, bf),
+             v=torch.randn(B, T, H, K, generator=gen).to(dev, bf), g=torch.randn(B, T, H, K, generator=gen).to(dev),
+             beta=torch.randn(B, T, H, generator=gen).to(dev, bf),
+             initial_state=(torch.randn(B, H, K, K, generator=gen) * 0.1).to(dev),
+             A_log=torch.log(torch.rand(H, generator=gen) * 4 + 1).to(dev),
+             dt_bias=(torch.randn(H * K, generator=gen) * 0.5).to(dev))
+    flags = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                 safe_gate=True, lower_bound=LOWER, output_final_state=True)
+    return {n: t.requires_grad_(True) for n, t in x.items()}, flags
+
+
+def time_layer(fchunk, shapes):
+    """The layer's call, forward+backward, both libraries in this process; gradients of every input
+    (dz of the raw gate, dA_log, ddt_bias included)."""
+    log("\n== the layer call, forward+backward (raw q/k l2-normalised, in-kernel gate, beta sigmoid) ==")
+    for (B, T, H, K) in shapes:
+        x, flags = layer_inputs(B, T, H, K)
+        leaves = [x[n] for n in LAYER_GRADS]
+        do = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
+        dht = torch.randn(B, H, K, K, device="cuda")
+        row = dict(kind="layer_fwd_bwd", shape=f"{B},{T},{H},{K}")
+
+        def step(fn):
+            return lambda: torch.autograd.grad(fn(**x, **flags), leaves, (do, dht))
+
+        libs = [("kdagen", kdagen.chunk_kda)] + ([("fla", fchunk)] if fchunk is not None else [])
+        grads = {}
+        for name, fn in libs:
+            try:
+                grads[name] = step(fn)()
+                row[f"{name}_ms"] = do_bench(step(fn), warmup=30, rep=200, return_mode="median")
+                row[f"{name}_peak_gib"] = peak_gib(step(fn))
+            except Exception as e:  # noqa: BLE001
+                row[f"{name}_ms"] = f"error {type(e).__name__}: {str(e)[:200]}"
+        if len(grads) == 2:
+            for n, a, b in zip(LAYER_GRADS, grads["kdagen"], grads["fla"]):
+                row[f"diff_vs_fla_d{n}"] = rel(a, b)
+        if isinstance(row.get("fla_ms"), float) and isinstance(row.get("kdagen_ms"), float):
+            row["speedup"] = row["fla_ms"] / row["kdagen_ms"]
+        log(json.dumps(row))
+        RESULTS["rows"].append(row)
+        dump()
+        try:
+            profile_top(step(kdagen.chunk_kda), f"kdagen layer fwd+bwd {row['shape']}")
+        except Exception as e:  # noqa: BLE001
+            log(f"profile failed: {e!r}")
+        del x, leaves, grads
+        torch.cuda.empty_cache()
+
+
 def decode_variants(batches):
     log("\n== decode variants (graph replay, us) ==")
     H, K, V = 32, 128, 128
@@ -569,6 +625,8 @@ def main():
         if "fwdbwd" in suite:
             time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)],
                          BWD_VARIANTS if "bwd_variants" in suite else ())
+        if "layer" in suite:
+            time_layer(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)])
         if "bwd_check" in suite:
             check_bwd(fchunk, BWD_CHECK_CASES[1:])
         if "decode" in suite:
@@ -589,6 +647,9 @@ def main():
                 f"x{r.get('speedup', float('nan')):.2f}  | stored intermediates {r.get('kdagen_stored_ms')} ms; "
                 f"peak GiB kdagen {r.get('kdagen_peak_gib', float('nan')):.2f} "
                 f"stored {r.get('kdagen_stored_peak_gib', float('nan')):.2f} fla {r.get('fla_peak_gib', float('nan')):.2f}")
+        if r["kind"] == "layer_fwd_bwd":
+            log(f"layer fwd+bwd {r['shape']:>12}  kdagen {r.get('kdagen_ms')} ms  fla {r.get('fla_ms')} ms  "
+                f"x{r.get('speedup', float('nan')):.2f}  peak GiB kdagen {r.get('kdagen_peak_gib')} fla {r.get('fla_peak_gib')}")
         if r["kind"] == "decode":
             log(f"decode B={r['B']:>3}  kdagen graph {r['kdagen_graph_us']:.1f} us ({r['kdagen_pct_copy']:.0f}% copy) "
                 f"eager {r['kdagen_eager_us']:.1f} us | fla graph {r.get('fla_graph_us', float('nan')):.1f} us "

@@ -4,8 +4,8 @@
 # it measured, and save it (logs, JSON, tuning cache and studies, FLA's autotune results) under
 # $OUT.  Run from the repository root with `.whl` and `.tcache` carried:
 #
-#   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: fwd and bwd variants, bwd errors, fwd+bwd (~2-3 min)
-#   bash bench/gpu_session.sh fla [seconds]     # kdagen and FLA in one process, fwd and fwd+bwd
+#   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: fwd+bwd and its variants, bwd errors, the layer call
+#   bash bench/gpu_session.sh fla [seconds]     # kdagen and FLA in one process, fwd, fwd+bwd, the layer call
 #                                               # (FLA's candidates compiled in parallel first)
 #   bash bench/gpu_session.sh build [seconds]   # kdagen build --gpu auto --head-dim 128 --jobs 16, then the
 #                                               # same command again (resumed) if 120 s are left
@@ -34,7 +34,7 @@ start=$(date +%s)
 case "${1:-}" in
   bench)
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" --no-fla \
-        --suite fwd,variants,bwd_check,fwdbwd,bwd_variants --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+        --suite fwdbwd,bwd_variants,bwd_check,layer --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
   fla)
     # compile FLA's autotuning candidates in parallel first (bench/fla_warm.py); at most a third
     # of the budget, the rest for the measuring process
@@ -42,7 +42,7 @@ case "${1:-}" in
     echo "fla_warm rc=$? after $(( $(date +%s) - start ))s" >> "$OUT/fla_warm.log"
     budget=$(( budget - ($(date +%s) - start) ))
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" \
-        --suite fwd,fwdbwd,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+        --suite fwd,fwdbwd,layer,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
   build)
     timeout -k 10 -s INT "$budget" python3 -m kdagen.cli build --gpu auto --head-dim 128 --jobs 16 \
         > "$OUT/build.log" 2>&1

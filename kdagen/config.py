@@ -156,6 +156,7 @@ class ChunkTrainConfig(_Config):
     intermediates: str = "input"  # dtype of W, U, qg, kg and Aqk between the launches
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
     diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
+    state_prefetch: bool = False  # the state pass loads U and G_n of the next chunk one iteration ahead
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
@@ -166,6 +167,8 @@ class ChunkTrainConfig(_Config):
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
+        if not isinstance(self.state_prefetch, bool):
+            raise ConfigError(f"chunk_train: state_prefetch must be a bool, got {self.state_prefetch!r}")
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,7 @@ class ChunkBwdConfig(_Config):
     rerun_block_k: int = 64  # K tile of one program of recompute mode's re-run (chunk_bwd_rerun)
     rerun_num_warps: int = 4
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
+    state_prefetch: bool = False  # the reverse state pass loads G_n of the chunk before one iteration ahead
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
@@ -213,7 +217,7 @@ class ChunkBwdConfig(_Config):
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        for name in ("store_intermediates", "intra_split"):
+        for name in ("store_intermediates", "intra_split", "state_prefetch"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"chunk_bwd: {name} must be a bool, got {getattr(self, name)!r}")
 

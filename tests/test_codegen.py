@@ -87,8 +87,10 @@ def test_header_names_spec_config_and_version():
     head = "\n".join(text.splitlines()[:8])
     assert f"kdagen {__version__}" in head
     assert f"spec   : kda (hash {p.spec_hash})" in head
-    assert "config : none read by this source (the other fields are launch parameters)" in head
     t = default_train_config(p)
+    assert f"config : state_prefetch={t.state_prefetch} (the other fields are launch parameters)" in head
+    sched = render("chunk_schedule", p, c).text.splitlines()[5]
+    assert sched == "# config : none read by this source (the other fields are launch parameters)"
     intra = render("chunk_intra", p, t).text.splitlines()[5]
     assert intra == (f"# config : chunk_size={t.chunk_size} sub_chunk={t.sub_chunk} intra_block_k={t.intra_block_k} "
                      f"inverse_precision={t.inverse_precision} cumsum={t.cumsum} diag_precision={t.diag_precision} "
@@ -106,7 +108,7 @@ def test_header_names_spec_config_and_version():
 @pytest.mark.parametrize("kernel,same,other", [
     ("chunk_intra", dict(state_block_v=16, state_num_warps=8, intra_num_warps=8, intra_num_stages=1),
      dict(intra_block_k=64)),
-    ("chunk_state", dict(intra_block_k=64, chunk_size=64, state_block_v=64, cumsum="dot"), None),
+    ("chunk_state", dict(intra_block_k=64, chunk_size=64, state_block_v=64, cumsum="dot"), dict(state_prefetch=True)),
     ("chunk_solve", dict(state_block_v=16, state_num_warps=8, intra_num_warps=8, state_prefetch=False),
      dict(factor_precision="fp32")),
     ("chunk_pass", dict(state_block_v=64, state_num_warps=8, state_num_stages=2, inverse_precision="tf32",

@@ -93,6 +93,17 @@ TRAIN_CASES = [
     ("bf16-C32-cumsum-dot", "bfloat16", 128, 128, "safe", dict(chunk_size=32, intra_block_k=128, state_block_v=32, cumsum="dot"), {}),
     ("fp16-K96V192-cumsum-dot-elementwise", "float16", 96, 192, "free",
      dict(chunk_size=32, intra_block_k=32, state_block_v=32, cumsum="dot"), {}),
+    # the state pass loading U and G_n one chunk ahead (state_prefetch), K masked and not
+    ("bf16-C32-BV16-prefetch", "bfloat16", 128, 128, "safe",
+     dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_warps=4, state_prefetch=True), {}),
+    ("fp16-K96V192-C32-prefetch-varlen", "float16", 96, 192, "safe",
+     dict(chunk_size=32, intra_block_k=64, state_block_v=32, state_prefetch=True), dict(varlen=True)),
+]
+
+# a training call's l2-norm of q and k and its backward (templates/qk_l2norm.py.j2): (id, dtype, K)
+L2NORM_CASES = [
+    ("bf16-K128", "bfloat16", 128),
+    ("fp16-K96", "float16", 96),
 ]
 
 # recurrent: (id, dtype, K, V, gate, block_v or None for the default config, extra)
@@ -185,7 +196,11 @@ def _worker_compile(jobs):
 
     results = {}
     for family, case in jobs:
-        cid, dtype, K, V, gate, cfg, extra = case
+        if family == "l2norm":
+            cid, dtype, K = case
+            V, gate, cfg, extra = K, None, None, {}
+        else:
+            cid, dtype, K, V, gate, cfg, extra = case
         try:
             if family in ("chunk", "seg"):
                 varlen = extra.get("varlen", False)
@@ -215,6 +230,16 @@ def _worker_compile(jobs):
                     q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True, cu_seqlens=cu,
                     config=None if cfg is None else ChunkTrainConfig(**cfg), **kw)
                 results[f"{family}:{cid}"] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
+            elif family == "l2norm":
+                from kdagen.config import ChunkBwdConfig
+                from kdagen.ops.l2norm import l2norm_bwd_launch, l2norm_launch
+
+                plan = lower(select_spec(False, True, -5.0, False, False), K, K, dtype, "chunk")
+                x = [torch.zeros(2, 70, 1, K, dtype=getattr(torch, dtype)) for _ in range(6)]
+                r = [torch.zeros(140) for _ in range(2)]
+                fwd = l2norm_launch(build(plan, ChunkTrainConfig()).fn("qk_l2norm"), *x[:4], *r)
+                bwd = l2norm_bwd_launch(build(plan, ChunkBwdConfig()).fn("qk_l2norm_bwd"), *x[:2], *r, *x[2:])
+                results[f"{family}:{cid}"] = [report("qk_l2norm", fwd), report("qk_l2norm_bwd", bwd)]
             elif family == "recurrent_bwd":
                 varlen, vf = extra.get("varlen", False), extra.get("v_first", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
@@ -290,7 +315,7 @@ def compiled():
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
     env["PYTHONWARNINGS"] = "ignore"
     jobs = ([("chunk", c) for c in CHUNK_CASES] + [("seg", c) for c in SEG_CASES] + [("train", c) for c in TRAIN_CASES]
-            + [("schedule", c) for c in SCHEDULE_CASES]
+            + [("schedule", c) for c in SCHEDULE_CASES] + [("l2norm", c) for c in L2NORM_CASES]
             + [("recurrent", c) for c in REC_CASES] + [("recurrent_bwd", c) for c in REC_BWD_CASES])
     # two workers of similar cost: alternate the (expensive) chunk cases between them
     halves = [jobs[0::2], jobs[1::2]]
@@ -378,6 +403,18 @@ def test_training_forward_kernels_compile_for_sm90(case, compiled):
         assert intra["BK"] == min(cfg["intra_block_k"], 1 << (K - 1).bit_length())
         if "state_num_warps" in cfg:
             assert entries[1]["num_warps"] == cfg["state_num_warps"]
+
+
+@pytest.mark.parametrize("case", L2NORM_CASES, ids=[c[0] for c in L2NORM_CASES])
+def test_the_l2norm_kernels_compile_for_sm90(case, compiled):
+    cid, dtype, K = case
+    entries = compiled["l2norm:" + cid]
+    assert [e["kind"] for e in entries] == ["qk_l2norm", "qk_l2norm_bwd"], entries
+    for e in entries:
+        _check_ok(e)
+        assert e["shared_bytes"] <= SMEM_LIMIT
+        c = e["constexprs"]
+        assert c["K"] == K and c["BK"] == 1 << (K - 1).bit_length() and c["BR"] * c["BK"] == 2048
 
 
 @pytest.mark.parametrize("case", REC_CASES, ids=[c[0] for c in REC_CASES])

@@ -215,7 +215,8 @@ def test_gradients_only_for_inputs_that_require_them():
 @pytest.mark.slow
 def test_host_preprocessing_is_differentiated():
     """use_qk_l2norm_in_kernel / use_beta_sigmoid_in_kernel (with allow_neg_eigval) and an
-    explicit scale: torch ops before the Function, so autograd goes through them."""
+    explicit scale: the l2-norm's launches and the beta sigmoid's torch op before the Function,
+    with their gradients, against float64 autograd through the same maps."""
     gen = torch.Generator().manual_seed(5)
     B, T, H, HV, K, V = 1, 40, 1, 2, 32, 24
     leaves = dict(q=3 * torch.randn(B, T, H, K, generator=gen), k=2 * torch.randn(B, T, H, K, generator=gen),
@@ -389,6 +390,8 @@ COMPILE_CASES = [
     ("bf16-K96V192-free", "bfloat16", 96, 192, "free", None),
     ("bf16-K128V128-gik-lb-varlen-C64", "bfloat16", 128, 128, "gik_lb", dict(chunk_size=64)),
     ("bf16-K128V128-safe-fused-intra", "bfloat16", 128, 128, "safe", None),  # intra_split=False
+    # the reverse state pass loading G_n one chunk ahead (ChunkBwdConfig.state_prefetch), K masked
+    ("bf16-K96V192-free-prefetch", "bfloat16", 96, 192, "free", None),
 ]
 # Runs in a clean interpreter (Triton cannot compile while TRITON_INTERPRET=1, which the
 # conftest sets for this process): the ops' own launch builders, compiled for sm_90.
@@ -417,13 +420,16 @@ for cid, dtype, K, V, gate, cfg in json.loads(sys.stdin.read()):
         _, bwd, _ = chunk_kda_bwd_launches(q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V),
                                            output_final_state=True, cu_seqlens=cu,
                                            config=None if cfg is None else ChunkTrainConfig(**cfg),
-                                           bwd_config=ChunkBwdConfig(intra_split=False) if "fused" in cid else None,
+                                           bwd_config=ChunkBwdConfig(intra_split=False) if "fused" in cid else
+                                           ChunkBwdConfig(state_prefetch=True, intra_split=True) if "prefetch" in cid
+                                           else None,
                                            **kw)
         res = []
         for l in bwd:
             r = compile_for_target(l.fn, l.args, l.constexprs, GPUTarget("cuda", 90, 32), l.num_warps, l.num_stages)
             res.append(dict(name=r.name, fn=l.fn.__name__, target=r.target, shared=r.shared_bytes,
-                            BT=l.constexprs["BT"], K=l.constexprs["K"], V=l.constexprs.get("V")))
+                            BT=l.constexprs.get("BT"), K=l.constexprs["K"], V=l.constexprs.get("V"),
+                            prefetch="b_gn_next" in open(l.fn.fn.__code__.co_filename).read()))
         out[cid] = res
     except Exception as e:
         out[cid] = dict(error=f"{type(e).__name__}: {e}"[:4000])
@@ -466,3 +472,4 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
         assert 0 < r["shared"] <= SMEM_LIMIT, f"{kind}: {r['shared']} bytes of shared memory (limit {SMEM_LIMIT})"
         assert r["K"] == K and r["V"] in ((None,) if kind == "chunk_bwd_rerun" else (V,))
         assert r["BT"] == (cfg or {}).get("chunk_size", 32)
+        assert r["prefetch"] == ("prefetch" in cid and kind == "chunk_bwd_state")

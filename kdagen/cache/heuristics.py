@@ -124,9 +124,14 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     if shape and "N" in shape and "HV" in shape and plan.BV >= 32:
         if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW:
             bv, warps = 16, 4
+    # The state pass's loop pipelined three deep (half precision, K <= 128): 1.168 -> 1.070 ms at
+    # (1, 8192, 96, 128) and 1.235 -> 1.020 ms at (2, 16384, 16, 128); loading U and G_n a chunk ahead
+    # by hand (state_prefetch) gains alone 0 / 7% and loses with three stages (1.392 / 1.046 ms)
+    # (bench/RESULTS.md, run 76).
+    stages = 3 if plan.dtype in ("bfloat16", "float16") and plan.K <= 128 else 2
     return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
-        state_block_v=bv, state_num_warps=warps, state_num_stages=2,
+        state_block_v=bv, state_num_warps=warps, state_num_stages=stages,
     )
 
 
@@ -184,11 +189,18 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
     # 1.27 -> 0.43 and 2.80 -> 0.69 + 1.72; bench/RESULTS.md, runs 70-71).  fp32 and K > 128: unmeasured,
     # the fused launch and 4 warps stay; so do chunks of four sub-tiles (C=64: the split is slower
     # there, 3.29 + 5.97 ms at the first shape, and gave non-finite gradients on the H200, run 73-75).
+    #
+    # The reverse state pass loads G_n one chunk ahead and its loop is pipelined three deep (half
+    # precision, K <= 128): 0.910 -> 0.817 ms (BV=64) at (1, 8192, 96, 128) and 1.216 -> 0.941 ms
+    # (BV=16) at (2, 16384, 16, 128); three stages alone 0.879 / 1.020, the prefetch alone 0.824 / 1.134
+    # (bench/RESULTS.md, run 76).
     half = plan.dtype in ("bfloat16", "float16") and plan.K <= 128
     state_bv, dqkw_bk, dqkw_bv = min(32, plan.BV), min(64, plan.BK), min(32, plan.BV)
+    state = dict(state_num_stages=2)
     intra = dict(intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4)
     rerun_warps = 4
     if half:
+        state = dict(state_num_stages=3, state_prefetch=True)
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
         if shape and "N" in shape and "HV" in shape:
             state_bv = min(16 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
@@ -196,7 +208,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
             intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
             rerun_warps = 2
     return ChunkBwdConfig(
-        chunk_size=chunking[0], sub_chunk=chunking[1], state_block_v=state_bv, state_num_warps=4, state_num_stages=2,
+        chunk_size=chunking[0], sub_chunk=chunking[1], state_block_v=state_bv, state_num_warps=4, **state,
         dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
         intra_num_stages=2, rerun_block_k=min(64, plan.BK), rerun_num_warps=rerun_warps, **intra,
         state_dtype="fp32" if plan.dtype == "float16" else "input",

@@ -41,6 +41,9 @@ TEMPLATES = {
     "chunk_bwd_wy": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
     # recompute mode's stage 0: qg, kg, W and G_n from the forward's kept A_qk and T
     "chunk_bwd_rerun": ("chunk_bwd_rerun.py.j2", ChunkBwdConfig),
+    # a training call's l2-norm of q and k (use_qk_l2norm_in_kernel) and its backward (kdagen/ops/l2norm.py)
+    "qk_l2norm": ("qk_l2norm.py.j2", ChunkTrainConfig),
+    "qk_l2norm_bwd": ("qk_l2norm.py.j2", ChunkBwdConfig),
 }
 # a kernel whose template for one structure shares too little with the others' to be a branch
 # of theirs: (kernel, plan.structure) -> template (same config family)
@@ -50,9 +53,9 @@ STRUCTURE_TEMPLATES = {
 # the kernels of each config family, in launch order
 FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass",
                                  "chunk_schedule"),
-                  "chunk_train": ("chunk_intra", "chunk_state"),
+                  "chunk_train": ("chunk_intra", "chunk_state", "qk_l2norm"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "chunk_bwd_wy",
-                                "chunk_bwd_rerun"),
+                                "chunk_bwd_rerun", "qk_l2norm_bwd"),
                   "recurrent": ("recurrent",),
                   "recurrent_bwd": ("recurrent_bwd",)}
 # the launches that stand in for a kernel's launch when a config asks for them (the tuner times
@@ -62,7 +65,7 @@ REPLACES = {"chunk_seg_state": "chunk_pass", "chunk_seg_combine": "chunk_pass", 
 # the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
 # kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
 DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
-                "recurrent_bwd")
+                "recurrent_bwd", "qk_l2norm", "qk_l2norm_bwd")  # (the l2-norm reads no plan field)
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 # launches that only some (plan, config) pairs run (family_kernels leaves them out of the others)
@@ -136,6 +139,9 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v.update(_forward_vars(kernel, plan, config))
     elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd", "chunk_seg_state", "chunk_seg_combine"):
         v["k_mask"] = plan.K != plan.BK  # one program holds a whole K row
+        if kernel in ("chunk_state", "chunk_bwd_state"):
+            # the next chunk's element-wise operands loaded one iteration ahead (U and G_n; G_n)
+            v["prefetch"] = config.state_prefetch
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)
@@ -170,6 +176,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v.update(n_sub=config.chunk_size // config.sub_chunk, sub=config.sub_chunk, g_floor=repr(G_FLOOR),
                  gw="BK" if plan.decay == "channel" else "1",
                  k_mask=plan.K % min(config.rerun_block_k, plan.BK) != 0)
+    elif kernel in ("qk_l2norm", "qk_l2norm_bwd"):
+        v["part"] = "fwd" if kernel == "qk_l2norm" else "bwd"
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
     return v

@@ -27,6 +27,7 @@ from . import chunk_bwd as bwd
 from . import checks
 from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
+from .l2norm import qk_l2norm
 from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
                      preprocess, select_spec, state_layout)
 from .traced import chunk_kda_traced
@@ -59,7 +60,8 @@ class _Call:
     scale: float
     cu_seqlens: torch.Tensor | None
     state_dtype: str  # of the initial state (float32 without one): part of the tuned winners' key
-    # FLA's in-kernel flags, for the inference kernels (a training call applied them as torch ops)
+    # FLA's in-kernel flags, for the inference kernels (a training call applied them as torch ops,
+    # or with l2norm set, the l2-norm in launches of its own before the forward's: _train)
     l2norm: bool = False
     beta_sigmoid: bool = False
     beta_scale: float = 1.0
@@ -77,10 +79,11 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
              allow_neg_eigval=False, safe_gate=False, lower_bound=None,
              in_kernel: bool = True, cu_seqlens_cpu=None, state_v_first: bool = False,
-             sync_seqlens: bool | None = None) -> tuple[_Call, dict]:
+             sync_seqlens: bool | None = None, l2norm_launch: bool = False) -> tuple[_Call, dict]:
     """Validate the arguments and choose the spec and plan: the call and its contiguous inputs by
     name.  ``in_kernel``: the l2-norm and beta sigmoid are left to the kernels (the inference
-    forward); otherwise they are applied here as torch ops, which autograd differentiates.
+    forward); otherwise they are applied here as torch ops, which autograd differentiates --
+    except the l2-norm with ``l2norm_launch`` (a training call: its own launches, :func:`_train`).
     ``sync_seqlens``: read a device cu_seqlens back to the host (default: for a training call,
     whose backward needs the lengths; an inference call builds its schedule on the device)."""
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -94,7 +97,10 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
         flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
                      beta_scale=2.0 if allow_neg_eigval else 1.0)
     else:
-        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        deferred = use_qk_l2norm_in_kernel and l2norm_launch
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel and not deferred, use_beta_sigmoid_in_kernel,
+                                allow_neg_eigval)
+        flags = dict(l2norm=deferred)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
     x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
@@ -158,6 +164,17 @@ def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_confi
         state_v_first=call.state_v_first, a=x.get("a"), b=x.get("b"),
         store_t=bwd_config.reruns_from_saved(call.plan))
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
+
+
+def _train(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig, output_final_state: bool):
+    """A training call's forward with autograd: the l2-norm of q and k first when ``call.l2norm``
+    (:mod:`.l2norm`, its kernels from the training forward's and the backward's families), then
+    :class:`_ChunkKDAFunction`."""
+    q, k = x["q"], x["k"]
+    if call.l2norm:
+        q, k = qk_l2norm(q, k, build(call.plan, config).fn("qk_l2norm"), build(call.plan, bwd_config).fn("qk_l2norm_bwd"))
+    return _ChunkKDAFunction.apply(q, k, x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"], x["dt_bias"],
+                                   None, None, (call, config, bwd_config, output_final_state))
 
 
 class _ChunkKDAFunction(torch.autograd.Function):
@@ -313,7 +330,7 @@ def chunk_kda(
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
                        in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
-                       sync_seqlens=training or return_intermediate_states)
+                       sync_seqlens=training or return_intermediate_states, l2norm_launch=True)
     if checks.wanted(check_inputs):
         checks.check_values("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                             cu_seqlens=cu_seqlens, gate_bound=checks.promised_bound(safe_gate, lower_bound,
@@ -325,8 +342,7 @@ def chunk_kda(
             "backward; call it under torch.no_grad() / torch.inference_mode() or detach the inputs")
     config, bwd_config = _configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
-        return _ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
-                                       x["dt_bias"], None, None, (call, config, bwd_config, output_final_state))
+        return _train(call, x, config, bwd_config, output_final_state)
     launches, (o, ht, hs) = _forward_launches(call, x, config, output_final_state, return_intermediate_states)
     for launch in launches:
         launch()

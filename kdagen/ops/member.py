@@ -154,13 +154,12 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
         use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
         use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
         state_v_first=state_v_first, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, check_inputs=check_inputs,
-        op=op, sync_seqlens=None if not return_intermediate_states else True)
+        op=op, sync_seqlens=None if not return_intermediate_states else True, l2norm_launch=True)
     if training and return_intermediate_states:
         raise ValueError(f"{op}: return_intermediate_states=True is inference-only and has no backward")
     config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
-        return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"],
-                                         x["dt_bias"], None, None, (call, config, bwd_config, output_final_state))
+        return C._train(call, x, config, bwd_config, output_final_state)
     launches, (o, ht, hs) = C._forward_launches(call, x, config, output_final_state, return_intermediate_states)
     for launch in launches:
         launch()
@@ -172,12 +171,13 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
 def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
                    use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
                    allow_neg_eigval=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
-                   check_inputs=None, op="chunk_member", training=None, sync_seqlens=None):
+                   check_inputs=None, op="chunk_member", training=None, sync_seqlens=None, l2norm_launch=False):
     """Validate a chunk call of ``spec`` and plan it: ``(call, inputs by name, training)``.
     ``training`` None: whether some input requires grad (then the l2-norm and beta sigmoid are
     torch ops here, which autograd differentiates; else the inference kernels apply them).
     ``sync_seqlens``: read a device cu_seqlens back (default: when training; an inference call
-    builds its chunk schedule on the device)."""
+    builds its chunk schedule on the device).  ``l2norm_launch``: a training call leaves the l2-norm
+    to launches of its own (``call.l2norm``, :func:`.chunk._train`)."""
     from . import chunk as C
 
     _refuse_dplr(op, spec)
@@ -196,7 +196,10 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias)
     flags = {}
     if training:
-        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        deferred = use_qk_l2norm_in_kernel and l2norm_launch
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel and not deferred, use_beta_sigmoid_in_kernel,
+                                allow_neg_eigval)
+        flags = dict(l2norm=deferred)
     else:
         check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
         flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
