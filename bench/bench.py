@@ -324,13 +324,13 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
                     x, do, dht)
         for n, a, r in zip(GRAD_NAMES, kd, ref):
             row[f"kdagen_d{n}"] = rel(a, r)
-        for prec in DIAG_CHECKS:  # the factorised diagonal's operands in fp32
+        for prec, fwd_prec, bwd_prec in DIAG_CHECKS:  # the factorised diagonal's operands in fp32
             from kdagen.ops.chunk import chunk_bwd_config
             try:
-                with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(diag_precision=prec)):
+                with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(diag_precision=bwd_prec)):
                     kp = _grads(lambda d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True,
                                                            lower_bound=LOWER,
-                                                           config=train_config_for(B, T, H, K, diag_precision=prec)),
+                                                           config=train_config_for(B, T, H, K, diag_precision=fwd_prec)),
                                 x, do, dht)
                 for n, a, r in zip(GRAD_NAMES, kp, ref):
                     row[f"kdagen_diag_{prec}_d{n}"] = rel(a, r)
@@ -350,35 +350,30 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
 
 
 BWD_VARIANTS = [
-    # (runs 9-73 measured the state, dqkw and intra tiles, the split, the re-run and C=64: bench/RESULTS.md;
-    # C=64 with the new paths faulted in run 73, so it is launch_fault.py's, not this list's)
-    # the reverse state pass: G_n loaded one chunk ahead, and a deeper pipeline
-    ("st_pf", dict(state_prefetch=True)),
-    ("st_s3", dict(state_num_stages=3)),
-    ("st_pf_s3", dict(state_prefetch=True, state_num_stages=3)),
-    ("st_bv32_pf", dict(state_block_v=32, state_prefetch=True)),
-    # the training forward's state pass (its launches timed with the backward's): U and G_n one chunk ahead
+    # (runs 9-76 measured the state, dqkw and intra tiles, the split, the re-run, C=64 and the state passes'
+    # prefetch: bench/RESULTS.md; C=64 with the new paths faulted in run 73, so it is launch_fault.py's)
+    ("st_s4", dict(state_num_stages=4)),
+    ("rerun_w1", dict(rerun_num_warps=1)),
+    # the training forward's launches (timed with the backward's): its intra launch's tiles, and the state pass
     ("tr_default", dict(train={})),
-    ("tr_pf", dict(train=dict(state_prefetch=True))),
-    ("tr_s3", dict(train=dict(state_num_stages=3))),
-    ("tr_pf_s3", dict(train=dict(state_prefetch=True, state_num_stages=3))),
-    ("tr_bv32w2_pf", dict(train=dict(state_block_v=32, state_num_warps=2, state_prefetch=True))),
-    ("tr_bv32w4_pf", dict(train=dict(state_block_v=32, state_num_warps=4, state_prefetch=True))),
-    ("tr_bv64w4_pf", dict(train=dict(state_block_v=64, state_num_warps=4, state_prefetch=True))),
+    ("tr_state_s4", dict(train=dict(state_num_stages=4))),
+    ("tr_intra_w8", dict(train=dict(intra_num_warps=8))),
+    ("tr_intra_s1", dict(train=dict(intra_num_stages=1))),
+    ("tr_intra_bk64", dict(train=dict(intra_block_k=64))),
+    ("tr_intra_cumsum_dot", dict(train=dict(cumsum="dot"))),
 ]
 # whole forward+backward runs under a changed backward config, in the same process as the default's
 WHOLE_VARIANTS = [
-    # run 69's intra launch (one fused launch on 4 warps, 32-wide V tiles) and the re-run on 4 warps
-    ("fused_intra", dict(intra_split=False, intra_num_warps=4, intra_block_v=32, rerun_num_warps=4)),
-    # the factorised diagonal's operands in fp32 (tf32 / ieee dots), training forward and backward: the
-    # bf16 emulation's fix for dg's and dv's errors (tests/test_bf16_emulated.py); its cost here
+    # (run 76: run 69's fused intra launch +0.9 ms, diag_precision="ieee" +3.5 / +2.3 ms; the state passes'
+    # prefetch is the default since)
+    # the factorised diagonal's operands in fp32 on tf32 dots (run 76: +1.0 / +0.65 ms with both; dg's error
+    # 1.35x -> 1.06x FLA's): in the training forward and the backward, or in one of them
     ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
-    ("diag_ieee", dict(diag_precision="ieee", train=dict(diag_precision="ieee"))),
-    # both state passes loading their element-wise operands one chunk ahead
-    ("state_prefetch", dict(state_prefetch=True, train=dict(state_prefetch=True))),
+    ("diag_bwd_tf32", dict(diag_precision="tf32", train={})),
+    ("diag_fwd_tf32", dict(train=dict(diag_precision="tf32"))),
 ]
-# the same precisions' gradient errors (bwd_check rows)
-DIAG_CHECKS = ("tf32", "ieee")
+# the same precisions' gradient errors (bwd_check rows): (name, training forward's, backward's)
+DIAG_CHECKS = (("tf32", "tf32", "tf32"), ("bwd_tf32", "input", "tf32"), ("fwd_tf32", "tf32", "input"))
 
 
 def train_config_for(B, T, H, K, **kw):
@@ -431,7 +426,7 @@ def bwd_breakdown(x, do, dht, variants=()):
     return out
 
 
-def time_fwd_bwd(fchunk, shapes, variants=()):
+def time_fwd_bwd(fchunk, shapes, variants=(), whole=WHOLE_VARIANTS):
     log("\n== chunkwise forward+backward timing (bf16, safe gate -5, grads of q,k,v,g,beta,h0) ==")
     for (B, T, H, K) in shapes:
         x = inputs(B, T, H, K, K)
@@ -464,7 +459,7 @@ def time_fwd_bwd(fchunk, shapes, variants=()):
                 row["kdagen_stored_peak_gib"] = peak_gib(kd)
         except Exception as e:  # noqa: BLE001
             row["kdagen_stored_ms"] = f"error {type(e).__name__}: {str(e)[:200]}"
-        for name, kwcfg in WHOLE_VARIANTS:
+        for name, kwcfg in whole:
             try:
                 from kdagen.ops.chunk import chunk_bwd_config
                 kwcfg = dict(kwcfg)
@@ -622,11 +617,11 @@ def main():
                        CHUNK_VARIANTS if "variants" in suite else [])
         if "bwd_check" in suite:  # K = V = 128 first: its autotuning is shared with the timing below
             check_bwd(fchunk, BWD_CHECK_CASES[:1])
-        if "fwdbwd" in suite:
-            time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)],
-                         BWD_VARIANTS if "bwd_variants" in suite else ())
         if "layer" in suite:
             time_layer(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)])
+        if "fwdbwd" in suite:
+            time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)],
+                         BWD_VARIANTS if "bwd_variants" in suite else (), WHOLE_VARIANTS if "whole" in suite else ())
         if "bwd_check" in suite:
             check_bwd(fchunk, BWD_CHECK_CASES[1:])
         if "decode" in suite:

@@ -34,7 +34,7 @@ start=$(date +%s)
 case "${1:-}" in
   bench)
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" --no-fla \
-        --suite fwdbwd,bwd_variants,bwd_check,layer --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+        --suite fwdbwd,whole,bwd_variants,bwd_check,layer --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
   fla)
     # compile FLA's autotuning candidates in parallel first (bench/fla_warm.py); at most a third
     # of the budget, the rest for the measuring process
@@ -42,7 +42,7 @@ case "${1:-}" in
     echo "fla_warm rc=$? after $(( $(date +%s) - start ))s" >> "$OUT/fla_warm.log"
     budget=$(( budget - ($(date +%s) - start) ))
     timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" \
-        --suite fwd,fwdbwd,layer,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+        --suite fwd,fwdbwd,whole,layer,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
   build)
     timeout -k 10 -s INT "$budget" python3 -m kdagen.cli build --gpu auto --head-dim 128 --jobs 16 \
         > "$OUT/build.log" 2>&1

@@ -166,4 +166,4 @@ def test_chunks_of_four_sub_tiles_take_neither():
     cfg = default_config("chunk_bwd", kda, None, Train(chunk_size=64))
     assert (cfg.chunk_size, cfg.intra_split, cfg.intra_num_warps, cfg.rerun_num_warps) == (64, False, 4, 4)
     cfg32 = default_config("chunk_bwd", kda, None, Train())
-    assert (cfg32.chunk_size, cfg32.intra_split, cfg32.intra_num_warps, cfg32.rerun_num_warps) == (32, True, 2, 2)
+    assert (cfg32.chunk_size, cfg32.intra_split, cfg32.intra_num_warps, cfg32.rerun_num_warps) == (32, True, 2, 1)
