@@ -350,17 +350,11 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
 
 
 BWD_VARIANTS = [
-    # (runs 9-76 measured the state, dqkw and intra tiles, the split, the re-run, C=64 and the state passes'
-    # prefetch: bench/RESULTS.md; C=64 with the new paths faulted in run 73, so it is launch_fault.py's)
-    ("st_s4", dict(state_num_stages=4)),
-    ("rerun_w1", dict(rerun_num_warps=1)),
-    # the training forward's launches (timed with the backward's): its intra launch's tiles, and the state pass
-    ("tr_default", dict(train={})),
-    ("tr_state_s4", dict(train=dict(state_num_stages=4))),
-    ("tr_intra_w8", dict(train=dict(intra_num_warps=8))),
-    ("tr_intra_s1", dict(train=dict(intra_num_stages=1))),
-    ("tr_intra_bk64", dict(train=dict(intra_block_k=64))),
-    ("tr_intra_cumsum_dot", dict(train=dict(cumsum="dot"))),
+    # (runs 9-80 measured the state, dqkw, re-run and intra tiles and stages, the split, C=64, the state
+    # passes' prefetch and stages and the training forward's intra tiles: bench/RESULTS.md; C=64 with the new
+    # paths faulted in run 73, so it is launch_fault.py's)
+    ("st_bv32", dict(state_block_v=32)),
+    ("intra_bk16", dict(intra_block_k=16)),
 ]
 # whole forward+backward runs under a changed backward config, in the same process as the default's
 WHOLE_VARIANTS = [
