@@ -5,8 +5,9 @@ A call is validated once (:func:`_prepare`).  An inference call runs the two lau
 :mod:`kdagen.ops.chunk_fwd`, which compute the l2-norm, the gate and the beta sigmoid of
 FLA's in-kernel flags inside the kernels.  A training call (some input requires grad) runs the
 forward of :mod:`kdagen.ops.chunk_train`, which also keeps what the backward
-(:mod:`kdagen.ops.chunk_bwd`) reads; its l2-norm and beta sigmoid run as torch ops, which
-autograd differentiates.  Configs are resolved together (:func:`_configs`: the caller's, a
+(:mod:`kdagen.ops.chunk_bwd`) reads; its l2-norm runs in launches of its own before the forward's
+(:mod:`kdagen.ops.l2norm`, with their backward) and its beta sigmoid as a torch op, which autograd
+differentiates.  Configs are resolved together (:func:`_configs`: the caller's, a
 ``chunk_bwd_config`` block's, the tuned winner for this GPU and shape, or the heuristic).
 None of those modules imports this one.
 """

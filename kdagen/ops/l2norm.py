@@ -5,8 +5,8 @@ those factors and the gradients of the normalised tensors.  Numerically it is
 ``torch.nn.functional.normalize(x.float(), dim=-1).to(x.dtype)`` (1 / max(|x|, 1e-12), float32
 math), in one read and one write of each tensor where the torch ops make several passes.
 
-The inference kernels apply the l2-norm themselves; a traced call (torch.compile) keeps the
-torch ops, which the compiler fuses."""
+The inference kernels apply the l2-norm themselves; a traced call (torch.compile) runs these
+launches inside registered ops (:mod:`.library`), so that its bits are the eager call's."""
 from __future__ import annotations
 
 import torch
@@ -41,17 +41,34 @@ def l2norm_bwd_launch(fn, q, k, rq, rk, dqn, dkn, dq, dk) -> Launch:
                   dict(K=K, BK=BK, BR=BR), NUM_WARPS, 1)
 
 
+def normalise(q, k, fwd_fn):
+    """Run the forward launch: ``(qn, kn, rq, rk)`` for contiguous q and k of one shape."""
+    R = q.numel() // q.shape[-1]
+    qn, kn = torch.empty_like(q), torch.empty_like(k)
+    rq = torch.empty(R, dtype=torch.float32, device=q.device)
+    rk = torch.empty_like(rq)
+    if R:
+        l2norm_launch(fwd_fn, q, k, qn, kn, rq, rk)()
+    return qn, kn, rq, rk
+
+
+def normalise_bwd(q, k, rq, rk, dqn, dkn, bwd_fn):
+    """Run the backward launch: ``(dq, dk)``; a missing upstream gradient counts as zeros."""
+    dqn = torch.zeros_like(q) if dqn is None else dqn.contiguous()
+    dkn = torch.zeros_like(k) if dkn is None else dkn.contiguous()
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    if rq.numel():
+        l2norm_bwd_launch(bwd_fn, q, k, rq, rk, dqn, dkn, dq, dk)()
+    return dq, dk
+
+
 class QKL2Norm(torch.autograd.Function):
-    """``(q / |q|, k / |k|)`` with gradients; q and k contiguous, of one shape [..., K]."""
+    """``(q / |q|, k / |k|)`` with gradients; q and k contiguous, of one shape [..., K].  (Under
+    torch.compile the same launches run inside registered ops: :mod:`.library`.)"""
 
     @staticmethod
     def forward(ctx, q, k, fwd_fn, bwd_fn):
-        R = q.numel() // q.shape[-1]
-        qn, kn = torch.empty_like(q), torch.empty_like(k)
-        rq = torch.empty(R, dtype=torch.float32, device=q.device)
-        rk = torch.empty_like(rq)
-        if R:
-            l2norm_launch(fwd_fn, q, k, qn, kn, rq, rk)()
+        qn, kn, rq, rk = normalise(q, k, fwd_fn)
         ctx.save_for_backward(q, k, rq, rk)
         ctx.bwd_fn = bwd_fn
         return qn, kn
@@ -60,11 +77,7 @@ class QKL2Norm(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dqn, dkn):
         q, k, rq, rk = ctx.saved_tensors
-        dqn = torch.zeros_like(q) if dqn is None else dqn.contiguous()
-        dkn = torch.zeros_like(k) if dkn is None else dkn.contiguous()
-        dq, dk = torch.empty_like(q), torch.empty_like(k)
-        if rq.numel():
-            l2norm_bwd_launch(ctx.bwd_fn, q, k, rq, rk, dqn, dkn, dq, dk)()
+        dq, dk = normalise_bwd(q, k, rq, rk, dqn, dkn, ctx.bwd_fn)
         return (dq if ctx.needs_input_grad[0] else None), (dk if ctx.needs_input_grad[1] else None), None, None
 
 

@@ -20,6 +20,8 @@ The ops (namespace: the top-level package, ``kdagen`` here, the package's name i
 - ``chunk_kda_train``: the training forward; returns o, the final state and what the backward
   reads (the per-chunk states, V' and, when the config stores them, the intra intermediates).
   Its autograd formula calls ``chunk_kda_bwd``.
+- ``chunk_kda_l2norm``: a training call's l2-norm of q and k (``use_qk_l2norm_in_kernel``), the
+  eager call's launches; its autograd formula calls ``chunk_kda_l2norm_bwd``.
 - ``fused_recurrent_kda``: decode; mutates a state pool (``ssm_state_indices``) and ``out``.
 
 What a compiled call cannot do is in :mod:`.traced`.
@@ -31,9 +33,10 @@ import torch
 from torch import Tensor
 
 from ..cache.lookup import resolve
-from ..kernels import _DUMMY, dummy_pointer
+from ..kernels import _DUMMY, build, dummy_pointer
 from . import chunk_bwd as B
 from .chunk import _configs, _prepare, _training_launches, chunk_kda
+from .l2norm import normalise, normalise_bwd
 from .inputs import state_shape
 from .recurrent import fused_recurrent_kda
 from .traced import NAMESPACE, OPS
@@ -224,6 +227,80 @@ def _backward(ctx, do, dht, *_):
 chunk_kda_train.register_autograd(_backward, setup_context=_setup_context)
 
 
+# --- chunk_kda: a training call's l2-norm of q and k (use_qk_l2norm_in_kernel) -------------
+# The eager call's launches (kdagen.ops.l2norm), from the kernels of the call's own plan and configs:
+# the same bits compiled or not.  The other inputs only resolve the plan (not differentiated here).
+
+def _l2norm_kernels(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate,
+                    lower_bound, chunk_size, state_v_first, disable_recompute):
+    call, _, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
+                                         safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute)
+    return build(call.plan, train).fn("qk_l2norm"), build(call.plan, bwd).fn("qk_l2norm_bwd")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_kda_l2norm", mutates_args=())
+def chunk_kda_l2norm(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, initial_state: Optional[Tensor],
+                     A_log: Optional[Tensor], dt_bias: Optional[Tensor], scale: Optional[float],
+                     use_gate_in_kernel: bool, safe_gate: bool, lower_bound: Optional[float],
+                     chunk_size: Optional[int], state_v_first: bool,
+                     disable_recompute: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(q / |q|, k / |k|, and each row's 1 / |x| of q and of k, float32, for the backward)."""
+    fwd, _ = _l2norm_kernels(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate,
+                             lower_bound, chunk_size, state_v_first, disable_recompute)
+    return normalise(q.contiguous(), k.contiguous(), fwd)
+
+
+@chunk_kda_l2norm.register_fake
+def _(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate, lower_bound,
+      chunk_size, state_v_first, disable_recompute):
+    rows = q.numel() // q.shape[-1]
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            q.new_empty((rows,), dtype=torch.float32), q.new_empty((rows,), dtype=torch.float32))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::chunk_kda_l2norm_bwd", mutates_args=())
+def chunk_kda_l2norm_bwd(q: Tensor, k: Tensor, rq: Tensor, rk: Tensor, dqn: Tensor, dkn: Tensor, v: Tensor, g: Tensor,
+                         beta: Tensor, initial_state: Optional[Tensor], A_log: Optional[Tensor],
+                         dt_bias: Optional[Tensor], scale: Optional[float], use_gate_in_kernel: bool, safe_gate: bool,
+                         lower_bound: Optional[float], chunk_size: Optional[int], state_v_first: bool,
+                         disable_recompute: bool) -> tuple[Tensor, Tensor]:
+    _, bwd = _l2norm_kernels(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate,
+                             lower_bound, chunk_size, state_v_first, disable_recompute)
+    return normalise_bwd(q.contiguous(), k.contiguous(), rq, rk, dqn, dkn, bwd)
+
+
+@chunk_kda_l2norm_bwd.register_fake
+def _(q, k, rq, rk, dqn, dkn, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel, safe_gate,
+      lower_bound, chunk_size, state_v_first, disable_recompute):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format))
+
+
+_L2NORM_ARGS = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias", "scale", "use_gate_in_kernel",
+                "safe_gate", "lower_bound", "chunk_size", "state_v_first", "disable_recompute")
+
+
+def _l2norm_setup_context(ctx, inputs, output):
+    args = dict(zip(_L2NORM_ARGS, inputs))
+    rest = ("v", "g", "beta", "initial_state", "A_log", "dt_bias")
+    ctx.present = tuple(args[n] is not None for n in rest)
+    ctx.save_for_backward(args["q"], args["k"], output[2], output[3], *(args[n] for n in rest if args[n] is not None))
+    ctx.flags = tuple(args[n] for n in _L2NORM_ARGS[8:])
+    ctx.mark_non_differentiable(output[2], output[3])
+
+
+def _l2norm_backward(ctx, dqn, dkn, *_):
+    q, k, rq, rk, *saved = ctx.saved_tensors
+    rest = [saved.pop(0) if p else None for p in ctx.present]
+    dq, dk = chunk_kda_l2norm_bwd._opoverload(q, k, rq, rk, dqn, dkn, *rest, *ctx.flags)
+    return (dq if ctx.needs_input_grad[0] else None, dk if ctx.needs_input_grad[1] else None) + \
+        (None,) * (len(_L2NORM_ARGS) - 2)
+
+
+chunk_kda_l2norm.register_autograd(_l2norm_backward, setup_context=_l2norm_setup_context)
+
+
 # --- fused_recurrent_kda ----------------------------------------------------------------
 
 @torch.library.custom_op(f"{NAMESPACE}::fused_recurrent_kda", mutates_args=("initial_state", "out"))
@@ -257,4 +334,5 @@ def _(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state
 
 
 OPS.update(chunk_kda_infer=chunk_kda_infer._opoverload, chunk_kda_train=chunk_kda_train._opoverload,
+           chunk_kda_l2norm=chunk_kda_l2norm._opoverload,
            fused_recurrent_kda=fused_recurrent_kda_op._opoverload)

@@ -45,7 +45,10 @@ def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_sta
     if cu_seqlens_cpu is not None and not isinstance(cu_seqlens_cpu, torch.Tensor):
         cu_seqlens_cpu = torch.tensor(cu_seqlens_cpu, dtype=torch.int64)
     if training:
-        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        if use_qk_l2norm_in_kernel:  # the eager call's l2-norm launches, in an op of their own
+            q, k = _op("chunk_kda_l2norm")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
+                                         safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute)[:2]
+        q, k, beta = preprocess(q, k, beta, False, use_beta_sigmoid_in_kernel, allow_neg_eigval)
         out = _op("chunk_kda_train")(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, output_final_state,
                                   use_gate_in_kernel, safe_gate, lower_bound, chunk_size, state_v_first,
                                   disable_recompute)
