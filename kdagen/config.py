@@ -78,8 +78,9 @@ def _pow2(x: int) -> bool:
 INVERSE_PRECISIONS = ("bf16", "tf32", "ieee")  # operands of the forward solve's (I + A)^-1 products
 FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward solve's A products
 # operands of the training path's factorised diagonal sub-tile products (exp(G_i - a) and exp(a - G_j)
-# factors): the input dtype, or fp32 on tf32 / ieee dots
-DIAG_PRECISIONS = ("input", "tf32", "ieee")
+# factors): the input dtype, or fp32 on tf32 / ieee dots; "split": the input dtype, and in the backward's
+# dq/dk/dg launch the upstream gradient tiles as two input-dtype operands (hi + lo: a second dot each)
+DIAG_PRECISIONS = ("input", "tf32", "ieee", "split")
 READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)
 # the widest state row (BK) the sequence-parallel state pass takes (ChunkFwdConfig.state_segment_chunks):
 # its chaining launch holds a segment's K x K transition in one float32 tile (BK=256 would be 256 KiB)

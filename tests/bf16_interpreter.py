@@ -14,9 +14,10 @@ not model: bf16 storage of inputs, intermediates and outputs (they stay float32 
 
     python tests/bf16_interpreter.py CASE [CASE ...]     # prints {case: {output: rel. error}}
 
-CASE is name:B,T,H,HV,K,V[:free][:ieee] (free: the unbounded plan, element-wise diagonals; ieee:
+CASE is name:B,T,H,HV,K,V[:free][:ieee|:split] (free: the unbounded plan, element-wise diagonals; ieee:
 diag_precision="ieee", the factorised diagonal's operands in fp32 -- tf32's operand rounding is not
-emulated).
+emulated; split: diag_precision="split", bf16 operands with the backward's upstream diagonal tiles
+as hi + lo).
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def install() -> None:
         if plan.dtype != "float32":
             raise ValueError("the bf16 emulation renders float32 plans")
         v["dot_dtype"], v["dot_kw"] = MARKER, ""
-        if "diag_dtype" in v and (plan.diag_mode != "factorised" or config.diag_precision == "input"):
+        if "diag_dtype" in v and (plan.diag_mode != "factorised" or config.diag_precision in ("input", "split")):
             v["diag_dtype"], v["diag_kw"] = MARKER, ""  # the diagonal in bf16 too, as on the GPU by default
         # (diag_precision tf32 / ieee: the factorised diagonal's operands stay fp32, ieee dots)
         return v
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> None:
     result = {}
     for arg in argv:
         name, dims, *flags = arg.split(":")
-        diag = next((f for f in flags if f in ("tf32", "ieee")), "input")
+        diag = next((f for f in flags if f in ("tf32", "ieee", "split")), "input")
         result[name] = errors(*(int(d) for d in dims.split(",")), free="free" in flags, diag=diag)
     print(json.dumps(result))
 

@@ -15,6 +15,8 @@ the heuristic for half precision; its fp32 cases the fused launch).
 """
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -167,3 +169,18 @@ def test_chunks_of_four_sub_tiles_take_neither():
     assert (cfg.chunk_size, cfg.intra_split, cfg.intra_num_warps, cfg.rerun_num_warps) == (64, False, 4, 4)
     cfg32 = default_config("chunk_bwd", kda, None, Train())
     assert (cfg32.chunk_size, cfg32.intra_split, cfg32.intra_num_warps, cfg32.rerun_num_warps) == (32, True, 2, 1)
+
+
+
+def test_split_diagonal_precision_adds_exact_zeros_in_fp32():
+    """diag_precision="split" (the backward's upstream diagonal tiles as hi + lo in the dot dtype) runs
+    its extra products in the dq/dk/dg launch only; with fp32 inputs the low parts are exactly zero, so
+    every gradient equals the default's bit for bit (its effect on bf16: tests/test_bf16_emulated.py)."""
+    kinds, base = _run(_kda(F32, 32, 32, "safe", ChunkBwdConfig(intra_split=True)))
+    launches = _kda(F32, 32, 32, "safe", ChunkBwdConfig(intra_split=True, diag_precision="split"))
+    source = {ln.kernel: open(inspect.getsourcefile(ln.fn.fn)).read() for ln in launches[1]}
+    assert "b_dQl" in source["chunk_bwd_intra"] and "b_dQl" not in source["chunk_bwd_wy"]
+    split_kinds, split = _run(launches)
+    assert split_kinds == kinds and set(split) == set(base)
+    for n in base:
+        assert torch.equal(base[n], split[n]), n

@@ -385,13 +385,16 @@ def test_intermediate_states_with_grad_is_refused(no_launch):
 SMEM_LIMIT = 232448  # H100/H200: largest dynamic shared memory per block
 REPO = Path(__file__).resolve().parent.parent
 COMPILE_CASES = [
-    # id, dtype, K, V, gate, forward config overrides
-    ("bf16-K128V128-safe", "bfloat16", 128, 128, "safe", None),
-    ("bf16-K96V192-free", "bfloat16", 96, 192, "free", None),
-    ("bf16-K128V128-gik-lb-varlen-C64", "bfloat16", 128, 128, "gik_lb", dict(chunk_size=64)),
-    ("bf16-K128V128-safe-fused-intra", "bfloat16", 128, 128, "safe", None),  # intra_split=False
+    # id, dtype, K, V, gate, forward config overrides, backward config (None: the heuristic's)
+    ("bf16-K128V128-safe", "bfloat16", 128, 128, "safe", None, None),
+    ("bf16-K96V192-free", "bfloat16", 96, 192, "free", None, None),
+    ("bf16-K128V128-gik-lb-varlen-C64", "bfloat16", 128, 128, "gik_lb", dict(chunk_size=64), None),
+    ("bf16-K128V128-safe-fused-intra", "bfloat16", 128, 128, "safe", None, dict(intra_split=False)),
     # the reverse state pass loading G_n one chunk ahead (ChunkBwdConfig.state_prefetch), K masked
-    ("bf16-K96V192-free-prefetch", "bfloat16", 96, 192, "free", None),
+    ("bf16-K96V192-free-prefetch", "bfloat16", 96, 192, "free", None, dict(state_prefetch=True, intra_split=True)),
+    # the upstream diagonal tiles as hi + lo in the dq/dk/dg launch (diag_precision="split")
+    ("bf16-K128V128-safe-diag-split", "bfloat16", 128, 128, "safe", None,
+     dict(diag_precision="split", intra_split=True, state_prefetch=True)),
 ]
 # Runs in a clean interpreter (Triton cannot compile while TRITON_INTERPRET=1, which the
 # conftest sets for this process): the ops' own launch builders, compiled for sm_90.
@@ -402,7 +405,7 @@ from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.kernels import compile_for_target
 from kdagen.ops.chunk import chunk_kda_bwd_launches
 out = {}
-for cid, dtype, K, V, gate, cfg in json.loads(sys.stdin.read()):
+for cid, dtype, K, V, gate, cfg, bcfg in json.loads(sys.stdin.read()):
     dt, HV, varlen = getattr(torch, dtype), 2, "varlen" in cid
     B, T = (1, 70) if varlen else (2, 70)
     gen = torch.Generator().manual_seed(0)
@@ -420,16 +423,15 @@ for cid, dtype, K, V, gate, cfg in json.loads(sys.stdin.read()):
         _, bwd, _ = chunk_kda_bwd_launches(q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V),
                                            output_final_state=True, cu_seqlens=cu,
                                            config=None if cfg is None else ChunkTrainConfig(**cfg),
-                                           bwd_config=ChunkBwdConfig(intra_split=False) if "fused" in cid else
-                                           ChunkBwdConfig(state_prefetch=True, intra_split=True) if "prefetch" in cid
-                                           else None,
+                                           bwd_config=None if bcfg is None else ChunkBwdConfig(**bcfg),
                                            **kw)
         res = []
         for l in bwd:
             r = compile_for_target(l.fn, l.args, l.constexprs, GPUTarget("cuda", 90, 32), l.num_warps, l.num_stages)
             res.append(dict(name=r.name, fn=l.fn.__name__, target=r.target, shared=r.shared_bytes,
                             BT=l.constexprs.get("BT"), K=l.constexprs["K"], V=l.constexprs.get("V"),
-                            prefetch="b_gn_next" in open(l.fn.fn.__code__.co_filename).read()))
+                            prefetch="b_gn_next" in open(l.fn.fn.__code__.co_filename).read(),
+                            split="b_dQl" in open(l.fn.fn.__code__.co_filename).read()))
         out[cid] = res
     except Exception as e:
         out[cid] = dict(error=f"{type(e).__name__}: {e}"[:4000])
@@ -457,7 +459,7 @@ def compiled_bwd():
 @pytest.mark.slow
 @pytest.mark.parametrize("case", COMPILE_CASES, ids=[c[0] for c in COMPILE_CASES])
 def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
-    cid, dtype, K, V, gate, cfg = case
+    cid, dtype, K, V, gate, cfg, bcfg = case
     res = compiled_bwd[cid]
     assert not isinstance(res, dict), f"build/compile failed:\n{res.get('error')}"
     # the re-run from the forward's kept tiles, then state, dqkw and the intra gradients (bf16: two launches)
@@ -472,6 +474,6 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
         assert 0 < r["shared"] <= SMEM_LIMIT, f"{kind}: {r['shared']} bytes of shared memory (limit {SMEM_LIMIT})"
         assert r["K"] == K and r["V"] in ((None,) if kind == "chunk_bwd_rerun" else (V,))
         assert r["BT"] == (cfg or {}).get("chunk_size", 32)
-        # G_n a chunk ahead: the half-precision heuristic's reverse pass (K <= 128) and the prefetch case's;
-        # not the fused case's config, which leaves the field at its default
-        assert r["prefetch"] == (kind == "chunk_bwd_state" and "fused" not in cid)
+        # G_n a chunk ahead: the half-precision heuristic's reverse pass (K <= 128) and the configs that ask
+        assert r["prefetch"] == (kind == "chunk_bwd_state" and (bcfg or {"state_prefetch": True}).get("state_prefetch", False))
+        assert r["split"] == (kind == "chunk_bwd_intra" and "split" in cid)

@@ -156,7 +156,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
                  inv_kw=f', input_precision="{config.inverse_precision}"',
                  # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
                  neumann_steps=max(0, (sub - 1).bit_length() - 1))
-        v.update(_diag_vars(plan, config, v))
+        v.update(_diag_vars(kernel, plan, config, v))
         if kernel == "chunk_intra":
             v["cumsum_dot"] = config.cumsum == "dot"
         else:
@@ -197,17 +197,25 @@ SPAN_LIMIT = EXP_BUDGET + 1.0
 G_FLOOR = -40.0
 
 
-def _diag_vars(plan: Plan, config: _Config, v: dict) -> dict:
+def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     """The dot dtype and keywords of the factorised diagonal sub-tile products (diag_dtype,
     diag_kw): the input dtype's, or fp32 operands on tf32 / ieee dots (config.diag_precision;
     read only for a plan whose diagonal is factorised).  fp32 operands hold exp(|g_min| BC)
     factors with fp32's 24-bit mantissa where bf16 keeps 8 bits: in the bf16 emulation
     (tests/bf16_interpreter.py) the diagonal's operand rounding is what lifts dg's and dv's
-    errors over dq's."""
-    if (plan.diag_mode != "factorised" or plan.structure == "dplr" or plan.dtype == "float32"
-            or config.diag_precision == "input"):
-        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"]}
-    return {"diag_dtype": "tl.float32", "diag_kw": f', input_precision="{config.diag_precision}"'}
+    errors over dq's.  diag_split ("split"): the dq/dk/dg pass (chunk_bwd_intra, fused or its
+    second launch) adds to each diagonal product the upstream tile's rounding error as a second
+    operand in the dot dtype -- in the emulation that alone takes dg's error from 3.57e-3 to 2.98e-3
+    (fp32 operands everywhere: 2.81e-3), without the fp32 factor tiles (bench/RESULTS.md, session 14)."""
+    split = kernel == "chunk_bwd_intra"
+    if (plan.diag_mode != "factorised" or plan.structure == "dplr"
+            or config.diag_precision not in ("tf32", "ieee", "split")):
+        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False}
+    if config.diag_precision == "split":
+        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": split}
+    if plan.dtype == "float32":
+        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False}
+    return {"diag_dtype": "tl.float32", "diag_kw": f', input_precision="{config.diag_precision}"', "diag_split": False}
 
 
 def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
