@@ -365,9 +365,14 @@ WHOLE_VARIANTS = [
     ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
     ("diag_bwd_tf32", dict(diag_precision="tf32", train={})),
     ("diag_fwd_tf32", dict(train=dict(diag_precision="tf32"))),
+    # the backward's upstream diagonal tiles as bf16 hi + lo (emulation: dg 3.57e-3 -> 2.98e-3), alone and
+    # with tf32 in the training forward (dv, dbeta)
+    ("diag_split", dict(diag_precision="split", train={})),
+    ("diag_split_fwd_tf32", dict(diag_precision="split", train=dict(diag_precision="tf32"))),
 ]
 # the same precisions' gradient errors (bwd_check rows): (name, training forward's, backward's)
-DIAG_CHECKS = (("tf32", "tf32", "tf32"), ("bwd_tf32", "input", "tf32"), ("fwd_tf32", "tf32", "input"))
+DIAG_CHECKS = (("tf32", "tf32", "tf32"), ("bwd_tf32", "input", "tf32"), ("fwd_tf32", "tf32", "input"),
+               ("split", "input", "split"), ("split_fwd_tf32", "tf32", "split"))
 
 
 def train_config_for(B, T, H, K, **kw):
