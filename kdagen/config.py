@@ -233,6 +233,13 @@ class ChunkBwdConfig(_Config):
         return (plan.has_rank1 and plan.structure != "dplr" and self.chunk_size == 2 * self.sub_chunk
                 and self.intra_split)
 
+    def splits_k(self, plan) -> bool:
+        """Whether the split's second launch (dq, dk, dg) takes one K tile per program (grid axis 2):
+        when the intra gradients are split and nothing in that launch sums over channels -- a
+        per-channel decay, or none (no dg at all).  A scalar decay's dg sums the channels, so its
+        program loops over K."""
+        return self.splits_intra(plan) and plan.decay in ("channel", "identity")
+
     def reruns_from_saved(self, plan) -> bool:
         """Whether the backward rebuilds the forward's intermediates with chunk_bwd_rerun from the
         A_qk and T the training forward keeps: recompute mode (``store_intermediates=False``) on

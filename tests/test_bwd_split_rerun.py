@@ -79,6 +79,8 @@ SPLIT_CASES = [
     ("kda-safe-fp16-varlen", lambda c: _kda(F16, 32, 40, "safe", c, T=53, cu=[0, 1, 20, 53]), {}),
     ("gdn-scalar-decay-fp32-K64", lambda c: _member("gdn", F32, 64, 32, c), {}),
     ("deltanet-no-decay-fp16", lambda c: _member("deltanet", F16, 32, 32, c), {}),
+    # no decay: the second launch one K tile per program too (nothing sums channels), over four tiles
+    ("deltanet-no-decay-fp32-K64-four-tiles", lambda c: _member("deltanet", F32, 64, 32, c), dict(intra_block_k=16)),
 ]
 
 
@@ -90,6 +92,10 @@ def test_split_intra_equals_the_fused_launch(case):
     kinds_s, split = _run(builder(base.replace(intra_split=True)))
     assert kinds_f == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
     assert kinds_s == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy", "chunk_bwd_intra"]
+    dqkg = builder(base.replace(intra_split=True))[1][-1]
+    K, BK = dqkg.constexprs["K"], dqkg.constexprs["BK"]
+    # one K tile per program unless the decay is one number per token (its dg sums the channels)
+    assert dqkg.grid[2] == (1 if case[0].startswith("gdn") else -(-K // BK))
     assert fused.keys() == split.keys() and {"dq", "dk", "dv", "dbeta"} <= fused.keys()
     for n, a in fused.items():
         assert torch.isfinite(a).all(), n

@@ -161,8 +161,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             v["cumsum_dot"] = config.cumsum == "dot"
         else:
             v["part"] = intra_part(kernel, plan, config)
-            # the second launch of a split over a per-channel decay: one K tile per program
-            v["k_split"] = v["part"] == "dqkg" and plan.decay == "channel"
+            v["k_split"] = v["part"] == "dqkg" and config.splits_k(plan)
     elif kernel == "recurrent":
         v["readout_loaded"] = config.readout == "loaded"
         v["persistent"] = config.programs_per_sm > 0

@@ -227,7 +227,7 @@ def _split_intra(meta: BwdMeta, built, args: dict, const: dict):
     """The intra-chunk gradients as two launches (``ChunkBwdConfig.intra_split``): chunk_bwd_wy
     writes dv, dbeta and, for the second, dE (fp32) and T (the dot dtype), [B, T, HV, C] each as
     A_qk is laid out; chunk_bwd_intra then reads them for dq, dk and dg, one K tile per program
-    with a per-channel decay (its dg needs no sum over channels)."""
+    with a per-channel decay or none (nothing there sums over channels: ChunkBwdConfig.splits_k)."""
     plan, cfg = meta.plan, meta.config
     de = torch.empty_like(args["daqk"])
     td = torch.empty(de.shape, dtype=args["q"].dtype, device=de.device)
@@ -244,8 +244,8 @@ def _split_intra(meta: BwdMeta, built, args: dict, const: dict):
         dqkg_args[n] = x
         if n == "dgn":
             dqkg_args.update(de=de, td=td)
-    # one K tile per program for a per-channel decay (the template's k_split); a scalar decay loops over K
-    nk = triton.cdiv(meta.K, const["BK"]) if plan.decay == "channel" else 1
+    # one K tile per program where nothing sums over channels (ChunkBwdConfig.splits_k); else a loop over K
+    nk = triton.cdiv(meta.K, const["BK"]) if cfg.splits_k(plan) else 1
     dqkg = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, meta.HV, nk), dqkg_args, const,
                   cfg.intra_num_warps, cfg.intra_num_stages)
     return wy, dqkg
