@@ -57,6 +57,11 @@ class _Config:
             if getattr(self, name) not in (1, 2, 3, 4):
                 raise ConfigError(f"{self.kernel}: {name} must be in 1..4, got {getattr(self, name)!r}")
 
+    def _check_bool(self, *names: str) -> None:
+        for name in names:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{self.kernel}: {name} must be a bool, got {getattr(self, name)!r}")
+
     def _check_choice(self, name: str, choices: tuple) -> None:
         if getattr(self, name) not in choices:
             raise ConfigError(f"{self.kernel}: {name} must be one of {choices}, got {getattr(self, name)!r}")
@@ -127,8 +132,7 @@ class ChunkFwdConfig(_Config):
         self._check_stages("intra_num_stages", "state_num_stages")
         self._check_choice("inverse_precision", INVERSE_PRECISIONS)
         self._check_choice("factor_precision", FACTOR_PRECISIONS)
-        if not isinstance(self.state_prefetch, bool):
-            raise ConfigError(f"chunk_fwd: state_prefetch must be a bool, got {self.state_prefetch!r}")
+        self._check_bool("state_prefetch")
         if isinstance(self.solve_load_ahead, bool) or self.solve_load_ahead not in (0, 1, 2):
             raise ConfigError(f"chunk_fwd: solve_load_ahead must be 0, 1 or 2, got {self.solve_load_ahead!r}")
         L = self.state_segment_chunks
@@ -168,8 +172,7 @@ class ChunkTrainConfig(_Config):
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        if not isinstance(self.state_prefetch, bool):
-            raise ConfigError(f"chunk_train: state_prefetch must be a bool, got {self.state_prefetch!r}")
+        self._check_bool("state_prefetch")
 
 
 @dataclass(frozen=True)
@@ -218,9 +221,7 @@ class ChunkBwdConfig(_Config):
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        for name in ("store_intermediates", "intra_split", "state_prefetch"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"chunk_bwd: {name} must be a bool, got {getattr(self, name)!r}")
+        self._check_bool("store_intermediates", "intra_split", "state_prefetch")
 
     def splits_intra(self, plan) -> bool:
         """Whether the intra-chunk gradients run as two launches (chunk_bwd_wy, then
@@ -274,8 +275,7 @@ class RecurrentConfig(_Config):
         pps = self.programs_per_sm
         if isinstance(pps, bool) or not isinstance(pps, int) or not 0 <= pps <= 32:
             raise ConfigError(f"recurrent: programs_per_sm must be an int in 0..32, got {pps!r}")
-        if not isinstance(self.stream_state, bool):
-            raise ConfigError(f"recurrent: stream_state must be a bool, got {self.stream_state!r}")
+        self._check_bool("stream_state")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

@@ -206,15 +206,14 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     second launch) adds to each diagonal product the upstream tile's rounding error as a second
     operand in the dot dtype -- in the emulation that alone takes dg's error from 3.57e-3 to 2.98e-3
     (fp32 operands everywhere: 2.81e-3), without the fp32 factor tiles (bench/RESULTS.md, session 14)."""
-    split = kernel == "chunk_bwd_intra"
-    if (plan.diag_mode != "factorised" or plan.structure == "dplr"
-            or config.diag_precision not in ("tf32", "ieee", "split")):
-        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False}
+    out = {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False}
+    if plan.diag_mode != "factorised" or plan.structure == "dplr":
+        return out
     if config.diag_precision == "split":
-        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": split}
-    if plan.dtype == "float32":
-        return {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False}
-    return {"diag_dtype": "tl.float32", "diag_kw": f', input_precision="{config.diag_precision}"', "diag_split": False}
+        out["diag_split"] = kernel == "chunk_bwd_intra"
+    elif config.diag_precision in ("tf32", "ieee") and plan.dtype != "float32":
+        out.update(diag_dtype="tl.float32", diag_kw=f', input_precision="{config.diag_precision}"')
+    return out
 
 
 def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:

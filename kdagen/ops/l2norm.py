@@ -43,7 +43,7 @@ def l2norm_bwd_launch(fn, q, k, rq, rk, dqn, dkn, dq, dk) -> Launch:
 
 def normalise(q, k, fwd_fn):
     """Run the forward launch: ``(qn, kn, rq, rk)`` for contiguous q and k of one shape."""
-    R = q.numel() // q.shape[-1]
+    R = _geometry(q)[0]
     qn, kn = torch.empty_like(q), torch.empty_like(k)
     rq = torch.empty(R, dtype=torch.float32, device=q.device)
     rk = torch.empty_like(rq)
