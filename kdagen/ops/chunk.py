@@ -30,7 +30,7 @@ from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
 from .l2norm import qk_l2norm
 from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
-                     select_spec, state_layout, training_preprocess)
+                     preprocess, select_spec, state_layout)
 from .traced import chunk_kda_traced
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
@@ -76,6 +76,18 @@ class _Call:
         return {"T": d.T, "B": d.B, "N": d.N, "HV": d.HV, "T_max": longest}
 
 
+def _training_preprocess(q, k, beta, use_qk_l2norm_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
+                         allow_neg_eigval: bool, l2norm_launch: bool):
+    """A chunk training call's :func:`~.inputs.preprocess` (this module's and the family's,
+    :mod:`.member`): ``(q, k, beta, flags)``.  With ``l2norm_launch`` the l2-norm is left to the
+    call's own launches (``flags["l2norm"]``: it is owed; :func:`_train`), else it is a torch op
+    here like the sigmoid."""
+    deferred = use_qk_l2norm_in_kernel and l2norm_launch
+    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel and not deferred, use_beta_sigmoid_in_kernel,
+                            allow_neg_eigval)
+    return q, k, beta, dict(l2norm=deferred)
+
+
 def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
              allow_neg_eigval=False, safe_gate=False, lower_bound=None,
@@ -98,8 +110,8 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
         flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
                      beta_scale=2.0 if allow_neg_eigval else 1.0)
     else:
-        q, k, beta, flags = training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                                                allow_neg_eigval, l2norm_launch)
+        q, k, beta, flags = _training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                                                 allow_neg_eigval, l2norm_launch)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
     x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}

@@ -272,17 +272,6 @@ def preprocess(q, k, beta, use_qk_l2norm_in_kernel: bool, use_beta_sigmoid_in_ke
     return q, k, beta
 
 
-def training_preprocess(q, k, beta, use_qk_l2norm_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
-                        allow_neg_eigval: bool, l2norm_launch: bool):
-    """A chunk training call's :func:`preprocess`: ``(q, k, beta, flags)``.  With ``l2norm_launch``
-    the l2-norm is left to launches of the caller's own (``flags["l2norm"]``: it is owed;
-    :func:`kdagen.ops.chunk._train`), else it is a torch op here like the sigmoid."""
-    deferred = use_qk_l2norm_in_kernel and l2norm_launch
-    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel and not deferred, use_beta_sigmoid_in_kernel,
-                            allow_neg_eigval)
-    return q, k, beta, dict(l2norm=deferred)
-
-
 def check_kwargs(op: str, kwargs: dict, ignored: tuple[str, ...] = ()) -> None:
     """Refuse keywords neither the op's signature nor ``ignored`` names (a TypeError, as Python's
     own), and a ``cp_context`` that is not None (context parallelism is not implemented)."""

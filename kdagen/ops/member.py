@@ -22,7 +22,7 @@ from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
 from . import checks
 from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_rank1_vectors, check_runnable,
-                     host_seqlens, preprocess, state_layout, training_preprocess)
+                     host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
 
 
@@ -196,8 +196,8 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias)
     flags = {}
     if training:
-        q, k, beta, flags = training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                                                allow_neg_eigval, l2norm_launch)
+        q, k, beta, flags = C._training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                                                   allow_neg_eigval, l2norm_launch)
     else:
         check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
         flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
