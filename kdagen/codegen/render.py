@@ -142,6 +142,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         if kernel in ("chunk_state", "chunk_bwd_state"):
             # the next chunk's element-wise operands loaded one iteration ahead (U and G_n; G_n)
             v["prefetch"] = config.state_prefetch
+            # the chunk loop's unroll factor (1: a plain range)
+            v["loop_kw"] = f", loop_unroll_factor={config.state_unroll}" if config.state_unroll > 1 else ""
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)
