@@ -354,14 +354,10 @@ BWD_VARIANTS = [
     # passes' prefetch and stages and the training forward's intra tiles: bench/RESULTS.md; C=64 with the new
     # paths faulted in run 73, so it is launch_fault.py's)
     ("st_bv32", dict(state_block_v=32)),
-    # the state passes' chunk loops unrolled by two (state_unroll): the pipeliner then issues two chunks'
-    # loads per iteration, and the loop's per-iteration waits are shared.  Shared memory (sm_90 static
-    # report): three stages double it (reverse BV=16 73.7 -> 141 KiB, forward BV=16 65.5 -> 125 KiB: one
-    # program per SM), two stages keep it (94 / 74 KiB); by four, 276 KiB (over the limit)
-    ("st_unroll2", dict(state_unroll=2)),
-    ("st_unroll2_s2", dict(state_unroll=2, state_num_stages=2)),
-    ("train_st_unroll2", dict(train=dict(state_unroll=2))),
-    ("train_st_unroll2_s2", dict(train=dict(state_unroll=2, state_num_stages=2))),
+    # (run 81, H200: the state passes' loops unrolled by two lose at both shapes; run 82, H100: eight warps on
+    # wider V tiles, BV=32 or 64, lose in both passes at both shapes)
+    # the training forward's intra launch with every row-block's loads issued at the top (intra_load_ahead)
+    ("train_intra_la", dict(train=dict(intra_load_ahead=True))),
 ]
 # whole forward+backward runs under a changed backward config, in the same process as the default's
 WHOLE_VARIANTS = [
@@ -371,16 +367,13 @@ WHOLE_VARIANTS = [
     # 1.35x -> 1.06x FLA's): in the training forward and the backward, or in one of them
     # (diag_tf32 in both: 10.243 / 7.545 ms in run 77; in the backward only 10.084 / 7.436; in the forward
     # only 9.429 / 7.013 -- rows kept by name for DIAG_CHECKS, not timed again)
-    # the backward's upstream diagonal tiles as bf16 hi + lo (emulation: dg 3.57e-3 -> 2.98e-3), alone and
-    # with tf32 in the training forward (dv, dbeta)
-    ("diag_split", dict(diag_precision="split", train={})),
-    ("diag_split_fwd_tf32", dict(diag_precision="split", train=dict(diag_precision="tf32"))),
-    # both state passes' loops unrolled by two
-    ("unroll2_s2", dict(state_unroll=2, state_num_stages=2, train=dict(state_unroll=2, state_num_stages=2))),
+    # (run 81, H200: diag_precision="split" +0.27 / +0.17 ms, dg 3.17e-3 -> 2.77e-3 (FLA 2.25e-3); with tf32 in
+    # the training forward +0.43 / +0.27 ms)
+    # the training forward's intra launch with its row-block loads issued ahead
+    ("intra_la", dict(train=dict(intra_load_ahead=True))),
 ]
 # the same precisions' gradient errors (bwd_check rows): (name, training forward's, backward's)
-DIAG_CHECKS = (("tf32", "tf32", "tf32"),
-               ("split", "input", "split"), ("split_fwd_tf32", "tf32", "split"))
+DIAG_CHECKS = (("tf32", "tf32", "tf32"),)  # (split and split_fwd_tf32: run 81)
 
 
 def train_config_for(B, T, H, K, **kw):

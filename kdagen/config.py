@@ -162,20 +162,20 @@ class ChunkTrainConfig(_Config):
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
     diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
     state_prefetch: bool = False  # the state pass loads U and G_n of the next chunk one iteration ahead
-    # the state pass's chunk loop unrolled this many times (Triton's loop_unroll_factor): the pipeliner
-    # then issues the loads of that many chunks per iteration
-    state_unroll: int = 1
+    # the intra launch issues every row-block's q, k and g loads at the top of its K tile (KDA, GDN and
+    # DeltaNet's template; general DPLR's ignores it)
+    intra_load_ahead: bool = False
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
-                         "state_num_warps", "state_unroll")
+                         "state_num_warps")
         self._check_chunking()
         self._check_stages("intra_num_stages", "state_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        self._check_bool("state_prefetch")
+        self._check_bool("state_prefetch", "intra_load_ahead")
 
 
 @dataclass(frozen=True)
@@ -210,12 +210,11 @@ class ChunkBwdConfig(_Config):
     rerun_num_warps: int = 4
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
     state_prefetch: bool = False  # the reverse state pass loads G_n of the chunk before one iteration ahead
-    state_unroll: int = 1  # the reverse pass's chunk loop unrolled this many times (ChunkTrainConfig's)
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
                          "intra_block_v", "state_num_warps", "dqkw_num_warps", "intra_num_warps", "rerun_block_k",
-                         "rerun_num_warps", "state_unroll")
+                         "rerun_num_warps")
         self._check_chunking()
         for name in ("state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k", "intra_block_v",
                      "rerun_block_k"):

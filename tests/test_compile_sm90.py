@@ -98,11 +98,11 @@ TRAIN_CASES = [
      dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_warps=4, state_prefetch=True), {}),
     ("fp16-K96V192-C32-prefetch-varlen", "float16", 96, 192, "safe",
      dict(chunk_size=32, intra_block_k=64, state_block_v=32, state_prefetch=True), dict(varlen=True)),
-    # the state pass's chunk loop unrolled by two (state_unroll), with and without the prefetch
-    ("bf16-C32-BV16-unroll2", "bfloat16", 128, 128, "safe",
-     dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_stages=3, state_unroll=2), {}),
-    ("bf16-C32-BV32-unroll2-prefetch", "bfloat16", 128, 128, "safe",
-     dict(chunk_size=32, intra_block_k=128, state_block_v=32, state_prefetch=True, state_unroll=2), {}),
+    # the intra launch's row-block loads issued ahead (intra_load_ahead), one K tile and two
+    ("bf16-C32-intra-load-ahead", "bfloat16", 128, 128, "safe",
+     dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_stages=3, intra_load_ahead=True), {}),
+    ("fp16-K96V192-C32-intra-load-ahead-2k", "float16", 96, 192, "safe",
+     dict(chunk_size=32, intra_block_k=64, state_block_v=32, intra_load_ahead=True), dict(varlen=True)),
 ]
 
 # a training call's l2-norm of q and k and its backward (templates/qk_l2norm.py.j2): (id, dtype, K)

@@ -395,9 +395,6 @@ COMPILE_CASES = [
     # the upstream diagonal tiles as hi + lo in the dq/dk/dg launch (diag_precision="split")
     ("bf16-K128V128-safe-diag-split", "bfloat16", 128, 128, "safe", None,
      dict(diag_precision="split", intra_split=True, state_prefetch=True)),
-    # the reverse pass's chunk loop unrolled by two (ChunkBwdConfig.state_unroll), with the prefetch
-    ("bf16-K128V128-safe-unroll2", "bfloat16", 128, 128, "safe", None,
-     dict(state_unroll=2, state_prefetch=True, state_num_stages=3, intra_split=True)),
 ]
 # Runs in a clean interpreter (Triton cannot compile while TRITON_INTERPRET=1, which the
 # conftest sets for this process): the ops' own launch builders, compiled for sm_90.

@@ -116,38 +116,3 @@ def test_prefetch_must_be_a_bool():
     with pytest.raises(ConfigError, match="state_prefetch must be a bool"):
         ChunkBwdConfig(state_prefetch="yes")
 
-
-
-UNROLL_CASES = CASES + [("kda-fp32-three-chunks", lambda c, b: _kda(F32, 32, 32, c, b, T=70))]
-
-
-@pytest.mark.parametrize("case", UNROLL_CASES, ids=[c[0] for c in UNROLL_CASES])
-def test_unrolled_state_loops_equal_the_plain_pass(case):
-    """``state_unroll`` (both passes' chunk loops unrolled by Triton) reorders nothing: every output
-    and gradient equals the plain pass's bit for bit, with and without the prefetch, for sequences
-    of an odd number of chunks (a remainder iteration: 1 chunk in the packed case, 3 at T=70) and an
-    even one (2 chunks at T=45, 33, 64, and in the packed case's 33-token sequence)."""
-    _, build = case
-    base_t, base_b = ChunkTrainConfig(state_block_v=16), ChunkBwdConfig(state_block_v=16)
-    plain = _run(build(base_t, base_b))
-    for pre in (False, True):
-        t = base_t.replace(state_unroll=2, state_prefetch=pre)
-        b = base_b.replace(state_unroll=2, state_prefetch=pre)
-        fwd, bwd, _ = launches = build(t, b)
-        state = next(ln for ln in bwd if ln.kernel == "chunk_bwd_state")
-        assert "loop_unroll_factor=2" in _text(fwd[1]) and "loop_unroll_factor=2" in _text(state)
-        got = _run(launches)
-        assert set(plain) == set(got)
-        for n in plain:
-            assert torch.equal(plain[n], got[n]), f"{n} (prefetch={pre}): max diff {(plain[n].float() - got[n].float()).abs().max()}"
-
-
-def test_unroll_is_named_in_the_header_and_checked():
-    for kernel, cfg in (("chunk_state", ChunkTrainConfig()), ("chunk_bwd_state", ChunkBwdConfig())):
-        off, on = _state_source(kernel, cfg), _state_source(kernel, cfg.replace(state_unroll=2))
-        assert "loop_unroll_factor" not in off and "loop_unroll_factor=2" in on
-        assert "state_unroll=2" in on and "state_unroll=1" in off
-    with pytest.raises(ConfigError, match="state_unroll must be a power of two"):
-        ChunkTrainConfig(state_unroll=3)
-    with pytest.raises(ConfigError, match="state_unroll must be a power of two"):
-        ChunkBwdConfig(state_unroll=0)

@@ -142,8 +142,6 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         if kernel in ("chunk_state", "chunk_bwd_state"):
             # the next chunk's element-wise operands loaded one iteration ahead (U and G_n; G_n)
             v["prefetch"] = config.state_prefetch
-            # the chunk loop's unroll factor (1: a plain range)
-            v["loop_kw"] = f", loop_unroll_factor={config.state_unroll}" if config.state_unroll > 1 else ""
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)
@@ -161,6 +159,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v.update(_diag_vars(kernel, plan, config, v))
         if kernel == "chunk_intra":
             v["cumsum_dot"] = config.cumsum == "dot"
+            if plan.structure != "dplr":  # (general DPLR's branch has no such option)
+                v["load_ahead"] = config.intra_load_ahead
         else:
             v["part"] = intra_part(kernel, plan, config)
             v["k_split"] = v["part"] == "dqkg" and config.splits_k(plan)
