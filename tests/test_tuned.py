@@ -210,6 +210,10 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     assert (few.state_block_v, few.state_num_warps) == (16, 4)
     assert (many.state_block_v, many.state_num_warps) == (32, 2)
     assert default_train_config(plan) == many  # no shape: the default measured at (1, 8192, 96, 128)
+    # the intra launch's loads issued ahead in half precision (run 83), not for fp32 inputs (unmeasured)
+    assert few.intra_load_ahead and many.intra_load_ahead
+    fp32 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float32", "chunk", False)
+    assert not default_train_config(fp32).intra_load_ahead
 
 
 def test_default_inference_forward_by_head_dim():

@@ -128,10 +128,14 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # (1, 8192, 96, 128) and 1.235 -> 1.020 ms at (2, 16384, 16, 128); loading U and G_n a chunk ahead
     # by hand (state_prefetch) gains alone 0 / 7% and loses with three stages (1.392 / 1.046 ms)
     # (bench/RESULTS.md, run 76).
-    stages = 3 if plan.dtype in ("bfloat16", "float16") and plan.K <= 128 else 2
+    half = plan.dtype in ("bfloat16", "float16")
+    stages = 3 if half and plan.K <= 128 else 2
+    # The intra launch's row-block loads issued together at the top (intra_load_ahead), half precision
+    # (they wait in the loaded dtype): 1.913 -> 1.879 ms at (1, 8192, 96, 128) and 1.284 -> 1.241 ms at
+    # (2, 16384, 16, 128), bit-identical outputs (bench/RESULTS.md, run 83; fp32 inputs unmeasured)
     return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
-        state_block_v=bv, state_num_warps=warps, state_num_stages=stages,
+        state_block_v=bv, state_num_warps=warps, state_num_stages=stages, intra_load_ahead=half,
     )
 
 
