@@ -201,20 +201,28 @@ G_FLOOR = -40.0
 def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     """The dot dtype and keywords of the factorised diagonal sub-tile products (diag_dtype,
     diag_kw): the input dtype's, or fp32 operands on tf32 / ieee dots (config.diag_precision;
-    read only for a plan whose diagonal is factorised).  fp32 operands hold exp(|g_min| BC)
-    factors with fp32's 24-bit mantissa where bf16 keeps 8 bits: in the bf16 emulation
+    read only for a plan whose diagonal is factorised or checked).  fp32 operands hold
+    exp(|g_min| BC) factors with fp32's 24-bit mantissa where bf16 keeps 8 bits: in the bf16 emulation
     (tests/bf16_interpreter.py) the diagonal's operand rounding is what lifts dg's and dv's
     errors over dq's.  diag_split ("split"): the dq/dk/dg pass (chunk_bwd_intra, fused or its
     second launch) adds to each diagonal product the upstream tile's rounding error as a second
     operand in the dot dtype -- in the emulation that alone takes dg's error from 3.57e-3 to 2.98e-3
-    (fp32 operands everywhere: 2.81e-3), without the fp32 factor tiles (bench/RESULTS.md, session 14)."""
-    out = {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False}
-    if plan.diag_mode != "factorised" or plan.structure == "dplr":
+    (fp32 operands everywhere: 2.81e-3), without the fp32 factor tiles (bench/RESULTS.md, session 14).
+
+    diag_checked: a per-channel gate without a bound (diag_mode 'elementwise') checks each sub-tile's
+    decay span in the kernel and takes the factorised products when exp(span) <= exp(SPAN_LIMIT),
+    the element-wise ones otherwise (as the inference solve does) -- where the factors' dtype has
+    bf16's or fp32's range; fp16 factors (range 6.5e4) stay element-wise."""
+    out = {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False, "diag_checked": False,
+           "diag_span_limit": repr(SPAN_LIMIT)}
+    checked = plan.diag_mode == "elementwise" and plan.decay == "channel"
+    if (plan.diag_mode != "factorised" and not checked) or plan.structure == "dplr":
         return out
     if config.diag_precision == "split":
         out["diag_split"] = kernel == "chunk_bwd_intra"
     elif config.diag_precision in ("tf32", "ieee") and plan.dtype != "float32":
         out.update(diag_dtype="tl.float32", diag_kw=f', input_precision="{config.diag_precision}"')
+    out["diag_checked"] = checked and out["diag_dtype"] != "tl.float16"
     return out
 
 

@@ -1,0 +1,105 @@
+"""The training kernels' checked diagonal tiles, in the CPU interpreter: a per-channel gate without a
+lower bound (chunk_kda without ``safe_gate``, chunk_gla) no longer takes the element-wise diagonal
+products everywhere -- each sub-tile's decay span is checked in the kernel, and the factorised
+products (dots on exp(a_I - G) factors) serve every sub-tile whose span keeps those factors in
+range, the element-wise ones the rest (as the inference solve does).
+
+Inputs mixing both kinds of sub-tile (gate "below": g in [-5, 0) with a run of 20 tokens at -8 and a
+token at -20, so some 16-token sub-tiles span over the limit of 81 and most span less) must give the
+float64 recurrence's forward and every gradient in fp32, for KDA (the split backward and the fused
+one) and GLA; and the source must carry the check only where it applies.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import F64, assert_close, make_inputs
+
+import kdagen
+import kdagen.spec as S
+from kdagen.codegen.lower import lower
+from kdagen.codegen.render import SPAN_LIMIT, render
+from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
+from kdagen.ops.chunk import chunk_bwd_config
+from kdagen.ops.inputs import select_spec
+from kdagen.spec.reference import naive_recurrent_gla, naive_recurrent_kda
+
+TOL = 1e-5  # relative Frobenius error, fp32 against float64
+C, BC = 32, 16
+
+
+def _spans(g: torch.Tensor) -> torch.Tensor:
+    """Each 16-token sub-tile's decay span (the largest -sum of g over its rows, per channel) for
+    one sequence [T, HV, K] in chunks of 32 from token 0."""
+    T = g.shape[0]
+    out = []
+    for t0 in range(0, T, BC):
+        out.append((-g[t0:t0 + BC].sum(0)).max())
+    return torch.stack(out)
+
+
+def _grads(fn, leaves, do, dht):
+    o, ht = fn(**leaves)
+    return [o, ht] + list(torch.autograd.grad((o, ht), list(leaves.values()), (do, dht)))
+
+
+@pytest.mark.parametrize("bwd", [dict(intra_split=True), dict(intra_split=False)], ids=["split", "fused"])
+def test_kda_without_a_bound_mixing_both_kinds_of_sub_tile(bwd):
+    x = make_inputs(1, 100, 1, 2, 32, 16, gate="below", seed=5)
+    spans = _spans(x.g[0])
+    assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).sum() >= 4  # both branches are taken
+    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    gen = torch.Generator().manual_seed(11)
+    do = torch.randn(x.v.shape, generator=gen)
+    dht = torch.randn(1, 2, 32, 16, generator=gen)
+    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, **bwd)):
+        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True,
+                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)),
+                     leaves, do, dht)
+    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
+    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
+    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
+        assert torch.isfinite(a).all(), name
+        assert_close(a, r, TOL, name)
+
+
+def test_gla_without_a_bound_mixing_both_kinds_of_sub_tile():
+    x = make_inputs(1, 70, 1, 1, 32, 16, gate="below", seed=6)
+    spans = _spans(x.g[0])
+    assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).any()
+    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, initial_state=x.h0)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    gen = torch.Generator().manual_seed(12)
+    do = torch.randn(x.v.shape, generator=gen)
+    dht = torch.randn(1, 1, 32, 16, generator=gen)
+    got = _grads(lambda **d: kdagen.chunk_gla(**d, output_final_state=True), leaves, do, dht)
+    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
+    ref = _grads(lambda **d: naive_recurrent_gla(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
+    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
+        assert torch.isfinite(a).all(), name
+        assert_close(a, r, TOL, name)
+
+
+def _source(kernel, dtype, bounded=False, config=None):
+    sel = select_spec(False, bounded, -5.0 if bounded else None, False, False)
+    plan = lower(sel, 64, 64, dtype, "chunk", False)
+    cfg = config or (ChunkTrainConfig(intra_block_k=32) if kernel == "chunk_intra" else ChunkBwdConfig(intra_split=True))
+    return render(kernel, plan, cfg).text
+
+
+@pytest.mark.parametrize("kernel", ["chunk_intra", "chunk_bwd_wy", "chunk_bwd_intra"])
+def test_the_check_is_in_the_source_where_it_applies(kernel):
+    check = f"if span <= {SPAN_LIMIT!r}:"
+    assert check in _source(kernel, "bfloat16") and check in _source(kernel, "float32")
+    assert "if span <=" not in _source(kernel, "bfloat16", bounded=True)  # the bound makes it factorised outright
+    # fp16 factors (range 6.5e4) cannot hold exp(81): element-wise unless the diagonal's operands are fp32
+    assert "if span <=" not in _source(kernel, "float16")
+    cfg = (ChunkTrainConfig(intra_block_k=32, diag_precision="tf32") if kernel == "chunk_intra"
+           else ChunkBwdConfig(intra_split=True, diag_precision="tf32"))
+    assert check in _source(kernel, "float16", config=cfg)
+    # no per-channel decay: nothing to check
+    plan = lower(S.gdn(), 64, 64, "bfloat16", "chunk", False)
+    assert "if span <=" not in render(kernel, plan, ChunkTrainConfig() if kernel == "chunk_intra"
+                                      else ChunkBwdConfig(intra_split=True)).text
