@@ -9,7 +9,8 @@ import kdagen.cache.lookup as tuned
 from kdagen.cache.store import TuningCache, make_entry
 from kdagen.config import ChunkFwdConfig, RecurrentConfig
 from kdagen.cache.gpus import get_profile
-from kdagen.cache.heuristics import default_chunk_config, default_recurrent_config, default_train_config
+from kdagen.cache.heuristics import (default_chunk_bwd_config, default_chunk_config, default_recurrent_config,
+                                     default_train_config)
 from kdagen.codegen.lower import lower
 from kdagen.ops.inputs import select_spec
 from kdagen.spec.recurrence import MEMBERS
@@ -210,6 +211,10 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     assert (few.state_block_v, few.state_num_warps) == (16, 4)
     assert (many.state_block_v, many.state_num_warps) == (32, 2)
     assert default_train_config(plan) == many  # no shape: the default measured at (1, 8192, 96, 128)
+    # the intra gradients of a KDA call without a bound (checked diagonal) on 4 warps, 2 with the bound (run 85)
+    free = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "chunk", False)
+    assert default_chunk_bwd_config(free).intra_num_warps == 4
+    assert default_chunk_bwd_config(plan).intra_num_warps == 2
     # the intra launch's loads issued ahead in half precision (run 83), not for fp32 inputs (unmeasured)
     assert few.intra_load_ahead and many.intra_load_ahead
     fp32 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float32", "chunk", False)
