@@ -174,7 +174,11 @@ def test_chunks_of_four_sub_tiles_take_neither():
     cfg = default_config("chunk_bwd", kda, None, Train(chunk_size=64))
     assert (cfg.chunk_size, cfg.intra_split, cfg.intra_num_warps, cfg.rerun_num_warps) == (64, False, 4, 4)
     cfg32 = default_config("chunk_bwd", kda, None, Train())
-    assert (cfg32.chunk_size, cfg32.intra_split, cfg32.intra_num_warps, cfg32.rerun_num_warps) == (32, True, 2, 1)
+    # (fp16 with a -5 bound keeps element-wise diagonal tiles: its intra gradients run on 4 warps, run 85;
+    # a factorised plan's on 2)
+    assert (cfg32.chunk_size, cfg32.intra_split, cfg32.intra_num_warps, cfg32.rerun_num_warps) == (32, True, 4, 1)
+    bf16 = lower(S.get_spec("kda", lower_bound=-5.0), 32, 32, "bfloat16", "chunk")
+    assert bf16.diag_mode == "factorised" and default_config("chunk_bwd", bf16, None, Train()).intra_num_warps == 2
 
 
 

@@ -211,8 +211,9 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
         if chunking[0] == 2 * chunking[1]:
             intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
             if plan.diag_mode == "elementwise" and plan.has_rank1:
-                # a per-channel gate without a bound: the intra gradients hold the element-wise
-                # fallback of the checked diagonal too, which spills 10 KB on 2 warps (584 B on 4):
+                # element-wise diagonal tiles (a per-channel gate without a bound, whose checked
+                # diagonal keeps them as the fallback, or fp16, whose factors cannot hold a bound's
+                # span): the intra gradients spill 10 KB on 2 warps (584 B / 1 KB on 4, bf16 / fp16):
                 # 22.23 -> 11.98 ms at (1, 8192, 96, 128), 15.45 -> 8.71 ms at (2, 16384, 16, 128) for
                 # the whole step (bench/RESULTS.md, run 85); BK=16 on 4 warps 15.27 / 11.12
                 intra["intra_num_warps"] = 4
