@@ -98,6 +98,9 @@ TRAIN_CASES = [
      dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_warps=4, state_prefetch=True), {}),
     ("fp16-K96V192-C32-prefetch-varlen", "float16", 96, 192, "safe",
      dict(chunk_size=32, intra_block_k=64, state_block_v=32, state_prefetch=True), dict(varlen=True)),
+    # no gate bound in bf16: the checked diagonal (factorised where a sub-tile's span allows, element-wise else)
+    ("bf16-K128-free-checked-diagonal", "bfloat16", 128, 128, "free",
+     dict(chunk_size=32, intra_block_k=32, state_block_v=32), {}),
     # the intra launch's row-block loads issued ahead (intra_load_ahead), one K tile and two
     ("bf16-C32-intra-load-ahead", "bfloat16", 128, 128, "safe",
      dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_stages=3, intra_load_ahead=True), {}),
