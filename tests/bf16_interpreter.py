@@ -14,7 +14,8 @@ not model: bf16 storage of inputs, intermediates and outputs (they stay float32 
 
     python tests/bf16_interpreter.py CASE [CASE ...]     # prints {case: {output: rel. error}}
 
-CASE is name:B,T,H,HV,K,V[:free][:ieee|:split] (free: the unbounded plan, element-wise diagonals; ieee:
+CASE is name:B,T,H,HV,K,V[:free][:ieee|:split] (free: the unbounded plan, checked diagonals -- factorised
+where a sub-tile's span allows, element-wise else; ieee:
 diag_precision="ieee", the factorised diagonal's operands in fp32 -- tf32's operand rounding is not
 emulated; split: diag_precision="split", bf16 operands with the backward's upstream diagonal tiles
 as hi + lo).
@@ -55,9 +56,10 @@ def install() -> None:
         if plan.dtype != "float32":
             raise ValueError("the bf16 emulation renders float32 plans")
         v["dot_dtype"], v["dot_kw"] = MARKER, ""
-        if "diag_dtype" in v and (plan.diag_mode != "factorised" or config.diag_precision in ("input", "split")):
+        factorised = plan.diag_mode == "factorised" or v.get("diag_checked", False)
+        if "diag_dtype" in v and (not factorised or config.diag_precision in ("input", "split")):
             v["diag_dtype"], v["diag_kw"] = MARKER, ""  # the diagonal in bf16 too, as on the GPU by default
-        # (diag_precision tf32 / ieee: the factorised diagonal's operands stay fp32, ieee dots)
+        # (diag_precision tf32 / ieee: the factorised -- or checked -- diagonal's operands stay fp32, ieee dots)
         return v
 
     codegen._template_vars = bf16_operands
