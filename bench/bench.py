@@ -356,8 +356,8 @@ BWD_VARIANTS = [
     ("st_bv32", dict(state_block_v=32)),
     # (run 81, H200: the state passes' loops unrolled by two lose at both shapes; run 82, H100: eight warps on
     # wider V tiles, BV=32 or 64, lose in both passes at both shapes)
-    # the training forward's intra launch with every row-block's loads issued at the top (intra_load_ahead)
-    ("train_intra_la", dict(train=dict(intra_load_ahead=True))),
+    # the training forward's intra launch without its row-block loads issued ahead (the default since run 83)
+    ("train_intra_no_la", dict(train=dict(intra_load_ahead=False))),
 ]
 # whole forward+backward runs under a changed backward config, in the same process as the default's
 WHOLE_VARIANTS = [
@@ -366,11 +366,11 @@ WHOLE_VARIANTS = [
     # the factorised diagonal's operands in fp32 on tf32 dots (run 76: +1.0 / +0.65 ms with both; dg's error
     # 1.35x -> 1.06x FLA's): in the training forward and the backward, or in one of them
     # (diag_tf32 in both: 10.243 / 7.545 ms in run 77; in the backward only 10.084 / 7.436; in the forward
-    # only 9.429 / 7.013 -- rows kept by name for DIAG_CHECKS, not timed again)
+    # only 9.429 / 7.013; not timed again)
     # (run 81, H200: diag_precision="split" +0.27 / +0.17 ms, dg 3.17e-3 -> 2.77e-3 (FLA 2.25e-3); with tf32 in
     # the training forward +0.43 / +0.27 ms)
-    # the training forward's intra launch with its row-block loads issued ahead
-    ("intra_la", dict(train=dict(intra_load_ahead=True))),
+    # the training forward's intra launch without its row-block loads issued ahead (run 83: +0.03 / +0.02 ms)
+    ("intra_no_la", dict(train=dict(intra_load_ahead=False))),
 ]
 # the same precisions' gradient errors (bwd_check rows): (name, training forward's, backward's)
 DIAG_CHECKS = (("tf32", "tf32", "tf32"),)  # (split and split_fwd_tf32: run 81)

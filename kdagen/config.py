@@ -162,8 +162,8 @@ class ChunkTrainConfig(_Config):
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
     diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
     state_prefetch: bool = False  # the state pass loads U and G_n of the next chunk one iteration ahead
-    # the intra launch issues every row-block's q, k and g loads at the top of its K tile (KDA, GDN and
-    # DeltaNet's template; general DPLR's ignores it)
+    # the intra launch issues every row-block's q, k and g loads at the top of its K tile (every member's
+    # template branch but general DPLR's, which ignores it)
     intra_load_ahead: bool = False
 
     def __post_init__(self):
