@@ -165,6 +165,10 @@ class ChunkTrainConfig(_Config):
     # the intra launch issues every row-block's q, k and g loads at the top of its K tile (every member's
     # template branch but general DPLR's, which ignores it)
     intra_load_ahead: bool = False
+    # a gate bound the caller promises (g given, safe_gate) is checked per diagonal sub-tile in the kernel,
+    # so g below it still gets the recurrence's answer; False trusts the promise (unchecked factorised
+    # tiles: wrong values or NaN where g breaks it)
+    check_gate_bound: bool = True
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
@@ -175,7 +179,7 @@ class ChunkTrainConfig(_Config):
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        self._check_bool("state_prefetch", "intra_load_ahead")
+        self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound")
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,7 @@ class ChunkBwdConfig(_Config):
     rerun_num_warps: int = 4
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
     state_prefetch: bool = False  # the reverse state pass loads G_n of the chunk before one iteration ahead
+    check_gate_bound: bool = True  # as ChunkTrainConfig's: a promised gate bound checked per diagonal sub-tile
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
@@ -224,7 +229,7 @@ class ChunkBwdConfig(_Config):
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        self._check_bool("store_intermediates", "intra_split", "state_prefetch")
+        self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound")
 
     def splits_intra(self, plan) -> bool:
         """Whether the intra-chunk gradients run as two launches (chunk_bwd_wy, then

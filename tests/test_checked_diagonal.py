@@ -23,7 +23,7 @@ from kdagen.codegen.render import SPAN_LIMIT, render
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.ops.chunk import chunk_bwd_config
 from kdagen.ops.inputs import select_spec
-from kdagen.spec.reference import naive_recurrent_gla, naive_recurrent_kda
+from kdagen.spec.reference import naive_recurrent_dplr, naive_recurrent_gla, naive_recurrent_kda
 
 TOL = 1e-5  # relative Frobenius error, fp32 against float64
 C, BC = 32, 16
@@ -89,11 +89,70 @@ def _source(kernel, dtype, bounded=False, config=None):
     return render(kernel, plan, cfg).text
 
 
+# A promised bound that g breaks (issue 13's gate contract, training path): chunk_kda with
+# safe_gate=True, lower_bound=-5 given g at the bound everywhere ("lb"), below it ("below": runs at -8
+# and a -20, so some sub-tiles span over the limit) and -inf resets ("inf": a whole token, and some
+# channels of another).  Each must give the float64 recurrence's forward and gradients.  fp16 keeps
+# the element-wise diagonal (no check: nothing to break) and is checked at its own tolerance; it now
+# needs the -inf floor too.
+TOL_F16 = 5e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("gate", ["lb", "below", "inf"])
+def test_kda_training_gives_the_recurrence_where_g_breaks_the_promised_bound(gate, dtype):
+    x = make_inputs(1, 75, 1, 2, 32, 16, gate=gate, seed=7, dtype=dtype)
+    if gate == "below":
+        spans = _spans(x.g[0].float())
+        assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).any()  # both branches are taken
+    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    gen = torch.Generator().manual_seed(13)
+    do = torch.randn(x.v.shape, generator=gen).to(dtype)
+    dht = torch.randn(1, 2, 32, 16, generator=gen)
+    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True)):
+        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True, lower_bound=-5.0,
+                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)),
+                     leaves, do, dht)
+    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
+    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
+    tol = TOL if dtype == torch.float32 else TOL_F16
+    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
+        assert_close(a.float(), r, tol, name)
+
+
+def test_trusting_the_bound_is_what_the_check_guards_against():
+    """The same broken promise with check_gate_bound=False (the unchecked factorised tiles): wrong,
+    so the test above passes because of the check, not by luck."""
+    x = make_inputs(1, 75, 1, 2, 32, 16, gate="below", seed=7)
+    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False)
+    o, _ = kdagen.chunk_kda(x.q, x.k, x.v, x.g.requires_grad_(True), x.beta, initial_state=x.h0,
+                            safe_gate=True, lower_bound=-5.0, config=cfg)
+    ref, _ = naive_recurrent_kda(x.q.to(F64), x.k.to(F64), x.v.to(F64), x.g.detach().to(F64), x.beta.to(F64),
+                                 initial_state=x.h0.to(F64))
+    assert not torch.isfinite(o).all() or rel(o, ref) > 1e-2
+
+
+def rel(a, r):
+    return float((a.to(F64) - r).norm() / r.norm())
+
+
 @pytest.mark.parametrize("kernel", ["chunk_intra", "chunk_bwd_wy", "chunk_bwd_intra"])
 def test_the_check_is_in_the_source_where_it_applies(kernel):
     check = f"if span <= {SPAN_LIMIT!r}:"
     assert check in _source(kernel, "bfloat16") and check in _source(kernel, "float32")
-    assert "if span <=" not in _source(kernel, "bfloat16", bounded=True)  # the bound makes it factorised outright
+    # a promised bound is checked too (g below it takes the element-wise columns), unless trusted
+    assert check in _source(kernel, "bfloat16", bounded=True)
+    trust = (ChunkTrainConfig(intra_block_k=32, check_gate_bound=False) if kernel == "chunk_intra"
+             else ChunkBwdConfig(intra_split=True, check_gate_bound=False))
+    assert "if span <=" not in _source(kernel, "bfloat16", bounded=True, config=trust)
+    assert check in _source(kernel, "bfloat16", config=trust)  # without a bound there is nothing to trust
+    # a bound the in-kernel gate's formula guarantees (g = lower_bound * sigmoid(...)): nothing to check
+    sel = select_spec(True, True, -5.0, False, False)
+    plan = lower(sel, 64, 64, "bfloat16", "chunk", True)
+    assert plan.diag_mode == "factorised"
+    assert "if span <=" not in render(kernel, plan, ChunkTrainConfig() if kernel == "chunk_intra"
+                                      else ChunkBwdConfig(intra_split=True)).text
     # fp16 factors (range 6.5e4) cannot hold exp(81): element-wise unless the diagonal's operands are fp32
     assert "if span <=" not in _source(kernel, "float16")
     cfg = (ChunkTrainConfig(intra_block_k=32, diag_precision="tf32") if kernel == "chunk_intra"
@@ -103,3 +162,31 @@ def test_the_check_is_in_the_source_where_it_applies(kernel):
     plan = lower(S.gdn(), 64, 64, "bfloat16", "chunk", False)
     assert "if span <=" not in render(kernel, plan, ChunkTrainConfig() if kernel == "chunk_intra"
                                       else ChunkBwdConfig(intra_split=True)).text
+
+
+# General DPLR (chunk_dplr_delta_rule) has its own intra templates, checked the same way: gk mixing
+# sub-tiles under and over the span limit (a run of 20 tokens at -8 and a -inf in some channels),
+# without a bound and with a promised bound that gk breaks.  Forward and every gradient in fp32
+# against float64 autograd through the recurrence.
+@pytest.mark.parametrize("bound", [None, -5.0], ids=["unbounded", "promised-broken"])
+def test_dplr_mixing_both_kinds_of_sub_tile(bound):
+    from test_dplr_chunk_bwd import NAMES, _inputs, _op_grads, _reference_grads
+    xs = _inputs(1, 80, 1, 2, 32, 16, torch.float32, seed=9)
+    g = xs["gk"]
+    g[0, 20:40, :, :8] = -8.0  # 160 over 20 tokens: over any 16-token budget in those channels
+    g[0, 50, 1, 3:6] = -float("inf")
+    spans = _spans(g[0])
+    assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).sum() >= 2
+    do, dht, ref = _reference_grads(xs)
+    kw = {} if bound is None else dict(safe_gate=True, lower_bound=bound)
+    got = _op_grads(xs, do, dht, **kw)
+    for n in NAMES:
+        assert_close(got[n], ref[n], TOL, f"d{n}")
+    # the forward on its own (the inference call runs the same intra launch)
+    x64 = {n: xs[n].to(F64) for n in NAMES}
+    ro, rh = naive_recurrent_dplr(x64["q"], x64["k"], x64["v"], -x64["b"], x64["a"], x64["gk"],
+                                  initial_state=x64["h0"], output_final_state=True)
+    o, ht = kdagen.chunk_dplr_delta_rule(xs["q"], xs["k"], xs["v"], xs["a"], xs["b"], xs["gk"],
+                                         initial_state=xs["h0"], output_final_state=True, **kw)
+    assert_close(o, ro, TOL, "o")
+    assert_close(ht, rh, TOL, "ht")

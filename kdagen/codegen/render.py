@@ -209,20 +209,30 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     operand in the dot dtype -- in the emulation that alone takes dg's error from 3.57e-3 to 2.98e-3
     (fp32 operands everywhere: 2.81e-3), without the fp32 factor tiles (bench/RESULTS.md, session 14).
 
-    diag_checked: a per-channel gate without a bound (diag_mode 'elementwise') checks each sub-tile's
-    decay span in the kernel and takes the factorised products when exp(span) <= exp(SPAN_LIMIT),
-    the element-wise ones otherwise (as the inference solve does) -- where the factors' dtype has
-    bf16's or fp32's range; fp16 factors (range 6.5e4) stay element-wise."""
+    diag_checked: a per-channel gate checks each diagonal sub-tile's decay span in the kernel and
+    takes the factorised products when exp(span) <= exp(SPAN_LIMIT), the element-wise ones (one
+    column at a time, on the fast path's [BC, BK] tiles) otherwise, as the inference solve does --
+    where the factors' dtype has bf16's or fp32's range (fp16 factors, range 6.5e4, stay
+    element-wise).  Without a bound (diag_mode 'elementwise') always; with a bound the caller
+    promises (g given, ``safe_gate``) unless config.check_gate_bound is False, so a g that breaks
+    the promise (or -inf) still gets the recurrence's answer; a bound an in-kernel gate's formula
+    guarantees is not checked.  General DPLR's templates take the check on their own dot dtype
+    (no diag_precision there)."""
     out = {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False, "diag_checked": False,
            "diag_span_limit": repr(SPAN_LIMIT)}
-    checked = plan.diag_mode == "elementwise" and plan.decay == "channel"
-    if (plan.diag_mode != "factorised" and not checked) or plan.structure == "dplr":
+    if plan.decay != "channel" or plan.diag_mode not in ("factorised", "elementwise"):
         return out
+    check = plan.diag_mode == "elementwise" or (not plan.gate_in_kernel and config.check_gate_bound)
+    if plan.structure == "dplr":
+        out["diag_checked"] = check and v["dot_dtype"] != "tl.float16"
+        return out
+    if plan.diag_mode != "factorised" and out["diag_dtype"] == "tl.float16" and config.diag_precision not in ("tf32", "ieee"):
+        return out  # fp16 factors without a bound: element-wise, nothing read from the config
     if config.diag_precision == "split":
         out["diag_split"] = kernel == "chunk_bwd_intra"
     elif config.diag_precision in ("tf32", "ieee") and plan.dtype != "float32":
         out.update(diag_dtype="tl.float32", diag_kw=f', input_precision="{config.diag_precision}"')
-    out["diag_checked"] = checked and out["diag_dtype"] != "tl.float16"
+    out["diag_checked"] = check and out["diag_dtype"] != "tl.float16"
     return out
 
 
