@@ -8,6 +8,7 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
     python bench/static_report.py --bwd "d.replace(dqkw_num_warps=8)"   # d: default ChunkBwdConfig
     python bench/static_report.py --layer "d.replace(chunk_size=32)"     # the layer's call (flags in kernel)
     python bench/static_report.py --dplr                # general DPLR's training step (forward, re-run, backward)
+    python bench/static_report.py --gates               # KDA's training step: bound trusted / checked / none
 
 Each argument is a Python expression over ``d`` (the default ChunkFwdConfig) and
 ``ChunkFwdConfig``.  Uses the ptxas shipped in the Triton wheel.
@@ -66,7 +67,7 @@ def backward_rows(config=None):
     return [(ln.kernel.replace("chunk_", ""), report(ln)) for ln in bwd]  # the split adds chunk_bwd_wy
 
 
-def dplr_rows(lower_bound):
+def dplr_rows(lower_bound, trusted=False):
     """General DPLR's training-step launches with the heuristic configs (gk unbounded: element-wise
     diagonal tiles; bounded: factorised), B=1, T=128, H=HV=1, K=V=128, bf16: the forward's intra and
     state launches, the backward's re-run of the intra launch, and its three launches."""
@@ -74,20 +75,56 @@ def dplr_rows(lower_bound):
 
     K = V = 128
     x = [torch.zeros(1, 128, 1, n, dtype=torch.bfloat16) for n in (K, K, V, K, K)]
+    cfgs = {}
+    if trusted:  # the promised bound trusted: unchecked factorised diagonals
+        from kdagen import spec as S
+        from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+
+        plan = lower_for(S.dplr(S.gate_direct(lower_bound)), "chunk_fwd", K, V, torch.bfloat16)
+        cfgs = dict(config=default_train_config(plan).replace(check_gate_bound=False),
+                    bwd_config=default_chunk_bwd_config(plan).replace(check_gate_bound=False))
     fwd, bwd, _ = chunk_dplr_bwd_launches(*x, torch.zeros(1, 128, 1, K), initial_state=torch.zeros(1, 1, K, V),
                                           output_final_state=True, with_rerun=True, safe_gate=lower_bound is not None,
-                                          lower_bound=lower_bound)
+                                          lower_bound=lower_bound, **cfgs)
     names = ["intra", "state", "intra_rerun"][:len(fwd)] + ["bwd_state", "bwd_dqkw", "bwd_intra"]
     return [(name, report(ln)) for name, ln in zip(names, list(fwd) + list(bwd))]
 
 
+def gate_rows():
+    """KDA's training-step launches (heuristic configs, B=1, T=128, H=HV=1, K=V=128, bf16) for the
+    promised bound -5 trusted (check_gate_bound=False: unchecked factorised diagonals), the same bound
+    checked (the default), and no bound (checked, with the unbounded heuristic's tiles)."""
+    from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+    from kdagen.ops.chunk import chunk_kda_bwd_launches
+
+    K = V = 128
+    x = [torch.zeros(1, 128, 1, n, dtype=torch.bfloat16) for n in (K, K, V)]
+    rows = []
+    for label, bound, check in (("trusted -5", -5.0, False), ("checked -5", -5.0, True), ("unbounded", None, True)):
+        plan = lower_for(select_spec(False, bound is not None, bound, False, False), "chunk_fwd", K, V, torch.bfloat16)
+        cfg = default_train_config(plan).replace(check_gate_bound=check)
+        bcfg = default_chunk_bwd_config(plan).replace(check_gate_bound=check)
+        fwd, bwd, _ = chunk_kda_bwd_launches(*x, torch.zeros(1, 128, 1, K), torch.zeros(1, 128, 1, dtype=torch.bfloat16),
+                                             initial_state=torch.zeros(1, 1, K, V), output_final_state=True,
+                                             safe_gate=bound is not None, lower_bound=bound, config=cfg, bwd_config=bcfg)
+        rows += [(label, ln.kernel.replace("chunk_", ""), report(ln)) for ln in list(fwd) + list(bwd)]
+    return rows
+
+
 def main(argv):
+    if argv[:1] == ["--gates"]:
+        print(f"{'gate':<12} {'kernel':<12} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8}")
+        for label, name, r in gate_rows():
+            print(f"{label:<12} {name:<12} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
+                  f"{r['mma_sync']:>8}")
+        return
     if argv[:1] == ["--dplr"]:
         print(f"{'gate':<12} {'kernel':<12} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} "
               f"{'cp.async':>8}")
-        for lb in (None, -5.0):
-            for name, r in dplr_rows(lb):
-                print(f"{'g >= ' + str(lb) if lb else 'unbounded':<12} {name:<12} {r['regs']:>4} {r['spill_bytes']:>5} "
+        for lb, trusted in ((None, False), (-5.0, False), (-5.0, True)):
+            label = ("g >= " + str(lb) + (" trusted" if trusted else "")) if lb else "unbounded"
+            for name, r in dplr_rows(lb, trusted):
+                print(f"{label:<12} {name:<12} {r['regs']:>4} {r['spill_bytes']:>5} "
                       f"{r['smem']:>6} {r['wgmma']:>5} {r['mma_sync']:>8} {r['cp_async']:>8}")
         return
     if argv[:1] == ["--bwd"]:

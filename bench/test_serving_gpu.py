@@ -40,6 +40,10 @@ def test_chunk_kda_gives_the_recurrence_for_any_gate_in_bf16():
     _run(serving.gates, "chunk_kda")
 
 
+def test_chunk_kda_training_gives_the_recurrence_for_any_gate_in_bf16():
+    _run(serving.gates, "chunk_kda training")
+
+
 def test_chunk_kda_never_synchronises_given_host_lengths():
     _run(serving.sync_free, "chunk_kda")
 
