@@ -17,7 +17,8 @@ Sections (``--suite``, comma-separated; each runs even if an earlier one failed)
               captured once and replayed with new lengths of the same total, against eager calls.
 - ``gates``:  bf16, g at the bound (-5), below it (-8, -20) and -inf, against float64: decode,
               chunk_kda with ``safe_gate=True, lower_bound=-5`` (inference), and its training
-              call (forward and every gradient against float64 autograd).
+              call with ``check_gate_bound=True`` configs (forward and every gradient against
+              float64 autograd).
 - ``timing``: decode, H=32, K=V=128, B = 1, 16, 256: kdagen batch and packed forms with the
               fp32 pool, the packed form with a bf16 pool, FLA's batch and packed forms (fp32
               pool): CUDA-graph replay (10 steps per graph) and eager per call (``out=`` given);
@@ -353,19 +354,29 @@ def gates():
         except Exception as e:  # noqa: BLE001
             claim(f"chunk_kda gives the recurrence for {name}", False, f"{type(e).__name__}: {str(e)[:200]}")
         try:  # training with the promise broken: the training forward's and backward's checked diagonals
+            from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+            from kdagen.ops.chunk import chunk_bwd_config
+            from kdagen.ops.inputs import select_spec
+            from kdagen.tuning.families import lower_for
             names = ("q", "k", "v", "g", "beta", "initial_state")
             vals = {**x, "g": g, "initial_state": h0}
             leaves = {n: vals[n].clone().requires_grad_(True) for n in names}
-            o, s = kdagen.chunk_kda(**leaves, output_final_state=True, safe_gate=True, lower_bound=LOWER)
-            do, dht = torch.randn(o.shape, generator=gen, device=DEV).to(o.dtype), torch.randn(s.shape, generator=gen, device=DEV)
-            got = torch.autograd.grad((o, s), [leaves[n] for n in names], (do, dht))
+            # the promise checked in the kernels (check_gate_bound=True; the default trusts it)
+            plan = lower_for(select_spec(False, True, LOWER, False, False), "chunk_fwd", K, V, dtype)
+            shape = {"N": 1, "HV": H}
+            with chunk_bwd_config(default_chunk_bwd_config(plan, shape).replace(check_gate_bound=True)):
+                o, s = kdagen.chunk_kda(**leaves, output_final_state=True, safe_gate=True, lower_bound=LOWER,
+                                        config=default_train_config(plan, shape).replace(check_gate_bound=True))
+                do = torch.randn(o.shape, generator=gen, device=DEV).to(o.dtype)
+                dht = torch.randn(s.shape, generator=gen, device=DEV)
+                got = torch.autograd.grad((o, s), [leaves[n] for n in names], (do, dht))
             r64 = {n: vals[n].detach().double().cpu().requires_grad_(True) for n in names}
             ro, rs = naive_recurrent_kda(**r64, output_final_state=True)
             ref = torch.autograd.grad((ro, rs), [r64[n] for n in names], (do.double().cpu(), dht.double().cpu()))
             errs = {"o": rel_err(o, ro), "state": rel_err(s, rs)}
             errs.update({f"d{n}": rel_err(a, b) for n, a, b in zip(names, got, ref)})
             row["train"] = errs
-            claim(f"chunk_kda training (safe_gate, lower_bound=-5) gives the recurrence for {name} ({str(dtype)[6:]})",
+            claim(f"chunk_kda training (safe_gate, lower_bound=-5, check_gate_bound) gives the recurrence for {name} ({str(dtype)[6:]})",
                   max(errs.values()) < tol, ", ".join(f"{k} {v:.1e}" for k, v in errs.items()) + f" (tolerance {tol:.0e})")
         except Exception as e:  # noqa: BLE001
             claim(f"chunk_kda training gives the recurrence for {name}", False, f"{type(e).__name__}: {str(e)[:200]}")

@@ -89,8 +89,9 @@ def _source(kernel, dtype, bounded=False, config=None):
     return render(kernel, plan, cfg).text
 
 
-# A promised bound that g breaks (issue 13's gate contract, training path): chunk_kda with
-# safe_gate=True, lower_bound=-5 given g at the bound everywhere ("lb"), below it ("below": runs at -8
+# A promised bound that g breaks (issue 13's gate contract, training path), checked because the configs
+# ask (check_gate_bound=True; the default trusts the promise): chunk_kda with safe_gate=True, lower_bound=-5
+# given g at the bound everywhere ("lb"), below it ("below": runs at -8
 # and a -20, so some sub-tiles span over the limit) and -inf resets ("inf": a whole token, and some
 # channels of another).  Each must give the float64 recurrence's forward and gradients.  fp16 keeps
 # the element-wise diagonal (no check: nothing to break) and is checked at its own tolerance; it now
@@ -110,9 +111,10 @@ def test_kda_training_gives_the_recurrence_where_g_breaks_the_promised_bound(gat
     gen = torch.Generator().manual_seed(13)
     do = torch.randn(x.v.shape, generator=gen).to(dtype)
     dht = torch.randn(1, 2, 32, 16, generator=gen)
-    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True)):
+    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True)):
         got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True, lower_bound=-5.0,
-                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)),
+                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32,
+                                                                          check_gate_bound=True)),
                      leaves, do, dht)
     ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
     ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
@@ -122,10 +124,11 @@ def test_kda_training_gives_the_recurrence_where_g_breaks_the_promised_bound(gat
 
 
 def test_trusting_the_bound_is_what_the_check_guards_against():
-    """The same broken promise with check_gate_bound=False (the unchecked factorised tiles): wrong,
-    so the test above passes because of the check, not by luck."""
+    """The same broken promise with check_gate_bound=False (the default: the unchecked factorised
+    tiles): wrong, so the test above passes because of the check, not by luck."""
     x = make_inputs(1, 75, 1, 2, 32, 16, gate="below", seed=7)
-    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False)
+    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)
+    assert cfg.check_gate_bound is False
     o, _ = kdagen.chunk_kda(x.q, x.k, x.v, x.g.requires_grad_(True), x.beta, initial_state=x.h0,
                             safe_gate=True, lower_bound=-5.0, config=cfg)
     ref, _ = naive_recurrent_kda(x.q.to(F64), x.k.to(F64), x.v.to(F64), x.g.detach().to(F64), x.beta.to(F64),
@@ -141,18 +144,18 @@ def rel(a, r):
 def test_the_check_is_in_the_source_where_it_applies(kernel):
     check = f"if span <= {SPAN_LIMIT!r}:"
     assert check in _source(kernel, "bfloat16") and check in _source(kernel, "float32")
-    # a promised bound is checked too (g below it takes the element-wise columns), unless trusted
-    assert check in _source(kernel, "bfloat16", bounded=True)
-    trust = (ChunkTrainConfig(intra_block_k=32, check_gate_bound=False) if kernel == "chunk_intra"
-             else ChunkBwdConfig(intra_split=True, check_gate_bound=False))
-    assert "if span <=" not in _source(kernel, "bfloat16", bounded=True, config=trust)
-    assert check in _source(kernel, "bfloat16", config=trust)  # without a bound there is nothing to trust
+    # a promised bound is trusted by default, and checked (g below it takes the element-wise columns)
+    # when the config asks
+    assert "if span <=" not in _source(kernel, "bfloat16", bounded=True)
+    ask = (ChunkTrainConfig(intra_block_k=32, check_gate_bound=True) if kernel == "chunk_intra"
+           else ChunkBwdConfig(intra_split=True, check_gate_bound=True))
+    assert check in _source(kernel, "bfloat16", bounded=True, config=ask)
+    assert check in _source(kernel, "bfloat16")  # without a bound there is nothing to trust
     # a bound the in-kernel gate's formula guarantees (g = lower_bound * sigmoid(...)): nothing to check
     sel = select_spec(True, True, -5.0, False, False)
     plan = lower(sel, 64, 64, "bfloat16", "chunk", True)
     assert plan.diag_mode == "factorised"
-    assert "if span <=" not in render(kernel, plan, ChunkTrainConfig() if kernel == "chunk_intra"
-                                      else ChunkBwdConfig(intra_split=True)).text
+    assert "if span <=" not in render(kernel, plan, ask).text
     # fp16 factors (range 6.5e4) cannot hold exp(81): element-wise unless the diagonal's operands are fp32
     assert "if span <=" not in _source(kernel, "float16")
     cfg = (ChunkTrainConfig(intra_block_k=32, diag_precision="tf32") if kernel == "chunk_intra"
@@ -178,8 +181,11 @@ def test_dplr_mixing_both_kinds_of_sub_tile(bound):
     spans = _spans(g[0])
     assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).sum() >= 2
     do, dht, ref = _reference_grads(xs)
-    kw = {} if bound is None else dict(safe_gate=True, lower_bound=bound)
-    got = _op_grads(xs, do, dht, **kw)
+    # with a bound, the check asked for (check_gate_bound=True; the default trusts the promise)
+    kw = {} if bound is None else dict(safe_gate=True, lower_bound=bound,
+                                       config=ChunkTrainConfig(check_gate_bound=True))
+    with chunk_bwd_config(ChunkBwdConfig(check_gate_bound=bound is not None)):
+        got = _op_grads(xs, do, dht, **kw)
     for n in NAMES:
         assert_close(got[n], ref[n], TOL, f"d{n}")
     # the forward on its own (the inference call runs the same intra launch)

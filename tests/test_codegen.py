@@ -94,7 +94,8 @@ def test_header_names_spec_config_and_version():
     intra = render("chunk_intra", p, t).text.splitlines()[5]
     assert intra == (f"# config : chunk_size={t.chunk_size} sub_chunk={t.sub_chunk} intra_block_k={t.intra_block_k} "
                      f"inverse_precision={t.inverse_precision} cumsum={t.cumsum} diag_precision={t.diag_precision} "
-                     f"intra_load_ahead={t.intra_load_ahead} (the other fields are launch parameters)")
+                     f"intra_load_ahead={t.intra_load_ahead} check_gate_bound={t.check_gate_bound} "
+                     "(the other fields are launch parameters)")
     solve = render("chunk_solve", p, c).text.splitlines()[5]
     assert solve == (f"# config : chunk_size={c.chunk_size} sub_chunk={c.sub_chunk} inverse_precision="
                      f"{c.inverse_precision} factor_precision={c.factor_precision} solve_load_ahead={c.solve_load_ahead} "

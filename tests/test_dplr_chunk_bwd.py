@@ -185,14 +185,16 @@ def test_sources_branch_on_the_structure():
         for name in ("b_Aab_3_0", "b_Aak_3_3", "b_L_3_0", "b_dAB_2_1", "b_dQK_3_3", "tl.store(da", "tl.store(db"):
             assert name in intra, (lb, name)
         assert "beta" not in intra and "b_Aab" not in kda["chunk_bwd_intra"]
-        # the off-diagonal pairs are tensor-core dots; the diagonal ones too, each sub-tile's span checked
-        # in the kernel with or without a bound (element-wise columns where it is over the limit)
+        # the off-diagonal pairs are tensor-core dots; the diagonal ones too: factorised outright with a
+        # bound (trusted by default), each sub-tile's span checked in the kernel without one (element-wise
+        # columns where it is over the limit)
         assert "b_Aab_3_0 += tl.dot(" in intra and "b_dY = tl.dot(" in intra
-        assert "b_Sx = tl.dot(b_dPqb, b_bb" in intra and intra.count("if span <=") == 8  # 4 sub-tiles x 2 passes
-    # a promised bound, trusted (check_gate_bound=False): factorised outright
-    trusted = render("chunk_bwd_intra", lower(S.dplr(S.gate_direct(-5.0)), 64, 64, "bfloat16", "chunk"),
-                     ChunkBwdConfig(chunk_size=64, sub_chunk=16, check_gate_bound=False)).text
-    assert "b_Sx = tl.dot(b_dPqb, b_bb" in trusted and "if span <=" not in trusted
+        assert "b_Sx = tl.dot(b_dPqb, b_bb" in intra
+        assert intra.count("if span <=") == (8 if lb is None else 0)  # 4 sub-tiles x 2 passes
+    # a promised bound checked when the config asks (check_gate_bound=True)
+    checked = render("chunk_bwd_intra", lower(S.dplr(S.gate_direct(-5.0)), 64, 64, "bfloat16", "chunk"),
+                     ChunkBwdConfig(chunk_size=64, sub_chunk=16, check_gate_bound=True)).text
+    assert "b_Sx = tl.dot(b_dPqb, b_bb" in checked and checked.count("if span <=") == 8
     # fp16 factors cannot hold exp(81): element-wise without a bound, no check
     fp16 = render("chunk_bwd_intra", lower(S.dplr(S.gate_direct(None)), 64, 64, "float16", "chunk"), cfg).text
     assert "b_Sx = tl.dot(b_dPqb, b_bb" not in fp16 and "if span <=" not in fp16

@@ -5,6 +5,7 @@ import warnings
 import pytest
 
 import kdagen.cache.keys as keys
+import kdagen.spec as S
 import kdagen.cache.lookup as tuned
 from kdagen.cache.store import TuningCache, make_entry
 from kdagen.config import ChunkFwdConfig, RecurrentConfig
@@ -211,10 +212,16 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     assert (few.state_block_v, few.state_num_warps) == (16, 4)
     assert (many.state_block_v, many.state_num_warps) == (32, 2)
     assert default_train_config(plan) == many  # no shape: the default measured at (1, 8192, 96, 128)
-    # the intra gradients of a KDA call without a bound (checked diagonal) on 4 warps, 2 with the bound (run 85)
+    # a KDA call without a bound (checked diagonal, element-wise columns as its fallback) takes the bounded
+    # call's tiles (run 86): intra gradients on 2 warps, the whole K row in the forward's intra tile; fp16
+    # (element-wise diagonal, no check) keeps 4 warps and 32-wide tiles; GLA (no rank-1 part) its 32-wide tile
     free = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "chunk", False)
-    assert default_chunk_bwd_config(free).intra_num_warps == 4
-    assert default_chunk_bwd_config(plan).intra_num_warps == 2
+    assert default_chunk_bwd_config(free).intra_num_warps == default_chunk_bwd_config(plan).intra_num_warps == 2
+    assert default_train_config(free).intra_block_k == default_train_config(plan).intra_block_k == 128
+    free16 = lower(select_spec(False, False, None, False, False), 128, 128, "float16", "chunk", False)
+    assert default_chunk_bwd_config(free16).intra_num_warps == 4 and default_train_config(free16).intra_block_k == 32
+    gla = lower(S.gla(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", False)
+    assert default_train_config(gla).intra_block_k == 32
     # the intra launch's loads issued ahead in half precision (run 83), not for fp32 inputs (unmeasured)
     assert few.intra_load_ahead and many.intra_load_ahead
     fp32 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float32", "chunk", False)

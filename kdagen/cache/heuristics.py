@@ -110,13 +110,25 @@ def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
 STATE_PROGRAMS_LOW = 256
 
 
+def checked_like_bounded(plan: Plan) -> bool:
+    """Whether a plan without a gate bound takes the bounded plan's tiles: its diagonal sub-tiles are
+    checked in the kernel (a per-channel decay, bf16/fp32 factors: codegen.render diag_checked) and
+    their element-wise fallback runs one column at a time on the fast path's [BC, BK] tiles, so the
+    narrower tiles the [BC, BC, BK] element-wise products needed are not.  With a rank-1 part (KDA,
+    general DPLR) the bounded tiles were faster on the H200: KDA 11.06 -> 9.91 ms and 8.07 -> 7.30 ms,
+    DPLR 18.41 -> 17.58 and 11.56 -> 11.34 at (1, 8192, 96, 128) / (2, 16384, 16, 128); GLA (no rank-1
+    part) kept its 32-wide intra tile, 6.65 against 6.82 ms (bench/RESULTS.md, run 86)."""
+    return (plan.diag_mode == "elementwise" and plan.decay == "channel" and plan.dtype != "float16"
+            and plan.has_rank1)
+
+
 def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainConfig:
     """The forward of a training call.  ``shape``: optional {"N": sequences, "HV": value heads}."""
     # C=32 with the whole K row in one intra tile and a 32-wide V tile on 2 warps in the state
     # pass: the fastest stage-by-stage combination of the H200 sweep at (1, 8192, 96, 128)
     # (intra 1.52 ms, state 0.86 ms; bench/RESULTS.md).
     sub = 16
-    if plan.diag_mode == "elementwise":
+    if plan.diag_mode == "elementwise" and not checked_like_bounded(plan):
         bk = 32  # the element-wise diagonal holds a [BC, BC, BK] tile
     else:
         bk = min(128, plan.BK)
@@ -210,7 +222,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
             state_bv = min(16 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
         if chunking[0] == 2 * chunking[1]:
             intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
-            if plan.diag_mode == "elementwise" and plan.has_rank1:
+            if plan.diag_mode == "elementwise" and plan.has_rank1 and not checked_like_bounded(plan):
                 # element-wise diagonal tiles (a per-channel gate without a bound, whose checked
                 # diagonal keeps them as the fallback, or fp16, whose factors cannot hold a bound's
                 # span): the intra gradients spill 10 KB on 2 warps (584 B / 1 KB on 4, bf16 / fp16):

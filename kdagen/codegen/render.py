@@ -214,9 +214,9 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     column at a time, on the fast path's [BC, BK] tiles) otherwise, as the inference solve does --
     where the factors' dtype has bf16's or fp32's range (fp16 factors, range 6.5e4, stay
     element-wise).  Without a bound (diag_mode 'elementwise') always; with a bound the caller
-    promises (g given, ``safe_gate``) unless config.check_gate_bound is False, so a g that breaks
-    the promise (or -inf) still gets the recurrence's answer; a bound an in-kernel gate's formula
-    guarantees is not checked.  General DPLR's templates take the check on their own dot dtype
+    promises (g given, ``safe_gate``) when config.check_gate_bound asks, so a g that breaks the
+    promise (or -inf) still gets the recurrence's answer; a bound an in-kernel gate's formula
+    guarantees is never checked.  General DPLR's templates take the check on their own dot dtype
     (no diag_precision there)."""
     out = {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False, "diag_checked": False,
            "diag_span_limit": repr(SPAN_LIMIT)}
