@@ -142,6 +142,11 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # (bench/RESULTS.md, run 76).
     half = plan.dtype in ("bfloat16", "float16")
     stages = 3 if half and plan.K <= 128 else 2
+    # General DPLR's state pass holds twice the tiles (U and V, two sets of products): three stages on the
+    # 32-wide tile took its forward from 3.83 to 5.54 ms at (1, 8192, 96, 128) (2 stages: 3.83); on the
+    # 16-wide tile of few programs they still gain (2.52 against 2.77 ms at (2, 16384, 16, 128); run 89)
+    if plan.structure == "dplr" and bv >= 32:
+        stages = 2
     # The intra launch's row-block loads issued together at the top (intra_load_ahead), half precision
     # (they wait in the loaded dtype): 1.913 -> 1.879 ms at (1, 8192, 96, 128) and 1.284 -> 1.241 ms at
     # (2, 16384, 16, 128), bit-identical outputs (bench/RESULTS.md, run 83; fp32 inputs unmeasured)
