@@ -309,10 +309,12 @@ def chunk_kda(
     recurrence's either way.  ``safe_gate``/``lower_bound`` choose the spec (and the tuned
     winners) but are a promise the inference kernels do not rely on.  A log decay below -40
     is treated as -40 (a decay to 4e-18, below float32 resolution).  NaN in any input gives
-    NaN in its sequence's outputs.  The training kernels rely on ``lower_bound`` for their
-    factorised tiles (``safe_gate=True``) and give NaN where g breaks it; without a bound they check
-    each sub-tile as the inference kernels do (factorised where its span allows, element-wise else),
-    except with fp16 operands, which stay element-wise.
+    NaN in its sequence's outputs.  The training kernels trust ``lower_bound`` for their
+    factorised tiles (``safe_gate=True``) and give wrong values or NaN where g breaks it, unless the
+    training and backward configs set ``check_gate_bound=True`` (each sub-tile checked as below; about
+    7% of the bf16 step); without a bound they check each sub-tile as the inference kernels do
+    (factorised where its span allows, element-wise one column at a time else), except with fp16
+    operands, which stay element-wise.
     """
     state_v_first = state_layout("chunk_kda", state_v_first, kwargs)
     check_kwargs("chunk_kda", kwargs)

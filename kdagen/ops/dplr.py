@@ -147,11 +147,13 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     dtype, final_state float32 [N, HV, K, V] or None.  ``cu_seqlens_cpu``: the offsets on the
     host, so nothing is read back from the device.  float32 inputs are accepted (FLA warns).
 
-    Gates.  By default any gk <= 0 gives the recurrence's answer: the diagonal tiles are
-    element-wise, and gk = -inf (a reset) is taken as -40 (a decay to 4e-18).  ``safe_gate=True``
-    (with ``lower_bound=L``, default -5: chunk_kda's reading of the flags; ``lower_bound``
-    without ``safe_gate`` changes nothing) promises gk >= L, and the diagonal tiles become
-    factorised tensor-core dots, which give wrong values where gk breaks the promise.
+    Gates.  By default any gk <= 0 gives the recurrence's answer: each 16-token diagonal sub-tile's
+    decay span is checked in the kernel, factorised tensor-core dots where it is within exp(81),
+    element-wise products (one column at a time) else, and gk = -inf (a reset) is taken as -40 (a
+    decay to 4e-18).  ``safe_gate=True`` (with ``lower_bound=L``, default -5: chunk_kda's reading of
+    the flags; ``lower_bound`` without ``safe_gate`` changes nothing) promises gk >= L and the
+    diagonal tiles become unchecked factorised dots, which give wrong values where gk breaks the
+    promise (``check_gate_bound=True`` in the configs checks it; run 86: 5-7% of the step).
 
     ``chunk_size``: 16, 32 or 64 (None: the tuned winner's or the heuristic's); other lengths
     are refused (ValueError).  ``cp_context`` (context parallelism) is refused unless None;
