@@ -3,6 +3,7 @@ a kernel is compiled for a target GPU without that GPU (:func:`compile_for_targe
 launch is described and run (:class:`Launch`)."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -193,6 +194,16 @@ class Launch:
     constexprs: dict[str, Any]
     num_warps: int
     num_stages: int
+    # a launch that runs right after this one (the repair launch of a checked diagonal: the same kernel
+    # with REPAIR=True, re-running the programs this one flagged; codegen.render diag_repair)
+    then: Any = None
 
     def __call__(self):
         launch(self.fn, self.grid, self.args, self.constexprs, self.num_warps, self.num_stages)
+        if self.then is not None:
+            self.then()
+
+    def with_repair(self) -> "Launch":
+        """This launch (REPAIR=False) followed by its repair launch (REPAIR=True), same arguments."""
+        fast = dataclasses.replace(self, constexprs={**self.constexprs, "REPAIR": False}, then=None)
+        return dataclasses.replace(fast, then=dataclasses.replace(fast, constexprs={**fast.constexprs, "REPAIR": True}))

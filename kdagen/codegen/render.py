@@ -219,7 +219,7 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     guarantees is never checked.  General DPLR's templates take the check on their own dot dtype
     (no diag_precision there)."""
     out = {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False, "diag_checked": False,
-           "diag_span_limit": repr(SPAN_LIMIT)}
+           "diag_repair": False, "diag_span_limit": repr(SPAN_LIMIT)}
     if plan.decay != "channel" or plan.diag_mode not in ("factorised", "elementwise"):
         return out
     check = plan.diag_mode == "elementwise" or (not plan.gate_in_kernel and config.check_gate_bound)
@@ -233,7 +233,21 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     elif config.diag_precision in ("tf32", "ieee") and plan.dtype != "float32":
         out.update(diag_dtype="tl.float32", diag_kw=f', input_precision="{config.diag_precision}"')
     out["diag_checked"] = check and out["diag_dtype"] != "tl.float16"
+    # KDA's branch checks in a second launch: the fast one factorises every diagonal tile and the forward
+    # intra launch flags each (chunk, value head) with a sub-tile over the limit; a repair launch of the
+    # same source (REPAIR) re-runs those programs with the check (kdagen.ops.chunk_train, chunk_bwd)
+    out["diag_repair"] = out["diag_checked"]
     return out
+
+
+def repairs_diagonal(plan: Plan, config: _Config) -> bool:
+    """Whether the training kernels rendered for ``plan`` under ``config`` (a ChunkTrainConfig or a
+    ChunkBwdConfig) check their diagonal tiles in a repair launch (_diag_vars' diag_repair): the ops
+    then pass the flags ``bad`` and launch each such kernel twice (kdagen.kernels.Launch.with_repair)."""
+    if plan.structure == "dplr":
+        return False
+    v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ""}
+    return _diag_vars("chunk_intra", plan, config, v)["diag_repair"]
 
 
 def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:

@@ -35,6 +35,7 @@ import torch
 import triton
 
 from ..codegen.lower import Plan
+from ..codegen.render import repairs_diagonal
 from ..config import ChunkBwdConfig
 from ..kernels import Launch, build, dummy_pointer
 from .inputs import Dims, state_shape
@@ -83,7 +84,7 @@ def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
         scale=a["scale"], plan=plan, config=config,
         is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
-        fwd_intra=dataclasses.replace(intra, args=stripped),
+        fwd_intra=dataclasses.replace(intra, args=stripped, then=None),  # (a re-run builds its own repair launch)
         inter_dtype=a["qg"].dtype, state_v_first=state.constexprs["STATE_V_FIRST"])
 
 
@@ -117,7 +118,8 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     const = {**fi.constexprs, "STORE_U": False}
     if "td" in args:  # T is not written again
         args["td"], const["STORE_T"] = dummy_pointer(dev), False
-    return dataclasses.replace(fi, args=args, constexprs=const), inter
+    rerun = dataclasses.replace(fi, args=args, constexprs=const)
+    return (rerun.with_repair() if "REPAIR" in const else rerun), inter
 
 
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
@@ -191,6 +193,9 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
         intra_args["dA_part"] = dA_part
     if dbias_part is not None:
         intra_args["dbias_part"] = dbias_part
+    repair = repairs_diagonal(plan, cfg)
+    if repair:
+        intra_args["bad"] = _repair_flags(meta, dev)
     intra_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
                       scale=float(meta.scale))
     intra_const = dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
@@ -199,8 +204,21 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     if not cfg.splits_intra(plan):
         intra = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, HV), intra_args, intra_const,
                        cfg.intra_num_warps, cfg.intra_num_stages)
-        return rerun + (state, dqkw, intra), outputs
-    return rerun + (state, dqkw) + _split_intra(meta, built, intra_args, intra_const), outputs
+        return rerun + (state, dqkw, intra.with_repair() if repair else intra), outputs
+    split = _split_intra(meta, built, intra_args, intra_const)
+    return rerun + (state, dqkw) + (tuple(ln.with_repair() for ln in split) if repair else split), outputs
+
+
+def _repair_flags(meta: BwdMeta, dev) -> torch.Tensor:
+    """The forward intra launch's flags (one int8 per chunk and value head: a diagonal sub-tile spans over
+    the limit), which the backward's repair launches read; where the forward wrote none (its config did
+    not check a promised bound, or a traced call rebuilt the description without them) every program is
+    flagged: the repair launches re-run them all, which is slower and as exact."""
+    bad = meta.fwd_intra.args.get("bad")
+    shape = (max(meta.NT_total, 1), meta.HV)
+    if isinstance(bad, torch.Tensor) and not bad.is_meta and tuple(bad.shape) == shape and bad.dtype == torch.int8:
+        return bad
+    return torch.ones(shape, dtype=torch.int8, device=dev)
 
 
 def _rerun_from_saved(meta: BwdMeta, built, inputs: dict, aqk: torch.Tensor, td: torch.Tensor):
@@ -233,8 +251,8 @@ def _split_intra(meta: BwdMeta, built, args: dict, const: dict):
     td = torch.empty(de.shape, dtype=args["q"].dtype, device=de.device)
     wy_names = ("k", "v", "g", "beta", "A_log", "dt_bias", "du", "dw", "dv", "dbeta")
     wy_args = {n: args[n] for n in wy_names if n in args}
-    wy_args.update(de=de, td=td, cu_seqlens=args["cu_seqlens"], chunk_indices=args["chunk_indices"], T=args["T"],
-                   NT=args["NT"])
+    wy_args.update(de=de, td=td, **({"bad": args["bad"]} if "bad" in args else {}), cu_seqlens=args["cu_seqlens"],
+                   chunk_indices=args["chunk_indices"], T=args["T"], NT=args["NT"])
     wy = Launch("chunk_bwd_wy", built.fn("chunk_bwd_wy"), (meta.NT_total, meta.HV), wy_args, const,
                 cfg.intra_num_warps, cfg.intra_num_stages)
     dqkg_args = {}

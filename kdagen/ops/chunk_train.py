@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..codegen.render import repairs_diagonal
 from ..config import ChunkTrainConfig
 from ..dtypes import storage
 from ..kernels import Launch, dummy_pointer
@@ -83,6 +84,9 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     store_t = store_t and plan.has_rank1 and not dplr
     if not dplr:
         intra_args["td"] = torch.zeros(B, T, HV, C, dtype=q.dtype, device=dev) if store_t else dummy
+    repair = repairs_diagonal(plan, config)
+    if repair:  # one flag per (chunk, value head): a diagonal sub-tile spans over the limit (the repair launch's)
+        intra_args["bad"] = torch.empty(max(NT_total, 1), HV, dtype=torch.int8, device=dev)
     intra_args.update(cu_seqlens=cu,
                       chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                       T=T, NT=NT, scale=float(scale))
@@ -92,6 +96,8 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
                         BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=plan.has_rank1,
                         **({} if dplr else dict(STORE_T=store_t))),
                    config.intra_num_warps, config.intra_num_stages)
+    if repair:
+        intra = intra.with_repair()
     bv = min(config.state_block_v, plan.BV)
     state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, **(dict(v=v, aqv=aqv, kgv=kgv) if dplr else {}), o=o,
                       h0=initial_state if initial_state is not None else dummy,
