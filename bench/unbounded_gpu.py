@@ -1,6 +1,6 @@
 """Training calls under each gate contract, kdagen alone, in one process: a promised bound trusted
-(the default, check_gate_bound=False: the unchecked factorised diagonals), the same bound checked
-(check_gate_bound=True: each diagonal sub-tile's span checked in the kernel), and no bound
+(check_gate_bound=False: the unchecked factorised diagonals), the same bound checked (True, the
+default for KDA and GLA: repair launches re-run the chunks whose sub-tiles span over the limit), and no bound
 (chunk_kda without safe_gate, chunk_gla: checked too), under the unbounded plan's heuristic tiles and
 under the bounded plan's (the element-wise fallback now runs one column at a time on the fast path's
 tiles, so it may not need the narrower ones).
@@ -85,7 +85,8 @@ def main():
         tcfg, bcfg = default_train_config(free_plan, shape), default_chunk_bwd_config(free_plan, shape)
         btcfg, bbcfg = default_train_config(bplan, shape), default_chunk_bwd_config(bplan, shape)
         variants = [
-            ("bounded", None, None, bounded_kw),  # the default: the promise trusted
+            ("bounded", None, None, bounded_kw),  # the default: the promise checked (repair launches)
+            ("trusted", btcfg.replace(check_gate_bound=False), bbcfg.replace(check_gate_bound=False), bounded_kw),
             ("checked", btcfg.replace(check_gate_bound=True), bbcfg.replace(check_gate_bound=True), bounded_kw),
             ("free", None, None, {}),  # the unbounded plan's heuristic tiles
             ("free_fwd_bt", tcfg.replace(intra_block_k=btcfg.intra_block_k), None, {}),  # the bounded plan's intra tile
@@ -126,7 +127,8 @@ def main():
                        default_chunk_bwd_config(plan, shape).replace(intra_num_warps=b5.intra_num_warps))
             bound = dict(safe_gate=True, lower_bound=-5.0)
             variants = [(member, None, None, {}), (member + "_bt", *free_bt, {}),  # unbounded: its tiles, the bounded's
-                        (member + "5", None, None, bound),  # the promise trusted (default)
+                        (member + "5", None, None, bound),  # the heuristic's (GLA: checked; DPLR: trusted)
+                        (member + "5_trusted", t5.replace(check_gate_bound=False), b5.replace(check_gate_bound=False), bound),
                         (member + "5_checked", t5.replace(check_gate_bound=True), b5.replace(check_gate_bound=True), bound)]
             for name, cfg, bcfg, kw in variants:
                 inp = name.split("_")[0]  # gla/dplr inputs: unclamped; gla5/dplr5: clamped at -5

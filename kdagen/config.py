@@ -165,11 +165,12 @@ class ChunkTrainConfig(_Config):
     # the intra launch issues every row-block's q, k and g loads at the top of its K tile (every member's
     # template branch but general DPLR's, which ignores it)
     intra_load_ahead: bool = False
-    # a gate bound the caller promises (g given, safe_gate) checked per diagonal sub-tile in the kernel, so g
-    # below it (or -inf) still gets the recurrence's answer (element-wise columns there); False (default)
-    # trusts the promise: unchecked factorised tiles, wrong values or NaN where g breaks it.  The check
-    # cost 7% / 6% of the bf16 KDA training step on the H200 (bench/RESULTS.md, run 86)
-    check_gate_bound: bool = False
+    # a gate bound the caller promises (g given, safe_gate) checked, so g below it (or -inf) still gets the
+    # recurrence's answer: KDA's and GLA's kernels flag the chunks with a sub-tile over the span limit and
+    # re-run those in a repair launch (1.3% / 1.1% of the bf16 KDA step on the H200, bench/RESULTS.md run
+    # 91); general DPLR checks each sub-tile in its kernels (5-7%, run 86), so its heuristic config trusts
+    # the promise.  False: unchecked factorised tiles, wrong values or NaN where g breaks it
+    check_gate_bound: bool = True
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
@@ -215,7 +216,7 @@ class ChunkBwdConfig(_Config):
     rerun_num_warps: int = 4
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
     state_prefetch: bool = False  # the reverse state pass loads G_n of the chunk before one iteration ahead
-    check_gate_bound: bool = False  # as ChunkTrainConfig's: a promised gate bound checked per diagonal sub-tile
+    check_gate_bound: bool = True  # as ChunkTrainConfig's: a promised gate bound checked (the repair launches)
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",

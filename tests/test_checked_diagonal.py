@@ -124,11 +124,10 @@ def test_kda_training_gives_the_recurrence_where_g_breaks_the_promised_bound(gat
 
 
 def test_trusting_the_bound_is_what_the_check_guards_against():
-    """The same broken promise with check_gate_bound=False (the default: the unchecked factorised
-    tiles): wrong, so the test above passes because of the check, not by luck."""
+    """The same broken promise with check_gate_bound=False (the unchecked factorised tiles, no repair
+    launch): wrong, so the test above passes because of the check, not by luck."""
     x = make_inputs(1, 75, 1, 2, 32, 16, gate="below", seed=7)
-    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)
-    assert cfg.check_gate_bound is False
+    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False)
     o, _ = kdagen.chunk_kda(x.q, x.k, x.v, x.g.requires_grad_(True), x.beta, initial_state=x.h0,
                             safe_gate=True, lower_bound=-5.0, config=cfg)
     ref, _ = naive_recurrent_kda(x.q.to(F64), x.k.to(F64), x.v.to(F64), x.g.detach().to(F64), x.beta.to(F64),
@@ -144,13 +143,18 @@ def rel(a, r):
 def test_the_check_is_in_the_source_where_it_applies(kernel):
     check = f"if span <= {SPAN_LIMIT!r}:"
     assert check in _source(kernel, "bfloat16") and check in _source(kernel, "float32")
-    # a promised bound is trusted by default, and checked (g below it takes the element-wise columns)
-    # when the config asks
-    assert "if span <=" not in _source(kernel, "bfloat16", bounded=True)
+    # a promised bound is checked by default (g below it takes the element-wise columns in the repair
+    # launch), and trusted when the config says so
+    assert check in _source(kernel, "bfloat16", bounded=True)
     ask = (ChunkTrainConfig(intra_block_k=32, check_gate_bound=True) if kernel == "chunk_intra"
            else ChunkBwdConfig(intra_split=True, check_gate_bound=True))
-    assert check in _source(kernel, "bfloat16", bounded=True, config=ask)
-    assert check in _source(kernel, "bfloat16")  # without a bound there is nothing to trust
+    trust = (ChunkTrainConfig(intra_block_k=32, check_gate_bound=False) if kernel == "chunk_intra"
+             else ChunkBwdConfig(intra_split=True, check_gate_bound=False))
+    assert "if span <=" not in _source(kernel, "bfloat16", bounded=True, config=trust)
+    assert check in _source(kernel, "bfloat16", config=trust)  # without a bound there is nothing to trust
+    # the check runs in the repair launch only (REPAIR): the fast launch factorises outright
+    src = _source(kernel, "bfloat16")
+    assert "REPAIR: tl.constexpr" in src and "if REPAIR:\n" in src
     # a bound the in-kernel gate's formula guarantees (g = lower_bound * sigmoid(...)): nothing to check
     sel = select_spec(True, True, -5.0, False, False)
     plan = lower(sel, 64, 64, "bfloat16", "chunk", True)
@@ -181,10 +185,10 @@ def test_dplr_mixing_both_kinds_of_sub_tile(bound):
     spans = _spans(g[0])
     assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).sum() >= 2
     do, dht, ref = _reference_grads(xs)
-    # with a bound, the check asked for (check_gate_bound=True; the default trusts the promise)
+    # with a bound, the check asked for (check_gate_bound=True; DPLR's heuristic trusts the promise)
     kw = {} if bound is None else dict(safe_gate=True, lower_bound=bound,
                                        config=ChunkTrainConfig(check_gate_bound=True))
-    with chunk_bwd_config(ChunkBwdConfig(check_gate_bound=bound is not None)):
+    with chunk_bwd_config(ChunkBwdConfig(check_gate_bound=True)):
         got = _op_grads(xs, do, dht, **kw)
     for n in NAMES:
         assert_close(got[n], ref[n], TOL, f"d{n}")
@@ -196,3 +200,31 @@ def test_dplr_mixing_both_kinds_of_sub_tile(bound):
                                          initial_state=xs["h0"], output_final_state=True, **kw)
     assert_close(o, ro, TOL, "o")
     assert_close(ht, rh, TOL, "ht")
+
+
+def test_backward_repairs_every_chunk_where_the_forward_wrote_no_flags():
+    """A backward config that checks (check_gate_bound=True) after a forward that trusted the bound (no
+    flags written): the backward's repair launches re-run every chunk, and the gradients are still the
+    recurrence's (g within the bound here, so the forward is exact)."""
+    from kdagen.ops.chunk_bwd import _repair_flags
+
+    x = make_inputs(1, 45, 1, 2, 32, 16, seed=8)
+    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    gen = torch.Generator().manual_seed(14)
+    do = torch.randn(x.v.shape, generator=gen)
+    dht = torch.randn(1, 2, 32, 16, generator=gen)
+    fwd = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False)
+    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True)):
+        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True, lower_bound=-5.0,
+                                                  config=fwd), leaves, do, dht)
+    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
+    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
+    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
+        assert_close(a, r, TOL, name)
+
+    class _Meta:  # the flags' fallback itself: every program flagged
+        NT_total, HV = 3, 2
+        fwd_intra = type("I", (), {"args": {}})()
+    flags = _repair_flags(_Meta, torch.device("cpu"))
+    assert flags.dtype == torch.int8 and flags.shape == (3, 2) and bool((flags == 1).all())

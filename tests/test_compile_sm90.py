@@ -238,6 +238,8 @@ def _worker_compile(jobs):
                     q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True, cu_seqlens=cu,
                     config=None if cfg is None else ChunkTrainConfig(**cfg), **kw)
                 results[f"{family}:{cid}"] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
+                if launches[0].then is not None:  # the checked diagonal's repair launch (REPAIR=True)
+                    results[f"{family}:{cid}"].append(report("chunk_intra_repair", launches[0].then))
             elif family == "l2norm":
                 from kdagen.config import ChunkBwdConfig
                 from kdagen.ops.l2norm import l2norm_bwd_launch, l2norm_launch
@@ -402,7 +404,15 @@ def test_sequence_parallel_state_pass_compiles_for_sm90(case, compiled):
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
 def test_training_forward_kernels_compile_for_sm90(case, compiled):
     cid, dtype, K, V, gate, cfg, extra = case
-    entries, (intra, state) = _compiled_pair(compiled["train:" + cid], ("chunk_intra", "chunk_state"), extra)
+    entries = compiled["train:" + cid]
+    # the checked diagonal's repair launch follows where a gate bound is promised or absent (bf16/fp32 factors)
+    repair = [e for e in entries if e["kind"] == "chunk_intra_repair"]
+    assert bool(repair) == (gate in ("safe", "free") and dtype != "float16")  # (fp16: element-wise, no check)
+    if repair:
+        _check_smem(repair, extra)
+        assert repair[0]["constexprs"]["REPAIR"] and not entries[0]["constexprs"]["REPAIR"]
+    entries = [e for e in entries if e["kind"] != "chunk_intra_repair"]
+    entries, (intra, state) = _compiled_pair(entries, ("chunk_intra", "chunk_state"), extra)
     assert intra["K"] == K and intra["V"] == V and state["K"] == K and state["V"] == V
     assert intra["BT"] == state["BT"] and state["STORE_HS"] and state["STORE_VN"]
     if cfg is not None:  # the config really reached the kernels

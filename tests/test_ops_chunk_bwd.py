@@ -426,12 +426,13 @@ for cid, dtype, K, V, gate, cfg, bcfg in json.loads(sys.stdin.read()):
                                            bwd_config=None if bcfg is None else ChunkBwdConfig(**bcfg),
                                            **kw)
         res = []
-        for l in bwd:
+        for l in [x for ln in bwd for x in (ln, ln.then) if x is not None]:  # each launch, then its repair launch
             r = compile_for_target(l.fn, l.args, l.constexprs, GPUTarget("cuda", 90, 32), l.num_warps, l.num_stages)
             res.append(dict(name=r.name, fn=l.fn.__name__, target=r.target, shared=r.shared_bytes,
                             BT=l.constexprs.get("BT"), K=l.constexprs["K"], V=l.constexprs.get("V"),
                             prefetch="b_gn_next" in open(l.fn.fn.__code__.co_filename).read(),
-                            split="b_dQl" in open(l.fn.fn.__code__.co_filename).read()))
+                            split="b_dQl" in open(l.fn.fn.__code__.co_filename).read(),
+                            repair=l.constexprs.get("REPAIR")))
         out[cid] = res
     except Exception as e:
         out[cid] = dict(error=f"{type(e).__name__}: {e}"[:4000])
@@ -468,6 +469,14 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
         kinds.remove("chunk_bwd_wy")
     if "C64" in cid:  # four sub-tiles per chunk: neither the re-run from kept tiles nor the split
         kinds = ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
+    # a promised bound (g given) or none: the intra launches' diagonals are checked in repair launches
+    # (REPAIR=True, after each), compiled too; an in-kernel gate's formula bound is not checked
+    repairs = [r for r in res if r["repair"]]
+    assert [r["repair"] for r in res if r["repair"] is not None] == [False, True] * len(repairs)
+    assert len(repairs) == (0 if gate.startswith("gik") else 1 if "fused" in cid else 2)
+    for r in repairs:
+        assert r["target"] == "cuda:90" and 0 < r["shared"] <= SMEM_LIMIT, r
+    res = [r for r in res if not r["repair"]]
     assert len(res) == len(kinds)
     for r, kind in zip(res, kinds):
         assert kind in r["name"] and r["name"] == r["fn"] and r["target"] == "cuda:90"

@@ -221,7 +221,12 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     free16 = lower(select_spec(False, False, None, False, False), 128, 128, "float16", "chunk", False)
     assert default_chunk_bwd_config(free16).intra_num_warps == 4 and default_train_config(free16).intra_block_k == 32
     gla = lower(S.gla(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", False)
-    assert default_train_config(gla).intra_block_k == 32
+    gla5 = lower(S.gla(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
+    assert default_train_config(gla).intra_block_k == default_train_config(gla5).intra_block_k == 32  # (run 91)
+    # a promised bound checked by repair launches, except general DPLR's (its check is in-kernel: 5-7%)
+    assert default_train_config(plan).check_gate_bound and default_chunk_bwd_config(plan).check_gate_bound
+    dplr = lower(S.dplr(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
+    assert not default_train_config(dplr).check_gate_bound and not default_chunk_bwd_config(dplr).check_gate_bound
     # the intra launch's loads issued ahead in half precision (run 83), not for fp32 inputs (unmeasured)
     assert few.intra_load_ahead and many.intra_load_ahead
     fp32 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float32", "chunk", False)

@@ -309,12 +309,14 @@ def chunk_kda(
     recurrence's either way.  ``safe_gate``/``lower_bound`` choose the spec (and the tuned
     winners) but are a promise the inference kernels do not rely on.  A log decay below -40
     is treated as -40 (a decay to 4e-18, below float32 resolution).  NaN in any input gives
-    NaN in its sequence's outputs.  The training kernels trust ``lower_bound`` for their
-    factorised tiles (``safe_gate=True``) and give wrong values or NaN where g breaks it, unless the
-    training and backward configs set ``check_gate_bound=True`` (each sub-tile checked as below; about
-    7% of the bf16 step); without a bound they check each sub-tile as the inference kernels do
-    (factorised where its span allows, element-wise one column at a time else), except with fp16
-    operands, which stay element-wise.
+    NaN in its sequence's outputs.  The training kernels factorise every diagonal
+    sub-tile in their main launches and flag each (chunk, head) with a sub-tile whose decay spans
+    over exp(81); a repair launch after each re-runs only the flagged ones, each sub-tile checked
+    (factorised within the limit, element-wise one column at a time else).  So any g <= 0 (below a
+    promised bound, -inf) gets the recurrence's answer, with or without ``safe_gate``, at about 1%
+    of the bf16 step on realistic gates (bench/RESULTS.md, run 91).  ``check_gate_bound=False`` in the
+    training and backward configs trusts a promised bound instead (no repair launches: wrong values
+    or NaN where g breaks it).  fp16 operands keep the element-wise diagonal throughout.
     """
     state_v_first = state_layout("chunk_kda", state_v_first, kwargs)
     check_kwargs("chunk_kda", kwargs)

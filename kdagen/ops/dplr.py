@@ -152,8 +152,9 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     element-wise products (one column at a time) else, and gk = -inf (a reset) is taken as -40 (a
     decay to 4e-18).  ``safe_gate=True`` (with ``lower_bound=L``, default -5: chunk_kda's reading of
     the flags; ``lower_bound`` without ``safe_gate`` changes nothing) promises gk >= L and the
-    diagonal tiles become unchecked factorised dots, which give wrong values where gk breaks the
-    promise (``check_gate_bound=True`` in the configs checks it; run 86: 5-7% of the step).
+    diagonal tiles become unchecked factorised dots (the heuristic configs trust the promise), which
+    give wrong values where gk breaks it; ``check_gate_bound=True`` in the training and backward
+    configs checks it per sub-tile in the kernels (run 86: 5-7% of the step).
 
     ``chunk_size``: 16, 32 or 64 (None: the tuned winner's or the heuristic's); other lengths
     are refused (ValueError).  ``cp_context`` (context parallelism) is refused unless None;

@@ -176,10 +176,12 @@ def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output
     [B, T, HV, K] log decay (<= 0); initial_state: [N, HV, K, V].  Returns ``(o, final_state)``.
 
     Beyond FLA: GVA (HV a multiple of H), float32 inputs, ``safe_gate=True`` with ``lower_bound=L``
-    (default -5; kdagen's flags, read as chunk_kda reads them): the caller promises g >= L, and the
-    diagonal tiles become factorised tensor-core dots instead of the element-wise products any g
-    needs; as for chunk_kda, the inference forward still answers a g below the bound exactly (the
-    element-wise path of that sub-tile).  No beta: GLA has no rank-1 part."""
+    (default -5; kdagen's flags, read as chunk_kda reads them): the caller promises g >= L, which
+    picks the bounded spec and its tuned winners.  With or without it the diagonal sub-tiles are
+    factorised tensor-core dots wherever their decay span allows and element-wise elsewhere, as for
+    chunk_kda (inference: in the solve; training: in repair launches, unless the configs set
+    ``check_gate_bound=False``), so a g below the bound or -inf gets the recurrence's answer.  No
+    beta: GLA has no rank-1 part."""
     op = "chunk_gla"
     _common(op, kwargs)
     _, bound, _, _ = gate_choice(False, safe_gate, lower_bound, False, False)  # chunk_kda's reading of the flags

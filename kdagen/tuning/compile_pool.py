@@ -123,7 +123,8 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
                                 state_dtype=as_dtype(state_dtype).torch)
         # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's)
         timed = [ln for ln in launches if which in (ln.kernel, REPLACES.get(ln.kernel))]
-        for ln in (launches if which is None else timed):
+        # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
+        for ln in [x for ln in (launches if which is None else timed) for x in (ln, ln.then) if x is not None]:
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
                                      ln.num_warps, ln.num_stages)
             if rep.shared_bytes > smem_limit:
