@@ -203,7 +203,10 @@ class Launch:
         if self.then is not None:
             self.then()
 
-    def with_repair(self) -> "Launch":
-        """This launch (REPAIR=False) followed by its repair launch (REPAIR=True), same arguments."""
+    def with_repair(self, repair_grid: tuple[int, ...] | None = None) -> "Launch":
+        """This launch (REPAIR=False) followed by its repair launch (REPAIR=True), same arguments; the
+        repair launch's grid ``repair_grid`` (default: this one's)."""
         fast = dataclasses.replace(self, constexprs={**self.constexprs, "REPAIR": False}, then=None)
-        return dataclasses.replace(fast, then=dataclasses.replace(fast, constexprs={**fast.constexprs, "REPAIR": True}))
+        repair = dataclasses.replace(fast, constexprs={**fast.constexprs, "REPAIR": True},
+                                     grid=tuple(repair_grid or fast.grid))
+        return dataclasses.replace(fast, then=repair)

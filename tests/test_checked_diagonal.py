@@ -228,3 +228,24 @@ def test_backward_repairs_every_chunk_where_the_forward_wrote_no_flags():
         fwd_intra = type("I", (), {"args": {}})()
     flags = _repair_flags(_Meta, torch.device("cpu"))
     assert flags.dtype == torch.int8 and flags.shape == (3, 2) and bool((flags == 1).all())
+
+
+def test_the_repair_of_the_k_split_gradients_walks_every_k_tile():
+    """The split backward's dq/dk/dg launch runs one program per (chunk, head, K tile); its repair launch
+    one per (chunk, head), walking every K tile: two K tiles here (K=64, BK=32), a chunk flagged."""
+    x = make_inputs(1, 70, 1, 1, 64, 16, gate="below", seed=15)
+    spans = _spans(x.g[0])
+    assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).any()
+    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    gen = torch.Generator().manual_seed(16)
+    do = torch.randn(x.v.shape, generator=gen)
+    dht = torch.randn(1, 1, 64, 16, generator=gen)
+    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True)):
+        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True,
+                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)),
+                     leaves, do, dht)
+    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
+    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
+    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
+        assert_close(a, r, TOL, name)

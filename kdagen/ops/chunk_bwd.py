@@ -206,7 +206,9 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                        cfg.intra_num_warps, cfg.intra_num_stages)
         return rerun + (state, dqkw, intra.with_repair() if repair else intra), outputs
     split = _split_intra(meta, built, intra_args, intra_const)
-    return rerun + (state, dqkw) + (tuple(ln.with_repair() for ln in split) if repair else split), outputs
+    if repair:  # the second launch's repair programs walk every K tile of their chunk: one per (chunk, head)
+        split = (split[0].with_repair(), split[1].with_repair(split[1].grid[:2] + (1,)))
+    return rerun + (state, dqkw) + split, outputs
 
 
 def _repair_flags(meta: BwdMeta, dev) -> torch.Tensor:
