@@ -344,15 +344,17 @@ def test_forward_without_grad_runs_the_inference_kernels(monkeypatch):
     v = leaves["v"].clone().requires_grad_(True)
     o1, h1 = kdagen.chunk_kda(leaves["q"], leaves["k"], v, leaves["g"], leaves["beta"],
                               initial_state=leaves["initial_state"], output_final_state=True, **kw)
-    assert len(seen) == 2 and seen[1]["STORE_HS"] is True and seen[1]["STORE_VN"] is True and o1.requires_grad
+    # the training forward: the intra launch, its repair launch (the promised bound checked), the state pass
+    assert len(seen) == 3 and seen[0]["REPAIR"] is False and seen[1]["REPAIR"] is True
+    assert seen[2]["STORE_HS"] is True and seen[2]["STORE_VN"] is True and o1.requires_grad
     assert rel_err(o0, o1.detach()) < 1e-6 and rel_err(h0, h1.detach()) < 1e-6
 
 
 def test_backward_launch_sequence(monkeypatch):
     """Forward (intra writing U and T, state writing the per-chunk states and V'), then the
     backward: the re-run of qg, kg, W and G_n from the kept A_qk and T, the reverse state pass,
-    the chunk-parallel products, the intra-chunk gradients (fp32: one launch) -- six launches,
-    nothing else."""
+    the chunk-parallel products, the intra-chunk gradients (fp32: one launch) -- six launches, and
+    after each intra launch its repair launch (the promised bound checked; REPAIR), nothing else."""
     seen = []
     real_call = Launch.__call__
 
@@ -365,10 +367,11 @@ def test_backward_launch_sequence(monkeypatch):
     leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
     o, ht = kdagen.chunk_kda(**leaves, output_final_state=True, **kw)
     (o.sum() + ht.sum()).backward()
-    assert [k for k, _ in seen] == ["chunk_intra", "chunk_state", "chunk_bwd_rerun", "chunk_bwd_state",
-                                    "chunk_bwd_dqkw", "chunk_bwd_intra"]
+    assert [k for k, _ in seen] == ["chunk_intra", "chunk_intra", "chunk_state", "chunk_bwd_rerun", "chunk_bwd_state",
+                                    "chunk_bwd_dqkw", "chunk_bwd_intra", "chunk_bwd_intra"]
+    assert [c.get("REPAIR") for _, c in seen] == [False, True, None, None, None, None, False, True]
     assert seen[0][1]["STORE_U"] is True and seen[0][1]["STORE_T"] is True
-    assert seen[1][1]["STORE_HS"] is True and seen[1][1]["STORE_VN"] is True
+    assert seen[2][1]["STORE_HS"] is True and seen[2][1]["STORE_VN"] is True
 
 
 def test_intermediate_states_with_grad_is_refused(no_launch):
