@@ -167,8 +167,8 @@ class ChunkTrainConfig(_Config):
     intra_load_ahead: bool = False
     # a gate bound the caller promises (g given, safe_gate) checked, so g below it (or -inf) still gets the
     # recurrence's answer: KDA's and GLA's kernels flag the chunks with a sub-tile over the span limit and
-    # re-run those in a repair launch (1.3% / 1.1% of the bf16 KDA step on the H200, bench/RESULTS.md run
-    # 91); general DPLR checks each sub-tile in its kernels (5-7%, run 86), so its heuristic config trusts
+    # re-run those in repair launches (0.2-0.8% of the bf16 KDA step on the H200, bench/RESULTS.md runs
+    # 91-92); general DPLR checks each sub-tile in its kernels (5-7%, run 86), so its heuristic config trusts
     # the promise.  False: unchecked factorised tiles, wrong values or NaN where g breaks it
     check_gate_bound: bool = True
 
