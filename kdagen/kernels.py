@@ -172,6 +172,12 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
                *vals, *constexprs.values())
 
 
+def with_repairs(launches) -> list:
+    """Each launch followed by the repair launch it runs after itself (:attr:`Launch.then`), if any: what
+    running ``launches`` launches, for compile checks."""
+    return [x for ln in launches for x in (ln, ln.then) if x is not None]
+
+
 _DUMMY: dict[torch.device, torch.Tensor] = {}
 
 

@@ -78,7 +78,8 @@ for key, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2
     ran.clear()
     CA.KernelCandidate(fam, None, plan, sa, torch.bfloat16, shape, device="cpu", fwd_config=fwd).build(cfg)
     compiled = []
-    for ln in CP.launches_for(plan, cfg, torch.bfloat16, sa, F.check_shape(fam, shape), fwd, with_forward=True):
+    for ln in KN.with_repairs(CP.launches_for(plan, cfg, torch.bfloat16, sa, F.check_shape(fam, shape), fwd,
+                                              with_forward=True)):
         src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
         compiled.append([ln.fn.__name__, src.hash(), sorted(opts.items())])
     out["build"][key] = {"ran": ran[:], "compiled": compiled}
@@ -104,6 +105,8 @@ def test_compile_check_builds_what_the_device_jit_loads(tmp_path):
         # chunk_bwd at the inference forward's C=64: the training forward's two launches, the re-run of
         # its intra launch (four sub-tiles per chunk: no re-run from kept tiles, no split), the reverse
         # state pass, the chunk-parallel products and the intra-chunk gradients
-        # chunk_bwd_c32: the training forward's two, the re-run from kept tiles, state, dqkw, wy, intra
-        assert len(d["compiled"]) == {"chunk_fwd": 2, "chunk_bwd": 6, "chunk_bwd_c32": 7, "recurrent": 1}[fam]
+        # chunk_bwd_c32: the training forward's two, the re-run from kept tiles, state, dqkw, wy, intra; and
+        # after each launch with a checked diagonal (the training forward's intra, its re-run, wy, the intra
+        # gradients) its repair launch
+        assert len(d["compiled"]) == {"chunk_fwd": 2, "chunk_bwd": 9, "chunk_bwd_c32": 10, "recurrent": 1}[fam]
         assert ran and ran == compiled, fam

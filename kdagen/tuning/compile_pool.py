@@ -20,7 +20,7 @@ from ..codegen.lower import Plan
 from ..codegen.render import REPLACES
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, config_from_dict
 from ..dtypes import dtype as as_dtype
-from ..kernels import build, compile_for_target
+from ..kernels import build, compile_for_target, with_repairs
 from ..ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
 from ..ops.inputs import check_inputs
 from ..ops.recurrent import prepare_recurrent
@@ -124,7 +124,7 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
         # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's)
         timed = [ln for ln in launches if which in (ln.kernel, REPLACES.get(ln.kernel))]
         # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
-        for ln in [x for ln in (launches if which is None else timed) for x in (ln, ln.then) if x is not None]:
+        for ln in with_repairs(launches if which is None else timed):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
                                      ln.num_warps, ln.num_stages)
             if rep.shared_bytes > smem_limit:
