@@ -172,6 +172,12 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
                *vals, *constexprs.values())
 
 
+def has_repair(fn) -> bool:
+    """Whether a generated kernel takes a repair launch (its REPAIR argument: codegen.render diag_repair),
+    read off the kernel itself so that an exported package, which renders nothing, decides the same."""
+    return "REPAIR" in getattr(fn, "arg_names", ())
+
+
 def with_repairs(launches) -> list:
     """Each launch followed by the repair launch it runs after itself (:attr:`Launch.then`), if any: what
     running ``launches`` launches, for compile checks."""

@@ -235,19 +235,10 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     out["diag_checked"] = check and out["diag_dtype"] != "tl.float16"
     # KDA's branch checks in a second launch: the fast one factorises every diagonal tile and the forward
     # intra launch flags each (chunk, value head) with a sub-tile over the limit; a repair launch of the
-    # same source (REPAIR) re-runs those programs with the check (kdagen.ops.chunk_train, chunk_bwd)
+    # same source (REPAIR) re-runs those programs with the check (kdagen.ops.chunk_train, chunk_bwd: they
+    # read the choice off the kernel's arguments, kernels.has_repair)
     out["diag_repair"] = out["diag_checked"]
     return out
-
-
-def repairs_diagonal(plan: Plan, config: _Config) -> bool:
-    """Whether the training kernels rendered for ``plan`` under ``config`` (a ChunkTrainConfig or a
-    ChunkBwdConfig) check their diagonal tiles in a repair launch (_diag_vars' diag_repair): the ops
-    then pass the flags ``bad`` and launch each such kernel twice (kdagen.kernels.Launch.with_repair)."""
-    if plan.structure == "dplr":
-        return False
-    v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ""}
-    return _diag_vars("chunk_intra", plan, config, v)["diag_repair"]
 
 
 def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:

@@ -35,9 +35,8 @@ import torch
 import triton
 
 from ..codegen.lower import Plan
-from ..codegen.render import repairs_diagonal
 from ..config import ChunkBwdConfig
-from ..kernels import Launch, build, dummy_pointer
+from ..kernels import Launch, build, dummy_pointer, has_repair
 from .inputs import Dims, state_shape
 
 INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
@@ -193,7 +192,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
         intra_args["dA_part"] = dA_part
     if dbias_part is not None:
         intra_args["dbias_part"] = dbias_part
-    repair = repairs_diagonal(plan, cfg)
+    repair = has_repair(built.fns[2])  # (the wy launch's source takes the same choice)
     if repair:
         intra_args["bad"] = _repair_flags(meta, dev)
     intra_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,

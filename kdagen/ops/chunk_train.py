@@ -18,10 +18,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..codegen.render import repairs_diagonal
 from ..config import ChunkTrainConfig
 from ..dtypes import storage
-from ..kernels import Launch, dummy_pointer
+from ..kernels import Launch, dummy_pointer, has_repair
 from .inputs import state_shape
 from .schedule import chunk_schedule, to_device
 
@@ -84,7 +83,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     store_t = store_t and plan.has_rank1 and not dplr
     if not dplr:
         intra_args["td"] = torch.zeros(B, T, HV, C, dtype=q.dtype, device=dev) if store_t else dummy
-    repair = repairs_diagonal(plan, config)
+    repair = has_repair(built.fns[0])
     if repair:  # one flag per (chunk, value head): a diagonal sub-tile spans over the limit (the repair launch's)
         intra_args["bad"] = torch.empty(max(NT_total, 1), HV, dtype=torch.int8, device=dev)
     intra_args.update(cu_seqlens=cu,
