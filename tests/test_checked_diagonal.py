@@ -1,13 +1,16 @@
-"""The training kernels' checked diagonal tiles, in the CPU interpreter: a per-channel gate without a
-lower bound (chunk_kda without ``safe_gate``, chunk_gla) no longer takes the element-wise diagonal
-products everywhere -- each sub-tile's decay span is checked in the kernel, and the factorised
-products (dots on exp(a_I - G) factors) serve every sub-tile whose span keeps those factors in
-range, the element-wise ones the rest (as the inference solve does).
+"""The training kernels' checked diagonal tiles, in the CPU interpreter.  A per-channel gate without a
+lower bound (chunk_kda without ``safe_gate``, chunk_gla, chunk_dplr_delta_rule), or with a bound the
+caller promises (``safe_gate=True``: g given, so the promise can be broken; checked unless the configs
+set ``check_gate_bound=False``), gets the factorised diagonal products wherever a 16-token sub-tile's
+decay span keeps their factors in range and element-wise ones (one column at a time) elsewhere.  KDA's
+and GLA's kernels do it in repair launches: the main launches factorise everything and flag each
+(chunk, head) with a sub-tile over the limit, a repair launch after each re-runs the flagged ones with
+the per-sub-tile check; general DPLR's check in the kernel.
 
 Inputs mixing both kinds of sub-tile (gate "below": g in [-5, 0) with a run of 20 tokens at -8 and a
-token at -20, so some 16-token sub-tiles span over the limit of 81 and most span less) must give the
-float64 recurrence's forward and every gradient in fp32, for KDA (the split backward and the fused
-one) and GLA; and the source must carry the check only where it applies.
+token at -20; "inf": resets) must give the float64 recurrence's forward and every gradient in fp32
+(fp16 where it applies), for KDA (the split backward and the fused one), GLA and general DPLR; the
+source must carry the check only where it applies.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from kdagen.ops.inputs import select_spec
 from kdagen.spec.reference import naive_recurrent_dplr, naive_recurrent_gla, naive_recurrent_kda
 
 TOL = 1e-5  # relative Frobenius error, fp32 against float64
+TOL_F16 = 5e-3  # fp16 inputs (the family's bar)
 C, BC = 32, 16
 
 
@@ -44,25 +48,31 @@ def _grads(fn, leaves, do, dht):
     return [o, ht] + list(torch.autograd.grad((o, ht), list(leaves.values()), (do, dht)))
 
 
+def _kda_against_float64(x, seed: int, fwd: ChunkTrainConfig, bwd: ChunkBwdConfig, **kw):
+    """chunk_kda's forward and every gradient (q, k, v, g, beta, initial_state; from o and the final
+    state) for inputs ``x`` under configs ``fwd`` and ``bwd``, against float64 autograd through the
+    recurrence, at the fp32 bar (or TOL_F16 for fp16 inputs)."""
+    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
+    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(x.v.shape, generator=gen).to(x.v.dtype)
+    dht = torch.randn(x.h0.shape, generator=gen)
+    with chunk_bwd_config(bwd):
+        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True, config=fwd, **kw), leaves, do, dht)
+    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
+    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
+    tol = TOL if x.v.dtype == torch.float32 else TOL_F16
+    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
+        assert_close(a.float(), r, tol, name)
+
+
 @pytest.mark.parametrize("bwd", [dict(intra_split=True), dict(intra_split=False)], ids=["split", "fused"])
 def test_kda_without_a_bound_mixing_both_kinds_of_sub_tile(bwd):
     x = make_inputs(1, 100, 1, 2, 32, 16, gate="below", seed=5)
     spans = _spans(x.g[0])
     assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).sum() >= 4  # both branches are taken
-    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
-    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
-    gen = torch.Generator().manual_seed(11)
-    do = torch.randn(x.v.shape, generator=gen)
-    dht = torch.randn(1, 2, 32, 16, generator=gen)
-    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, **bwd)):
-        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True,
-                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)),
-                     leaves, do, dht)
-    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
-    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
-    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
-        assert torch.isfinite(a).all(), name
-        assert_close(a, r, TOL, name)
+    _kda_against_float64(x, 11, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32),
+                         ChunkBwdConfig(intra_block_k=32, **bwd))
 
 
 def test_gla_without_a_bound_mixing_both_kinds_of_sub_tile():
@@ -89,16 +99,12 @@ def _source(kernel, dtype, bounded=False, config=None):
     return render(kernel, plan, cfg).text
 
 
-# A promised bound that g breaks (issue 13's gate contract, training path), checked because the configs
-# ask (check_gate_bound=True; the default trusts the promise): chunk_kda with safe_gate=True, lower_bound=-5
-# given g at the bound everywhere ("lb"), below it ("below": runs at -8
-# and a -20, so some sub-tiles span over the limit) and -inf resets ("inf": a whole token, and some
-# channels of another).  Each must give the float64 recurrence's forward and gradients.  fp16 keeps
-# the element-wise diagonal (no check: nothing to break) and is checked at its own tolerance; it now
-# needs the -inf floor too.
-TOL_F16 = 5e-3
-
-
+# A promised bound that g breaks (issue 13's gate contract, training path), checked (check_gate_bound=True,
+# the default for KDA: repair launches re-run the flagged chunks): chunk_kda with safe_gate=True,
+# lower_bound=-5 given g at the bound everywhere ("lb"), below it ("below": runs at -8 and a -20, so some
+# sub-tiles span over the limit) and -inf resets ("inf": a whole token, and some channels of another).
+# Each must give the float64 recurrence's forward and gradients.  fp16 keeps the element-wise diagonal
+# (no check: nothing to break) and is checked at its own tolerance; it needs the -inf floor too.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("gate", ["lb", "below", "inf"])
 def test_kda_training_gives_the_recurrence_where_g_breaks_the_promised_bound(gate, dtype):
@@ -106,21 +112,9 @@ def test_kda_training_gives_the_recurrence_where_g_breaks_the_promised_bound(gat
     if gate == "below":
         spans = _spans(x.g[0].float())
         assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).any()  # both branches are taken
-    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
-    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
-    gen = torch.Generator().manual_seed(13)
-    do = torch.randn(x.v.shape, generator=gen).to(dtype)
-    dht = torch.randn(1, 2, 32, 16, generator=gen)
-    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True)):
-        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True, lower_bound=-5.0,
-                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32,
-                                                                          check_gate_bound=True)),
-                     leaves, do, dht)
-    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
-    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
-    tol = TOL if dtype == torch.float32 else TOL_F16
-    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
-        assert_close(a.float(), r, tol, name)
+    _kda_against_float64(x, 13, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=True),
+                         ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True),
+                         safe_gate=True, lower_bound=-5.0)
 
 
 def test_trusting_the_bound_is_what_the_check_guards_against():
@@ -209,19 +203,9 @@ def test_backward_repairs_every_chunk_where_the_forward_wrote_no_flags():
     from kdagen.ops.chunk_bwd import _repair_flags
 
     x = make_inputs(1, 45, 1, 2, 32, 16, seed=8)
-    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
-    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
-    gen = torch.Generator().manual_seed(14)
-    do = torch.randn(x.v.shape, generator=gen)
-    dht = torch.randn(1, 2, 32, 16, generator=gen)
-    fwd = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False)
-    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True)):
-        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True, lower_bound=-5.0,
-                                                  config=fwd), leaves, do, dht)
-    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
-    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
-    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
-        assert_close(a, r, TOL, name)
+    _kda_against_float64(x, 14, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False),
+                         ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True),
+                         safe_gate=True, lower_bound=-5.0)
 
     class _Meta:  # the flags' fallback itself: every program flagged
         NT_total, HV = 3, 2
@@ -236,16 +220,5 @@ def test_the_repair_of_the_k_split_gradients_walks_every_k_tile():
     x = make_inputs(1, 70, 1, 1, 64, 16, gate="below", seed=15)
     spans = _spans(x.g[0])
     assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).any()
-    leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta, initial_state=x.h0)
-    leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
-    gen = torch.Generator().manual_seed(16)
-    do = torch.randn(x.v.shape, generator=gen)
-    dht = torch.randn(1, 1, 64, 16, generator=gen)
-    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=32, intra_split=True)):
-        got = _grads(lambda **d: kdagen.chunk_kda(**d, output_final_state=True,
-                                                  config=ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32)),
-                     leaves, do, dht)
-    ref_leaves = {n: t.detach().to(F64).requires_grad_(True) for n, t in leaves.items()}
-    ref = _grads(lambda **d: naive_recurrent_kda(**d, output_final_state=True), ref_leaves, do.to(F64), dht.to(F64))
-    for name, a, r in zip(["o", "ht"] + [f"d{n}" for n in leaves], got, ref):
-        assert_close(a, r, TOL, name)
+    _kda_against_float64(x, 16, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32),
+                         ChunkBwdConfig(intra_block_k=32, intra_split=True))
