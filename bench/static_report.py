@@ -9,6 +9,7 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
     python bench/static_report.py --layer "d.replace(chunk_size=32)"     # the layer's call (flags in kernel)
     python bench/static_report.py --dplr                # general DPLR's training step (forward, re-run, backward)
     python bench/static_report.py --gates               # KDA's training step: bound trusted / checked / none
+                                                        # (the --dplr rows: unbounded, g >= -5 trusted, checked)
 
 Each argument is a Python expression over ``d`` (the default ChunkFwdConfig) and
 ``ChunkFwdConfig``.  Uses the ptxas shipped in the Triton wheel.
@@ -67,7 +68,7 @@ def backward_rows(config=None):
     return [(ln.kernel.replace("chunk_", ""), report(ln)) for ln in bwd]  # the split adds chunk_bwd_wy
 
 
-def dplr_rows(lower_bound, trusted=False):
+def dplr_rows(lower_bound, checked=False):
     """General DPLR's training-step launches with the heuristic configs (gk unbounded: element-wise
     diagonal tiles; bounded: factorised), B=1, T=128, H=HV=1, K=V=128, bf16: the forward's intra and
     state launches, the backward's re-run of the intra launch, and its three launches."""
@@ -76,13 +77,14 @@ def dplr_rows(lower_bound, trusted=False):
     K = V = 128
     x = [torch.zeros(1, 128, 1, n, dtype=torch.bfloat16) for n in (K, K, V, K, K)]
     cfgs = {}
-    if trusted:  # the promised bound trusted: unchecked factorised diagonals
+    if checked:  # the promised bound checked per sub-tile in the kernels (the heuristic trusts it)
         from kdagen import spec as S
         from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
 
         plan = lower_for(S.dplr(S.gate_direct(lower_bound)), "chunk_fwd", K, V, torch.bfloat16)
-        cfgs = dict(config=default_train_config(plan).replace(check_gate_bound=False),
-                    bwd_config=default_chunk_bwd_config(plan).replace(check_gate_bound=False))
+        shape = {"N": 1, "HV": 1}  # the call's, as the other rows' configs are resolved
+        cfgs = dict(config=default_train_config(plan, shape).replace(check_gate_bound=True),
+                    bwd_config=default_chunk_bwd_config(plan, shape).replace(check_gate_bound=True))
     fwd, bwd, _ = chunk_dplr_bwd_launches(*x, torch.zeros(1, 128, 1, K), initial_state=torch.zeros(1, 1, K, V),
                                           output_final_state=True, with_rerun=True, safe_gate=lower_bound is not None,
                                           lower_bound=lower_bound, **cfgs)
@@ -93,8 +95,10 @@ def dplr_rows(lower_bound, trusted=False):
 def gate_rows():
     """KDA's training-step launches (heuristic configs, B=1, T=128, H=HV=1, K=V=128, bf16) for the
     promised bound -5 trusted (check_gate_bound=False: unchecked factorised diagonals), the same bound
-    checked (the default), and no bound (checked, with the unbounded heuristic's tiles)."""
+    checked (the default: the main launches as trusted plus the span flags, and a repair launch after
+    each intra launch), and no bound (checked the same way)."""
     from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+    from kdagen.kernels import with_repairs
     from kdagen.ops.chunk import chunk_kda_bwd_launches
 
     K = V = 128
@@ -107,23 +111,25 @@ def gate_rows():
         fwd, bwd, _ = chunk_kda_bwd_launches(*x, torch.zeros(1, 128, 1, K), torch.zeros(1, 128, 1, dtype=torch.bfloat16),
                                              initial_state=torch.zeros(1, 1, K, V), output_final_state=True,
                                              safe_gate=bound is not None, lower_bound=bound, config=cfg, bwd_config=bcfg)
-        rows += [(label, ln.kernel.replace("chunk_", ""), report(ln)) for ln in list(fwd) + list(bwd)]
+        for ln in with_repairs(list(fwd) + list(bwd)):
+            name = ln.kernel.replace("chunk_", "") + (" repair" if ln.constexprs.get("REPAIR") else "")
+            rows.append((label, name, report(ln)))
     return rows
 
 
 def main(argv):
     if argv[:1] == ["--gates"]:
-        print(f"{'gate':<12} {'kernel':<12} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8}")
+        print(f"{'gate':<12} {'kernel':<17} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8}")
         for label, name, r in gate_rows():
-            print(f"{label:<12} {name:<12} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
+            print(f"{label:<12} {name:<17} {r['regs']:>4} {r['spill_bytes']:>5} {r['smem']:>6} {r['wgmma']:>5} "
                   f"{r['mma_sync']:>8}")
         return
     if argv[:1] == ["--dplr"]:
         print(f"{'gate':<12} {'kernel':<12} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8} "
               f"{'cp.async':>8}")
-        for lb, trusted in ((None, False), (-5.0, False), (-5.0, True)):
-            label = ("g >= " + str(lb) + (" trusted" if trusted else "")) if lb else "unbounded"
-            for name, r in dplr_rows(lb, trusted):
+        for lb, checked in ((None, False), (-5.0, False), (-5.0, True)):
+            label = ("g >= " + str(lb) + (" checked" if checked else "")) if lb else "unbounded"
+            for name, r in dplr_rows(lb, checked):
                 print(f"{label:<12} {name:<12} {r['regs']:>4} {r['spill_bytes']:>5} "
                       f"{r['smem']:>6} {r['wgmma']:>5} {r['mma_sync']:>8} {r['cp_async']:>8}")
         return
