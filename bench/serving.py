@@ -314,6 +314,11 @@ def gate_patterns(T):
 
 
 def gates():
+    from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+    from kdagen.ops.chunk import chunk_bwd_config
+    from kdagen.ops.inputs import select_spec
+    from kdagen.tuning.families import lower_for
+
     H, K, V, T = (32, 128, 128, 150) if GPU else (1, 16, 16, 40)
     dtype = torch.bfloat16 if GPU else torch.float32
     tol = 1e-2 if GPU else 1e-5
@@ -354,10 +359,6 @@ def gates():
         except Exception as e:  # noqa: BLE001
             claim(f"chunk_kda gives the recurrence for {name}", False, f"{type(e).__name__}: {str(e)[:200]}")
         try:  # training with the promise broken: the training forward's and backward's checked diagonals
-            from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
-            from kdagen.ops.chunk import chunk_bwd_config
-            from kdagen.ops.inputs import select_spec
-            from kdagen.tuning.families import lower_for
             names = ("q", "k", "v", "g", "beta", "initial_state")
             vals = {**x, "g": g, "initial_state": h0}
             leaves = {n: vals[n].clone().requires_grad_(True) for n in names}

@@ -173,7 +173,7 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
 
 
 def has_repair(fn) -> bool:
-    """Whether a generated kernel takes a repair launch (its REPAIR argument: codegen.render diag_repair),
+    """Whether a generated kernel takes a repair launch (its REPAIR argument: codegen.render diag_checked),
     read off the kernel itself so that an exported package, which renders nothing, decides the same."""
     return "REPAIR" in getattr(fn, "arg_names", ())
 
@@ -207,7 +207,7 @@ class Launch:
     num_warps: int
     num_stages: int
     # a launch that runs right after this one (the repair launch of a checked diagonal: the same kernel
-    # with REPAIR=True, re-running the programs this one flagged; codegen.render diag_repair)
+    # with REPAIR=True, re-running the programs this one flagged; codegen.render diag_checked)
     then: Any = None
 
     def __call__(self):

@@ -122,13 +122,20 @@ def checked_like_bounded(plan: Plan) -> bool:
             and plan.has_rank1)
 
 
+def checks_gate_bound(plan: Plan) -> bool:
+    """The heuristic configs' check_gate_bound: a promised bound checked by repair launches (KDA's
+    branch: 0.2-0.8% of the bf16 step, bench/RESULTS.md runs 91-92); general DPLR checks in its kernels
+    (5-7%, run 86), so there the promise is trusted."""
+    return plan.structure != "dplr"
+
+
 def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainConfig:
     """The forward of a training call.  ``shape``: optional {"N": sequences, "HV": value heads}."""
     # C=32 with the whole K row in one intra tile and a 32-wide V tile on 2 warps in the state
     # pass: the fastest stage-by-stage combination of the H200 sweep at (1, 8192, 96, 128)
     # (intra 1.52 ms, state 0.86 ms; bench/RESULTS.md).
     sub = 16
-    check = plan.structure != "dplr"  # (general DPLR's in-kernel check costs 5-7%: its promise is trusted)
+    check = checks_gate_bound(plan)
     if plan.diag_mode == "elementwise" and not checked_like_bounded(plan):
         bk = 32  # the element-wise diagonal holds a [BC, BC, BK] tile
     elif plan.diag_mode == "factorised" and check and not plan.gate_in_kernel and not plan.has_rank1:
@@ -247,9 +254,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
         dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
         intra_num_stages=2, rerun_block_k=min(64, plan.BK), rerun_num_warps=rerun_warps, **intra,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
-        # a promised gate bound checked by repair launches (KDA, GLA); general DPLR's in-kernel check
-        # costs 5-7% (run 86): its promise is trusted
-        check_gate_bound=plan.structure != "dplr",
+        check_gate_bound=checks_gate_bound(plan),
     )
 
 

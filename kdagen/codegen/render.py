@@ -216,10 +216,14 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     element-wise).  Without a bound (diag_mode 'elementwise') always; with a bound the caller
     promises (g given, ``safe_gate``) when config.check_gate_bound asks, so a g that breaks the
     promise (or -inf) still gets the recurrence's answer; a bound an in-kernel gate's formula
-    guarantees is never checked.  General DPLR's templates take the check on their own dot dtype
-    (no diag_precision there)."""
+    guarantees is never checked.  KDA's branch (every member but general DPLR) checks in a second
+    launch: the fast one factorises every diagonal tile and the forward intra launch flags each (chunk,
+    value head) with a sub-tile over the limit; a repair launch of the same source (REPAIR) re-runs
+    those programs with the check (kdagen.ops.chunk_train, chunk_bwd: they read the choice off the
+    kernel's arguments, kernels.has_repair).  General DPLR's templates check in the kernel, on their
+    own dot dtype (no diag_precision there)."""
     out = {"diag_dtype": v["dot_dtype"], "diag_kw": v["dot_kw"], "diag_split": False, "diag_checked": False,
-           "diag_repair": False, "diag_span_limit": repr(SPAN_LIMIT)}
+           "diag_span_limit": repr(SPAN_LIMIT)}
     if plan.decay != "channel" or plan.diag_mode not in ("factorised", "elementwise"):
         return out
     check = plan.diag_mode == "elementwise" or (not plan.gate_in_kernel and config.check_gate_bound)
@@ -233,11 +237,6 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     elif config.diag_precision in ("tf32", "ieee") and plan.dtype != "float32":
         out.update(diag_dtype="tl.float32", diag_kw=f', input_precision="{config.diag_precision}"')
     out["diag_checked"] = check and out["diag_dtype"] != "tl.float16"
-    # KDA's branch checks in a second launch: the fast one factorises every diagonal tile and the forward
-    # intra launch flags each (chunk, value head) with a sub-tile over the limit; a repair launch of the
-    # same source (REPAIR) re-runs those programs with the check (kdagen.ops.chunk_train, chunk_bwd: they
-    # read the choice off the kernel's arguments, kernels.has_repair)
-    out["diag_repair"] = out["diag_checked"]
     return out
 
 

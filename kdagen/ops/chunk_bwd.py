@@ -118,7 +118,7 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     if "td" in args:  # T is not written again
         args["td"], const["STORE_T"] = dummy_pointer(dev), False
     rerun = dataclasses.replace(fi, args=args, constexprs=const)
-    return (rerun.with_repair() if "REPAIR" in const else rerun), inter
+    return (rerun.with_repair() if has_repair(fi.fn) else rerun), inter
 
 
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
