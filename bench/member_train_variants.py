@@ -1,0 +1,217 @@
+"""A family member's training step (chunk op, forward + backward) under config variants, with
+FLA's op of the same name in the same process: which chunk length and tiles beat FLA.
+
+    PYTHONPATH=/tmp/site:. python3 bench/member_train_variants.py --out "$OUT" --member deltanet \
+        [--variants default,c64a,c64b] [--warm-workers 14 --warm-budget 90] [--budget 400]
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/member_train_variants.py --smoke --out /tmp/x
+
+A variant is a pair (training forward's ChunkTrainConfig, backward's ChunkBwdConfig) written as
+replacements of the heuristic configs of the call (``VARIANTS`` below; ``default`` is the
+heuristic itself).  Per shape and variant: forward + backward median ms (do_bench), the kernels'
+times (torch.profiler, mean of 3 calls), the largest difference of every gradient from the
+default variant's (they must agree to bf16 rounding), and, at a small shape, the bf16 errors of
+o, the final state and every gradient against float64 autograd through the token-by-token
+recurrence, beside FLA's.  ``--smoke``: tiny shapes on the CPU (the interpreter), no FLA.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import family_vs_fla as F  # noqa: E402
+
+# name -> (ChunkTrainConfig replacements, ChunkBwdConfig replacements); C=64 rows: two 32-row sub-tiles
+C64 = dict(chunk_size=64, sub_chunk=32)
+VARIANTS = {
+    "default": ({}, {}),
+    # the state passes on 4 warps with 32-wide V tiles, 2 stages; dqkw on [64, 64]; split intra gradients on 4 warps
+    "c64a": (dict(C64, intra_num_warps=8, state_num_warps=4, state_block_v=32, state_num_stages=2),
+             dict(C64, state_num_stages=2, state_block_v=32, dqkw_block_k=64, dqkw_block_v=64, dqkw_num_warps=4,
+                  intra_num_warps=4, intra_block_v=64, rerun_num_warps=2)),
+    # 16-wide V tiles in both state passes (3 / 2 stages); dqkw [128, 32] on 8 warps; intra gradients on 8 warps
+    "c64b": (dict(C64, intra_num_warps=4, intra_block_k=64, state_num_warps=4, state_block_v=16, state_num_stages=3),
+             dict(C64, state_num_stages=2, state_block_v=16, dqkw_block_k=128, dqkw_block_v=32, dqkw_num_warps=8,
+                  intra_num_warps=8, intra_block_v=64, rerun_num_warps=4)),
+    # 64-wide V tiles in both state passes; dqkw [128, 64] on 8 warps; intra gradients on 8 warps, BV=32
+    "c64c": (dict(C64, intra_num_warps=8, state_num_warps=4, state_block_v=64, state_num_stages=2),
+             dict(C64, state_num_stages=2, state_block_v=64, dqkw_block_k=128, dqkw_block_v=64, dqkw_num_warps=8,
+                  intra_num_warps=8, intra_block_v=32, rerun_num_warps=4)),
+    # the forward state pass on 8 warps (BV=64); the reverse pass 16-wide, 3 stages; dqkw [64, 32]
+    "c64d": (dict(C64, intra_num_warps=8, state_num_warps=8, state_block_v=64, state_num_stages=2),
+             dict(C64, state_num_stages=3, state_block_v=16, dqkw_block_k=64, dqkw_block_v=32, dqkw_num_warps=4,
+                  intra_num_warps=4, intra_block_v=32, rerun_num_warps=8, rerun_block_k=128)),
+}
+OPS = {"deltanet": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule"}
+
+
+def configs(member, name, x):
+    """The variant's (ChunkTrainConfig, ChunkBwdConfig) for the call on inputs ``x``."""
+    from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+    from kdagen.ops.member import _prepare_chunk
+    from kdagen import load_spec
+
+    spec = load_spec(member)
+    call, _, _ = _prepare_chunk(spec, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
+                                initial_state=x["initial_state"], training=True)
+    t, b = default_train_config(call.plan, call.shape), default_chunk_bwd_config(call.plan, call.shape)
+    rt, rb = VARIANTS[name]
+    return t.replace(**rt), b.replace(**rb)
+
+
+def kdagen_op(member, t, b):
+    import kdagen
+    from kdagen.ops.chunk import chunk_bwd_config
+
+    op = getattr(kdagen, OPS[member])
+
+    def run(*a, **kw):
+        with chunk_bwd_config(b):
+            return op(*a, config=t, **kw)
+    return run
+
+
+def kernels(fn):
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((round(t / 3 / 1e3, 4), e.count // 3, e.key[:60]))
+    return sorted(rows, reverse=True)[:14]
+
+
+def grads_of(member, fn, x, seed=3):
+    names = F.GRAD[member]
+    leaves = {n: x[n].detach().clone().requires_grad_(True) for n in names}
+    o, s = F.call_chunk(member, fn, {**x, **leaves})
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
+    ds = torch.randn(s.shape, generator=gen).to(s.device, s.dtype)
+    return dict(zip(names, torch.autograd.grad((o, s), [leaves[n] for n in names], (do, ds)))), o, s
+
+
+def errors(member, fn, x):
+    """bf16 relative errors of o, the final state and every gradient against float64 autograd."""
+    names = F.GRAD[member]
+    r, ro, rs = F._reference(member, x, names, x["q"].device)
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(ro.shape, generator=gen).to(ro.device)
+    ds = torch.randn(rs.shape, generator=gen).to(rs.device)
+    rg = torch.autograd.grad((ro, rs), [r[n] for n in names], (do.double(), ds.double()))
+    leaves = {n: x[n].detach().clone().requires_grad_(True) for n in names}
+    o, s = F.call_chunk(member, fn, {**x, **leaves})
+    g = torch.autograd.grad((o, s), [leaves[n] for n in names], (do.to(o.dtype), ds))
+    out = dict(o=F.rel(o, ro), final_state=F.rel(s, rs))
+    out.update({f"d{n}": F.rel(a, b) for n, a, b in zip(names, g, rg)})
+    return {k: float(f"{v:.3e}") for k, v in out.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--member", default="deltanet", choices=sorted(OPS))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--shapes", default="1,8192,96,128;2,16384,16,128")
+    ap.add_argument("--error-shape", default="1,1024,4,128")
+    ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--warm-workers", type=int, default=0)
+    ap.add_argument("--warm-budget", type=float, default=90.0)
+    ap.add_argument("--budget", type=float, default=400.0)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available() and not args.smoke
+    dev = "cuda" if cuda else "cpu"
+    member = args.member
+    shapes = [tuple(map(int, s.split(","))) for s in args.shapes.split(";")]
+    eshape = tuple(map(int, args.error_shape.split(",")))
+    if args.smoke:
+        shapes, eshape = [(1, 70, 2, 32)], (1, 45, 1, 32)
+    deadline = time.time() + args.budget
+    res = dict(member=member, rows=[], errors=[])
+    fla = None if (args.no_fla or not cuda) else F.ops(member, "fla")
+    if fla is not None and args.warm_workers:
+        F.warm_parallel(args.warm_workers, [member], shapes, args.warm_budget)
+    names = args.variants.split(",")
+
+    def dump():
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"{member}_train_variants.json"), "w") as f:
+            json.dump(res, f, indent=1)
+
+    # bf16 errors against float64 first (small, and what makes a variant admissible)
+    x = F.inputs(member, *eshape, eshape[-1], dev)
+    for name in names + (["fla"] if fla else []):
+        try:
+            fn = fla[0] if name == "fla" else kdagen_op(member, *configs(member, name, x))
+            e = errors(member, fn, x)
+        except Exception as ex:  # noqa: BLE001
+            e = dict(error=f"{type(ex).__name__}: {str(ex)[:200]}")
+        res["errors"].append(dict(variant=name, shape=list(eshape), **e))
+        print(f"errors {name:8s} {e}", flush=True)
+    dump()
+    for B, T, H, D in shapes:
+        x = F.inputs(member, B, T, H, D, D, dev)
+        ref = None
+        for name in (["fla"] if fla else []) + names:
+            if time.time() > deadline:
+                print(f"budget: skipped {name} {(B, T, H, D)}", flush=True)
+                continue
+            row = dict(variant=name, shape=[B, T, H, D])
+            try:
+                if name == "fla":
+                    fn = fla[0]
+                else:
+                    t, b = configs(member, name, x)
+                    row["configs"] = [str(t), str(b)]
+                    fn = kdagen_op(member, t, b)
+                    g, _, _ = grads_of(member, fn, x)
+                    if ref is None:
+                        ref = g
+                    row["grad_diff_vs_first"] = {n: float((g[n].float() - ref[n].float()).abs().max()) for n in g}
+                    row["finite"] = all(bool(torch.isfinite(v).all()) for v in g.values())
+                    del g
+                run = F.fwdbwd_fn(member, fn, x)
+                t0 = time.time()
+                run()
+                if cuda:
+                    torch.cuda.synchronize()
+                row["first_call_s"] = round(time.time() - t0, 2)
+                row["ms"] = F.bench_ms(run, cuda)
+                if cuda:
+                    row["kernels"] = kernels(run)
+            except Exception as ex:  # noqa: BLE001
+                row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
+            res["rows"].append(row)
+            print(f"{(B, T, H, D)} {name:8s} {row.get('ms', float('nan')):8.3f} ms  finite={row.get('finite')} "
+                  f"diff={row.get('grad_diff_vs_first')} {row.get('error', '')}", flush=True)
+            for k in row.get("kernels", []):
+                print(f"      {k[0]:8.3f} ms x{k[1]:<2} {k[2]}", flush=True)
+            dump()
+            if cuda:
+                torch.cuda.empty_cache()
+        fl = [r for r in res["rows"] if r["variant"] == "fla" and r["shape"] == [B, T, H, D] and "ms" in r]
+        if fl:
+            for r in res["rows"]:
+                if r["shape"] == [B, T, H, D] and "ms" in r and r["variant"] != "fla":
+                    r["fla_over_kdagen"] = fl[0]["ms"] / r["ms"]
+                    print(f"  FLA / kdagen {r['variant']}: {r['fla_over_kdagen']:.3f}", flush=True)
+        dump()
+
+
+if __name__ == "__main__":
+    main()
