@@ -9,6 +9,7 @@ Rows (µs from CUDA-graph replay of 10 steps, % of the 1 GiB device copy):
 - torch ``mul_`` of the pool in place (read + write, in place);
 - a Triton kernel per (BV, warps): each program loads its item's tile as the decode kernel
   addresses it (slot (7 n) mod P, head, V tile), scales it and stores it back;
+- the same tiles through Hopper's tensor memory accelerator (a host-side TensorDescriptor);
 - the decode op itself (``fused_recurrent_kda``, packed, the pool updated in place) at the same
   (BV, warps): what the recurrence's loads of q, k, g, beta, v and its two K reductions add.
 """
@@ -39,6 +40,20 @@ def tile_rw(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV:
     p = pool + (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     s = tl.load(p)
     tl.store(p, s * 0.999)
+
+
+@triton.jit
+def tile_rw_tma(desc, slots, HV: tl.constexpr, K: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
+    """The same tiles through the tensor memory accelerator (Hopper's bulk copies: one
+    instruction per tile, no per-thread addresses); ``desc``: the pool as [P * HV * K, V]."""
+    item = tl.program_id(0)
+    i_v = item % NV
+    i_n = (item // NV) // HV
+    i_hv = (item // NV) % HV
+    slot = tl.load(slots + i_n)
+    row = (slot * HV + i_hv) * K
+    s = desc.load([row, i_v * BV])
+    desc.store([row, i_v * BV], s * 0.999)
 
 
 def main():
@@ -83,6 +98,14 @@ def main():
         except Exception as e:  # noqa: BLE001
             line += f" | decode op: {type(e).__name__}: {str(e)[:120]}"
         print(line, flush=True)
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            desc = TensorDescriptor(pool, [pool.shape[0] * H * K, V], [V, 1], [K, bv])
+            tma = lambda: tile_rw_tma[grid](desc, slots, HV=H, K=K, BV=bv, NV=nv, num_warps=w)  # noqa: E731
+            us = graph_us(tma)
+            print(f"tile read+write through TMA BV={bv:3d} warps={w}     {us:8.1f} us {pct(us):5.1f}%", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"tile through TMA BV={bv:3d} warps={w}: {type(e).__name__}: {str(e)[:160]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,30 @@ def kdagen_op(member, t, b):
     return run
 
 
+def launch_check(member, name, shape, dev):
+    """Run the variant's training launches one by one, each followed by a synchronisation, and
+    print each before it runs: the last line names the launch that faults (a fault ends the CUDA
+    context, so run one variant per process)."""
+    from kdagen import load_spec
+    from kdagen.kernels import with_repairs
+    from kdagen.ops.member import chunk_member_launches
+
+    x = F.inputs(member, *shape, shape[-1], dev)
+    t, b = configs(member, name, x)
+    fwd, bwd, outs = chunk_member_launches(load_spec(member), x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
+                                           training=True, config=t, bwd_config=b, initial_state=x["initial_state"],
+                                           output_final_state=True, do=torch.randn_like(x["v"]),
+                                           dht=torch.randn_like(x["initial_state"]), with_rerun=True)
+    for ln in with_repairs(list(fwd) + list(bwd)):
+        print(f"launch {ln.kernel} grid {ln.grid} warps {ln.num_warps} stages {ln.num_stages} "
+              f"{ {k: v for k, v in ln.constexprs.items() if k in ('BT', 'BC', 'BK', 'BV')} }", flush=True)
+        ln()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+    print(f"launch check {name} {shape}: every launch ran; finite: "
+          f"{ {n: bool(torch.isfinite(v).all()) for n, v in outs.items() if isinstance(v, torch.Tensor)} }", flush=True)
+
+
 def kernels(fn):
     from torch.profiler import ProfilerActivity, profile
     fn()
@@ -133,6 +157,8 @@ def main():
     ap.add_argument("--warm-budget", type=float, default=90.0)
     ap.add_argument("--budget", type=float, default=400.0)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--launch-check", default="", help="VARIANT: run its launches one at a time at --error-shape, "
+                    "synchronising after each, and stop (which launch faults)")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     dev = "cuda" if cuda else "cpu"
@@ -141,6 +167,9 @@ def main():
     eshape = tuple(map(int, args.error_shape.split(",")))
     if args.smoke:
         shapes, eshape = [(1, 70, 2, 32)], (1, 45, 1, 32)
+    if args.launch_check:
+        launch_check(member, args.launch_check, eshape, dev)
+        return
     deadline = time.time() + args.budget
     res = dict(member=member, rows=[], errors=[])
     fla = None if (args.no_fla or not cuda) else F.ops(member, "fla")
