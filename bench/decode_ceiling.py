@@ -43,6 +43,23 @@ def tile_rw(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV:
 
 
 @triton.jit
+def tile_rw_v_first(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                    NV: tl.constexpr):
+    """As tile_rw for a pool laid out [P, HV, V, K] (``state_v_first``): a V tile's BV rows of K
+    are one contiguous block."""
+    item = tl.program_id(0)
+    i_v = item % NV
+    i_n = (item // NV) // HV
+    i_hv = (item // NV) % HV
+    slot = tl.load(slots + i_n).to(tl.int64)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p = pool + (slot * HV + i_hv) * K * V + o_v[None, :] * K + o_k[:, None]
+    s = tl.load(p)
+    tl.store(p, s * 0.999)
+
+
+@triton.jit
 def tile_rw_tma(desc, slots, HV: tl.constexpr, K: tl.constexpr, BV: tl.constexpr, NV: tl.constexpr):
     """The same tiles through the tensor memory accelerator (Hopper's bulk copies: one
     instruction per tile, no per-thread addresses); ``desc``: the pool as [P * HV * K, V]."""
@@ -60,6 +77,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--pairs", default="64/2,64/4,128/4,128/8,32/1,32/2")
+    ap.add_argument("--v-first", action="store_true", help="also the pool laid out [P, HV, V, K] (state_v_first=True)")
     args = ap.parse_args()
     import kdagen
     from kdagen.config import RecurrentConfig
@@ -98,6 +116,15 @@ def main():
         except Exception as e:  # noqa: BLE001
             line += f" | decode op: {type(e).__name__}: {str(e)[:120]}"
         print(line, flush=True)
+        if args.v_first:
+            run = lambda: tile_rw_v_first[grid](pool, slots, HV=H, K=K, V=V, BV=bv, NV=nv, num_warps=w)  # noqa: E731
+            us = graph_us(run)
+            line = f"V-first tile read+write BV={bv:3d} warps={w}         {us:8.1f} us {pct(us):5.1f}%"
+            cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1)
+            op = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
+                                                    cu_seqlens=cu, out=out, config=cfg, state_v_first=True)
+            us2 = graph_us(op)
+            print(line + f" | decode op, state_v_first {us2:8.1f} us {pct(us2):5.1f}%", flush=True)
         try:
             from triton.tools.tensor_descriptor import TensorDescriptor
             desc = TensorDescriptor(pool, [pool.shape[0] * H * K, V], [V, 1], [K, bv])
