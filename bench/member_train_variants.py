@@ -37,17 +37,19 @@ VARIANTS = {
     "c64a": (dict(C64, intra_num_warps=8, state_num_warps=4, state_block_v=32, state_num_stages=2),
              dict(C64, state_num_stages=2, state_block_v=32, dqkw_block_k=64, dqkw_block_v=64, dqkw_num_warps=4,
                   intra_num_warps=4, intra_block_v=64, rerun_num_warps=2)),
-    # 16-wide V tiles in both state passes (3 / 2 stages); dqkw [128, 32] on 8 warps; intra gradients on 8 warps
+    # 16-wide V tiles in the forward state pass (3 stages); dqkw [128, 32] on 8 warps; intra gradients on 8 warps.
+    # (Runs 93-95 also had the reverse pass on 16-wide tiles here and in c64d: wrong dk/dv/dbeta/dh0 on the
+    # H200; ChunkBwdConfig now refuses it, min_state_block_v)
     "c64b": (dict(C64, intra_num_warps=4, intra_block_k=64, state_num_warps=4, state_block_v=16, state_num_stages=3),
-             dict(C64, state_num_stages=2, state_block_v=16, dqkw_block_k=128, dqkw_block_v=32, dqkw_num_warps=8,
+             dict(C64, state_num_stages=2, state_block_v=32, dqkw_block_k=128, dqkw_block_v=32, dqkw_num_warps=8,
                   intra_num_warps=8, intra_block_v=64, rerun_num_warps=4)),
     # 64-wide V tiles in both state passes; dqkw [128, 64] on 8 warps; intra gradients on 8 warps, BV=32
     "c64c": (dict(C64, intra_num_warps=8, state_num_warps=4, state_block_v=64, state_num_stages=2),
              dict(C64, state_num_stages=2, state_block_v=64, dqkw_block_k=128, dqkw_block_v=64, dqkw_num_warps=8,
                   intra_num_warps=8, intra_block_v=32, rerun_num_warps=4)),
-    # the forward state pass on 8 warps (BV=64); the reverse pass 16-wide, 3 stages; dqkw [64, 32]
+    # the forward state pass on 8 warps (BV=64); the reverse pass 32-wide, 3 stages; dqkw [64, 32]
     "c64d": (dict(C64, intra_num_warps=8, state_num_warps=8, state_block_v=64, state_num_stages=2),
-             dict(C64, state_num_stages=3, state_block_v=16, dqkw_block_k=64, dqkw_block_v=32, dqkw_num_warps=4,
+             dict(C64, state_num_stages=3, state_block_v=32, dqkw_block_k=64, dqkw_block_v=32, dqkw_num_warps=4,
                   intra_num_warps=4, intra_block_v=32, rerun_num_warps=8, rerun_block_k=128)),
 }
 OPS = {"deltanet": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule"}

@@ -76,6 +76,17 @@ class _Config:
             raise ConfigError(f"{self.kernel}: chunk_size must be <= 128, got {self.chunk_size}")
 
 
+def min_state_block_v(chunk_size: int) -> int:
+    """The narrowest V tile the backward's reverse state pass takes on chunks of ``chunk_size``
+    rows.  Measured on the H200 (bf16, K=V=128; bench/RESULTS.md, runs 93-95): 64-row chunks on
+    16-wide tiles gave wrong dk, dv, dbeta and dh0 (and an illegal memory access at (2, 16384, 16)),
+    while their forward, dq, and 32- and 64-wide tiles were right; 32-row chunks on 16-wide tiles are
+    checked against float64 on every GPU run (bench.py's bwd_check).  The interpreter is exact for
+    all of them (the fault is in the compiled code).  C/2 is the guard: 16 for C=32, 32 for C=64 and,
+    unmeasured, 64 for C=128."""
+    return max(16, chunk_size // 2)
+
+
 def _pow2(x: int) -> bool:
     return x > 0 and (x & (x - 1)) == 0
 
@@ -227,11 +238,24 @@ class ChunkBwdConfig(_Config):
                      "rerun_block_k"):
             if getattr(self, name) < 16:
                 raise ConfigError(f"chunk_bwd: {name} must be >= 16 (the smallest tl.dot tile)")
+        if self.state_block_v < min_state_block_v(self.chunk_size):
+            raise ConfigError(
+                f"chunk_bwd: state_block_v must be >= chunk_size / 2 = {min_state_block_v(self.chunk_size)} "
+                f"(got {self.state_block_v} with chunk_size={self.chunk_size}): the reverse state pass on 64-row "
+                f"chunks and 16-wide V tiles gave wrong dk, dv, dbeta and dh0 on the H200 (exact in the "
+                f"interpreter; bench/RESULTS.md, runs 93-95)")
         self._check_stages("state_num_stages", "dqkw_num_stages", "intra_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
         self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound")
+
+    def with_chunking(self, chunk_size: int, sub_chunk: int) -> "ChunkBwdConfig":
+        """This config on the training forward's chunks: its lengths, and the reverse state pass's
+        V tile widened to :func:`min_state_block_v` of them where it is narrower (a config chosen
+        for 32-row chunks, e.g. the heuristic's 16-wide tile for few programs, run on 64-row ones)."""
+        return self.replace(chunk_size=chunk_size, sub_chunk=sub_chunk,
+                            state_block_v=max(self.state_block_v, min_state_block_v(chunk_size)))
 
     def splits_intra(self, plan) -> bool:
         """Whether the intra-chunk gradients run as two launches (chunk_bwd_wy, then

@@ -141,7 +141,8 @@ def test_the_selector_runs_each_gpus_exported_winners(exported, monkeypatch):
         got = lookup.resolve("chunk_fwd", plan, None, {"T": 40, "B": 1, "N": 1, "HV": 2})
         assert got.to_dict() == (chunk_want or pkg.ChunkFwdConfig(**_heuristic("chunk_fwd", K))).to_dict()
         dec = lookup.resolve("recurrent", rplan, None, {"T": 1, "B": 1, "N": 1})
-        assert dec.to_dict() == (dec_want or pkg.RecurrentConfig(**_heuristic("recurrent", K))).to_dict()
+        assert dec.to_dict() == (dec_want or pkg.RecurrentConfig(**_heuristic("recurrent", K, {"T": 1, "B": 1, "N": 1}))
+                                 ).to_dict()
         # another bucket: no winner, the heuristic
         far_shape = {"T": 65536, "B": 8, "N": 8, "HV": 2}
         far = lookup.resolve("chunk_fwd", plan, None, far_shape)

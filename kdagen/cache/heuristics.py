@@ -3,7 +3,8 @@ tuner measures its candidates against."""
 from __future__ import annotations
 
 from ..codegen.lower import Plan
-from ..config import SEGMENT_MAX_BK, ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig
+from ..config import (SEGMENT_MAX_BK, ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,
+                      min_state_block_v)
 
 
 def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
@@ -188,7 +189,8 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
     optional {"N": sequences, "HV": value heads}.  K=V=128 on the H200 (bench/RESULTS.md, runs 30,
     44-46 and 64-65, a packed decode step from graph replay): a float32 pool moves fastest with
     BV=64 on 2 warps; a half-width pool, half the bytes per program, with BV=32 on one warp and
-    the loaded-state readout for a few items, and pipelined persistent programs (above) for many.
+    the loaded-state readout for a few items, and pipelined persistent programs (above) for many;
+    a float32 state with few (sequence, head) pairs, narrower tiles on one warp (below; runs 93-94).
     One warp at BV >= 64 spills registers and collapses."""
     if plan.K > 128:
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=4, num_stages=1)
@@ -198,7 +200,27 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
             return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=2, readout="loaded",
                                    programs_per_sm=16 if items >= 4 * PERSISTENT_ITEMS else 4)
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1, readout="loaded")
+    # A float32 state with few (sequence, head) pairs: a decode step is one short program per V tile,
+    # latency bound, so narrower tiles (more programs, fewer registers each) finish first.  H=32, K=V=128,
+    # one token per sequence, CUDA graph of 10 steps (bench/RESULTS.md, runs 93-94): KDA's pool at B=1
+    # 4.0 us on the 64-wide tile / 2 warps, 3.5 on 16 / 1 warp (loaded readout); at B=16 16.1-16.6 against
+    # 15.3 on 32 / 1 warp; general DPLR (a fresh final state) at B=1 4.12 against 3.41 us on 16 / 1 warp
+    # (FLA 3.73), at B=256 295.5 against 275.0 on 32 / 2 warps (FLA 479.9).  KDA at B=256 keeps 64 / 2.
+    pairs = (shape or {}).get("N", 0) * (shape or {}).get("HV", 0)
+    if pairs and pairs <= FEW_PAIRS:  # (DPLR measured with the updated readout)
+        return RecurrentConfig(block_v=min(16, plan.BV), num_warps=1, num_stages=1,
+                               readout="updated" if plan.structure == "dplr" else "loaded")
+    if plan.structure == "dplr" and pairs:
+        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=2, num_stages=1)
+    if pairs and pairs <= SOME_PAIRS:
+        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1, readout="loaded")
     return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=1)
+
+
+# float32 decode states (default_recurrent_config): (sequence, value head) pairs up to which the
+# 16-wide tile on one warp is taken (B=1 at H=32: 32 pairs), and the 32-wide one (B=16: 512)
+FEW_PAIRS = 64
+SOME_PAIRS = 1024
 
 
 def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tuple[int, int] = (32, 16)
@@ -249,6 +271,8 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
                 intra["intra_num_warps"] = 4
             # the re-run on one warp: 0.657 -> 0.584 / 0.433 -> 0.410 ms (run 78; run 73: 0.659 -> 0.588)
             rerun_warps = 1
+    # 64-row chunks: the reverse pass's 16-wide tile gave wrong gradients on the H200 (min_state_block_v)
+    state_bv = max(state_bv, min_state_block_v(chunking[0]))
     return ChunkBwdConfig(
         chunk_size=chunking[0], sub_chunk=chunking[1], state_block_v=state_bv, state_num_warps=4, **state,
         dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,

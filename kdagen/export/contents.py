@@ -199,7 +199,7 @@ def _configs_of(c: Contents, pid: int, plan: Plan, family: str) -> list:
             else:
                 for train in trains:
                     train = train.replace(chunk_size=C, sub_chunk=cfg.sub_chunk)
-                    out += [train, cfg.replace(chunk_size=C, sub_chunk=train.sub_chunk)]
+                    out += [train, cfg.with_chunking(C, train.sub_chunk)]
     return _once(out)
 
 

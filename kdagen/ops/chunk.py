@@ -147,9 +147,11 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
     if chunk_size is not None:
         train = train.replace(chunk_size=chunk_size)
     if (b.chunk_size, b.sub_chunk) != (train.chunk_size, train.sub_chunk):
-        b = b.replace(chunk_size=train.chunk_size, sub_chunk=train.sub_chunk)
+        b = b.with_chunking(train.chunk_size, train.sub_chunk)
     if disable_recompute and not b.store_intermediates:
         b = b.replace(store_intermediates=True)
+    from .chunk_bwd import reverse_pass_block_v
+    reverse_pass_block_v(b, call.plan)  # refused before anything runs: a tile too narrow for the chunks
     return train, b
 
 

@@ -1,0 +1,70 @@
+"""The backward's reverse state pass never runs 64-row chunks on 16-wide V tiles: on the H200 that
+combination gave wrong dk, dv, dbeta and dh0 (bench/RESULTS.md, runs 93-95; exact in the
+interpreter), so configs refuse it, the heuristic and the tuner widen the tile, and a head dim
+too narrow for the wider tile is refused with a message that names the way out."""
+import pytest
+import torch
+
+import kdagen
+import kdagen.spec as S
+from kdagen.cache.heuristics import default_chunk_bwd_config, default_config
+from kdagen.codegen.lower import lower
+from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError, min_state_block_v
+from kdagen.ops.member import chunk_member_launches
+
+
+def test_min_tile_is_half_the_chunk():
+    assert [min_state_block_v(c) for c in (16, 32, 64, 128)] == [16, 16, 32, 64]
+
+
+def test_config_refuses_the_narrow_tile_on_long_chunks():
+    ChunkBwdConfig(chunk_size=32, sub_chunk=16, state_block_v=16)  # measured right on the GPU: allowed
+    ChunkBwdConfig(chunk_size=64, sub_chunk=32, state_block_v=32)
+    with pytest.raises(ConfigError, match="state_block_v must be >= chunk_size / 2 = 32"):
+        ChunkBwdConfig(chunk_size=64, sub_chunk=32, state_block_v=16)
+    with pytest.raises(ConfigError, match="state_block_v"):
+        ChunkBwdConfig(state_block_v=16).replace(chunk_size=64, sub_chunk=16)
+
+
+def test_with_chunking_widens_only_what_is_too_narrow():
+    narrow = ChunkBwdConfig(state_block_v=16, state_num_stages=3)
+    c64 = narrow.with_chunking(64, 32)
+    assert (c64.chunk_size, c64.sub_chunk, c64.state_block_v, c64.state_num_stages) == (64, 32, 32, 3)
+    assert narrow.with_chunking(32, 16) == narrow
+    wide = ChunkBwdConfig(state_block_v=64)
+    assert wide.with_chunking(64, 32).state_block_v == 64
+
+
+def test_heuristic_widens_the_few_program_tile_on_long_chunks():
+    """Few state programs (2 x 16 value heads) take the 16-wide tile on 32-row chunks, 32 on 64-row ones."""
+    plan = lower(S.get_spec("kda", lower_bound=-5.0), 128, 128, "bfloat16", "chunk")
+    few = {"N": 2, "HV": 16}
+    assert default_chunk_bwd_config(plan, few).state_block_v == 16
+    c64 = default_config("chunk_bwd", plan, few, ChunkTrainConfig(chunk_size=64, sub_chunk=32))
+    assert (c64.chunk_size, c64.state_block_v) == (64, 32)
+
+
+def test_training_at_64_row_chunks_runs_the_wide_tile():
+    """A training call at chunk_size=64 whose heuristic tile would be 16 wide (few programs) runs the
+    reverse pass on 32 (described, not run), and its gradients match float64 (the interpreter, fp32)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 70, 2, 32, generator=gen), torch.nn.functional.normalize(torch.randn(1, 70, 2, 32, generator=gen), dim=-1)
+    v, beta = torch.randn(1, 70, 2, 32, generator=gen), torch.rand(1, 70, 2, generator=gen)
+    h0 = torch.randn(1, 2, 32, 32, generator=gen)
+    spec = kdagen.load_spec("deltanet")
+    _, bwd, _ = chunk_member_launches(spec, q, k, v, None, beta, training=True, config=ChunkTrainConfig(chunk_size=64, sub_chunk=32),
+                                      bwd_config=ChunkBwdConfig(state_block_v=16).with_chunking(64, 32),
+                                      initial_state=h0, output_final_state=True)
+    state = [ln for ln in bwd if ln.kernel == "chunk_bwd_state"][0]
+    assert (state.constexprs["BT"], state.constexprs["BV"]) == (64, 32)
+
+
+def test_a_head_dim_too_narrow_for_long_chunks_is_refused():
+    """V=16 allows no 32-wide tile: training at chunk_size=64 says so and names chunk_size=32."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 40, 1, 16, generator=gen), torch.randn(1, 40, 1, 16, generator=gen)
+    v, beta = torch.randn(1, 40, 1, 16, generator=gen), torch.rand(1, 40, 1, generator=gen)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    with pytest.raises(ValueError, match=r"chunk_size=32"):
+        o, _ = kdagen.chunk_delta_rule(*leaves, beta, chunk_size=64)
+        o.sum().backward()
