@@ -265,3 +265,22 @@ def test_backward_heuristic_takes_the_measured_tiles_for_half_precision():
     wide = lower(select_spec(False, True, -5.0, False, False), 256, 256, "bfloat16", "chunk", False)
     assert (default_chunk_bwd_config(wide, {"N": 1, "HV": 96}).dqkw_block_k,
             default_chunk_bwd_config(wide, {"N": 1, "HV": 96}).state_block_v) == (64, 32)
+
+
+def test_float32_decode_takes_narrow_tiles_for_few_pairs():
+    """A float32 decode state with few (sequence, value head) pairs: the 16-wide tile on one warp
+    (B=1 at H=32), the 32-wide one up to 1,024 pairs (B=16), the 64-wide tile on 2 warps beyond
+    (B=256); general DPLR keeps its updated readout and takes 32 / 2 warps beyond the few (runs
+    93-94).  Without a shape hint: the 64-wide tile."""
+    kda = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
+    pick = lambda plan, N: (lambda c: (c.block_v, c.num_warps, c.readout))(  # noqa: E731
+        default_recurrent_config(plan, "float32", {"N": N, "HV": 32}))
+    assert pick(kda, 1) == (16, 1, "loaded")
+    assert pick(kda, 16) == (32, 1, "loaded")
+    assert pick(kda, 256) == (64, 2, "updated") == (lambda c: (c.block_v, c.num_warps, c.readout))(
+        default_recurrent_config(kda))
+    dplr = lower(S.dplr(), 128, 128, "bfloat16", "recurrent")
+    assert pick(dplr, 1) == (16, 1, "updated")
+    assert pick(dplr, 16) == pick(dplr, 256) == (32, 2, "updated")
+    small = lower(S.kda(), 32, 32, "float32", "recurrent")  # V=32: the 64-wide tile is V itself
+    assert pick(small, 256)[0] == 32 and pick(small, 1)[0] == 16
