@@ -257,6 +257,18 @@ class ChunkBwdConfig(_Config):
         return self.replace(chunk_size=chunk_size, sub_chunk=sub_chunk,
                             state_block_v=max(self.state_block_v, min_state_block_v(chunk_size)))
 
+    def reverse_pass_block_v(self, plan) -> int:
+        """The reverse state pass's V tile on ``plan``: this config's, or V when narrower.  Below
+        :func:`min_state_block_v` of the chunk length (a head dim V < 32 on 64-row chunks) the pass
+        is refused (ValueError): that tile gave wrong gradients on the H200."""
+        bv = min(self.state_block_v, plan.BV)
+        if bv < min_state_block_v(self.chunk_size):
+            raise ValueError(
+                f"chunk backward: chunks of {self.chunk_size} rows need the reverse state pass's V tile >= "
+                f"{min_state_block_v(self.chunk_size)}, but the head dim V={plan.V} allows only {bv}; train with "
+                f"chunk_size=32 (the default) at this head dim")
+        return bv
+
     def splits_intra(self, plan) -> bool:
         """Whether the intra-chunk gradients run as two launches (chunk_bwd_wy, then
         chunk_bwd_intra): when this config asks, the chunk holds two sub-tiles, and ``plan`` has

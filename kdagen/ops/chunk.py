@@ -150,8 +150,7 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
         b = b.with_chunking(train.chunk_size, train.sub_chunk)
     if disable_recompute and not b.store_intermediates:
         b = b.replace(store_intermediates=True)
-    from .chunk_bwd import reverse_pass_block_v
-    reverse_pass_block_v(b, call.plan)  # refused before anything runs: a tile too narrow for the chunks
+    b.reverse_pass_block_v(call.plan)  # refused before anything runs: a tile too narrow for the chunks
     return train, b
 
 

@@ -35,7 +35,7 @@ import torch
 import triton
 
 from ..codegen.lower import Plan
-from ..config import ChunkBwdConfig, min_state_block_v
+from ..config import ChunkBwdConfig
 from ..kernels import Launch, build, dummy_pointer, has_repair
 from .inputs import Dims, state_shape
 
@@ -121,19 +121,6 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     return (rerun.with_repair() if has_repair(fi.fn) else rerun), inter
 
 
-def reverse_pass_block_v(cfg: ChunkBwdConfig, plan: Plan) -> int:
-    """The reverse state pass's V tile: the config's, or V when narrower.  Below
-    :func:`~kdagen.config.min_state_block_v` of the chunk length (a head dim V < 32 on 64-row
-    chunks) the pass is refused: that tile gave wrong gradients on the H200."""
-    bv = min(cfg.state_block_v, plan.BV)
-    if bv < min_state_block_v(cfg.chunk_size):
-        raise ValueError(
-            f"chunk backward: chunks of {cfg.chunk_size} rows need the reverse state pass's V tile >= "
-            f"{min_state_block_v(cfg.chunk_size)}, but the head dim V={plan.V} allows only {bv}; train with "
-            f"chunk_size=32 (the default) at this head dim")
-    return bv
-
-
 def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dict[str, torch.Tensor],
                       hs: torch.Tensor, vn: torch.Tensor, do: torch.Tensor, dht: torch.Tensor | None, need_dh0: bool,
                       built=None):
@@ -151,7 +138,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     rerun = ()
     if cfg.reruns_from_saved(plan):
         rerun, inter = _rerun_from_saved(meta, built, inputs, inter["aqk"], inter["td"])
-    bv = reverse_pass_block_v(cfg, plan)
+    bv = cfg.reverse_pass_block_v(plan)
     NV = triton.cdiv(V, bv)
     dummy = dummy_pointer(dev)
     # dU in the dot dtype: both launches that read it cast it to that dtype on load, so storing

@@ -50,7 +50,6 @@ import torch
 import triton
 
 from ..kernels import Launch, build, dummy_pointer
-from .chunk_bwd import reverse_pass_block_v
 from .inputs import state_shape
 
 # what the backward reads of the forward's intra launch (U comes from the state pass's V')
@@ -71,7 +70,7 @@ def prepare_dplr_bwd(meta, inputs: dict[str, torch.Tensor], inter: dict[str, tor
     dev = q.device
     f32 = torch.float32
     NTt = max(meta.NT_total, 1)
-    bv = reverse_pass_block_v(cfg, plan)
+    bv = cfg.reverse_pass_block_v(plan)
     dummy = dummy_pointer(dev)
     du = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)  # a dot operand only (as KDA's)
     dv0 = torch.empty(B, T, HV, V, dtype=f32, device=dev)
