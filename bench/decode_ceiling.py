@@ -29,7 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 @triton.jit
 def tile_rw(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-            NV: tl.constexpr):
+            NV: tl.constexpr, V_FIRST: tl.constexpr = False):
+    """Each program loads its item's [K, BV] tile as the decode kernel addresses it, scales it and
+    stores it back.  V_FIRST: the pool laid out [P, HV, V, K] (``state_v_first``), where a V tile's
+    BV rows of K are one contiguous block."""
     item = tl.program_id(0)
     i_v = item % NV
     i_n = (item // NV) // HV
@@ -37,24 +40,10 @@ def tile_rw(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV:
     slot = tl.load(slots + i_n).to(tl.int64)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
-    p = pool + (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-    s = tl.load(p)
-    tl.store(p, s * 0.999)
-
-
-@triton.jit
-def tile_rw_v_first(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                    NV: tl.constexpr):
-    """As tile_rw for a pool laid out [P, HV, V, K] (``state_v_first``): a V tile's BV rows of K
-    are one contiguous block."""
-    item = tl.program_id(0)
-    i_v = item % NV
-    i_n = (item // NV) // HV
-    i_hv = (item // NV) % HV
-    slot = tl.load(slots + i_n).to(tl.int64)
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    p = pool + (slot * HV + i_hv) * K * V + o_v[None, :] * K + o_k[:, None]
+    if V_FIRST:
+        p = pool + (slot * HV + i_hv) * K * V + o_v[None, :] * K + o_k[:, None]
+    else:
+        p = pool + (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     s = tl.load(p)
     tl.store(p, s * 0.999)
 
@@ -117,7 +106,7 @@ def main():
             line += f" | decode op: {type(e).__name__}: {str(e)[:120]}"
         print(line, flush=True)
         if args.v_first:
-            run = lambda: tile_rw_v_first[grid](pool, slots, HV=H, K=K, V=V, BV=bv, NV=nv, num_warps=w)  # noqa: E731
+            run = lambda: tile_rw[grid](pool, slots, HV=H, K=K, V=V, BV=bv, NV=nv, V_FIRST=True, num_warps=w)  # noqa: E731
             us = graph_us(run)
             line = f"V-first tile read+write BV={bv:3d} warps={w}         {us:8.1f} us {pct(us):5.1f}%"
             cfg = RecurrentConfig(block_v=bv, num_warps=w, num_stages=1)

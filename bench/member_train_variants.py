@@ -110,22 +110,6 @@ def launch_check(member, name, shape, dev):
           f"{ {n: bool(torch.isfinite(v).all()) for n, v in outs.items() if isinstance(v, torch.Tensor)} }", flush=True)
 
 
-def kernels(fn):
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
-        if t > 0:
-            rows.append((round(t / 3 / 1e3, 4), e.count // 3, e.key[:60]))
-    return sorted(rows, reverse=True)[:14]
-
-
 def grads_of(member, fn, x, seed=3):
     names = F.GRAD[member]
     leaves = {n: x[n].detach().clone().requires_grad_(True) for n in names}
@@ -232,14 +216,14 @@ def main():
                 row["first_call_s"] = round(time.time() - t0, 2)
                 row["ms"] = F.bench_ms(run, cuda)
                 if cuda:
-                    row["kernels"] = kernels(run)
+                    from bench import profile_top  # (prints the table)
+                    row["kernels"] = [(round(ms, 4), c, n[:60]) for ms, c, n in
+                                      profile_top(run, f"{name} {(B, T, H, D)}")[:14]]
             except Exception as ex:  # noqa: BLE001
                 row["error"] = f"{type(ex).__name__}: {str(ex)[:300]}"
             res["rows"].append(row)
             print(f"{(B, T, H, D)} {name:8s} {row.get('ms', float('nan')):8.3f} ms  finite={row.get('finite')} "
                   f"diff={row.get('grad_diff_vs_first')} {row.get('error', '')}", flush=True)
-            for k in row.get("kernels", []):
-                print(f"      {k[0]:8.3f} ms x{k[1]:<2} {k[2]}", flush=True)
             dump()
             if cuda:
                 torch.cuda.empty_cache()

@@ -272,13 +272,16 @@ def test_float32_decode_takes_narrow_tiles_for_few_pairs():
     (B=1 at H=32), the 32-wide one up to 1,024 pairs (B=16), the 64-wide tile on 2 warps beyond
     (B=256); general DPLR keeps its updated readout and takes 32 / 2 warps beyond the few (runs
     93-94).  Without a shape hint: the 64-wide tile."""
+    def tile(c):
+        return c.block_v, c.num_warps, c.readout
+
+    def pick(plan, N):
+        return tile(default_recurrent_config(plan, "float32", {"N": N, "HV": 32}))
+
     kda = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
-    pick = lambda plan, N: (lambda c: (c.block_v, c.num_warps, c.readout))(  # noqa: E731
-        default_recurrent_config(plan, "float32", {"N": N, "HV": 32}))
     assert pick(kda, 1) == (16, 1, "loaded")
     assert pick(kda, 16) == (32, 1, "loaded")
-    assert pick(kda, 256) == (64, 2, "updated") == (lambda c: (c.block_v, c.num_warps, c.readout))(
-        default_recurrent_config(kda))
+    assert pick(kda, 256) == (64, 2, "updated") == tile(default_recurrent_config(kda))
     dplr = lower(S.dplr(), 128, 128, "bfloat16", "recurrent")
     assert pick(dplr, 1) == (16, 1, "updated")
     assert pick(dplr, 16) == pick(dplr, 256) == (32, 2, "updated")

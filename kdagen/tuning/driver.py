@@ -43,11 +43,6 @@ class FamilyResult(NamedTuple):
     results: dict  # stage -> the engine's TuneResult
 
 
-def _once_in_order(configs: list) -> list:
-    """``configs`` without repeats, first occurrences in order."""
-    return list(dict.fromkeys(configs))
-
-
 def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu: GpuProfile, dtype,
                 shape: tuple[int, int, int, int], space: SearchSpace | None = None, seed: int = 0,
                 progress: bool = True, candidates_by_stage: dict | None = None, jobs: int = 1,
@@ -75,7 +70,7 @@ def tune_family(family: str, plan: Plan, spec: Recurrence, spec_args: dict, gpu:
     for stage in stages:
         cands = (candidates_by_stage or {}).get(stage) or stage_candidates(space, ctx, stage, default)
         if family == "chunk_bwd":  # the forward's chunk lengths
-            cands = _once_in_order([c.with_chunking(default.chunk_size, default.sub_chunk) for c in cands])
+            cands = list(dict.fromkeys(c.with_chunking(default.chunk_size, default.sub_chunk) for c in cands))
         # not at this shape: the sequence-parallel pass where it cannot win (the heuristic's reason)
         cands_by_stage[stage] = [c for c in cands if worth_timing(family, plan, c, hint)] or cands
     # the templates' hash is in the name: a study measured on other kernels is not resumed
