@@ -11,6 +11,9 @@ from kdagen.cache.heuristics import default_chunk_bwd_config, default_config
 from kdagen.codegen.lower import lower
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError, min_state_block_v
 from kdagen.ops.member import chunk_member_launches
+from kdagen.spec.reference import naive_recurrent_deltanet
+
+from conftest import TOL, assert_close
 
 
 def test_min_tile_is_half_the_chunk():
@@ -46,7 +49,7 @@ def test_heuristic_widens_the_few_program_tile_on_long_chunks():
 
 def test_training_at_64_row_chunks_runs_the_wide_tile():
     """A training call at chunk_size=64 whose heuristic tile would be 16 wide (few programs) runs the
-    reverse pass on 32 (described, not run), and its gradients match float64 (the interpreter, fp32)."""
+    reverse pass on 32, and the op's gradients at chunk_size=64 match float64 (the interpreter, fp32)."""
     gen = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 70, 2, 32, generator=gen), torch.nn.functional.normalize(torch.randn(1, 70, 2, 32, generator=gen), dim=-1)
     v, beta = torch.randn(1, 70, 2, 32, generator=gen), torch.rand(1, 70, 2, generator=gen)
@@ -57,6 +60,19 @@ def test_training_at_64_row_chunks_runs_the_wide_tile():
                                       initial_state=h0, output_final_state=True)
     state = [ln for ln in bwd if ln.kernel == "chunk_bwd_state"][0]
     assert (state.constexprs["BT"], state.constexprs["BV"]) == (64, 32)
+    # the op itself at chunk_size=64 (heuristic configs: 2 heads, few programs), against float64 autograd
+    xs = dict(q=q, k=k, v=v, beta=beta, h0=h0)
+    do, dht = torch.randn(1, 70, 2, 32, generator=gen), torch.randn(1, 2, 32, 32, generator=gen)
+    x64 = {n: t.double().requires_grad_() for n, t in xs.items()}
+    ro, rh = naive_recurrent_deltanet(x64["q"], x64["k"], x64["v"], x64["beta"], initial_state=x64["h0"],
+                                      output_final_state=True)
+    ref = torch.autograd.grad((ro * do.double()).sum() + (rh * dht.double()).sum(), list(x64.values()))
+    xl = {n: t.clone().requires_grad_() for n, t in xs.items()}
+    o, ht = kdagen.chunk_delta_rule(xl["q"], xl["k"], xl["v"], xl["beta"], initial_state=xl["h0"],
+                                    output_final_state=True, chunk_size=64)
+    got = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), list(xl.values()))
+    for n, a, b in zip(xs, got, ref):
+        assert_close(a, b, TOL[torch.float32], f"d{n} at chunk_size=64")
 
 
 def test_a_head_dim_too_narrow_for_long_chunks_is_refused():
