@@ -30,8 +30,29 @@ def main():
     ap.add_argument("shape", help="B,T,H,K")
     ap.add_argument("--train", default="{}")
     ap.add_argument("--bwd", default="{}")
+    ap.add_argument("--member", default="kda", help="kda, or a family member (its heuristic configs; "
+                    "--train/--bwd ignored)")
+    ap.add_argument("--fla", action="store_true", help="FLA's op of the member's name instead (forward + backward)")
     a = ap.parse_args()
     B, T, H, K = (int(s) for s in a.shape.split(","))
+    if a.member != "kda" or a.fla:
+        import family_vs_fla as F
+        from state_pass_variants import launches
+
+        if a.fla:
+            x = F.inputs(a.member, B, T, H, K, K, "cuda")
+            run = F.fwdbwd_fn(a.member, F.ops(a.member, "fla")[0], x)
+        else:
+            _, fwd, bwd = launches(a.member, B, T, H, K, "cuda", 32)
+
+            def run():
+                for ln in list(fwd) + list(bwd):
+                    ln()
+        for _ in range(2):
+            run()
+        torch.cuda.synchronize()
+        print(f"profiled {a.shape}: {a.member} {'FLA' if a.fla else 'kdagen'}", flush=True)
+        return
     x = inputs(B, T, H, K, K)
     do = torch.randn(B, T, H, K, device="cuda", dtype=torch.bfloat16)
     dht = torch.randn(B, H, K, K, device="cuda")

@@ -106,7 +106,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
                       T=T, NT=NT)
     state = Launch("chunk_state", built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
-                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
+                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn, WRITE_O=True,
                         IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
                    config.state_num_warps, config.state_num_stages)
     return (intra, state), (o, ht, hs)

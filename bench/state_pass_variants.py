@@ -1,0 +1,223 @@
+"""The training step's two sequential launches, alone, under variants: the forward state pass
+(with its output products, and without them: ``WRITE_O=False``, the states and V' only) beside
+a chunk-parallel output launch (a prototype here, ``out_kernel``: O = qg S_c + A_qk V' per chunk
+from the stored states), and the reverse state pass, over V tile / warps / stages.  What it
+answers: does a states-only pass plus a chunk-parallel output beat the fused pass (FLA's split),
+and which tiles the passes want at few heads.
+
+    PYTHONPATH=/tmp/site:. python3 bench/state_pass_variants.py --member deltanet \
+        --shapes "2,16384,16,128;1,8192,96,128" [--chunk 32] [--fla] --out "$OUT"
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/state_pass_variants.py --smoke
+
+Per shape: each variant's median ms (do_bench), and for the split the largest difference of its O
+from the fused pass's (bf16 rounding expected: the fused pass multiplies by the state rounded to
+the dot dtype, the split by the stored per-chunk state in the same dtype).  ``--fla``: FLA's op of
+the same name, forward + backward, its kernels' times (torch.profiler) in the same process.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@triton.jit
+def out_kernel(qg, hs, aqk, vn, o, T, NT, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """O of one (V tile, chunk, sequence x value head), fixed-length batches: qg S_c + A_qk V'."""
+    i_v, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    t0 = i_c * BT
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t = (t0 + o_t) < T
+    m_v = o_v < V
+    row = (i_n * T + t0).to(tl.int64) * HV + i_hv
+    p_s = ((i_n * NT + i_c) * HV + i_hv).to(tl.int64) * K * V
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        b_q = tl.load(qg + row * K + o_t[:, None] * (HV * K) + o_k[None, :], mask=m_t[:, None], other=0.)
+        b_s = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.)
+        acc += tl.dot(b_q, b_s.to(b_q.dtype))
+    b_a = tl.load(aqk + row * BT + o_t[:, None] * (HV * BT) + o_t[None, :],
+                  mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)
+    b_v = tl.load(vn + row * V + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
+    acc += tl.dot(b_a, b_v.to(b_a.dtype))
+    tl.store(o + row * V + o_t[:, None] * (HV * V) + o_v[None, :], acc.to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+def launches(member, B, T, H, D, dev, chunk):
+    """(forward launches, backward launches) of the member's training step at the heuristic configs
+    (``kda``: bench.py's inputs and call, g >= -5 promised)."""
+    if member == "kda":
+        from bench import LOWER, inputs, train_config_for, bench_plan, shape_hint
+        from kdagen.cache.heuristics import default_chunk_bwd_config
+        from kdagen.ops.chunk import chunk_kda_bwd_launches
+
+        dt = torch.bfloat16 if dev == "cuda" else torch.float32
+        x = inputs(B, T, H, D, D, dtype=dt, device=dev)
+        t = train_config_for(B, T, H, D)
+        b = default_chunk_bwd_config(bench_plan(D, D, dt), shape_hint(B, T, H))
+        if chunk != t.chunk_size:
+            t = t.replace(chunk_size=chunk, sub_chunk=chunk // 2, state_block_v=max(t.state_block_v, chunk // 2))
+            b = b.with_chunking(chunk, chunk // 2)
+        fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER,
+                                             do=torch.randn_like(x["v"]), dht=torch.randn_like(x["initial_state"]),
+                                             config=t, bwd_config=b)
+        return x, fwd, bwd
+    from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
+    from kdagen import load_spec
+    from kdagen.ops.member import _prepare_chunk, chunk_member_launches
+    import family_vs_fla as F
+
+    x = F.inputs(member, B, T, H, D, D, dev)
+    spec = load_spec(member)
+    call, _, _ = _prepare_chunk(spec, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
+                                initial_state=x["initial_state"], training=True)
+    t = default_train_config(call.plan, call.shape)
+    b = default_chunk_bwd_config(call.plan, call.shape)
+    if chunk != t.chunk_size:
+        t = t.replace(chunk_size=chunk, sub_chunk=chunk // 2, state_block_v=max(t.state_block_v, chunk // 2))
+        b = b.with_chunking(chunk, chunk // 2)
+    fwd, bwd, _ = chunk_member_launches(spec, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), training=True,
+                                        config=t, bwd_config=b, initial_state=x["initial_state"],
+                                        output_final_state=True, do=torch.randn_like(x["v"]),
+                                        dht=torch.randn_like(x["initial_state"]))
+    return x, fwd, bwd
+
+
+def variant(ln, bv=None, warps=None, stages=None, **const):
+    """The launch with another V tile (its grid follows), warps, stages or constexprs."""
+    c = {**ln.constexprs, **const}
+    grid = ln.grid
+    if bv is not None:
+        c["BV"] = bv
+        grid = (triton.cdiv(c["V"], bv),) + tuple(grid[1:])
+    return dataclasses.replace(ln, constexprs=c, grid=grid, num_warps=warps or ln.num_warps,
+                               num_stages=stages or ln.num_stages, then=None)
+
+
+def out_launch(state, bv, bk, warps, stages):
+    a, c = state.args, state.constexprs
+    qg, hs, o = a["qg"], a["hs"], a["o"]
+    B, T, HV, K = qg.shape
+    V, BT = c["V"], c["BT"]
+    NT = triton.cdiv(T, BT)
+    grid = (triton.cdiv(V, bv), NT, B * HV)
+
+    def run():
+        out_kernel[grid](qg, hs, a["aqk"], a["vn"], o, T, NT, HV=HV, K=K, V=V, BT=BT, BK=bk, BV=bv,
+                         num_warps=warps, num_stages=stages)
+    return run
+
+
+def timed(fn, cuda):
+    if not cuda:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    from triton.testing import do_bench
+    return float(do_bench(fn, warmup=10, rep=60, return_mode="median"))
+
+
+FWD = [  # (BV, warps, stages) of the forward pass
+    (16, 4, 3), (16, 2, 3), (32, 2, 2), (32, 2, 3), (32, 4, 2), (32, 4, 3), (64, 2, 2), (64, 4, 2), (64, 4, 3)]
+OUT = [(64, 64, 4, 2), (64, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 3), (32, 128, 4, 2)]
+REV = [(16, 4, 3), (16, 2, 3), (32, 2, 2), (32, 2, 3), (32, 4, 2), (32, 4, 3), (64, 2, 2), (64, 4, 2), (64, 4, 3)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--member", default="deltanet")
+    ap.add_argument("--shapes", default="2,16384,16,128;1,8192,96,128")
+    ap.add_argument("--chunk", type=int, default=32)
+    ap.add_argument("--fla", action="store_true")
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--budget", type=float, default=300)
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available() and not args.smoke
+    dev = "cuda" if cuda else "cpu"
+    shapes = [tuple(map(int, s.split(","))) for s in args.shapes.split(";")]
+    fwd_v, out_v, rev_v = FWD, OUT, REV
+    if args.smoke:
+        shapes, fwd_v, out_v, rev_v = [(1, 70, 2, 32)], [(16, 4, 3)], [(16, 32, 4, 2)], [(16, 4, 3)]
+    deadline = time.time() + args.budget
+    res = []
+    for B, T, H, D in shapes:
+        x, fwd, bwd = launches(args.member, B, T, H, D, dev, args.chunk)
+        for ln in list(fwd) + list(bwd):
+            ln()
+        state = fwd[1]
+        rev = next(ln for ln in bwd if ln.kernel == "chunk_bwd_state")
+        o_ref = state.args["o"].clone()
+        base = dict(shape=[B, T, H, D], C=args.chunk, member=args.member)
+        res.append(dict(base, what="fused pass (default)", ms=timed(state, cuda),
+                        tile=[state.constexprs["BV"], state.num_warps, state.num_stages]))
+        print(res[-1], flush=True)
+        for bv, w, s in fwd_v:
+            if time.time() > deadline:
+                break
+            for write_o in (True, False):
+                try:
+                    ms = timed(variant(state, bv, w, s, WRITE_O=write_o), cuda)
+                except Exception as e:  # noqa: BLE001
+                    ms = f"{type(e).__name__}: {str(e)[:120]}"
+                res.append(dict(base, what="pass" if write_o else "states-only pass", tile=[bv, w, s], ms=ms))
+                print(res[-1], flush=True)
+        variant(state, WRITE_O=False)()  # the states (hs) and V' are the fused pass's; o is left as it was
+        for bv, bk, w, s in out_v:
+            if time.time() > deadline:
+                break
+            state.args["o"].zero_()
+            run = out_launch(state, bv, bk, w, s)
+            run()
+            diff = float((state.args["o"].float() - o_ref.float()).abs().max())
+            res.append(dict(base, what="output launch", tile=[bv, bk, w, s], ms=timed(run, cuda),
+                            o_diff_vs_fused=diff, o_max=float(o_ref.float().abs().max())))
+            print(res[-1], flush=True)
+        res.append(dict(base, what="reverse pass (default)", ms=timed(rev, cuda),
+                        tile=[rev.constexprs["BV"], rev.num_warps, rev.num_stages]))
+        print(res[-1], flush=True)
+        for bv, w, s in rev_v:
+            if time.time() > deadline or bv < args.chunk // 2:
+                continue
+            try:
+                ms = timed(variant(rev, bv, w, s), cuda)
+            except Exception as e:  # noqa: BLE001
+                ms = f"{type(e).__name__}: {str(e)[:120]}"
+            res.append(dict(base, what="reverse pass", tile=[bv, w, s], ms=ms))
+            print(res[-1], flush=True)
+        if args.fla and cuda and args.member != "kda":
+            import family_vs_fla as F
+            from bench import profile_top
+            fla = F.ops(args.member, "fla")
+            if fla:
+                run = F.fwdbwd_fn(args.member, fla[0], x)
+                run()
+                rows = profile_top(run, f"FLA {args.member} {(B, T, H, D)}")
+                res.append(dict(base, what="FLA fwd+bwd", ms=timed(run, cuda),
+                                kernels=[(round(ms, 4), c, n[:60]) for ms, c, n in rows[:12]]))
+                print(res[-1], flush=True)
+        del x, fwd, bwd
+        if cuda:
+            torch.cuda.empty_cache()
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"state_pass_variants_{args.member}.json"), "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
