@@ -492,10 +492,9 @@ def timing(batches=(1, 16, 256)):
               f"{bf['graph_us']:.1f} us vs FLA {fl['graph_us']:.1f} us: {fl['graph_us'] / bf['graph_us']:.2f}x",
               proof=False)
     one = [r for r in rows if r["B"] == 1 and r["op"] == "kdagen" and r["pool"] == "float32" and "eager_us" in r]
-    if one:
-        best = min(r["eager_us"] for r in one)
-        claim("eager decode at B=1 <= 15 us per call", best <= 15,
-              ", ".join(f"{r['form']} {r['eager_us']:.1f} us" for r in one), proof=False)
+    for r in one:  # each form on its own: the batch form (a fresh final state per call) and the packed pool
+        claim(f"eager decode at B=1 <= 15 us per call ({r['form']} form)", r["eager_us"] <= 15,
+              f"{r['eager_us']:.1f} us", proof=False)
 
 
 def eager_split():
