@@ -54,6 +54,9 @@ VARIANTS = {
              dict(C64, state_num_stages=3, state_block_v=32, dqkw_block_k=64, dqkw_block_v=32, dqkw_num_warps=4,
                   intra_num_warps=4, intra_block_v=32, rerun_num_warps=8, rerun_block_k=128)),
 }
+# the output out of the forward state pass (ChunkTrainConfig.split_output: a states-only pass, then chunk_out)
+VARIANTS["split"] = (dict(split_output=True), {})
+VARIANTS["split_w2"] = (dict(split_output=True, state_block_v=32, state_num_warps=2, state_num_stages=2), {})
 OPS = {"deltanet": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule"}
 
 

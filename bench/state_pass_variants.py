@@ -1,7 +1,7 @@
 """The training step's two sequential launches, alone, under variants: the forward state pass
 (with its output products, and without them: ``WRITE_O=False``, the states and V' only) beside
-a chunk-parallel output launch (a prototype here, ``out_kernel``: O = qg S_c + A_qk V' per chunk
-from the stored states), and the reverse state pass, over V tile / warps / stages.  What it
+a chunk-parallel output launch (a ``split_output``'s chunk_out: O = qg S_c + A_qk V' per chunk from
+the stored states), and the reverse state pass, over V tile / warps / stages.  What it
 answers: does a states-only pass plus a chunk-parallel output beat the fused pass (FLA's split),
 and which tiles the passes want at few heads.
 
@@ -25,42 +25,15 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-@triton.jit
-def out_kernel(qg, hs, aqk, vn, o, T, NT, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    """O of one (V tile, chunk, sequence x value head), fixed-length batches: qg S_c + A_qk V'."""
-    i_v, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    t0 = i_c * BT
-    o_t = tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_t = (t0 + o_t) < T
-    m_v = o_v < V
-    row = (i_n * T + t0).to(tl.int64) * HV + i_hv
-    p_s = ((i_n * NT + i_c) * HV + i_hv).to(tl.int64) * K * V
-    acc = tl.zeros([BT, BV], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        b_q = tl.load(qg + row * K + o_t[:, None] * (HV * K) + o_k[None, :], mask=m_t[:, None], other=0.)
-        b_s = tl.load(hs + p_s + o_k[:, None] * V + o_v[None, :], mask=m_v[None, :], other=0.)
-        acc += tl.dot(b_q, b_s.to(b_q.dtype))
-    b_a = tl.load(aqk + row * BT + o_t[:, None] * (HV * BT) + o_t[None, :],
-                  mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)
-    b_v = tl.load(vn + row * V + o_t[:, None] * (HV * V) + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.)
-    acc += tl.dot(b_a, b_v.to(b_a.dtype))
-    tl.store(o + row * V + o_t[:, None] * (HV * V) + o_v[None, :], acc.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
-
-
 def launches(member, B, T, H, D, dev, chunk):
-    """(forward launches, backward launches) of the member's training step at the heuristic configs
-    (``kda``: bench.py's inputs and call, g >= -5 promised)."""
+    """(inputs, forward launches, backward launches) of the member's training step at the heuristic
+    configs with ``split_output`` (the forward: intra, the states-only pass, the output launch;
+    ``kda``: bench.py's inputs and call, g >= -5 promised)."""
     if member == "kda":
         from bench import LOWER, inputs, train_config_for, bench_plan, shape_hint
         from kdagen.cache.heuristics import default_chunk_bwd_config
@@ -68,7 +41,7 @@ def launches(member, B, T, H, D, dev, chunk):
 
         dt = torch.bfloat16 if dev == "cuda" else torch.float32
         x = inputs(B, T, H, D, D, dtype=dt, device=dev)
-        t = train_config_for(B, T, H, D)
+        t = train_config_for(B, T, H, D, split_output=True)
         b = default_chunk_bwd_config(bench_plan(D, D, dt), shape_hint(B, T, H))
         if chunk != t.chunk_size:
             t = t.replace(chunk_size=chunk, sub_chunk=chunk // 2, state_block_v=max(t.state_block_v, chunk // 2))
@@ -86,7 +59,7 @@ def launches(member, B, T, H, D, dev, chunk):
     spec = load_spec(member)
     call, _, _ = _prepare_chunk(spec, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
                                 initial_state=x["initial_state"], training=True)
-    t = default_train_config(call.plan, call.shape)
+    t = default_train_config(call.plan, call.shape).replace(split_output=True)
     b = default_chunk_bwd_config(call.plan, call.shape)
     if chunk != t.chunk_size:
         t = t.replace(chunk_size=chunk, sub_chunk=chunk // 2, state_block_v=max(t.state_block_v, chunk // 2))
@@ -107,20 +80,6 @@ def variant(ln, bv=None, warps=None, stages=None, **const):
         grid = (triton.cdiv(c["V"], bv),) + tuple(grid[1:])
     return dataclasses.replace(ln, constexprs=c, grid=grid, num_warps=warps or ln.num_warps,
                                num_stages=stages or ln.num_stages, then=None)
-
-
-def out_launch(state, bv, bk, warps, stages):
-    a, c = state.args, state.constexprs
-    qg, hs, o = a["qg"], a["hs"], a["o"]
-    B, T, HV, K = qg.shape
-    V, BT = c["V"], c["BT"]
-    NT = triton.cdiv(T, BT)
-    grid = (triton.cdiv(V, bv), NT, B * HV)
-
-    def run():
-        out_kernel[grid](qg, hs, a["aqk"], a["vn"], o, T, NT, HV=HV, K=K, V=V, BT=BT, BK=bk, BV=bv,
-                         num_warps=warps, num_stages=stages)
-    return run
 
 
 def timed(fn, cuda):
@@ -160,7 +119,8 @@ def main():
         x, fwd, bwd = launches(args.member, B, T, H, D, dev, args.chunk)
         for ln in list(fwd) + list(bwd):
             ln()
-        state = fwd[1]
+        state, out = variant(fwd[1], WRITE_O=True), fwd[2]  # the fused pass; the split's output launch
+        state()
         rev = next(ln for ln in bwd if ln.kernel == "chunk_bwd_state")
         o_ref = state.args["o"].clone()
         base = dict(shape=[B, T, H, D], C=args.chunk, member=args.member)
@@ -182,7 +142,7 @@ def main():
             if time.time() > deadline:
                 break
             state.args["o"].zero_()
-            run = out_launch(state, bv, bk, w, s)
+            run = variant(out, bv, w, s, BK=bk)
             run()
             diff = float((state.args["o"].float() - o_ref.float()).abs().max())
             res.append(dict(base, what="output launch", tile=[bv, bk, w, s], ms=timed(run, cuda),

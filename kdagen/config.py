@@ -182,17 +182,25 @@ class ChunkTrainConfig(_Config):
     # 91-92); general DPLR checks each sub-tile in its kernels (5-7%, run 86), so its heuristic config trusts
     # the promise.  False: unchecked factorised tiles, wrong values or NaN where g breaks it
     check_gate_bound: bool = True
+    # the output out of the state pass (FLA's split): the pass writes the per-chunk states and V' only
+    # (chunk_state with WRITE_O=False) and a chunk-parallel launch (chunk_out, one program per V tile,
+    # chunk and value head) forms O = qg S_c + A_qk V' from them.  Training calls only (they store both)
+    split_output: bool = False
+    out_block_v: int = 64  # BV of the output launch
+    out_block_k: int = 64  # BK of its K loop
+    out_num_warps: int = 4
+    out_num_stages: int = 2
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
-                         "state_num_warps")
+                         "state_num_warps", "out_block_v", "out_block_k", "out_num_warps")
         self._check_chunking()
-        self._check_stages("intra_num_stages", "state_num_stages")
+        self._check_stages("intra_num_stages", "state_num_stages", "out_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound")
+        self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound", "split_output")
 
 
 @dataclass(frozen=True)

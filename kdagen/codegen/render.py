@@ -32,6 +32,8 @@ TEMPLATES = {
     "chunk_schedule": ("chunk_schedule.py.j2", ChunkFwdConfig),
     "chunk_intra": ("chunk_intra.py.j2", ChunkTrainConfig),
     "chunk_state": ("chunk_state.py.j2", ChunkTrainConfig),
+    # a training forward's output from the stored states and V' (ChunkTrainConfig.split_output)
+    "chunk_out": ("chunk_out.py.j2", ChunkTrainConfig),
     "recurrent": ("recurrent.py.j2", RecurrentConfig),
     "recurrent_bwd": ("recurrent_bwd.py.j2", RecurrentBwdConfig),
     "chunk_bwd_state": ("chunk_bwd_state.py.j2", ChunkBwdConfig),
@@ -53,7 +55,7 @@ STRUCTURE_TEMPLATES = {
 # the kernels of each config family, in launch order
 FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass",
                                  "chunk_schedule"),
-                  "chunk_train": ("chunk_intra", "chunk_state", "qk_l2norm"),
+                  "chunk_train": ("chunk_intra", "chunk_state", "qk_l2norm", "chunk_out"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "chunk_bwd_wy",
                                 "chunk_bwd_rerun", "qk_l2norm_bwd"),
                   "recurrent": ("recurrent",),
@@ -64,12 +66,12 @@ REPLACES = {"chunk_seg_state": "chunk_pass", "chunk_seg_combine": "chunk_pass", 
             "chunk_bwd_wy": "chunk_bwd_intra"}
 # the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
 # kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
-DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
+DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_out", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
                 "recurrent_bwd", "qk_l2norm", "qk_l2norm_bwd")  # (the l2-norm reads no plan field)
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 # launches that only some (plan, config) pairs run (family_kernels leaves them out of the others)
-OPTIONAL_KERNELS = ("chunk_bwd_wy", "chunk_bwd_rerun")
+OPTIONAL_KERNELS = ("chunk_bwd_wy", "chunk_bwd_rerun", "chunk_out")
 
 
 def intra_part(kernel: str, plan: Plan, config: _Config) -> str:
@@ -91,6 +93,8 @@ def family_kernels(family: str, plan: Plan, config: _Config) -> tuple[str, ...]:
     if family == "chunk_bwd":
         takes = {"chunk_bwd_wy": config.splits_intra(plan), "chunk_bwd_rerun": config.reruns_from_saved(plan)}
         kinds = tuple(k for k in kinds if takes.get(k, True))
+    if family == "chunk_train" and not config.split_output:
+        kinds = tuple(k for k in kinds if k != "chunk_out")
     return kinds
 
 
@@ -146,6 +150,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)
             v["combine_kw"] = ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'
+    elif kernel == "chunk_out":
+        v["k_mask"] = plan.K % min(config.out_block_k, plan.BK) != 0
     elif kernel in ("chunk_intra", "chunk_bwd_intra", "chunk_bwd_wy"):  # (and the DPLR intra backward's own template)
         sub = config.sub_chunk
         v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),

@@ -70,7 +70,7 @@ class BwdMeta(Dims):
 
 def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
     """What the backward needs from the forward's launches (``config`` has their chunk lengths)."""
-    intra, state = launches
+    intra, state = launches[0], launches[1]  # (a third: the output launch of split_output)
     a = intra.args
     B, T, H, K = a["q"].shape
     HV, V = a["v"].shape[2], a["v"].shape[3]

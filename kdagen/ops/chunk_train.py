@@ -104,9 +104,27 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
                       vn=vn if vn is not None else dummy,
                       cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
                       T=T, NT=NT)
+    split = output_split(config, return_intermediate_states, store_vn)
     state = Launch("chunk_state", built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
-                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn, WRITE_O=True,
-                        IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
+                        STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
+                        WRITE_O=not split, IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
                    config.state_num_warps, config.state_num_stages)
-    return (intra, state), (o, ht, hs)
+    if not split:
+        return (intra, state), (o, ht, hs)
+    obv = min(config.out_block_v, plan.BV)
+    out_args = dict(qg=qg, hs=hs, aqk=aqk, vn=vn, **(dict(v=v, aqv=aqv) if dplr else {}), o=o, cu_seqlens=cu,
+                    chunk_indices=chunk_indices if chunk_indices is not None else dummy,
+                    chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy, T=T, NT=NT)
+    out = Launch("chunk_out", built.fn("chunk_out"), (triton.cdiv(V, obv), NT_total, HV), out_args,
+                 dict(HV=HV, K=K, V=V, BT=C, BK=min(config.out_block_k, plan.BK), BV=obv,
+                      IS_VARLEN=cu_seqlens is not None),
+                 config.out_num_warps, config.out_num_stages)
+    return (intra, state, out), (o, ht, hs)
+
+
+def output_split(config: ChunkTrainConfig, stores_states: bool, stores_vn: bool) -> bool:
+    """Whether the call's output comes from the chunk-parallel launch (``config.split_output``): only
+    where the state pass keeps what it reads, the per-chunk states and V' (a training call); any other
+    call of the config runs the fused pass."""
+    return bool(config.split_output and stores_states and stores_vn)
