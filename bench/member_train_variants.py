@@ -57,6 +57,9 @@ VARIANTS = {
 # the output out of the forward state pass (ChunkTrainConfig.split_output: a states-only pass, then chunk_out)
 VARIANTS["split"] = (dict(split_output=True), {})
 VARIANTS["split_w2"] = (dict(split_output=True, state_block_v=32, state_num_warps=2, state_num_stages=2), {})
+# the fused pass on the tiles the heuristic took before the split (run 96's default)
+VARIANTS["fused16"] = (dict(split_output=False, state_block_v=16, state_num_warps=4, state_num_stages=3), {})
+VARIANTS["fused32"] = (dict(split_output=False, state_block_v=32, state_num_warps=2, state_num_stages=3), {})
 OPS = {"deltanet": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule"}
 
 

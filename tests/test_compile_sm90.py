@@ -106,6 +106,12 @@ TRAIN_CASES = [
      dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_stages=3, intra_load_ahead=True), {}),
     ("fp16-K96V192-C32-intra-load-ahead-2k", "float16", 96, 192, "safe",
      dict(chunk_size=32, intra_block_k=64, state_block_v=32, intra_load_ahead=True), dict(varlen=True)),
+    # the output out of the state pass (split_output): the states-only pass and the output launch
+    ("bf16-C32-split-output", "bfloat16", 128, 128, "safe",
+     dict(chunk_size=32, intra_block_k=128, state_block_v=16, state_num_stages=3, split_output=True), {}),
+    ("fp16-K96V192-split-output-varlen", "float16", 96, 192, "safe",
+     dict(chunk_size=32, intra_block_k=64, state_block_v=32, split_output=True, out_block_v=128, out_block_k=32,
+          out_num_warps=8), dict(varlen=True)),
 ]
 
 # a training call's l2-norm of q and k and its backward (templates/qk_l2norm.py.j2): (id, dtype, K)
@@ -238,6 +244,8 @@ def _worker_compile(jobs):
                     q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True, cu_seqlens=cu,
                     config=None if cfg is None else ChunkTrainConfig(**cfg), **kw)
                 results[f"{family}:{cid}"] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
+                if len(launches) > 2:  # split_output's chunk-parallel output launch
+                    results[f"{family}:{cid}"].append(report(launches[2].kernel, launches[2]))
                 if launches[0].then is not None:  # the checked diagonal's repair launch (REPAIR=True)
                     results[f"{family}:{cid}"].append(report("chunk_intra_repair", launches[0].then))
             elif family == "l2norm":
@@ -412,7 +420,16 @@ def test_training_forward_kernels_compile_for_sm90(case, compiled):
         _check_smem(repair, extra)
         assert repair[0]["constexprs"]["REPAIR"] and not entries[0]["constexprs"]["REPAIR"]
     entries = [e for e in entries if e["kind"] != "chunk_intra_repair"]
+    split = bool(cfg and cfg.get("split_output"))
+    if split:  # the states-only pass (no output products) and the output launch on its own tiles
+        out = entries.pop()
+        assert out["kind"] == "chunk_out", out
+        _check_smem([out], extra)
+        c = out["constexprs"]
+        assert c["BV"] == min(cfg.get("out_block_v", 64), V) and c["BK"] == min(cfg.get("out_block_k", 64), K)
+        assert out["num_warps"] == cfg.get("out_num_warps", 4) and c["IS_VARLEN"] == extra.get("varlen", False)
     entries, (intra, state) = _compiled_pair(entries, ("chunk_intra", "chunk_state"), extra)
+    assert state["WRITE_O"] is not split
     assert intra["K"] == K and intra["V"] == V and state["K"] == K and state["V"] == V
     assert intra["BT"] == state["BT"] and state["STORE_HS"] and state["STORE_VN"]
     if cfg is not None:  # the config really reached the kernels

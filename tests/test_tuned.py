@@ -206,12 +206,25 @@ def test_the_cache_key_carries_the_source_hash():
 
 
 def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_programs():
+    # the fused pass (fp32 inputs here): narrower V tiles with few state programs
+    plan32 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float32", "chunk", False)
+    few = default_train_config(plan32, {"N": 2, "HV": 16})  # 2*16*4 = 128 programs at BV=32
+    many = default_train_config(plan32, {"N": 1, "HV": 96})  # 384 programs at BV=32
+    assert (few.state_block_v, few.state_num_warps, few.split_output) == (16, 4, False)
+    assert (many.state_block_v, many.state_num_warps, many.split_output) == (32, 2, False)
+    assert default_train_config(plan32) == many  # no shape: the default measured at (1, 8192, 96, 128)
+    # half precision, K <= 128: the output split out of the pass (run 97), the states-only pass on 32-wide
+    # tiles, 4 warps, 3 stages at both program counts, the output launch on [C, 128] tiles over 64-wide K
     plan = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
-    few = default_train_config(plan, {"N": 2, "HV": 16})  # 2*16*4 = 128 programs at BV=32
-    many = default_train_config(plan, {"N": 1, "HV": 96})  # 384 programs at BV=32
-    assert (few.state_block_v, few.state_num_warps) == (16, 4)
-    assert (many.state_block_v, many.state_num_warps) == (32, 2)
-    assert default_train_config(plan) == many  # no shape: the default measured at (1, 8192, 96, 128)
+    for shape in ({"N": 2, "HV": 16}, {"N": 1, "HV": 96}, None):
+        c = default_train_config(plan, shape)
+        assert (c.split_output, c.state_block_v, c.state_num_warps, c.state_num_stages) == (True, 32, 4, 3)
+        assert (c.out_block_v, c.out_block_k, c.out_num_warps) == (128, 64, 4)
+    # general DPLR and K > 128 keep the fused pass
+    dplr = lower(S.dplr(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
+    assert not default_train_config(dplr).split_output
+    assert not default_train_config(lower(select_spec(False, True, -5.0, False, False), 256, 256, "bfloat16",
+                                          "chunk", False)).split_output
     # a KDA call without a bound (checked diagonal, element-wise columns as its fallback) takes the bounded
     # call's tiles (run 86): intra gradients on 2 warps, the whole K row in the forward's intra tile; fp16
     # (element-wise diagonal, no check) keeps 4 warps and 32-wide tiles; GLA (no rank-1 part) its 32-wide tile
@@ -228,7 +241,7 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     dplr = lower(S.dplr(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
     assert not default_train_config(dplr).check_gate_bound and not default_chunk_bwd_config(dplr).check_gate_bound
     # the intra launch's loads issued ahead in half precision (run 83), not for fp32 inputs (unmeasured)
-    assert few.intra_load_ahead and many.intra_load_ahead
+    assert all(default_train_config(plan, s).intra_load_ahead for s in ({"N": 2, "HV": 16}, {"N": 1, "HV": 96}))
     fp32 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float32", "chunk", False)
     assert not default_train_config(fp32).intra_load_ahead
 

@@ -163,10 +163,22 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # The intra launch's row-block loads issued together at the top (intra_load_ahead), half precision
     # (they wait in the loaded dtype): 1.913 -> 1.879 ms at (1, 8192, 96, 128) and 1.284 -> 1.241 ms at
     # (2, 16384, 16, 128), bit-identical outputs (bench/RESULTS.md, run 83; fp32 inputs unmeasured)
+    # The output out of the state pass (split_output, FLA's split): the pass without qg, A_qk and its two
+    # output products is 2.3x faster, and the chunk-parallel output launch costs less than it saves.  bf16,
+    # K=V=128, C=32, H200 (bench/RESULTS.md, run 97), ms: DeltaNet at (2, 16384, 16) fused pass 1.001 ->
+    # states-only 0.437 (32-wide V tiles, 4 warps, 3 stages; 16 / 4 / 3: 0.568) + output 0.243 (BV=128,
+    # BK=64); at (1, 8192, 96) 1.141 -> 0.590 + 0.361; KDA at (2, 16384, 16) 1.026 -> 0.608 + 0.242.
+    # Half precision, K <= 128, every member but general DPLR (its pass holds the raw values' terms too:
+    # unmeasured); fp32 unmeasured.
+    out = {}
+    if half and plan.K <= 128 and plan.structure != "dplr":
+        bv, warps, stages = min(32, plan.BV), 4, 3
+        out = dict(split_output=True, out_block_v=min(128, plan.BV), out_block_k=min(64, plan.BK), out_num_warps=4,
+                   out_num_stages=2)
     return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
         state_block_v=bv, state_num_warps=warps, state_num_stages=stages, intra_load_ahead=half,
-        check_gate_bound=check,
+        check_gate_bound=check, **out,
     )
 
 
