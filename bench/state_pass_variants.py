@@ -25,38 +25,9 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-
-@triton.jit
-def local_du_kernel(aqk, do, du, T, HV: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    """A prototype (fixed-length batches): dU_local = A_qk^T dO per (V tile, chunk, sequence x value
-    head), written into du, which the reverse pass with LOCAL_DU=True then completes in place."""
-    i_v, i_c, i_nh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    o_t = tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_t = (i_c * BT + o_t) < T
-    row = (i_n * T + i_c * BT).to(tl.int64) * HV + i_hv
-    b_a = tl.load(aqk + row * BT + o_t[:, None] * (HV * BT) + o_t[None, :],
-                  mask=m_t[:, None] & (o_t[:, None] >= o_t[None, :]), other=0.)
-    m = m_t[:, None] & (o_v < V)[None, :]
-    b_do = tl.load(do + row * V + o_t[:, None] * (HV * V) + o_v[None, :], mask=m, other=0.)
-    b_du = tl.dot(tl.trans(b_a), b_do.to(b_a.dtype))
-    tl.store(du + row * V + o_t[:, None] * (HV * V) + o_v[None, :], b_du.to(du.dtype.element_ty), mask=m)
-
-
-def local_du_run(rev, bv=64, warps=4):
-    a, c = rev.args, rev.constexprs
-    B, T, HV, V = a["du"].shape
-    grid = (triton.cdiv(V, bv), triton.cdiv(T, c["BT"]), B * HV)
-
-    def run():
-        local_du_kernel[grid](a["aqk"], a["do"], a["du"], T, HV=HV, V=V, BT=c["BT"], BV=bv, num_warps=warps)
-    return run
 
 
 def launches(member, B, T, H, D, dev, chunk):
@@ -135,7 +106,6 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--budget", type=float, default=300)
     ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--no-sweep", action="store_true", help="the default tiles only (and the local-dU rows)")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     dev = "cuda" if cuda else "cpu"
@@ -143,8 +113,6 @@ def main():
     fwd_v, out_v, rev_v = FWD, OUT, REV
     if args.smoke:
         shapes, fwd_v, out_v, rev_v = [(1, 70, 2, 32)], [(16, 4, 3)], [(16, 32, 4, 2)], [(16, 4, 3)]
-    if args.no_sweep:
-        fwd_v, out_v, rev_v = [], [(128, 64, 4, 2)], []
     deadline = time.time() + args.budget
     res = []
     for B, T, H, D in shapes:
@@ -192,23 +160,6 @@ def main():
                 ms = f"{type(e).__name__}: {str(e)[:120]}"
             res.append(dict(base, what="reverse pass", tile=[bv, w, s], ms=ms))
             print(res[-1], flush=True)
-        # the reverse pass without A_qk^T dO (LOCAL_DU: a chunk-parallel launch puts it in du first)
-        rev()
-        ref = {n: rev.args[n].clone() for n in ("du", "dhs")}
-        for bv, w, s in [(rev.constexprs["BV"], rev.num_warps, rev.num_stages)] + list(rev_v[:0]):
-            loc = local_du_run(rev)
-            lrev = variant(rev, bv, w, s, LOCAL_DU=True)
-
-            def both():
-                loc()
-                lrev()
-            both()
-            d = {n: float((rev.args[n].float() - ref[n].float()).abs().max() / ref[n].float().abs().max())
-                 for n in ref}
-            res.append(dict(base, what="local dU launch", ms=timed(loc, cuda)))
-            res.append(dict(base, what="reverse pass, local dU", tile=[bv, w, s], ms=timed(both, cuda) - res[-1]["ms"],
-                            rel_diff_vs_default=d))
-            print(res[-2], res[-1], flush=True)
         if args.fla and cuda and args.member != "kda":
             import family_vs_fla as F
             from bench import profile_top

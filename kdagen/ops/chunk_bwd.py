@@ -152,8 +152,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                       cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
     state = Launch("chunk_bwd_state", built.fns[0], (NV, N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
-                        STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen, STATE_V_FIRST=meta.state_v_first,
-                        LOCAL_DU=False),
+                        STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen, STATE_V_FIRST=meta.state_v_first),
                    cfg.state_num_warps, cfg.state_num_stages)
     dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
     dkg = torch.empty_like(dqg)
