@@ -168,6 +168,20 @@ def make_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, seed=0, n_seqs=None, 
     return KDAInputs(q.to(dtype), k.to(dtype), v.to(dtype), g, b.to(dtype), s0, cu)
 
 
+def kda_training_launches(dtype, K, V, config, bwd_config, T=45, cu=None, HV=2):
+    """chunk_kda's training launches ``(fwd, bwd, bwd outputs)`` on seeded inputs (one q/k head, ``HV``
+    value heads, g >= -5 promised) with random dO and dht: for tests that compare configs launch by launch."""
+    from kdagen.ops.chunk import chunk_kda_bwd_launches
+
+    x = make_inputs(1, T, 1, HV, K, V, dtype=dtype, seed=3, cu_seqlens=cu)
+    gen = torch.Generator().manual_seed(9)
+    do = torch.randn(x.v.shape, generator=gen).to(dtype)
+    dht = torch.randn(x.h0.shape[0], HV, K, V, generator=gen)
+    return chunk_kda_bwd_launches(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
+                                  cu_seqlens=x.cu_seqlens, safe_gate=True, lower_bound=-5.0, config=config,
+                                  bwd_config=bwd_config, do=do, dht=dht)
+
+
 @pytest.fixture
 def inputs_factory():
     return make_inputs

@@ -18,14 +18,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import F64, assert_close, make_inputs
+from conftest import kda_training_launches as _kda, F64, assert_close, make_inputs
 
 import kdagen
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import family_kernels, render
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
-from kdagen.ops.chunk import chunk_kda_bwd_launches
 from kdagen.ops.dplr import chunk_dplr_bwd_launches
 from kdagen.ops.member import chunk_member_launches
 from kdagen.spec.reference import naive_recurrent_gdn, naive_recurrent_kda
@@ -33,16 +32,6 @@ from kdagen.spec.reference import naive_recurrent_gdn, naive_recurrent_kda
 F32, F16 = torch.float32, torch.float16
 O_TOL = {F32: 1e-6, F16: 2e-3}  # the split's O against the fused pass's (summation order only)
 SPLIT = dict(split_output=True, out_block_v=16, out_block_k=16)
-
-
-def _kda(dtype, K, V, config, bwd_config, T=45, cu=None, HV=2):
-    x = make_inputs(1, T, 1, HV, K, V, dtype=dtype, seed=3, cu_seqlens=cu)
-    gen = torch.Generator().manual_seed(9)
-    do = torch.randn(x.v.shape, generator=gen).to(dtype)
-    dht = torch.randn(x.h0.shape[0], HV, K, V, generator=gen)
-    return chunk_kda_bwd_launches(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
-                                  cu_seqlens=x.cu_seqlens, safe_gate=True, lower_bound=-5.0, config=config,
-                                  bwd_config=bwd_config, do=do, dht=dht)
 
 
 def _member(member, dtype, K, V, config, bwd_config, T=45):

@@ -17,27 +17,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import make_inputs
+from conftest import kda_training_launches as _kda
 
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
-from kdagen.ops.chunk import chunk_kda_bwd_launches
 from kdagen.ops.member import chunk_member_launches
 
 F32, F16 = torch.float32, torch.float16
 FWD_NAMES = ("o", "ht", "hs", "vn")
-
-
-def _kda(dtype, K, V, config, bwd_config, T=45, cu=None):
-    x = make_inputs(1, T, 1, 2, K, V, dtype=dtype, seed=3, cu_seqlens=cu)
-    gen = torch.Generator().manual_seed(9)
-    do = torch.randn(x.v.shape, generator=gen).to(dtype)
-    dht = torch.randn(x.h0.shape[0], 2, K, V, generator=gen)
-    return chunk_kda_bwd_launches(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
-                                  cu_seqlens=x.cu_seqlens, safe_gate=True, lower_bound=-5.0, config=config,
-                                  bwd_config=bwd_config, do=do, dht=dht)
 
 
 def _member(member, dtype, K, V, config, bwd_config, T=45):
