@@ -420,14 +420,18 @@ def test_training_forward_kernels_compile_for_sm90(case, compiled):
         _check_smem(repair, extra)
         assert repair[0]["constexprs"]["REPAIR"] and not entries[0]["constexprs"]["REPAIR"]
     entries = [e for e in entries if e["kind"] != "chunk_intra_repair"]
-    split = bool(cfg and cfg.get("split_output"))
+    split = entries[-1]["kind"] == "chunk_out"
+    # the output split out of the state pass where the config asks, and by the heuristic in half precision at
+    # K <= 128 (default_train_config)
+    assert split == (cfg.get("split_output", False) if cfg is not None else K <= 128), [e["kind"] for e in entries]
     if split:  # the states-only pass (no output products) and the output launch on its own tiles
         out = entries.pop()
-        assert out["kind"] == "chunk_out", out
         _check_smem([out], extra)
         c = out["constexprs"]
-        assert c["BV"] == min(cfg.get("out_block_v", 64), V) and c["BK"] == min(cfg.get("out_block_k", 64), K)
-        assert out["num_warps"] == cfg.get("out_num_warps", 4) and c["IS_VARLEN"] == extra.get("varlen", False)
+        assert c["IS_VARLEN"] == extra.get("varlen", False) and c["BT"] == entries[0]["constexprs"]["BT"]
+        if cfg is not None:
+            assert c["BV"] == min(cfg.get("out_block_v", 64), V) and c["BK"] == min(cfg.get("out_block_k", 64), K)
+            assert out["num_warps"] == cfg.get("out_num_warps", 4)
     entries, (intra, state) = _compiled_pair(entries, ("chunk_intra", "chunk_state"), extra)
     assert state["WRITE_O"] is not split
     assert intra["K"] == K and intra["V"] == V and state["K"] == K and state["V"] == V
