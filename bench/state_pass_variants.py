@@ -30,10 +30,20 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def _rechunk(t, b, chunk):
+    """The (training, backward) configs on chunks of ``chunk`` rows (sub-tiles of half), the state tiles
+    widened where 64-row chunks need it."""
+    if chunk == t.chunk_size:
+        return t, b
+    t = t.replace(chunk_size=chunk, sub_chunk=chunk // 2, state_block_v=max(t.state_block_v, chunk // 2))
+    return t, b.with_chunking(chunk, chunk // 2)
+
+
 def launches(member, B, T, H, D, dev, chunk):
     """(inputs, forward launches, backward launches) of the member's training step at the heuristic
     configs with ``split_output`` (the forward: intra, the states-only pass, the output launch;
     ``kda``: bench.py's inputs and call, g >= -5 promised)."""
+    do_dht = lambda x: dict(do=torch.randn_like(x["v"]), dht=torch.randn_like(x["initial_state"]))  # noqa: E731
     if member == "kda":
         from bench import LOWER, inputs, train_config_for, bench_plan, shape_hint
         from kdagen.cache.heuristics import default_chunk_bwd_config
@@ -41,33 +51,22 @@ def launches(member, B, T, H, D, dev, chunk):
 
         dt = torch.bfloat16 if dev == "cuda" else torch.float32
         x = inputs(B, T, H, D, D, dtype=dt, device=dev)
-        t = train_config_for(B, T, H, D, split_output=True)
-        b = default_chunk_bwd_config(bench_plan(D, D, dt), shape_hint(B, T, H))
-        if chunk != t.chunk_size:
-            t = t.replace(chunk_size=chunk, sub_chunk=chunk // 2, state_block_v=max(t.state_block_v, chunk // 2))
-            b = b.with_chunking(chunk, chunk // 2)
+        t, b = _rechunk(train_config_for(B, T, H, D, split_output=True),
+                        default_chunk_bwd_config(bench_plan(D, D, dt), shape_hint(B, T, H)), chunk)
         fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER,
-                                             do=torch.randn_like(x["v"]), dht=torch.randn_like(x["initial_state"]),
-                                             config=t, bwd_config=b)
+                                             config=t, bwd_config=b, **do_dht(x))
         return x, fwd, bwd
-    from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
     from kdagen import load_spec
-    from kdagen.ops.member import _prepare_chunk, chunk_member_launches
+    from kdagen.ops.member import chunk_member_launches
     import family_vs_fla as F
+    from member_train_variants import configs
 
     x = F.inputs(member, B, T, H, D, D, dev)
-    spec = load_spec(member)
-    call, _, _ = _prepare_chunk(spec, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
-                                initial_state=x["initial_state"], training=True)
-    t = default_train_config(call.plan, call.shape).replace(split_output=True)
-    b = default_chunk_bwd_config(call.plan, call.shape)
-    if chunk != t.chunk_size:
-        t = t.replace(chunk_size=chunk, sub_chunk=chunk // 2, state_block_v=max(t.state_block_v, chunk // 2))
-        b = b.with_chunking(chunk, chunk // 2)
-    fwd, bwd, _ = chunk_member_launches(spec, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"), training=True,
-                                        config=t, bwd_config=b, initial_state=x["initial_state"],
-                                        output_final_state=True, do=torch.randn_like(x["v"]),
-                                        dht=torch.randn_like(x["initial_state"]))
+    t, b = configs(member, "default", x)
+    t, b = _rechunk(t.replace(split_output=True), b, chunk)
+    fwd, bwd, _ = chunk_member_launches(load_spec(member), x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
+                                        training=True, config=t, bwd_config=b, initial_state=x["initial_state"],
+                                        output_final_state=True, **do_dht(x))
     return x, fwd, bwd
 
 

@@ -25,7 +25,7 @@ import kdagen.spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import family_kernels, render
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
-from kdagen.ops.dplr import chunk_dplr_bwd_launches
+from kdagen.ops.dplr import chunk_dplr_bwd_launches, chunk_dplr_launches
 from kdagen.ops.member import chunk_member_launches
 from kdagen.spec.reference import naive_recurrent_gdn, naive_recurrent_kda
 
@@ -170,11 +170,11 @@ def test_sources_and_the_calls_that_take_it():
     q, k, v = (torch.randn(1, 20, 1, 32, generator=gen) for _ in range(3))
     a = F.normalize(torch.randn(1, 20, 1, 32, generator=gen), dim=-1)
     b, gk = -0.5 * a, F.logsigmoid(torch.randn(1, 20, 1, 32, generator=gen) + 2.0)
-    launches, (o_inf, _, _) = kdagen.ops.dplr.chunk_dplr_launches(q, k, v, a, b, gk, config=ChunkTrainConfig(**SPLIT))
+    launches, (o_inf, _, _) = chunk_dplr_launches(q, k, v, a, b, gk, config=ChunkTrainConfig(**SPLIT))
     assert [ln.kernel for ln in launches] == ["chunk_intra", "chunk_state"] and launches[1].constexprs["WRITE_O"]
     for ln in launches:
         ln()
-    launches, (o_train, _, _) = kdagen.ops.dplr.chunk_dplr_launches(q, k, v, a, b, gk, training=True,
+    launches, (o_train, _, _) = chunk_dplr_launches(q, k, v, a, b, gk, training=True,
                                                                     config=ChunkTrainConfig(**SPLIT))
     assert [ln.kernel for ln in launches] == ["chunk_intra", "chunk_state", "chunk_out"]
     for ln in launches:
