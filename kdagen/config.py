@@ -172,7 +172,7 @@ class ChunkTrainConfig(_Config):
     intermediates: str = "input"  # dtype of W, U, qg, kg and Aqk between the launches
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
     diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
-    state_prefetch: bool = False  # the state pass loads U and G_n of the next chunk one iteration ahead
+    state_prefetch: bool = False  # the state pass loads U of the next chunk one iteration ahead (G_n always)
     # the intra launch issues every row-block's q, k and g loads at the top of its K tile (every member's
     # template branch but general DPLR's, which ignores it)
     intra_load_ahead: bool = False

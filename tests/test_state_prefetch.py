@@ -1,5 +1,6 @@
-"""The state passes' prefetch (``ChunkTrainConfig.state_prefetch``: U and G_n of the next chunk
-loaded one iteration ahead in the training forward's state pass; ``ChunkBwdConfig.state_prefetch``:
+"""The state passes' prefetch (``ChunkTrainConfig.state_prefetch``: U of the next chunk loaded one
+iteration ahead in the training forward's state pass, which loads G_n ahead either way;
+``ChunkBwdConfig.state_prefetch``:
 G_n of the chunk before in the reverse pass), in the CPU interpreter.
 
 The prefetch only moves loads earlier, so every output of a training step -- o, the final state,
@@ -91,12 +92,14 @@ def _state_source(kernel, config):
 def test_prefetch_is_in_the_source_and_named_in_its_header():
     """The option changes the generated source (a loop-carried next-chunk tile) and the header line
     names it, so a cached kernel of one setting is never taken for the other."""
-    for kernel, cfg in (("chunk_state", ChunkTrainConfig()), ("chunk_bwd_state", ChunkBwdConfig())):
+    # (the forward pass loads G_n a chunk ahead either way: the option is U's there)
+    for kernel, cfg, tile in (("chunk_state", ChunkTrainConfig(), "b_u_next"),
+                              ("chunk_bwd_state", ChunkBwdConfig(), "b_gn_next")):
         off = _state_source(kernel, cfg)
         on = _state_source(kernel, cfg.replace(state_prefetch=True))
-        assert "b_gn_next" in on and "b_gn_next" not in off
+        assert tile in on and tile not in off
         assert "state_prefetch=True" in on and "state_prefetch=False" in off
-    assert "b_u_next" in _state_source("chunk_state", ChunkTrainConfig(state_prefetch=True))
+    assert "b_gn_next" in _state_source("chunk_state", ChunkTrainConfig())
 
 
 def test_prefetch_must_be_a_bool():
