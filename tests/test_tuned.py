@@ -261,18 +261,21 @@ def test_default_inference_forward_by_head_dim():
 
 def test_backward_heuristic_takes_the_measured_tiles_for_half_precision():
     """bench/RESULTS.md, run 63: for bf16, K=V=128, the chunk-parallel launch on [128, 64] (K, V)
-    tiles, the reverse state pass on 64-wide V tiles with >= 256 programs at BV=32, 16-wide below;
-    fp32 (unmeasured) and K > 128 keep the narrower tiles."""
+    tiles, the reverse state pass on 64-wide V tiles with >= 256 programs at BV=32, 32-wide below
+    (run 100; 16-wide before its A_qk tile was loaded ahead); fp32 (unmeasured) and K > 128 keep the
+    narrower tiles."""
     from kdagen.cache.heuristics import default_chunk_bwd_config, default_config
 
     bf16 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
     many = default_chunk_bwd_config(bf16, {"N": 1, "HV": 96})  # 384 programs at BV=32
     few = default_chunk_bwd_config(bf16, {"N": 2, "HV": 16})  # 128
     assert (many.dqkw_block_k, many.dqkw_block_v, many.state_block_v) == (128, 64, 64)
-    assert (few.dqkw_block_k, few.dqkw_block_v, few.state_block_v) == (128, 64, 16)
+    assert (few.dqkw_block_k, few.dqkw_block_v, few.state_block_v) == (128, 64, 32)
     assert default_chunk_bwd_config(bf16).state_block_v == 32  # no shape: the middle
     # the family entry point hands the shape through
-    assert default_config("chunk_bwd", bf16, {"T": 16384, "B": 2, "N": 2, "HV": 16}).state_block_v == 16
+    assert default_config("chunk_bwd", bf16, {"T": 16384, "B": 2, "N": 2, "HV": 16}).state_block_v == 32
+    tiny = default_chunk_bwd_config(bf16, {"N": 1, "HV": 1})
+    assert tiny.state_block_v == 32 and default_chunk_bwd_config(bf16, {"N": 1, "HV": 2000}).state_block_v == 64
     f32 = default_chunk_bwd_config(_plan("chunk", K=128), {"N": 1, "HV": 96})
     assert (f32.dqkw_block_k, f32.dqkw_block_v, f32.state_block_v) == (64, 32, 32)
     wide = lower(select_spec(False, True, -5.0, False, False), 256, 256, "bfloat16", "chunk", False)

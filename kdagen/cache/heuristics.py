@@ -152,7 +152,7 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # The state pass's loop pipelined three deep (half precision, K <= 128): 1.168 -> 1.070 ms at
     # (1, 8192, 96, 128) and 1.235 -> 1.020 ms at (2, 16384, 16, 128); loading U and G_n a chunk ahead
     # by hand (state_prefetch) gains alone 0 / 7% and loses with three stages (1.392 / 1.046 ms)
-    # (bench/RESULTS.md, run 76).
+    # (bench/RESULTS.md, run 76).  (G_n alone is now always loaded a chunk ahead; state_prefetch is U's.)
     half = plan.dtype in ("bfloat16", "float16")
     stages = 3 if half and plan.K <= 128 else 2
     # General DPLR's state pass holds twice the tiles (U and V, two sets of products): three stages on the
@@ -243,7 +243,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
     # chunk-parallel launch holds three [C, K] fp32 accumulators.  On the H200, bf16, K=V=128,
     # `kdagen build` picked at each of its three shapes (bench/RESULTS.md, run 63) the chunk-parallel
     # launch on [128, 64] tiles of (K, V), and the state pass on 64-wide V tiles with >= 256 programs at
-    # BV=32, 16-wide below (run 2's reason: few programs): 6.33 / 4.80 / 4.14 ms against 7.25 / 5.13 /
+    # BV=32, 16-wide below (run 2's reason: few programs; 32-wide since run 100, below): 6.33 / 4.80 / 4.14 ms against 7.25 / 5.13 /
     # 4.66 ms for 64 x 32 and BV=32 at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32); those tiles are the
     # defaults for half-precision inputs with K <= 128 (fp32 tiles are twice the bytes: unmeasured).
     # The intra-chunk gradients run on 4 warps: 4.29 / 2.84 ms against 8 warps' 7.91 / 5.24 ms at
@@ -261,7 +261,10 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
     # The reverse state pass loads G_n one chunk ahead and its loop is pipelined three deep (half
     # precision, K <= 128): 0.910 -> 0.817 ms (BV=64) at (1, 8192, 96, 128) and 1.216 -> 0.941 ms
     # (BV=16) at (2, 16384, 16, 128); three stages alone 0.879 / 1.020, the prefetch alone 0.824 / 1.134
-    # (bench/RESULTS.md, run 76).
+    # (bench/RESULTS.md, run 76).  Since A_qk's tile is loaded ahead too (run 100: before, it was a
+    # synchronous load on every chunk's path), 32-wide tiles beat 16-wide ones with few programs: KDA
+    # 0.834 -> 0.682 ms and DeltaNet 0.771 -> 0.613 at (2, 16384, 16, 128) (16-wide before the change:
+    # 0.958 / 0.915); with many, 64 stays (0.670 against 1.054 for 32 at (1, 8192, 96, 128)).
     half = plan.dtype in ("bfloat16", "float16") and plan.K <= 128
     state_bv, dqkw_bk, dqkw_bv = min(32, plan.BV), min(64, plan.BK), min(32, plan.BV)
     state = dict(state_num_stages=2)
@@ -271,7 +274,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
         state = dict(state_num_stages=3, state_prefetch=True)
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
         if shape and "N" in shape and "HV" in shape:
-            state_bv = min(16 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
+            state_bv = min(32 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
         if chunking[0] == 2 * chunking[1]:
             intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
             if plan.diag_mode == "elementwise" and plan.has_rank1 and not checked_like_bounded(plan):
