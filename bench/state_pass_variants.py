@@ -114,6 +114,7 @@ def main():
     fwd_v, out_v, rev_v = FWD, OUT, REV
     if args.quick:
         fwd_v, out_v = [(32, 4, 3), (16, 4, 3), (32, 2, 3), (64, 4, 3)], [(128, 64, 4, 2)]
+        rev_v = [(16, 4, 3), (32, 4, 3), (32, 4, 4), (32, 8, 3), (32, 8, 4), (64, 4, 3), (64, 4, 4), (64, 8, 3)]
     if args.smoke:
         shapes, fwd_v, out_v, rev_v = [(1, 70, 2, 32)], [(16, 4, 3)], [(16, 32, 4, 2)], [(16, 4, 3)]
     deadline = time.time() + args.budget
