@@ -213,12 +213,13 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     assert (few.state_block_v, few.state_num_warps, few.split_output) == (16, 4, False)
     assert (many.state_block_v, many.state_num_warps, many.split_output) == (32, 2, False)
     assert default_train_config(plan32) == many  # no shape: the default measured at (1, 8192, 96, 128)
-    # half precision, K <= 128: the output split out of the pass (run 97), the states-only pass on 32-wide
-    # tiles, 4 warps, 3 stages at both program counts, the output launch on [C, 128] tiles over 64-wide K
+    # half precision, K <= 128: the output split out of the pass (run 97), the states-only pass on 4 warps,
+    # 3 stages, 32-wide tiles with few programs (and without a shape), 64-wide with many (run 102), the
+    # output launch on [C, 128] tiles over 64-wide K
     plan = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
-    for shape in ({"N": 2, "HV": 16}, {"N": 1, "HV": 96}, None):
+    for shape, bv in (({"N": 2, "HV": 16}, 32), ({"N": 1, "HV": 96}, 64), (None, 32)):
         c = default_train_config(plan, shape)
-        assert (c.split_output, c.state_block_v, c.state_num_warps, c.state_num_stages) == (True, 32, 4, 3)
+        assert (c.split_output, c.state_block_v, c.state_num_warps, c.state_num_stages) == (True, bv, 4, 3)
         assert (c.out_block_v, c.out_block_k, c.out_num_warps) == (128, 64, 4)
     # general DPLR and K > 128 keep the fused pass
     dplr = lower(S.dplr(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
@@ -271,6 +272,7 @@ def test_backward_heuristic_takes_the_measured_tiles_for_half_precision():
     few = default_chunk_bwd_config(bf16, {"N": 2, "HV": 16})  # 128
     assert (many.dqkw_block_k, many.dqkw_block_v, many.state_block_v) == (128, 64, 64)
     assert (few.dqkw_block_k, few.dqkw_block_v, few.state_block_v) == (128, 64, 32)
+    assert (few.state_num_stages, many.state_num_stages) == (4, 3)  # run 102
     assert default_chunk_bwd_config(bf16).state_block_v == 32  # no shape: the middle
     # the family entry point hands the shape through
     assert default_config("chunk_bwd", bf16, {"T": 16384, "B": 2, "N": 2, "HV": 16}).state_block_v == 32

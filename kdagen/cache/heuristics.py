@@ -169,10 +169,13 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # states-only 0.437 (32-wide V tiles, 4 warps, 3 stages; 16 / 4 / 3: 0.568) + output 0.243 (BV=128,
     # BK=64); at (1, 8192, 96) 1.141 -> 0.590 + 0.361; KDA at (2, 16384, 16) 1.026 -> 0.608 + 0.242.
     # Half precision, K <= 128, every member but general DPLR (its pass holds the raw values' terms too:
-    # unmeasured); fp32 unmeasured.
+    # unmeasured); fp32 unmeasured.  Since G_n is loaded a chunk ahead (run 100), 64-wide tiles win with
+    # many programs: KDA at (1, 8192, 96) 0.580 -> 0.555 ms (run 102; run 100: 0.575 -> 0.555); with few,
+    # 32 stays (0.447 against 0.609).
     out = {}
     if half and plan.K <= 128 and plan.structure != "dplr":
-        bv, warps, stages = min(32, plan.BV), 4, 3
+        many = bool(shape and "N" in shape and "HV" in shape and _state_programs(plan, shape, 32) >= STATE_PROGRAMS_LOW)
+        bv, warps, stages = min(64 if many else 32, plan.BV), 4, 3
         out = dict(split_output=True, out_block_v=min(128, plan.BV), out_block_k=min(64, plan.BK), out_num_warps=4,
                    out_num_stages=2)
     return ChunkTrainConfig(
@@ -274,7 +277,10 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
         state = dict(state_num_stages=3, state_prefetch=True)
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
         if shape and "N" in shape and "HV" in shape:
-            state_bv = min(32 if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW else 64, plan.BV)
+            few = _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW
+            state_bv = min(32 if few else 64, plan.BV)
+            if few:  # four stages: 0.683 -> 0.657 ms (KDA), 0.614 -> 0.597 (DeltaNet) at (2, 16384, 16, 128);
+                state["state_num_stages"] = 4  # with many programs they lose (0.671 -> 0.825; run 102)
         if chunking[0] == 2 * chunking[1]:
             intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
             if plan.diag_mode == "elementwise" and plan.has_rank1 and not checked_like_bounded(plan):
