@@ -1,5 +1,5 @@
 # run 103: main at the end of session 19 (run 102's heuristic) against FLA in one process:
-# against FLA in one process: DeltaNet's and KDA's training step, the layer call, bf16 errors.
+# DeltaNet's and KDA's training step and the layer call.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:. KDAGEN_CACHE_DIR=/tmp/kdc TRITON_CACHE_DIR=/tmp/tc PYTHONUNBUFFERED=1
 mkdir -p /tmp/tc $OUT/mt $OUT/b $OUT/c; tar xzf .tcache/autotune.tgz -C /tmp/tc
