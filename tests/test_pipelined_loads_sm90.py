@@ -9,7 +9,8 @@ issued ``num_stages - 1`` iterations ahead -- but only loads it can copy in 4-by
 small 1-D tiles (G_n) one iteration ahead by hand.  This test compiles the heuristic training
 launches of KDA, Gated DeltaNet, DeltaNet and general DPLR for sm_90 (no GPU) and reads the loop
 body of the Triton GPU IR: every 2-D load there must be an asynchronous copy, and every
-synchronous load must be a 1-D tile whose value is carried to the next iteration (a prefetch).
+synchronous load must be a 1-D tile whose value is carried to the next iteration (a prefetch).  The
+inference forward's state pass (``chunk_pass``, KDA's default configs) is held to the same rule.
 Before this was checked, the reverse pass read A_qk causally masked and transposed in registers
 (a synchronous [32, 32] load per chunk), and the forward pass read G_n in the chunk that used it.
 
@@ -36,6 +37,7 @@ CASES = [
     ("dplr", "dplr", (2, 16)),
 ]
 PASSES = ("chunk_state", "chunk_bwd_state")
+INFERENCE = ("chunk_pass",)  # the inference forward's state pass (KDA's cases)
 
 
 def loop_loads(ttgir: str) -> dict:
@@ -55,7 +57,14 @@ def loop_loads(ttgir: str) -> dict:
         m = re.match(r"\s*(%[\w#]+) = tt\.load .*?: tensor<([0-9x]+)x", ln)
         if m:
             name, shape = m.group(1), m.group(2)
-            sync.append((name, shape, re.search(re.escape(name) + r"\b", yields) is not None))
+            # carried: the loaded value, or a cast of it (a prefetch converted on arrival), is yielded
+            names = {name}
+            for other in body:
+                c = re.match(r"\s*(%[\w#]+) = (arith\.extf|arith\.truncf|ttg\.convert_layout) (%[\w#]+)", other)
+                if c and c.group(3) in names:
+                    names.add(c.group(1))
+            carried = any(re.search(re.escape(n) + r"\b", yields) for n in names)
+            sync.append((name, shape, carried))
     return dict(sync=sync, async_copies=sum("async_copy_global_to_local" in ln for ln in body))
 
 
@@ -66,7 +75,7 @@ def _worker_compile(cases):
 
     from kdagen import spec as S
     from kdagen.kernels import jit_source
-    from kdagen.ops.chunk import chunk_kda_bwd_launches
+    from kdagen.ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
     from kdagen.ops.dplr import chunk_dplr_bwd_launches
     from kdagen.ops.member import chunk_member_launches
 
@@ -81,9 +90,12 @@ def _worker_compile(cases):
         h0 = torch.zeros(B, H, K, V)
         try:
             if member == "kda":
+                gate = dict(safe_gate=True, lower_bound=-5.0)
                 fwd, bwd, _ = chunk_kda_bwd_launches(*x, torch.zeros(B, T, H, K), torch.zeros(B, T, H, dtype=bf),
-                                                     initial_state=h0, output_final_state=True, safe_gate=True,
-                                                     lower_bound=-5.0)
+                                                     initial_state=h0, output_final_state=True, **gate)
+                inf, _ = chunk_kda_launches(*x, torch.zeros(B, T, H, K), torch.zeros(B, T, H, dtype=bf),
+                                            initial_state=h0, output_final_state=True, **gate)
+                bwd = list(bwd) + list(inf)
             elif member == "dplr":
                 fwd, bwd, _ = chunk_dplr_bwd_launches(*x, torch.zeros(B, T, H, K, dtype=bf),
                                                       torch.zeros(B, T, H, K, dtype=bf), torch.zeros(B, T, H, K),
@@ -95,7 +107,7 @@ def _worker_compile(cases):
                                                     initial_state=h0, output_final_state=True)
             out = {}
             for ln in list(fwd) + list(bwd):
-                if ln.kernel in PASSES:
+                if ln.kernel in PASSES + INFERENCE:
                     src, options = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
                     ttgir = triton.compile(src, target=target, options=options).asm["ttgir"]
                     out[ln.kernel] = dict(loop_loads(ttgir), num_stages=ln.num_stages)
@@ -118,9 +130,10 @@ def compiled():
 def test_state_passes_issue_their_loads_ahead(case, compiled):
     res = compiled[case[0]]
     assert "error" not in res, res.get("error")
-    assert sorted(res) == sorted(PASSES), res
+    assert sorted(res) == sorted(PASSES + (INFERENCE if case[1] == "kda" else ())), res
     for kernel, r in res.items():
-        assert r["num_stages"] > 1, (kernel, r)  # the pipelined loop the check is about
+        # the pipelined loop the check is about (the inference pass pipelines its loop by tl.range)
+        assert r["num_stages"] > 1 or kernel in INFERENCE, (kernel, r)
         # the 2-D tiles (W, kg, qg, dO, A_qk, U...) are asynchronous copies
         assert r["async_copies"] >= 3, (kernel, r)
         for name, shape, carried in r["sync"]:
@@ -137,8 +150,10 @@ def test_loop_loads_parser_finds_a_synchronous_tile_load():
         "    %r:2 = scf.for %i = %a to %b step %c iter_args(%x = %x0, %g = %g0) {",
         "      %t = tt.load %p, %m, %o : tensor<32x32x!tt.ptr<bf16>, #blocked3>",
         "      %gn = tt.load %q, %m2, %o2 : tensor<128x!tt.ptr<f32>, #blocked4>",
+        "      %bt = tt.load %q2, %m3, %o3 : tensor<64x!tt.ptr<bf16>, #blocked5>",
+        "      %bt2 = arith.extf %bt : tensor<64xbf16, #blocked5> to tensor<64xf32, #blocked5>",
         "      %w = ttg.async_copy_global_to_local %pw, %sw mask %mw : tensor<32x128x!tt.ptr<bf16>, #b>",
-        "      scf.yield %x1, %gn : tensor<128x16xf32, #mma1>, tensor<128xf32, #blocked4>",
+        "      scf.yield %x1, %gn, %bt2 : tensor<128x16xf32, #mma1>, tensor<128xf32, #blocked4>, tensor<64xf32>",
         "    }",
         "    tt.return",
         "  }",
@@ -146,4 +161,4 @@ def test_loop_loads_parser_finds_a_synchronous_tile_load():
     ])
     r = loop_loads(ir)
     assert r["async_copies"] == 1
-    assert r["sync"] == [("%t", "32x32", False), ("%gn", "128", True)]
+    assert r["sync"] == [("%t", "32x32", False), ("%gn", "128", True), ("%bt", "64", True)]
