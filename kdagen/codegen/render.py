@@ -144,7 +144,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd", "chunk_seg_state", "chunk_seg_combine"):
         v["k_mask"] = plan.K != plan.BK  # one program holds a whole K row
         if kernel in ("chunk_state", "chunk_bwd_state"):
-            # the next chunk's element-wise operands loaded one iteration ahead (U and G_n; G_n)
+            # the next chunk's element-wise operands loaded one iteration ahead by hand: the forward
+            # pass's U (its G_n always is), the reverse pass's G_n
             v["prefetch"] = config.state_prefetch
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
