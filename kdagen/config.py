@@ -261,8 +261,11 @@ class ChunkBwdConfig(_Config):
     def with_chunking(self, chunk_size: int, sub_chunk: int) -> "ChunkBwdConfig":
         """This config on the training forward's chunks: its lengths, and the reverse state pass's
         V tile widened to :func:`min_state_block_v` of them where it is narrower (a config chosen
-        for 32-row chunks, e.g. the heuristic's 16-wide tile for few programs, run on 64-row ones)."""
-        return self.replace(chunk_size=chunk_size, sub_chunk=sub_chunk,
+        for 32-row chunks, e.g. a 16-wide tile for few programs, run on 64-row ones).  On longer
+        chunks than the config's its pipeline is at most three deep: four stages of 64-row tiles
+        take 248 KB of shared memory at BV=32 (the heuristic's four are for 32-row chunks)."""
+        stages = self.state_num_stages if chunk_size <= self.chunk_size else min(self.state_num_stages, 3)
+        return self.replace(chunk_size=chunk_size, sub_chunk=sub_chunk, state_num_stages=stages,
                             state_block_v=max(self.state_block_v, min_state_block_v(chunk_size)))
 
     def reverse_pass_block_v(self, plan) -> int:

@@ -38,13 +38,21 @@ def test_with_chunking_widens_only_what_is_too_narrow():
     assert wide.with_chunking(64, 32).state_block_v == 64
 
 
-def test_heuristic_widens_the_few_program_tile_on_long_chunks():
-    """Few state programs (2 x 16 value heads) take the 16-wide tile on 32-row chunks, 32 on 64-row ones."""
+def test_heuristic_few_program_tile_on_short_and_long_chunks():
+    """Few state programs (2 x 16 value heads): the 32-wide tile four stages deep on 32-row chunks (run
+    102; 16-wide before run 100), 32-wide (the least there) three deep on 64-row ones -- four stages of
+    64-row tiles exceed shared memory -- whether the heuristic is asked for 64-row chunks or its
+    32-row config is moved onto them (with_chunking, as a training call at chunk_size=64 does)."""
     plan = lower(S.get_spec("kda", lower_bound=-5.0), 128, 128, "bfloat16", "chunk")
     few = {"N": 2, "HV": 16}
-    assert default_chunk_bwd_config(plan, few).state_block_v == 16
+    c32 = default_chunk_bwd_config(plan, few)
+    assert (c32.state_block_v, c32.state_num_stages) == (32, 4)
     c64 = default_config("chunk_bwd", plan, few, ChunkTrainConfig(chunk_size=64, sub_chunk=32))
-    assert (c64.chunk_size, c64.state_block_v) == (64, 32)
+    assert (c64.chunk_size, c64.state_block_v, c64.state_num_stages) == (64, 32, 3)
+    moved = c32.with_chunking(64, 32)
+    assert (moved.chunk_size, moved.state_block_v, moved.state_num_stages) == (64, 32, 3)
+    assert c32.with_chunking(32, 16) == c32  # the same chunks: unchanged
+    assert ChunkBwdConfig(chunk_size=64, sub_chunk=32, state_num_stages=4).with_chunking(64, 32).state_num_stages == 4
 
 
 def test_training_at_64_row_chunks_runs_the_wide_tile():

@@ -279,8 +279,10 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
         if shape and "N" in shape and "HV" in shape:
             few = _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW
             state_bv = min(32 if few else 64, plan.BV)
-            if few:  # four stages: 0.683 -> 0.657 ms (KDA), 0.614 -> 0.597 (DeltaNet) at (2, 16384, 16, 128);
-                state["state_num_stages"] = 4  # with many programs they lose (0.671 -> 0.825; run 102)
+            if few and chunking[0] == 32:  # four stages: 0.683 -> 0.657 ms (KDA), 0.614 -> 0.597 (DeltaNet)
+                # at (2, 16384, 16, 128); with many programs they lose (0.671 -> 0.825; run 102); on 64-row
+                # chunks four stages exceed shared memory (248 KB at BV=32)
+                state["state_num_stages"] = 4
         if chunking[0] == 2 * chunking[1]:
             intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
             if plan.diag_mode == "elementwise" and plan.has_rank1 and not checked_like_bounded(plan):
