@@ -111,6 +111,14 @@ def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
 STATE_PROGRAMS_LOW = 256
 
 
+def _few_state_programs(plan: Plan, shape: dict | None) -> bool | None:
+    """Whether a state pass at ``shape`` has fewer than STATE_PROGRAMS_LOW programs on 32-wide V tiles;
+    None when the shape does not say (no {"N", "HV"})."""
+    if not (shape and "N" in shape and "HV" in shape):
+        return None
+    return _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW
+
+
 def checked_like_bounded(plan: Plan) -> bool:
     """Whether a plan without a gate bound takes the bounded plan's tiles: its diagonal sub-tiles are
     checked in the kernel (a per-channel decay, bf16/fp32 factors: codegen.render diag_checked) and
@@ -146,9 +154,8 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     else:
         bk = min(128, plan.BK)
     bv, warps = min(32, plan.BV), (2 if plan.K <= 128 else 4)
-    if shape and "N" in shape and "HV" in shape and plan.BV >= 32:
-        if _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW:
-            bv, warps = 16, 4
+    if plan.BV >= 32 and _few_state_programs(plan, shape):
+        bv, warps = 16, 4
     # The state pass's loop pipelined three deep (half precision, K <= 128): 1.168 -> 1.070 ms at
     # (1, 8192, 96, 128) and 1.235 -> 1.020 ms at (2, 16384, 16, 128); loading U and G_n a chunk ahead
     # by hand (state_prefetch) gains alone 0 / 7% and loses with three stages (1.392 / 1.046 ms)
@@ -174,7 +181,7 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # 32 stays (0.447 against 0.609).
     out = {}
     if half and plan.K <= 128 and plan.structure != "dplr":
-        many = bool(shape and "N" in shape and "HV" in shape and _state_programs(plan, shape, 32) >= STATE_PROGRAMS_LOW)
+        many = _few_state_programs(plan, shape) is False
         bv, warps, stages = min(64 if many else 32, plan.BV), 4, 3
         out = dict(split_output=True, out_block_v=min(128, plan.BV), out_block_k=min(64, plan.BK), out_num_warps=4,
                    out_num_stages=2)
@@ -246,9 +253,10 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
     # chunk-parallel launch holds three [C, K] fp32 accumulators.  On the H200, bf16, K=V=128,
     # `kdagen build` picked at each of its three shapes (bench/RESULTS.md, run 63) the chunk-parallel
     # launch on [128, 64] tiles of (K, V), and the state pass on 64-wide V tiles with >= 256 programs at
-    # BV=32, 16-wide below (run 2's reason: few programs; 32-wide since run 100, below): 6.33 / 4.80 / 4.14 ms against 7.25 / 5.13 /
-    # 4.66 ms for 64 x 32 and BV=32 at (1, 8192, 96), (2, 16384, 16), (4, 4096, 32); those tiles are the
-    # defaults for half-precision inputs with K <= 128 (fp32 tiles are twice the bytes: unmeasured).
+    # BV=32, 16-wide below (run 2's reason: few programs; 32-wide since run 100, below): 6.33 / 4.80 /
+    # 4.14 ms against 7.25 / 5.13 / 4.66 ms for 64 x 32 and BV=32 at (1, 8192, 96), (2, 16384, 16),
+    # (4, 4096, 32); those tiles are the defaults for half-precision inputs with K <= 128 (fp32 tiles
+    # are twice the bytes: unmeasured).
     # The intra-chunk gradients run on 4 warps: 4.29 / 2.84 ms against 8 warps' 7.91 / 5.24 ms at
     # (1, 8192, 96, 128) / (2, 16384, 16, 128), despite 32 bytes of spill against none (two programs
     # per SM instead of one; run 9).  fp16 keeps the per-chunk states in fp32 (its range is 6.5e4).
@@ -276,8 +284,8 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
     if half:
         state = dict(state_num_stages=3, state_prefetch=True)
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
-        if shape and "N" in shape and "HV" in shape:
-            few = _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW
+        few = _few_state_programs(plan, shape)
+        if few is not None:
             state_bv = min(32 if few else 64, plan.BV)
             if few and chunking[0] == 32:  # four stages: 0.683 -> 0.657 ms (KDA), 0.614 -> 0.597 (DeltaNet)
                 # at (2, 16384, 16, 128); with many programs they lose (0.671 -> 0.825; run 102); on 64-row
