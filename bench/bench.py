@@ -396,8 +396,10 @@ def bwd_breakdown(x, do, dht, variants=()):
     for ln in list(fwd) + list(bwd):
         ln()
     times = [do_bench(ln, warmup=20, rep=100, return_mode="median") for ln in list(fwd) + list(bwd)]
-    out = {"fwd_intra": times[0], "fwd_state_hs": times[1]}
-    for i, (ln, t) in enumerate(zip(bwd, times[2:])):
+    # every launch named by its kernel (before session 20 the forward's were assumed to be two -- intra
+    # and state -- so with the split output launch each backward name sat one launch late: bench/RESULTS.md)
+    out = {f"fwd_{i}_{ln.kernel}": t for i, (ln, t) in enumerate(zip(fwd, times))}
+    for i, (ln, t) in enumerate(zip(bwd, times[len(fwd):])):
         out[f"bwd_{i}_{ln.kernel}"] = t
     K, V = x["q"].shape[-1], x["v"].shape[-1]
     plan = bench_plan(K, V, x["q"].dtype)
