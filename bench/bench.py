@@ -324,18 +324,18 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES):
                     x, do, dht)
         for n, a, r in zip(GRAD_NAMES, kd, ref):
             row[f"kdagen_d{n}"] = rel(a, r)
-        for prec, fwd_prec, bwd_prec in DIAG_CHECKS:  # the factorised diagonal's operands in fp32
+        for name, fwd_kw, bwd_kw in BWD_CHECK_CONFIGS:
             from kdagen.ops.chunk import chunk_bwd_config
             try:
-                with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(diag_precision=bwd_prec)):
+                with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(**bwd_kw)):
                     kp = _grads(lambda d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True,
                                                            lower_bound=LOWER,
-                                                           config=train_config_for(B, T, H, K, diag_precision=fwd_prec)),
+                                                           config=train_config_for(B, T, H, K, **fwd_kw)),
                                 x, do, dht)
                 for n, a, r in zip(GRAD_NAMES, kp, ref):
-                    row[f"kdagen_diag_{prec}_d{n}"] = rel(a, r)
+                    row[f"kdagen_{name}_d{n}"] = rel(a, r)
             except Exception as e:  # noqa: BLE001
-                row[f"kdagen_diag_{prec}_error"] = repr(e)[:200]
+                row[f"kdagen_{name}_error"] = repr(e)[:200]
         if fchunk is not None:
             try:
                 fl = _grads(lambda d: fchunk(**d, output_final_state=True, safe_gate=True, lower_bound=LOWER),
@@ -371,9 +371,15 @@ WHOLE_VARIANTS = [
     # the training forward +0.43 / +0.27 ms)
     # the training forward's intra launch without its row-block loads issued ahead (run 83: +0.03 / +0.02 ms)
     ("intra_no_la", dict(train=dict(intra_load_ahead=False))),
+    # the backward's triangular inverse and its gradient (the wy launch) on tf32 dots instead of fp32 FMAs
+    # (the sm_90 static report: 1,418 of the wy launch's 3,736 instructions per warp are FFMA)
+    ("bwd_inv_tf32", dict(inverse_precision="tf32")),
 ]
-# the same precisions' gradient errors (bwd_check rows): (name, training forward's, backward's)
-DIAG_CHECKS = (("tf32", "tf32", "tf32"),)  # (split and split_fwd_tf32: run 81)
+# gradient errors under changed configs (bwd_check rows, keys kdagen_NAME_dX): (name, the training forward's
+# config fields, the backward's) -- the factorised diagonal's operands in fp32 (split and split_fwd_tf32:
+# run 81), the backward's inverse on tf32 dots
+BWD_CHECK_CONFIGS = (("diag_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32")),
+                     ("bwd_inv_tf32", {}, dict(inverse_precision="tf32")))
 
 
 def train_config_for(B, T, H, K, **kw):
