@@ -369,17 +369,21 @@ WHOLE_VARIANTS = [
     # only 9.429 / 7.013; not timed again)
     # (run 81, H200: diag_precision="split" +0.27 / +0.17 ms, dg 3.17e-3 -> 2.77e-3 (FLA 2.25e-3); with tf32 in
     # the training forward +0.43 / +0.27 ms)
-    # the training forward's intra launch without its row-block loads issued ahead (run 83: +0.03 / +0.02 ms)
-    ("intra_no_la", dict(train=dict(intra_load_ahead=False))),
-    # the backward's triangular inverse and its gradient (the wy launch) on tf32 dots instead of fp32 FMAs
-    # (the sm_90 static report: 1,418 of the wy launch's 3,736 instructions per warp are FFMA)
-    ("bwd_inv_tf32", dict(inverse_precision="tf32")),
+    # the training forward's intra launch without its row-block loads issued ahead (run 83: +0.03 / +0.02 ms;
+    # run 106: +0.07 ms at (1, 8192, 96))
+    # (the triangular inverse on tf32 dots, backward only / both: runs 105-106, -0.14 / -0.19 ms at
+    # (1, 8192, 96), the default since run 106 for half precision)
+    # the factorised diagonal's operands in fp32 (tf32 dots) in both, and in the training forward only
+    # (issue 17's error bar: dv and dbeta's excess is the forward's, dg's the backward's; runs 77 and 81)
+    ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
+    ("fwd_diag_tf32", dict(train=dict(diag_precision="tf32"))),
 ]
 # gradient errors under changed configs (bwd_check rows, keys kdagen_NAME_dX): (name, the training forward's
 # config fields, the backward's) -- the factorised diagonal's operands in fp32 (split and split_fwd_tf32:
 # run 81), the backward's inverse on tf32 dots
 BWD_CHECK_CONFIGS = (("diag_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32")),
-                     ("bwd_inv_tf32", {}, dict(inverse_precision="tf32")))
+                     ("bwd_inv_tf32", {}, dict(inverse_precision="tf32")),
+                     ("inv_tf32", dict(inverse_precision="tf32"), dict(inverse_precision="tf32")))
 
 
 def train_config_for(B, T, H, K, **kw):

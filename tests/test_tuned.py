@@ -305,3 +305,23 @@ def test_float32_decode_takes_narrow_tiles_for_few_pairs():
     assert pick(dplr, 16) == pick(dplr, 256) == (32, 2, "updated")
     small = lower(S.kda(), 32, 32, "float32", "recurrent")  # V=32: the 64-wide tile is V itself
     assert pick(small, 256)[0] == 32 and pick(small, 1)[0] == 16
+
+
+def test_training_inverse_on_tf32_dots_in_half_precision_only():
+    """The training launches' triangular inverse (forward intra, backward wy) runs on tf32 dots for
+    half-precision plans (run 106: every bf16 gradient error unchanged, the step -0.19 ms) and stays on
+    fp32 FMAs for fp32 plans (the interpreter's exactness bar) and for general DPLR (unmeasured)."""
+    sel = select_spec(False, True, -5.0, False, False)
+    for dt in ("bfloat16", "float16"):
+        plan = lower(sel, 128, 128, dt, "chunk", False)
+        assert default_train_config(plan).inverse_precision == "tf32"
+        assert default_chunk_bwd_config(plan).inverse_precision == "tf32"
+    fp32 = lower(sel, 128, 128, "float32", "chunk", False)
+    assert default_train_config(fp32).inverse_precision == "ieee" == default_chunk_bwd_config(fp32).inverse_precision
+    dplr = lower(S.dplr(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
+    assert default_train_config(dplr).inverse_precision == "ieee" == default_chunk_bwd_config(dplr).inverse_precision
+    # the rendered wy launch carries it into its inverse's dots
+    from kdagen.codegen.render import render
+    src = render("chunk_bwd_wy", lower(sel, 128, 128, "bfloat16", "chunk", False),
+                 default_chunk_bwd_config(lower(sel, 128, 128, "bfloat16", "chunk", False))).text
+    assert 'input_precision="tf32"' in src and 'input_precision="ieee"' not in src

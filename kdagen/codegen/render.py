@@ -155,6 +155,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["k_mask"] = plan.K % min(config.out_block_k, plan.BK) != 0
     elif kernel in ("chunk_intra", "chunk_bwd_intra", "chunk_bwd_wy"):  # (and the DPLR intra backward's own template)
         sub = config.sub_chunk
+        if kernel == "chunk_intra":
+            v["rest_by_difference"] = _rest_by_difference(plan)
         v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),
                  # the gate's tiles: [rows, BK] per channel; [rows, 1] when one number per row holds
                  # for every channel (a scalar decay, or none), so exp and cumsum run once per row
@@ -182,6 +184,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
     elif kernel == "chunk_bwd_rerun":
         v.update(n_sub=config.chunk_size // config.sub_chunk, sub=config.sub_chunk, g_floor=repr(G_FLOOR),
+                 rest_by_difference=_rest_by_difference(plan),
                  gw="BK" if plan.decay == "channel" else "1",
                  k_mask=plan.K % min(config.rerun_block_k, plan.BK) != 0)
     elif kernel in ("qk_l2norm", "qk_l2norm_bwd"):
@@ -189,6 +192,16 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
     return v
+
+
+def _rest_by_difference(plan: Plan) -> bool:
+    """Whether the training forward's intra launch and the backward's re-run take the decay still to
+    come after row i, G_n - G_i, as that difference of the in-chunk cumsum they already hold (one scan
+    of the gate per sub-tile) rather than as a reverse cumsum of the rows after i (a second scan).  The
+    difference's float32 rounding is of |G_i| (up to ~1e-4 of the exponent after resets floored at
+    G_FLOOR): far below the rounding of the half-precision kg it feeds, not below the 1e-5 an fp32 plan
+    is held to, so fp32 plans keep the reverse cumsum."""
+    return plan.dtype != "float32" and plan.decay != "identity"
 
 
 # The forward solve (chunk_solve.py.j2): halves of HALF rows, sub-tiles of config.sub_chunk rows.
