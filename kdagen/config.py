@@ -168,7 +168,8 @@ class ChunkTrainConfig(_Config):
     state_block_v: int = 64  # BV: V tile owned by one state-pass program
     state_num_warps: int = 4
     state_num_stages: int = 2
-    inverse_precision: str = "ieee"  # the triangular inverse's fp32 dots: exact ("ieee") or tf32 (the heuristic's in half precision)
+    # the triangular inverse's fp32 dots: exact ("ieee") or tf32 (the heuristic's for half precision)
+    inverse_precision: str = "ieee"
     intermediates: str = "input"  # dtype of W, U, qg, kg and Aqk between the launches
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
     diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
@@ -225,7 +226,8 @@ class ChunkBwdConfig(_Config):
     intra_block_v: int = 32  # BV tile of its V loop (dv, dU V^T)
     intra_num_warps: int = 4
     intra_num_stages: int = 2
-    inverse_precision: str = "ieee"  # the triangular inverse's and its gradient's fp32 dots: "ieee" or tf32 (the heuristic's in half precision)
+    # the triangular inverse's and its gradient's fp32 dots: "ieee" or tf32 (the heuristic's for half precision)
+    inverse_precision: str = "ieee"
     store_intermediates: bool = False  # keep qg/kg/W/U/A_qk/G_n from the forward (else recompute)
     # the intra-chunk gradients as two launches: dE, T, dv, dbeta per (chunk, value head), then
     # dq, dk, dg per (chunk, value head, K tile) (templates/chunk_bwd_intra.py.j2); plans with a rank-1 part
