@@ -10,6 +10,15 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
     python bench/static_report.py --dplr                # general DPLR's training step (forward, re-run, backward)
     python bench/static_report.py --gates               # KDA's training step: bound trusted / checked / none
                                                         # (the --dplr rows: unbounded, g >= -5 trusted, checked)
+    python bench/static_report.py --mix                 # KDA's training step, the SASS instruction mix per warp
+    python bench/static_report.py --mix --layer '{"diag_precision": "tf32"}'   # the layer's call; backward fields
+
+--mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
+intra, state, output; backward: re-run, reverse pass, dqkw, wy, pass 2): these launches run straight-line
+code per program (their K loop runs once), so the static count is the instructions each warp issues
+(pass 2: 3,480 static against Nsight Compute's 3,517 issued per warp, bench/RESULTS.md run 104).  The
+columns: total, FP32 (FFMA / FMUL / FADD), shuffles, shared memory (LDS+STS+LDSM), barriers, spill traffic
+(LDL+STL), MUFU (exp, rcp), HMMA.
 
 Each argument is a Python expression over ``d`` (the default ChunkFwdConfig) and
 ``ChunkFwdConfig``.  Uses the ptxas shipped in the Triton wheel.
@@ -53,6 +62,52 @@ def report(launch) -> dict:
     return dict(regs=regs, spill_bytes=spill,
                 smem=out.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
                 cp_async=ptx.count("cp.async"))
+
+
+MIX = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "LDL", "STL", "MUFU", "HMMA")
+
+
+def sass_mix(launch) -> dict:
+    """The launch's registers, spill and SASS opcode counts for sm_90 (cuobjdump of ptxas's cubin)."""
+    from collections import Counter
+
+    target = GPUTarget("cuda", 90, 32)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages)
+    out = triton.compile(src, target=target, options=options)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(out.asm["ptx"])
+        cubin = os.path.join(d, "k.cubin")
+        r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", path, "-o", cubin], capture_output=True, text=True)
+        sass = subprocess.run([os.path.join(os.path.dirname(PTXAS), "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True).stdout
+    # one instruction per line: /*offset*/ [@predicate] OPCODE.modifiers ...
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)", sass, re.M)
+    regs = max((int(m) for m in re.findall(r"Used (\d+) registers", r.stderr)), default=None)
+    spill = max((int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=None)
+    return dict(regs=regs, spill_bytes=spill, total=len(ops), **Counter(ops))
+
+
+def mix_rows(layer: bool, bwd_fields: dict):
+    """KDA's training-step launches (forward and backward; B=1, T=128, H=HV=1, K=V=128, bf16, g >= -5
+    promised; ``layer``: with the layer's in-kernel gate from A_log/dt_bias -- its l2-norm launches are not
+    listed) with the heuristic configs, the backward's changed by
+    ``bwd_fields``: (kernel, warps, sass_mix)."""
+    from kdagen.cache.heuristics import default_chunk_bwd_config
+    from kdagen.ops.chunk import chunk_kda_bwd_launches
+
+    K = V = 128
+    x = [torch.zeros(1, 128, 1, n, dtype=torch.bfloat16) for n in (K, K, V)]
+    kw = dict(initial_state=torch.zeros(1, 1, K, V), output_final_state=True, safe_gate=True, lower_bound=-5.0)
+    if layer:
+        kw.update(use_gate_in_kernel=True, A_log=torch.zeros(1), dt_bias=torch.zeros(K))
+    plan = lower_for(select_spec(layer, True, -5.0, layer, layer), "chunk_fwd", K, V, torch.bfloat16)
+    if bwd_fields:
+        kw["bwd_config"] = default_chunk_bwd_config(plan).replace(**bwd_fields)
+    fwd, bwd, _ = chunk_kda_bwd_launches(*x, torch.zeros(1, 128, 1, K), torch.zeros(1, 128, 1, dtype=torch.bfloat16),
+                                         **kw)
+    return [(ln.kernel, ln.num_warps, sass_mix(ln)) for ln in list(fwd) + list(bwd)]
 
 
 def backward_rows(config=None):
@@ -118,6 +173,16 @@ def gate_rows():
 
 
 def main(argv):
+    if argv[:1] == ["--mix"]:
+        import json
+
+        layer = argv[1:2] == ["--layer"]
+        rest = argv[2:] if layer else argv[1:]
+        print(f"{'kernel':<16} {'warps':>5} {'regs':>4} {'spill':>5} {'total':>6} " + " ".join(f"{k:>5}" for k in MIX))
+        for name, warps, r in mix_rows(layer, json.loads(rest[0]) if rest else {}):
+            print(f"{name:<16} {warps:>5} {r['regs']:>4} {r['spill_bytes']:>5} {r['total']:>6} "
+                  + " ".join(f"{r.get(k, 0):>5}" for k in MIX))
+        return
     if argv[:1] == ["--gates"]:
         print(f"{'gate':<12} {'kernel':<17} {'regs':>4} {'spill':>5} {'smem':>6} {'wgmma':>5} {'mma.sync':>8}")
         for label, name, r in gate_rows():
