@@ -97,6 +97,7 @@ FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward s
 # factors): the input dtype, or fp32 on tf32 / ieee dots; "split": the input dtype, and in the backward's
 # dq/dk/dg launch the upstream gradient tiles as two input-dtype operands (hi + lo: a second dot each)
 DIAG_PRECISIONS = ("input", "tf32", "ieee", "split")
+STATE_PRECISIONS = ("input", "tf32")  # the reverse state pass's running dS and dV' as dot operands
 READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)
 # the widest state row (BK) the sequence-parallel state pass takes (ChunkFwdConfig.state_segment_chunks):
 # its chaining launch holds a segment's K x K transition in one float32 tile (BK=256 would be 256 KiB)
@@ -238,6 +239,9 @@ class ChunkBwdConfig(_Config):
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
     state_prefetch: bool = False  # the reverse state pass loads G_n of the chunk before one iteration ahead
     check_gate_bound: bool = True  # as ChunkTrainConfig's: a promised gate bound checked (the repair launches)
+    # the reverse state pass's dS and dV' as dot operands (half-precision plans): rounded to the input dtype
+    # ("input"), or kept in fp32 on tf32 dots ("tf32", 10-bit mantissa against bf16's 7); fp32 plans: ieee
+    state_precision: str = "input"
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
@@ -258,6 +262,7 @@ class ChunkBwdConfig(_Config):
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
+        self._check_choice("state_precision", STATE_PRECISIONS)
         self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound")
 
     def with_chunking(self, chunk_size: int, sub_chunk: int) -> "ChunkBwdConfig":

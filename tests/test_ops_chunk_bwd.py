@@ -98,6 +98,8 @@ CASES = [
     # longer sequences: several chunks per sequence in the reverse state pass
     Case("T130-K64V64-safe-B2-gva2x4", 2, 130, 2, 4, 64, 64, bwd=dict(dqkw_block_k=32)),
     Case("fp16-T130-free-K96V16", 1, 130, 1, 1, 96, 16, dtype=F16, gate="free"),
+    # the reverse state pass's dS and dV' kept in fp32 on tf32 dots (ChunkBwdConfig.state_precision)
+    Case("fp16-T130-state-tf32-K96V40", 1, 130, 1, 2, 96, 40, dtype=F16, bwd=dict(state_precision="tf32")),
 ]
 
 
@@ -160,7 +162,7 @@ def _config(case: Case):
 SLOW = {
     'C64-BC32-safe-lb2', 'C64-free-K40V24-tiles16', 'K24V40-dqkw-tiles16-state-fp32', 'K24V40-safe-gva1x2',
     'K48V80-free-gva2x4-B2-stored', 'T1-B2-free', 'T130-K64V64-safe-B2-gva2x4', 'beta-near-1-free',
-    'fp16-T130-free-K96V16', 'fp16-free-varlen-gva', 'fp16-gik-lowerbound-C64', 'fp16-gik-softplus',
+    'fp16-T130-free-K96V16', 'fp16-T130-state-tf32-K96V40', 'fp16-free-varlen-gva', 'fp16-gik-lowerbound-C64', 'fp16-gik-softplus',
     'fp16-safe-diag-ieee-varlen', 'fp16-safe-g-at-lb', 'fp16-states-in-fp16', 'free-strong-gates',
     'gik-lowerbound-gva', 'gik-softplus-varlen',
     'varlen-len1-free-gva-noh0', 'varlen-len1-safe'
@@ -398,6 +400,8 @@ COMPILE_CASES = [
     # the upstream diagonal tiles as hi + lo in the dq/dk/dg launch (diag_precision="split")
     ("bf16-K128V128-safe-diag-split", "bfloat16", 128, 128, "safe", None,
      dict(diag_precision="split", intra_split=True, state_prefetch=True)),
+    # the reverse state pass's dS and dV' in fp32 on tf32 dots (ChunkBwdConfig.state_precision), K masked
+    ("bf16-K96V192-safe-state-tf32", "bfloat16", 96, 192, "safe", None, dict(state_precision="tf32", intra_split=True)),
 ]
 # Runs in a clean interpreter (Triton cannot compile while TRITON_INTERPRET=1, which the
 # conftest sets for this process): the ops' own launch builders, compiled for sm_90.
@@ -435,6 +439,7 @@ for cid, dtype, K, V, gate, cfg, bcfg in json.loads(sys.stdin.read()):
                             BT=l.constexprs.get("BT"), K=l.constexprs["K"], V=l.constexprs.get("V"),
                             prefetch="b_gn_next" in open(l.fn.fn.__code__.co_filename).read(),
                             split="b_dQl" in open(l.fn.fn.__code__.co_filename).read(),
+                            tf32='input_precision="tf32"' in open(l.fn.fn.__code__.co_filename).read(),
                             repair=l.constexprs.get("REPAIR")))
         out[cid] = res
     except Exception as e:
@@ -489,3 +494,5 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
         # G_n a chunk ahead: the half-precision heuristic's reverse pass (K <= 128) and the configs that ask
         assert r["prefetch"] == (kind == "chunk_bwd_state" and (bcfg or {"state_prefetch": True}).get("state_prefetch", False))
         assert r["split"] == (kind == "chunk_bwd_intra" and "split" in cid)
+        if kind == "chunk_bwd_state":  # dS and dV' on tf32 dots only where the config asks
+            assert r["tf32"] == ("state-tf32" in cid)

@@ -147,6 +147,12 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             # the next chunk's element-wise operands loaded one iteration ahead by hand: the forward
             # pass's U (its G_n always is), the reverse pass's G_n
             v["prefetch"] = config.state_prefetch
+        if kernel == "chunk_bwd_state":
+            # the running dS and dV' as dot operands: the input dtype's rounding, or fp32 on tf32 dots
+            # (the loaded operands beside them widen exactly)
+            wide = config.state_precision == "tf32" and plan.dtype != "float32"
+            v["ds_dtype"] = "tl.float32" if wide else v["dot_dtype"]
+            v["ds_kw"] = ', input_precision="tf32"' if wide else v["dot_kw"]
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)
