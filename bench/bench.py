@@ -170,6 +170,16 @@ def bench_plan(K, V, dtype=torch.bfloat16):
     return lower(select_spec(False, True, LOWER, False, False), K, V, as_dtype(dtype).name, "chunk", False)
 
 
+def layer_plan(K, dtype=torch.bfloat16):
+    """The chunk-form plan of the layer call (layer_inputs' flags: in-kernel gate with A_log and
+    dt_bias, lower bound LOWER)."""
+    from kdagen.codegen.lower import lower
+    from kdagen.dtypes import dtype as as_dtype
+    from kdagen.ops.inputs import select_spec
+
+    return lower(select_spec(True, True, LOWER, True, True), K, K, as_dtype(dtype).name, "chunk", True)
+
+
 def shape_hint(B, T, H):
     """The shape the ops resolve configs at, for a fixed-length batch."""
     return {"T": T, "B": B, "N": B, "HV": H}
@@ -304,22 +314,23 @@ def _grads(fn, x, do, dht):
 BWD_CHECK_CASES = [(1, 512, 2, 128, 128), (2, 200, 2, 96, 192)]
 
 
-def check_bwd(fchunk, cases=BWD_CHECK_CASES):
+def check_bwd(fchunk, cases=BWD_CHECK_CASES, seeds=(0,)):
     """Each gradient's error against float64 autograd through the reference, kdagen and FLA
-    side by side (bf16 inputs, fp32 g and state)."""
+    side by side (bf16 inputs, fp32 g and state); one row per case and input seed (seed 0: the
+    inputs every earlier run used)."""
     log("\n== backward correctness (bf16) vs float64 autograd through the recurrence ==")
-    for B, T, H, K, V in cases:
-        x = inputs(B, T, H, K, V)
+    for (B, T, H, K, V), seed in [(c, s) for c in cases for s in seeds]:
+        x = inputs(B, T, H, K, V, seed=seed)
         for n in GRAD_NAMES:
             x[n] = x[n].detach().requires_grad_(True)
-        gen = torch.Generator(device="cpu").manual_seed(7)
+        gen = torch.Generator(device="cpu").manual_seed(7 + seed)
         do = torch.randn(B, T, H, V, generator=gen).to("cuda", torch.bfloat16)
         dht = torch.randn(B, H, K, V, generator=gen).cuda()
         ref_x = {n: x[n].detach().cpu().double().requires_grad_(True) for n in GRAD_NAMES}
         ref = _grads(lambda d: naive_recurrent_kda(d["q"], d["k"], d["v"], d["g"], d["beta"],
                                                    initial_state=d["initial_state"], output_final_state=True),
                      ref_x, do.cpu().double(), dht.cpu().double())
-        row = dict(kind="bwd_check", case=f"B={B} T={T} H={H} K={K} V={V}")
+        row = dict(kind="bwd_check", case=f"B={B} T={T} H={H} K={K} V={V}", seed=seed)
         kd = _grads(lambda d: kdagen.chunk_kda(**d, output_final_state=True, safe_gate=True, lower_bound=LOWER),
                     x, do, dht)
         for n, a, r in zip(GRAD_NAMES, kd, ref):
@@ -377,13 +388,25 @@ WHOLE_VARIANTS = [
     # (issue 17's error bar: dv and dbeta's excess is the forward's, dg's the backward's; runs 77 and 81)
     ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
     ("fwd_diag_tf32", dict(train=dict(diag_precision="tf32"))),
+    # the reverse state pass's dS and dV' in fp32 on tf32 dots (dh0's error), alone and with the tf32 diagonal
+    ("state_tf32", dict(state_precision="tf32")),
+    ("diag_state_tf32", dict(diag_precision="tf32", state_precision="tf32", train=dict(diag_precision="tf32"))),
+]
+# the layer call under changed configs (its own plan's configs, changed like WHOLE_VARIANTS')
+LAYER_VARIANTS = [
+    ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
+    ("diag_state_tf32", dict(diag_precision="tf32", state_precision="tf32", train=dict(diag_precision="tf32"))),
 ]
 # gradient errors under changed configs (bwd_check rows, keys kdagen_NAME_dX): (name, the training forward's
 # config fields, the backward's) -- the factorised diagonal's operands in fp32 (split and split_fwd_tf32:
 # run 81), the backward's inverse on tf32 dots
+# (bwd_inv_tf32 / inv_tf32, the inverse on tf32 dots: run 106, no change; the default since)
+# the reverse state pass's dS and dV' in fp32 on tf32 dots (dh0's error: run 108), alone and with the tf32
+# diagonal; the forward's intermediates kept (no re-run: is dh0's excess the re-run's?)
 BWD_CHECK_CONFIGS = (("diag_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32")),
-                     ("bwd_inv_tf32", {}, dict(inverse_precision="tf32")),
-                     ("inv_tf32", dict(inverse_precision="tf32"), dict(inverse_precision="tf32")))
+                     ("state_tf32", {}, dict(state_precision="tf32")),
+                     ("diag_state_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32", state_precision="tf32")),
+                     ("stored", {}, dict(store_intermediates=True)))
 
 
 def train_config_for(B, T, H, K, **kw):
@@ -527,9 +550,10 @@ def layer_inputs(B, T, H, K, seed=0):
     return {n: t.requires_grad_(True) for n, t in x.items()}, flags
 
 
-def time_layer(fchunk, shapes):
+def time_layer(fchunk, shapes, variants=()):
     """The layer's call, forward+backward, both libraries in this process; gradients of every input
-    (dz of the raw gate, dA_log, ddt_bias included)."""
+    (dz of the raw gate, dA_log, ddt_bias included); then kdagen under each variant of ``variants``
+    ((name, backward config changes with the training forward's under "train"))."""
     log("\n== the layer call, forward+backward (raw q/k l2-normalised, in-kernel gate, beta sigmoid) ==")
     for (B, T, H, K) in shapes:
         x, flags = layer_inputs(B, T, H, K)
@@ -555,6 +579,23 @@ def time_layer(fchunk, shapes):
                 row[f"diff_vs_fla_d{n}"] = rel(a, b)
         if isinstance(row.get("fla_ms"), float) and isinstance(row.get("kdagen_ms"), float):
             row["speedup"] = row["fla_ms"] / row["kdagen_ms"]
+        for name, kwcfg in variants:
+            try:
+                from kdagen.cache.heuristics import default_train_config
+                from kdagen.cache.lookup import resolve
+                from kdagen.ops.chunk import chunk_bwd_config
+                kwcfg = dict(kwcfg)
+                train = kwcfg.pop("train", {})
+                plan, hint = layer_plan(K), shape_hint(B, T, H)
+                tcfg = default_train_config(plan, hint).replace(**train)
+                fv = lambda **kw: kdagen.chunk_kda(**kw, config=tcfg)  # noqa: E731
+                with chunk_bwd_config(resolve("chunk_bwd", plan, None, hint).replace(**kwcfg)):
+                    step(fv)()
+                    row[f"kdagen_{name}_ms"] = do_bench(step(fv), warmup=30, rep=200, return_mode="median")
+                    if isinstance(row.get("fla_ms"), float):
+                        row[f"{name}_speedup"] = row["fla_ms"] / row[f"kdagen_{name}_ms"]
+            except Exception as e:  # noqa: BLE001
+                row[f"kdagen_{name}_ms"] = f"error {type(e).__name__}: {str(e)[:200]}"
         log(json.dumps(row))
         RESULTS["rows"].append(row)
         dump()
@@ -612,6 +653,7 @@ def main():
     ap.add_argument("--no-fla", action="store_true", help="time kdagen alone (no FLA autotuning)")
     ap.add_argument("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128;8,1024,8,64",
                     help="chunk shapes B,T,H,K separated by ';'")
+    ap.add_argument("--seeds", default="0", help="bwd_check: input seeds, separated by ','")
     args = ap.parse_args()
     global OUT_DIR
     OUT_DIR = args.out
@@ -630,15 +672,16 @@ def main():
         if "fwd" in suite:
             time_chunk(fchunk, [tuple(int(x) for x in sh.split(",")) for sh in args.shapes.split(";")],
                        CHUNK_VARIANTS if "variants" in suite else [])
+        seeds = [int(s) for s in args.seeds.split(",")]
         if "bwd_check" in suite:  # K = V = 128 first: its autotuning is shared with the timing below
-            check_bwd(fchunk, BWD_CHECK_CASES[:1])
+            check_bwd(fchunk, BWD_CHECK_CASES[:1], seeds)
         if "layer" in suite:
-            time_layer(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)])
+            time_layer(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)], LAYER_VARIANTS if "whole" in suite else ())
         if "fwdbwd" in suite:
             time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)],
                          BWD_VARIANTS if "bwd_variants" in suite else (), WHOLE_VARIANTS if "whole" in suite else ())
         if "bwd_check" in suite:
-            check_bwd(fchunk, BWD_CHECK_CASES[1:])
+            check_bwd(fchunk, BWD_CHECK_CASES[1:], seeds)
         if "decode" in suite:
             time_decode(frec_fwd, [1, 64, 256], copy_gbs)
         if "decode_variants" in suite:

@@ -14,8 +14,10 @@ not model: bf16 storage of inputs, intermediates and outputs (they stay float32 
 
     python tests/bf16_interpreter.py CASE [CASE ...]     # prints {case: {output: rel. error}}
 
-CASE is name:B,T,H,HV,K,V[:free][:ieee|:split] (free: the unbounded plan, checked diagonals -- factorised
-where a sub-tile's span allows, element-wise else; ieee:
+CASE is name:B,T,H,HV,K,V[:free][:ieee|:split][:state][:seedN] (free: the unbounded plan, checked diagonals --
+factorised where a sub-tile's span allows, element-wise else; state: the reverse state pass's dS and dV'
+unrounded (state_precision="tf32", here fp32 on ieee dots); seedN: the inputs' seed; bench: inputs rounded
+to bf16 and dO, dht drawn as bench.py's GPU check draws them; c16/c32/c64: the chunk length; ieee:
 diag_precision="ieee", the factorised diagonal's operands in fp32 -- tf32's operand rounding is not
 emulated; split: diag_precision="split", bf16 operands with the backward's upstream diagonal tiles
 as hi + lo).
@@ -51,15 +53,22 @@ def round_to_bf16(x: np.ndarray) -> np.ndarray:
 def install() -> None:
     render_vars = codegen._template_vars
 
+    exact = set(filter(None, os.environ.get("KDAGEN_EMULATE_EXACT", "").split(",")))
+
     def bf16_operands(kernel, plan, config):
         v = render_vars(kernel, plan, config)
         if plan.dtype != "float32":
             raise ValueError("the bf16 emulation renders float32 plans")
+        if kernel in exact:  # (KDAGEN_EMULATE_EXACT: kernels left in fp32, to see whose rounding counts)
+            return v
         v["dot_dtype"], v["dot_kw"] = MARKER, ""
         factorised = plan.diag_mode == "factorised" or v.get("diag_checked", False)
         if "diag_dtype" in v and (not factorised or config.diag_precision in ("input", "split")):
             v["diag_dtype"], v["diag_kw"] = MARKER, ""  # the diagonal in bf16 too, as on the GPU by default
         # (diag_precision tf32 / ieee: the factorised -- or checked -- diagonal's operands stay fp32, ieee dots)
+        if "ds_dtype" in v and config.state_precision != "tf32":
+            v["ds_dtype"], v["ds_kw"] = MARKER, ""  # the reverse pass's dS and dV' rounded, as on the GPU by default
+        # (state_precision tf32: they stay fp32, ieee dots)
         return v
 
     codegen._template_vars = bf16_operands
@@ -80,10 +89,15 @@ def install() -> None:
     semantic.TritonSemantic.dot = dot_fp32_result
 
 
-def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input") -> dict[str, float]:
+def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", state="input", as_bench=False,
+           chunk_size=None) -> dict[str, float]:
     """Relative Frobenius error of o, the final state and every gradient against float64
     autograd through the token-by-token recurrence; inputs as bench/bench.py draws them.
-    ``diag``: the training forward's and the backward's ``diag_precision``."""
+    ``diag``: the training forward's and the backward's ``diag_precision``; ``state``: the
+    backward's ``state_precision``.  ``as_bench``: q, k, v, beta and dO rounded to bf16 before the
+    call (the reference takes the rounded values, as bench.py's check on the GPU does) and dO, dht drawn
+    as bench.py draws them (seed 7 + seed); else unrounded inputs, whose rounding at the dots adds to
+    every error."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
@@ -93,6 +107,11 @@ def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input") -> dict[str, flo
     h0 = 0.1 * torch.randn(B, HV, K, V, generator=gen)
     do = torch.randn(B, T, HV, V, generator=gen)
     dht = torch.randn(B, HV, K, V, generator=gen)
+    if as_bench:
+        q, k, v, beta = (torch.from_numpy(round_to_bf16(t.numpy())) for t in (q, k, v, beta))
+        gen = torch.Generator().manual_seed(7 + seed)
+        do = torch.from_numpy(round_to_bf16(torch.randn(B, T, HV, V, generator=gen).numpy()))
+        dht = torch.randn(B, HV, K, V, generator=gen)
     leaves = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0)
     gate = {} if free else dict(safe_gate=True, lower_bound=-5.0)
     x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
@@ -102,8 +121,10 @@ def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input") -> dict[str, flo
     from kdagen.ops.inputs import select_spec
 
     plan = lower(select_spec(False, not free, -5.0 if not free else None, False, False), K, V, "float32", "chunk")
-    with chunk_bwd_config(default_chunk_bwd_config(plan).replace(diag_precision=diag)):
+    with chunk_bwd_config(default_chunk_bwd_config(plan).replace(diag_precision=diag, state_precision=state)):
         train = default_train_config(plan).replace(diag_precision=diag)
+        if chunk_size is not None:
+            train = train.replace(chunk_size=chunk_size)
         o, ht = kdagen.chunk_kda(**x, output_final_state=True, config=train, **gate)
         ((o * do).sum() + (ht * dht).sum()).backward()
     r = {n: t.double().requires_grad_(True) for n, t in leaves.items()}
@@ -125,7 +146,10 @@ def main(argv: list[str]) -> None:
     for arg in argv:
         name, dims, *flags = arg.split(":")
         diag = next((f for f in flags if f in ("tf32", "ieee", "split")), "input")
-        result[name] = errors(*(int(d) for d in dims.split(",")), free="free" in flags, diag=diag)
+        seed = next((int(f[4:]) for f in flags if f.startswith("seed")), 0)
+        result[name] = errors(*(int(d) for d in dims.split(",")), free="free" in flags, diag=diag, seed=seed,
+                              state="tf32" if "state" in flags else "input", as_bench="bench" in flags,
+                              chunk_size=next((int(f[1:]) for f in flags if f in ("c16", "c32", "c64")), None))
     print(json.dumps(result))
 
 
