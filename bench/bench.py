@@ -388,25 +388,28 @@ WHOLE_VARIANTS = [
     # (issue 17's error bar: dv and dbeta's excess is the forward's, dg's the backward's; runs 77 and 81)
     ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
     ("fwd_diag_tf32", dict(train=dict(diag_precision="tf32"))),
-    # the reverse state pass's dS and dV' in fp32 on tf32 dots (dh0's error), alone and with the tf32 diagonal
-    ("state_tf32", dict(state_precision="tf32")),
-    ("diag_state_tf32", dict(diag_precision="tf32", state_precision="tf32", train=dict(diag_precision="tf32"))),
+    # qg as hi + lo in the reverse state pass (dh0's error, session 21's emulation: 1.81 -> 0.14e-3), alone and
+    # with the tf32 diagonal (the candidate default for issue 17's error bar)
+    ("qg_split", dict(qg_split=True)),
+    ("diag_tf32_qg_split", dict(diag_precision="tf32", qg_split=True, train=dict(diag_precision="tf32"))),
 ]
 # the layer call under changed configs (its own plan's configs, changed like WHOLE_VARIANTS')
 LAYER_VARIANTS = [
     ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
-    ("diag_state_tf32", dict(diag_precision="tf32", state_precision="tf32", train=dict(diag_precision="tf32"))),
+    ("diag_tf32_qg_split", dict(diag_precision="tf32", qg_split=True, train=dict(diag_precision="tf32"))),
 ]
 # gradient errors under changed configs (bwd_check rows, keys kdagen_NAME_dX): (name, the training forward's
 # config fields, the backward's) -- the factorised diagonal's operands in fp32 (split and split_fwd_tf32:
 # run 81), the backward's inverse on tf32 dots
 # (bwd_inv_tf32 / inv_tf32, the inverse on tf32 dots: run 106, no change; the default since)
-# the reverse state pass's dS and dV' in fp32 on tf32 dots (dh0's error: run 108), alone and with the tf32
-# diagonal; the forward's intermediates kept (no re-run: is dh0's excess the re-run's?)
+# the reverse state pass's dS and dV' in fp32 on tf32 dots, alone and with the tf32 diagonal; the forward's
+# intermediates kept; qg as hi + lo in the reverse pass, alone and with the tf32 diagonal (dh0: run 108)
 BWD_CHECK_CONFIGS = (("diag_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32")),
                      ("state_tf32", {}, dict(state_precision="tf32")),
                      ("diag_state_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32", state_precision="tf32")),
-                     ("stored", {}, dict(store_intermediates=True)))
+                     ("stored", {}, dict(store_intermediates=True)),
+                     ("qg_split", {}, dict(qg_split=True)),
+                     ("diag_tf32_qg_split", dict(diag_precision="tf32"), dict(diag_precision="tf32", qg_split=True)))
 
 
 def train_config_for(B, T, H, K, **kw):

@@ -242,6 +242,10 @@ class ChunkBwdConfig(_Config):
     # the reverse state pass's dS and dV' as dot operands (half-precision plans): rounded to the input dtype
     # ("input"), or kept in fp32 on tf32 dots ("tf32", 10-bit mantissa against bf16's 7); fp32 plans: ieee
     state_precision: str = "input"
+    # qg as two operands in the reverse state pass, its input-dtype rounding and what that left out (hi + lo:
+    # one more dot per chunk), read from an fp32 qg the re-run (or, keeping intermediates, the forward) writes;
+    # dh0's error is qg's rounding (bench/RESULTS.md, session 21).  Half-precision plans; fp32 ones are exact
+    qg_split: bool = False
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
@@ -263,7 +267,7 @@ class ChunkBwdConfig(_Config):
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
         self._check_choice("state_precision", STATE_PRECISIONS)
-        self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound")
+        self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound", "qg_split")
 
     def with_chunking(self, chunk_size: int, sub_chunk: int) -> "ChunkBwdConfig":
         """This config on the training forward's chunks: its lengths, and the reverse state pass's

@@ -17,7 +17,8 @@ not model: bf16 storage of inputs, intermediates and outputs (they stay float32 
 CASE is name:B,T,H,HV,K,V[:free][:ieee|:split][:state][:seedN] (free: the unbounded plan, checked diagonals --
 factorised where a sub-tile's span allows, element-wise else; state: the reverse state pass's dS and dV'
 unrounded (state_precision="tf32", here fp32 on ieee dots); seedN: the inputs' seed; bench: inputs rounded
-to bf16 and dO, dht drawn as bench.py's GPU check draws them; c16/c32/c64: the chunk length; ieee:
+to bf16 and dO, dht drawn as bench.py's GPU check draws them; c16/c32/c64: the chunk length; qgsplit: qg as hi + lo in the reverse state
+pass (qg_split=True); ieee:
 diag_precision="ieee", the factorised diagonal's operands in fp32 -- tf32's operand rounding is not
 emulated; split: diag_precision="split", bf16 operands with the backward's upstream diagonal tiles
 as hi + lo).
@@ -69,6 +70,8 @@ def install() -> None:
         if "ds_dtype" in v and config.state_precision != "tf32":
             v["ds_dtype"], v["ds_kw"] = MARKER, ""  # the reverse pass's dS and dV' rounded, as on the GPU by default
         # (state_precision tf32: they stay fp32, ieee dots)
+        if "qg_split" in v:  # (rendered off for fp32 plans: here qg is split as a bf16 plan's would be)
+            v["qg_split"] = config.qg_split
         return v
 
     codegen._template_vars = bf16_operands
@@ -90,11 +93,11 @@ def install() -> None:
 
 
 def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", state="input", as_bench=False,
-           chunk_size=None) -> dict[str, float]:
+           chunk_size=None, qg_split=False) -> dict[str, float]:
     """Relative Frobenius error of o, the final state and every gradient against float64
     autograd through the token-by-token recurrence; inputs as bench/bench.py draws them.
     ``diag``: the training forward's and the backward's ``diag_precision``; ``state``: the
-    backward's ``state_precision``.  ``as_bench``: q, k, v, beta and dO rounded to bf16 before the
+    backward's ``state_precision``; ``qg_split``: its ``qg_split``.  ``as_bench``: q, k, v, beta and dO rounded to bf16 before the
     call (the reference takes the rounded values, as bench.py's check on the GPU does) and dO, dht drawn
     as bench.py draws them (seed 7 + seed); else unrounded inputs, whose rounding at the dots adds to
     every error."""
@@ -121,7 +124,8 @@ def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", state="input", a
     from kdagen.ops.inputs import select_spec
 
     plan = lower(select_spec(False, not free, -5.0 if not free else None, False, False), K, V, "float32", "chunk")
-    with chunk_bwd_config(default_chunk_bwd_config(plan).replace(diag_precision=diag, state_precision=state)):
+    with chunk_bwd_config(default_chunk_bwd_config(plan).replace(diag_precision=diag, state_precision=state,
+                                                                     qg_split=qg_split)):
         train = default_train_config(plan).replace(diag_precision=diag)
         if chunk_size is not None:
             train = train.replace(chunk_size=chunk_size)
@@ -149,7 +153,8 @@ def main(argv: list[str]) -> None:
         seed = next((int(f[4:]) for f in flags if f.startswith("seed")), 0)
         result[name] = errors(*(int(d) for d in dims.split(",")), free="free" in flags, diag=diag, seed=seed,
                               state="tf32" if "state" in flags else "input", as_bench="bench" in flags,
-                              chunk_size=next((int(f[1:]) for f in flags if f in ("c16", "c32", "c64")), None))
+                              chunk_size=next((int(f[1:]) for f in flags if f in ("c16", "c32", "c64")), None),
+                              qg_split="qgsplit" in flags)
     print(json.dumps(result))
 
 

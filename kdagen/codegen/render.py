@@ -153,6 +153,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             wide = config.state_precision == "tf32" and plan.dtype != "float32"
             v["ds_dtype"] = "tl.float32" if wide else v["dot_dtype"]
             v["ds_kw"] = ', input_precision="tf32"' if wide else v["dot_kw"]
+            v["qg_split"] = config.qg_split and plan.dtype != "float32"
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)

@@ -84,7 +84,7 @@ def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
         is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
         fwd_intra=dataclasses.replace(intra, args=stripped, then=None),  # (a re-run builds its own repair launch)
-        inter_dtype=a["qg"].dtype, state_v_first=state.constexprs["STATE_V_FIRST"])
+        inter_dtype=a["kg"].dtype, state_v_first=state.constexprs["STATE_V_FIRST"])
 
 
 def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -95,10 +95,18 @@ def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[
     return inter
 
 
+def qg_dtype(config: ChunkBwdConfig, inter_dtype: torch.dtype) -> torch.dtype:
+    """qg's storage between the launches: fp32 where the reverse pass splits it (``config.qg_split``,
+    half-precision intermediates), else the intermediates' dtype."""
+    return torch.float32 if config.qg_split and inter_dtype in (torch.bfloat16, torch.float16) else inter_dtype
+
+
 def _rebuilt_buffers(meta: BwdMeta, dev) -> dict[str, torch.Tensor]:
     """Buffers for the qg, kg, W and G_n a re-run writes (W a dummy without a rank-1 part)."""
-    qg = torch.empty(meta.B, meta.T, meta.HV, meta.K, dtype=meta.inter_dtype, device=dev)
-    return dict(qg=qg, kg=torch.empty_like(qg), w=torch.empty_like(qg) if meta.plan.has_rank1 else dummy_pointer(dev),
+    shape = (meta.B, meta.T, meta.HV, meta.K)
+    kg = torch.empty(shape, dtype=meta.inter_dtype, device=dev)
+    qg = torch.empty(shape, dtype=qg_dtype(meta.config, meta.inter_dtype), device=dev)
+    return dict(qg=qg, kg=kg, w=torch.empty_like(kg) if meta.plan.has_rank1 else dummy_pointer(dev),
                 gn=torch.empty(max(meta.NT_total, 1), meta.HV, meta.K, dtype=torch.float32, device=dev))
 
 
@@ -108,7 +116,7 @@ def rerun_intra_launch(meta: BwdMeta, inputs: dict[str, torch.Tensor]):
     inter = dict(_rebuilt_buffers(meta, dev), u=dummy_pointer(dev),
                  aqk=torch.empty(meta.B, meta.T, meta.HV, meta.C, dtype=meta.inter_dtype, device=dev))
     if meta.plan.structure == "dplr":  # A_qk and k exp(G_n - G) too
-        inter.update(aqv=torch.empty_like(inter["aqk"]), kgv=torch.empty_like(inter["qg"]))
+        inter.update(aqv=torch.empty_like(inter["aqk"]), kgv=torch.empty_like(inter["kg"]))
     fi = meta.fwd_intra
     args = {}
     input_names, inter_names = INPUT_NAMES + DPLR_INPUT_NAMES, INTERMEDIATES + DPLR_INTERMEDIATES

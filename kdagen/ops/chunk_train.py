@@ -28,7 +28,7 @@ from .schedule import chunk_schedule, to_device
 def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkTrainConfig, built, A_log=None, dt_bias=None,
                       return_intermediate_states=False, state_dtype=torch.float32, store_vn=False,
-                      state_v_first=False, a=None, b=None, store_t=False):
+                      state_v_first=False, a=None, b=None, store_t=False, qg_dtype=None):
     """Allocate outputs and describe both launches (used for running and compile-only).
     ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
     forward may keep them in the input dtype for its backward).  ``store_vn``: the state
@@ -36,7 +36,8 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     state launch's ``vn`` argument.  ``state_v_first``: the initial and final states are stored
     [.., V, K] (the per-chunk states stay [K, V]: they are the backward's).  ``store_t``: the intra
     launch also writes T = (I + A_kk)^-1 Diag(beta) in the dot dtype, [B, T, HV, C] as A_qk (``td``;
-    a plan with a rank-1 part), from which the backward's chunk_bwd_rerun rebuilds W.
+    a plan with a rank-1 part), from which the backward's chunk_bwd_rerun rebuilds W.  ``qg_dtype``: qg's
+    storage when it is not the intermediates' (fp32 for a backward that splits it, ChunkBwdConfig.qg_split).
 
     General DPLR (``plan.structure == "dplr"``): ``a`` and ``b`` ([B, T, HV, K], the read and
     write vectors) replace ``beta``, which is not read; the intra launch also writes ``aqv``
@@ -50,11 +51,11 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
     NT = triton.cdiv(T, C)
     inter = storage(config.intermediates, q.dtype)
-    qg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
-    kg = torch.empty_like(qg)
+    kg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
+    qg = torch.empty(B, T, HV, K, dtype=qg_dtype or inter, device=dev)
     dummy = dummy_pointer(dev)
     if plan.has_rank1:
-        w = torch.empty_like(qg)
+        w = torch.empty_like(kg)
         u = torch.empty(B, T, HV, V, dtype=inter, device=dev)
     else:  # no rank-1 part: W = 0 is never formed, and U = V (the state launch reads v as u)
         w, u = dummy, v
@@ -71,7 +72,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     dplr = plan.structure == "dplr"
     if dplr:
         aqv = torch.empty_like(aqk)
-        kgv = torch.empty_like(qg)
+        kgv = torch.empty_like(kg)
         intra_args = dict(q=q, k=k, v=v, g=g, a=a, b=b)
     else:
         intra_args = dict(q=q, k=k, v=v, g=g, beta=beta)
