@@ -14,11 +14,11 @@ not model: bf16 storage of inputs, intermediates and outputs (they stay float32 
 
     python tests/bf16_interpreter.py CASE [CASE ...]     # prints {case: {output: rel. error}}
 
-CASE is name:B,T,H,HV,K,V[:free][:ieee|:split][:state][:seedN] (free: the unbounded plan, checked diagonals --
-factorised where a sub-tile's span allows, element-wise else; state: the reverse state pass's dS and dV'
-unrounded (state_precision="tf32", here fp32 on ieee dots); seedN: the inputs' seed; bench: inputs rounded
-to bf16 and dO, dht drawn as bench.py's GPU check draws them; c16/c32/c64: the chunk length; qgsplit: qg as hi + lo in the reverse state
-pass (qg_split=True); ieee:
+CASE is name:B,T,H,HV,K,V[:free][:ieee|:split][:state][:qgsplit][:bench][:seedN][:c16|:c32|:c64] (free: the
+unbounded plan, checked diagonals -- factorised where a sub-tile's span allows, element-wise else; state: the
+reverse state pass's dS and dV' unrounded (state_precision="tf32", here fp32 on ieee dots); qgsplit: qg as
+hi + lo in the reverse state pass (qg_split=True); bench: inputs rounded to bf16 and dO, dht drawn as
+bench.py's GPU check draws them; seedN: the inputs' seed; c16/c32/c64: the chunk length; ieee:
 diag_precision="ieee", the factorised diagonal's operands in fp32 -- tf32's operand rounding is not
 emulated; split: diag_precision="split", bf16 operands with the backward's upstream diagonal tiles
 as hi + lo).
@@ -97,10 +97,10 @@ def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", state="input", a
     """Relative Frobenius error of o, the final state and every gradient against float64
     autograd through the token-by-token recurrence; inputs as bench/bench.py draws them.
     ``diag``: the training forward's and the backward's ``diag_precision``; ``state``: the
-    backward's ``state_precision``; ``qg_split``: its ``qg_split``.  ``as_bench``: q, k, v, beta and dO rounded to bf16 before the
-    call (the reference takes the rounded values, as bench.py's check on the GPU does) and dO, dht drawn
-    as bench.py draws them (seed 7 + seed); else unrounded inputs, whose rounding at the dots adds to
-    every error."""
+    backward's ``state_precision``; ``qg_split``: its ``qg_split``.  ``as_bench``: q, k, v, beta and
+    dO rounded to bf16 before the call (the reference takes the rounded values, as bench.py's check on
+    the GPU does) and dO, dht drawn as bench.py draws them (seed 7 + seed); else unrounded inputs, whose
+    rounding at the dots adds to every error."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
