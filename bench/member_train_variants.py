@@ -57,6 +57,13 @@ VARIANTS = {
 # the output out of the forward state pass (ChunkTrainConfig.split_output: a states-only pass, then chunk_out)
 VARIANTS["split"] = (dict(split_output=True), {})
 VARIANTS["split_w2"] = (dict(split_output=True, state_block_v=32, state_num_warps=2, state_num_stages=2), {})
+# no decay (DeltaNet): the split intra backward folded into dqkw and chunk_bwd_wy (ChunkBwdConfig.intra_fold)
+VARIANTS["fold"] = ({}, dict(intra_fold=True))
+VARIANTS["fold_w8"] = ({}, dict(intra_fold=True, dqkw_num_warps=8))  # dqkw's three [C, 128] accumulators on 8 warps
+VARIANTS["fold_w8_bk64"] = ({}, dict(intra_fold=True, dqkw_num_warps=8, intra_block_k=64))
+VARIANTS["fold_bk64"] = ({}, dict(intra_fold=True, intra_block_k=64))
+VARIANTS["fold_bk64_bv32"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_block_v=32))
+VARIANTS["fold_bk64_s1"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_num_stages=1))
 # the fused pass on the tiles the heuristic took before the split (run 96's default)
 VARIANTS["fused16"] = (dict(split_output=False, state_block_v=16, state_num_warps=4, state_num_stages=3), {})
 VARIANTS["fused32"] = (dict(split_output=False, state_block_v=32, state_num_warps=2, state_num_stages=3), {})

@@ -246,6 +246,10 @@ class ChunkBwdConfig(_Config):
     # one more dot per chunk), read from an fp32 qg the re-run (or, keeping intermediates, the forward) writes;
     # dh0's error is qg's rounding (bench/RESULTS.md, session 21).  Half-precision plans; fp32 ones are exact
     qg_split: bool = False
+    # no decay (plan.decay == "identity": DeltaNet), a split intra backward folded into the launches beside
+    # it: dqkw finishes dq and dk's A_qk part, chunk_bwd_wy adds dk's rank-1 part, and the second launch
+    # (with its fp32 round trip of dqg, dkg, dA_qk and dE) is not run (folds_intra)
+    intra_fold: bool = False
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
@@ -267,7 +271,8 @@ class ChunkBwdConfig(_Config):
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
         self._check_choice("state_precision", STATE_PRECISIONS)
-        self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound", "qg_split")
+        self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound", "qg_split",
+                         "intra_fold")
 
     def with_chunking(self, chunk_size: int, sub_chunk: int) -> "ChunkBwdConfig":
         """This config on the training forward's chunks: its lengths, and the reverse state pass's
@@ -301,6 +306,14 @@ class ChunkBwdConfig(_Config):
         when the plan could split, so other plans' sources do not name it."""
         return (plan.has_rank1 and plan.structure != "dplr" and self.chunk_size == 2 * self.sub_chunk
                 and self.intra_split)
+
+    def folds_intra(self, plan) -> bool:
+        """Whether a split intra backward is folded into dqkw and chunk_bwd_wy (``intra_fold``): without a
+        decay the second launch's work is products that need no gate, dq = scale (dO S^T + tril(dA_qk) K),
+        dk = V' dS^T + scale tril(dA_qk)^T Q + dE K + dE^T K + T^T dW, so dqkw (which holds dA_qk) finishes dq
+        and writes dk's first two terms in fp32, and chunk_bwd_wy (which holds dE and T) adds the rest.  Read
+        only for plans that split and have no decay, so other plans' sources do not name it."""
+        return self.splits_intra(plan) and plan.decay == "identity" and self.intra_fold
 
     def splits_k(self, plan) -> bool:
         """Whether the split's second launch (dq, dk, dg) takes one K tile per program (grid axis 2):

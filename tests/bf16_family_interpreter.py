@@ -4,8 +4,10 @@ process: the patches hold for the whole process).
 
     python tests/bf16_family_interpreter.py CASE [CASE ...]    # prints {case: {output: rel. error}}
 
-CASE is name:member:B,T,H,HV,K,V with member gdn, deltanet, gla (no bound: element-wise diagonal
-tiles) or gla5 (GLA told g >= -5: factorised diagonal tiles, and the inputs kept above it).
+CASE is name:member:B,T,H,HV,K,V with member gdn, deltanet, deltanet_fold (DeltaNet's backward with
+the split intra gradients folded into dqkw and chunk_bwd_wy, ChunkBwdConfig.intra_fold), gla (no bound:
+element-wise diagonal tiles) or gla5 (GLA told g >= -5: factorised diagonal tiles, and the inputs kept
+above it).
 """
 from __future__ import annotations
 
@@ -26,6 +28,12 @@ from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn,
 def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
     """Relative Frobenius error of o, the final state and every gradient against float64
     autograd through the token-by-token recurrence."""
+    if member == "deltanet_fold":
+        from kdagen.config import ChunkBwdConfig
+        from kdagen.ops.chunk import chunk_bwd_config
+
+        with chunk_bwd_config(ChunkBwdConfig(intra_split=True, intra_fold=True, intra_block_k=16, dqkw_block_k=32)):
+            return errors("deltanet", B, T, H, HV, K, V, seed)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)

@@ -6,6 +6,11 @@
   same operations and dE crosses between them in float32 -- for KDA (bounded and unbounded
   gates, the in-kernel gate), Gated DeltaNet (a scalar decay: its dg sums the channels) and
   DeltaNet (no decay), fp32 and fp16, K over several tiles and K not a multiple of the tile;
+* ``ChunkBwdConfig.intra_fold`` (no decay: DeltaNet): the split's second launch folded into dqkw
+  (dq finished, dk's A_qk part) and chunk_bwd_wy (dk's rank-1 part) gives the split's dq and dk to
+  float rounding (the products are summed in another order) and its dv, dbeta and dh0 bit for bit,
+  and DeltaNet's gradients through it match the float64 recurrence (GVA, varlen with length-0/1
+  sequences, K over masked tiles);
 * recompute mode's chunk_bwd_rerun rebuilds from the kept A_qk and T exactly what the
   forward's intra launch wrote (qg, kg, W, G_n);
 
@@ -21,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import make_inputs
+from conftest import F64, TOL, assert_close, make_inputs
 
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
@@ -29,6 +34,7 @@ from kdagen.codegen.render import family_kernels, render
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
 from kdagen.ops.chunk import chunk_kda_bwd_launches
 from kdagen.ops.member import chunk_member_launches
+from kdagen.spec.reference import naive_recurrent_deltanet
 
 F32, F16 = torch.float32, torch.float16
 OUT_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_part", "dbias_part")
@@ -100,6 +106,93 @@ def test_split_intra_equals_the_fused_launch(case):
     for n, a in fused.items():
         assert torch.isfinite(a).all(), n
         assert torch.equal(a, split[n]), f"{n}: max difference {(a.float() - split[n].float()).abs().max()}"
+
+
+FOLD_CASES = [
+    # (id, dtype, K, V, extra config)
+    ("fp32-K32", F32, 32, 32, {}),
+    # dqkw over two K tiles (each forms the whole dA_qk), the wy launch's K loop over four
+    ("fp32-K64-two-dqkw-tiles", F32, 64, 32, dict(dqkw_block_k=32, intra_block_k=16)),
+    ("fp32-K40-masked-tiles", F32, 40, 24, dict(dqkw_block_k=16, intra_block_k=16)),
+    ("fp16-K32", F16, 32, 32, {}),
+    # the forward's intermediates kept (no re-run), and 64-row chunks of two 32-row sub-tiles
+    ("fp32-K32-stored", F32, 32, 32, dict(store_intermediates=True)),
+    ("fp32-K32-C64", F32, 32, 32, dict(chunk_size=64, sub_chunk=32, state_block_v=32)),
+]
+
+
+@pytest.mark.parametrize("case", FOLD_CASES, ids=[c[0] for c in FOLD_CASES])
+def test_folded_split_matches_the_split(case):
+    _, dtype, K, V, extra = case
+    split_cfg = ChunkBwdConfig(intra_block_v=16, intra_split=True, **extra)
+    _, split = _run(_member("deltanet", dtype, K, V, split_cfg))
+    kinds, fold = _run(_member("deltanet", dtype, K, V, split_cfg.replace(intra_fold=True)))
+    rerun = [] if extra.get("store_intermediates") else ["chunk_bwd_rerun"]
+    assert kinds == rerun + ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy"]
+    assert fold.keys() == split.keys() and {"dq", "dk", "dv", "dbeta", "dh0"} <= fold.keys()
+    for n in ("dv", "dbeta", "dh0"):  # launches the fold leaves as they were
+        assert torch.equal(fold[n], split[n]), n
+    # dq and dk: the same products summed in another order (dA_qk's part first, in dqkw), and in half
+    # precision dA_qk rounded before its scale rather than after
+    tol = 2e-6 if dtype == F32 else 1e-3
+    for n in ("dq", "dk"):
+        a, b = fold[n].float(), split[n].float()
+        assert torch.isfinite(a).all() and b.abs().max() > 1e-2, n
+        assert (a - b).abs().max() <= tol * b.abs().max(), f"{n}: max difference {(a - b).abs().max()}"
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_folded_gradients_match_the_recurrence(dtype):
+    """DeltaNet's gradients with the folded split against float64 autograd through the token-by-token
+    recurrence: GVA (two value heads per q/k head), varlen with sequences of length 0 and 1, K = 40 over
+    masked tiles of 16 in dqkw and the wy launch, an initial state and the final state's gradient."""
+    T, HV, K, V = 37, 2, 40, 24
+    cu = [0, 0, 1, 20, 37]
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(1, T, 1, K, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(1, T, 1, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    beta = torch.rand(1, T, HV, generator=gen).to(dtype)
+    h0 = torch.randn(len(cu) - 1, HV, K, V, generator=gen)
+    do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    dht = torch.randn(h0.shape, generator=gen)
+    cfg = ChunkBwdConfig(intra_split=True, intra_fold=True, intra_block_k=16, intra_block_v=16, dqkw_block_k=16)
+    fwd, bwd, out = chunk_member_launches(S.deltanet(), q, k, v, None, beta, training=True, output_final_state=True,
+                                          initial_state=h0, cu_seqlens=torch.tensor(cu), bwd_config=cfg,
+                                          do=do, dht=dht)
+    assert [ln.kernel for ln in bwd] == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy"]
+    assert bwd[2].grid[2] == 3  # K = 40 in three tiles of 16, the last masked
+    for ln in list(fwd) + list(bwd):
+        ln()
+    names = ("q", "k", "v", "beta", "h0")
+    x64 = {n: x.to(F64).requires_grad_() for n, x in zip(names, (q, k, v, beta, h0))}
+    ro, rh = naive_recurrent_deltanet(x64["q"], x64["k"], x64["v"], x64["beta"], initial_state=x64["h0"],
+                                      output_final_state=True, cu_seqlens=torch.tensor(cu))
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
+    mine = (out["dq"].float().sum(2, keepdim=True), out["dk"].float().sum(2, keepdim=True),  # over the value heads
+            out["dv"], out["dbeta"], out["dh0"])
+    for n, a, b in zip(names, mine, ref):
+        assert a.shape == b.shape, n
+        assert_close(a.float(), b, {F32: 1e-5, F16: 5e-3}[dtype], f"d{n}")
+    assert torch.equal(out["dh0"][0], dht[0])  # a length-0 sequence passes the state's gradient through
+
+
+def test_fold_is_a_no_decay_plans_and_renders_no_second_launch():
+    dn = lower(S.deltanet(), 64, 64, "bfloat16", "chunk")
+    kda = lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk")
+    fold = ChunkBwdConfig(intra_split=True, intra_fold=True)
+    assert fold.folds_intra(dn) and not fold.folds_intra(kda)
+    assert not ChunkBwdConfig(intra_fold=True).folds_intra(dn)  # folds a split only
+    kinds = family_kernels("chunk_bwd", dn, fold)
+    assert "chunk_bwd_wy" in kinds and "chunk_bwd_intra" not in kinds
+    with pytest.raises(ConfigError, match="folded"):
+        render("chunk_bwd_intra", dn, fold)
+    # the fold's sources name the field; a plan with a decay reads it nowhere (its sources are unchanged)
+    assert "intra_fold=True" in render("chunk_bwd_dqkw", dn, fold).text
+    assert "intra_fold=True" in render("chunk_bwd_wy", dn, fold).text
+    for kernel in family_kernels("chunk_bwd", kda, fold):
+        assert "intra_fold" not in render(kernel, kda, fold).text, kernel
+        assert render(kernel, kda, fold).text == render(kernel, kda, fold.replace(intra_fold=False)).text, kernel
 
 
 @pytest.mark.parametrize("gate,dtype,K", [("safe", F32, 64), ("free", F16, 40), ("gik", F32, 32)])

@@ -19,6 +19,8 @@ CASES = {
     "gdn-gva": "gdn:1,96,1,2,32,48",  # 3 chunks of 32, a strong decay, GVA, V not a power of two
     "gdn-B2-T70": "gdn:2,70,1,2,48,32",  # T not a multiple of the chunk, K not a power of two
     "deltanet": "deltanet:1,70,1,1,48,32",
+    # the split intra backward folded (ChunkBwdConfig.intra_fold), K over two masked tiles in dqkw, GVA
+    "deltanet-fold": "deltanet_fold:1,70,1,2,48,32",
     "gla": "gla:1,70,1,2,48,32",  # element-wise diagonal tiles, a strong decay, GVA
     "gla5": "gla5:1,96,1,1,32,48",  # factorised diagonal tiles (g >= -5 promised)
 }

@@ -1,6 +1,6 @@
 """Compile-only checks for Hopper (sm_90) of every kernel variant Gated DeltaNet (scalar decay),
 DeltaNet (no decay) and GLA (no rank-1 part) add: inference forward (solve, pass), training forward (intra, state),
-backward (state, dqkw, intra), decode and its backward, through
+backward (state, dqkw, intra; DeltaNet's folded split too), decode and its backward, through
 ``triton.compile(..., target=GPUTarget("cuda", 90, 32))``; no GPU is needed.
 
 As tests/test_compile_sm90.py: the launches come from the ops' own launch builders
@@ -31,6 +31,13 @@ CASES = [
     ("gdn-bf16-C32-no-prefetch", "gdn", "bfloat16", 128, 128, dict(fwd=dict(chunk_size=32, state_prefetch=False))),
     ("gdn-fp16-gate-in-kernel-train-BK32-cumsum-dot", "gdn", "float16", 128, 128,
      dict(gik=True, train=dict(chunk_size=32, intra_block_k=32, cumsum="dot"))),
+    # no decay, the split intra backward folded into dqkw and chunk_bwd_wy (ChunkBwdConfig.intra_fold): one K
+    # tile of 128 in dqkw; then K = 96 over two masked tiles of 64 (dqkw and the wy launch's K loop), varlen
+    ("deltanet-bf16-K128V128-fold", "deltanet", "bfloat16", 128, 128,
+     dict(bwd=dict(intra_split=True, intra_fold=True, intra_block_k=64, intra_block_v=64, intra_num_warps=2,
+                   dqkw_block_k=128, dqkw_block_v=64))),
+    ("deltanet-fp16-K96V64-varlen-fold", "deltanet", "float16", 96, 64,
+     dict(varlen=True, bwd=dict(intra_split=True, intra_fold=True, intra_block_k=64, dqkw_block_k=64))),
     # GLA (no rank-1 part): with a bound (factorised diagonal tiles) and without (element-wise)
     ("gla-bf16-K128V128-bound", "gla", "bfloat16", 128, 128, dict(bound=-5.0)),
     ("gla-bf16-K128V128", "gla", "bfloat16", 128, 128, {}),
@@ -48,7 +55,7 @@ def _worker_compile(cases):
     from kdagen import spec as S
     from kdagen.cache.lookup import resolve
     from kdagen.codegen.lower import lower
-    from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig
+    from kdagen.config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig
     from kdagen.kernels import CompileReport, build, compile_for_target
     from kdagen.ops.family import gdn_spec, gla_spec
     from kdagen.ops.inputs import check_inputs
@@ -95,8 +102,9 @@ def _worker_compile(cases):
             fwd, _ = chunk_member_launches(spec, q, k, v, g, beta, output_final_state=True, config=cfg, **kw)
             out += [report("chunk_solve", fwd[0]), report("chunk_pass", fwd[1])]
             tcfg = ChunkTrainConfig(**extra["train"]) if "train" in extra else None
+            bcfg = ChunkBwdConfig(**extra["bwd"]) if "bwd" in extra else None
             tf, tb, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True,
-                                              config=tcfg, **kw)
+                                              config=tcfg, bwd_config=bcfg, **kw)
             out += [report(x.kernel, x) for x in list(tf) + list(tb)]  # (chunk_out: the output split)
             # decode (B sequences of one token) and the recurrent backward
             dt_bias = torch.zeros(HV, K) if gik else None  # per channel, as the member entries expand it
@@ -140,10 +148,12 @@ def test_family_kernels_compile_for_sm90(case, compiled):
     # the backward: the re-run from the forward's kept tiles, then three launches, or four where the
     # intra-chunk gradients split (a rank-1 part in half precision: the heuristic)
     split = member != "gla" and case[2] in ("bfloat16", "float16") and case[3] <= 128
+    fold = case[5].get("bwd", {}).get("intra_fold", False)  # no second intra launch: dqkw and the wy launch do it
     # the training forward splits its output out of the state pass (chunk_out) in half precision at K <= 128
     # (a case's own ChunkTrainConfig keeps the dataclass default, the fused pass)
     out = case[2] in ("bfloat16", "float16") and case[3] <= 128 and "train" not in case[5]
-    kinds = [k for k in KINDS if (k != "chunk_bwd_wy" or split) and (k != "chunk_out" or out)]
+    kinds = [k for k in KINDS if (k != "chunk_bwd_wy" or split) and (k != "chunk_out" or out)
+             and (k != "chunk_bwd_intra" or not fold)]
     assert [e["kind"] for e in entries] == kinds, entries
     for e in entries:
         assert "error" not in e, f"{cid}: {e['kind']} failed to compile for sm_90:\n{e['error']}"

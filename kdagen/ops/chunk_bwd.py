@@ -14,7 +14,9 @@ intermediates are at hand.
 3. intra-chunk gradients (grid: chunks x value heads) recompute G, A_kk, (I + A_kk)^-1 from
    q, k, g, beta and write dq, dk (per value head), dv, dbeta and dg (dz for an in-kernel
    gate, plus per-chunk partials of dA_log / ddt_bias).  With ``intra_split`` two launches:
-   chunk_bwd_wy (dv, dbeta, and dE and T for the next), then dq, dk, dg per K tile.
+   chunk_bwd_wy (dv, dbeta, and dE and T for the next), then dq, dk, dg per K tile.  Without a
+   decay and with ``intra_fold`` (ChunkBwdConfig.folds_intra) the second is folded away: launch 2
+   finishes dq and writes dk's A_qk part (fp32), chunk_bwd_wy adds dk's rank-1 part.
 
 Only the sequential recurrence is in launch 1 (three dots per chunk); everything that can
 run per chunk is in 2 and 3.  What is left to torch: the GVA sum of dq/dk over the value
@@ -158,22 +160,12 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                       do=do, dht=dht if dht is not None else dummy,
                       du=du, dhs=dhs, dh0=dh0 if dh0 is not None else dummy,
                       cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
-    state = Launch("chunk_bwd_state", built.fns[0], (NV, N * HV), state_args,
+    state = Launch("chunk_bwd_state", built.fn("chunk_bwd_state"), (NV, N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
                         STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen, STATE_V_FIRST=meta.state_v_first),
                    cfg.state_num_warps, cfg.state_num_stages)
-    dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
-    dkg = torch.empty_like(dqg)
     # a dot operand only, like dU; without a rank-1 part there is no W
     dw = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev) if plan.has_rank1 else dummy
-    daqk = torch.empty(B, T, HV, C, dtype=f32, device=dev)
-    dgn = torch.empty(NTt, HV, K, dtype=f32, device=dev)
-    dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn,
-                     cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT)
-    bk = min(cfg.dqkw_block_k, plan.BK)
-    dqkw = Launch("chunk_bwd_dqkw", built.fns[1], (meta.NT_total, HV, triton.cdiv(K, bk)), dqkw_args,
-                  dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen),
-                  cfg.dqkw_num_warps, cfg.dqkw_num_stages)
     # dq, dk and dbeta in the inputs' dtypes: the kernel rounds its fp32 values on store as
     # .to() would, so the result is bit-identical without a conversion pass (three copy kernels,
     # 0.28 ms of fwd+bwd at (1, 8192, 96, 128) on the H200; bench/RESULTS.md, run 11).  With GVA,
@@ -181,6 +173,23 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dqk_dtype = q.dtype if HV == H else f32
     dq = torch.empty(B, T, HV, K, dtype=dqk_dtype, device=dev)
     dk = torch.empty_like(dq)
+    bk = min(cfg.dqkw_block_k, plan.BK)
+    dqkw_const = dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
+    if cfg.folds_intra(plan):  # no decay: dqkw finishes dq and writes dk's A_qk part for chunk_bwd_wy
+        dkp = torch.empty(B, T, HV, K, dtype=f32, device=dev)
+        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"], dq=dq, dkp=dkp, dw=dw,
+                         cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
+                         scale=float(meta.scale))
+        dqkw_const = dict(H=H, **dqkw_const)
+    else:
+        dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
+        dkg = torch.empty_like(dqg)
+        daqk = torch.empty(B, T, HV, C, dtype=f32, device=dev)
+        dgn = torch.empty(NTt, HV, K, dtype=f32, device=dev)
+        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn,
+                         cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT)
+    dqkw = Launch("chunk_bwd_dqkw", built.fn("chunk_bwd_dqkw"), (meta.NT_total, HV, triton.cdiv(K, bk)), dqkw_args,
+                  dqkw_const, cfg.dqkw_num_warps, cfg.dqkw_num_stages)
     # dg: per channel, one per token for a scalar decay (summed over the channels in the kernel), none
     # without a decay
     dg = (torch.empty(B, T, HV, K, dtype=f32, device=dev) if plan.decay == "channel"
@@ -189,6 +198,16 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dbeta = torch.empty(B, T, HV, dtype=inputs["beta"].dtype, device=dev) if plan.has_rank1 else None
     dA_part = torch.empty(NTt, HV, K, dtype=f32, device=dev) if plan.gate_has_A else None
     dbias_part = torch.empty(NTt, HV, K, dtype=f32, device=dev) if plan.gate_has_bias else None
+    intra_const = dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
+                       BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
+    outputs = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
+    if cfg.folds_intra(plan):  # (no decay: no gate, no dg, no repair launches)
+        wy_args = dict(k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"], du=du, dw=dw, dkp=dkp,
+                       dv=dv, dbeta=dbeta, dk=dk, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
+                       T=T, NT=meta.NT)
+        wy = Launch("chunk_bwd_wy", built.fn("chunk_bwd_wy"), (meta.NT_total, HV), wy_args, intra_const,
+                    cfg.intra_num_warps, cfg.intra_num_stages)
+        return rerun + (state, dqkw, wy), outputs
     intra_args = dict(q=q, k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"])
     if plan.gate_has_A:
         intra_args["A_log"] = inputs["A_log"]
@@ -200,16 +219,13 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
         intra_args["dA_part"] = dA_part
     if dbias_part is not None:
         intra_args["dbias_part"] = dbias_part
-    repair = has_repair(built.fns[2])  # (the wy launch's source takes the same choice)
+    repair = has_repair(built.fn("chunk_bwd_intra"))  # (the wy launch's source takes the same choice)
     if repair:
         intra_args["bad"] = _repair_flags(meta, dev)
     intra_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
                       scale=float(meta.scale))
-    intra_const = dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
-                       BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
-    outputs = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
     if not cfg.splits_intra(plan):
-        intra = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, HV), intra_args, intra_const,
+        intra = Launch("chunk_bwd_intra", built.fn("chunk_bwd_intra"), (meta.NT_total, HV), intra_args, intra_const,
                        cfg.intra_num_warps, cfg.intra_num_stages)
         return rerun + (state, dqkw, intra.with_repair() if repair else intra), outputs
     split = _split_intra(meta, built, intra_args, intra_const)
@@ -273,7 +289,7 @@ def _split_intra(meta: BwdMeta, built, args: dict, const: dict):
             dqkg_args.update(de=de, td=td)
     # one K tile per program where nothing sums over channels (ChunkBwdConfig.splits_k); else a loop over K
     nk = triton.cdiv(meta.K, const["BK"]) if cfg.splits_k(plan) else 1
-    dqkg = Launch("chunk_bwd_intra", built.fns[2], (meta.NT_total, meta.HV, nk), dqkg_args, const,
+    dqkg = Launch("chunk_bwd_intra", built.fn("chunk_bwd_intra"), (meta.NT_total, meta.HV, nk), dqkg_args, const,
                   cfg.intra_num_warps, cfg.intra_num_stages)
     return wy, dqkg
 
