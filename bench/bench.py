@@ -384,29 +384,27 @@ WHOLE_VARIANTS = [
     # run 106: +0.07 ms at (1, 8192, 96))
     # (the triangular inverse on tf32 dots, backward only / both: runs 105-106, -0.14 / -0.19 ms at
     # (1, 8192, 96), the default since run 106 for half precision)
-    # the factorised diagonal's operands in fp32 (tf32 dots) in both, and in the training forward only
-    # (issue 17's error bar: dv and dbeta's excess is the forward's, dg's the backward's; runs 77 and 81)
-    ("diag_tf32", dict(diag_precision="tf32", train=dict(diag_precision="tf32"))),
-    ("fwd_diag_tf32", dict(train=dict(diag_precision="tf32"))),
-    # qg as hi + lo in the reverse state pass (dh0's error, session 21's emulation: 1.81 -> 0.14e-3), alone and
-    # with the tf32 diagonal (the candidate default for issue 17's error bar)
+    # (the factorised diagonal's operands in fp32 on tf32 dots in both launches, issue 17's error bar: runs 77,
+    # 81, 107-108; the default for bf16 with a bounded gate since session 22.  Run 108: layer call +0.56 ms)
+    # the factorised diagonal's operands in bf16, the default before session 22 (run 107: 8.045 / 5.584 ms)
+    ("diag_input", dict(diag_precision="input", train=dict(diag_precision="input"))),
+    # qg as hi + lo in the reverse state pass (dh0's error: 1.6e-3 -> 0.02-0.16e-3, run 108; +0.45 ms in the
+    # layer call at (1, 8192, 96), run 108)
     ("qg_split", dict(qg_split=True)),
-    ("diag_tf32_qg_split", dict(diag_precision="tf32", qg_split=True, train=dict(diag_precision="tf32"))),
 ]
 # the layer call under some of them (on its own plan's configs)
-LAYER_VARIANTS = [v for v in WHOLE_VARIANTS if v[0] in ("diag_tf32", "diag_tf32_qg_split")]
+LAYER_VARIANTS = [v for v in WHOLE_VARIANTS if v[0] in ("diag_input", "qg_split")]
 # gradient errors under changed configs (bwd_check rows, keys kdagen_NAME_dX): (name, the training forward's
 # config fields, the backward's) -- the factorised diagonal's operands in fp32 (split and split_fwd_tf32:
 # run 81), the backward's inverse on tf32 dots
 # (bwd_inv_tf32 / inv_tf32, the inverse on tf32 dots: run 106, no change; the default since)
-# the reverse state pass's dS and dV' in fp32 on tf32 dots, alone and with the tf32 diagonal; the forward's
-# intermediates kept; qg as hi + lo in the reverse pass, alone and with the tf32 diagonal (dh0: run 108)
-BWD_CHECK_CONFIGS = (("diag_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32")),
+# (the tf32 diagonal, the default since session 22; state_tf32 with it, diag_tf32_qg_split: run 108)
+# the factorised diagonal in bf16 (the default before session 22); the reverse state pass's dS and dV' in fp32 on
+# tf32 dots; the forward's intermediates kept; qg as hi + lo in the reverse pass (dh0: run 108)
+BWD_CHECK_CONFIGS = (("diag_input", dict(diag_precision="input"), dict(diag_precision="input")),
                      ("state_tf32", {}, dict(state_precision="tf32")),
-                     ("diag_state_tf32", dict(diag_precision="tf32"), dict(diag_precision="tf32", state_precision="tf32")),
                      ("stored", {}, dict(store_intermediates=True)),
-                     ("qg_split", {}, dict(qg_split=True)),
-                     ("diag_tf32_qg_split", dict(diag_precision="tf32"), dict(diag_precision="tf32", qg_split=True)))
+                     ("qg_split", {}, dict(qg_split=True)))
 
 
 def train_config_for(B, T, H, K, **kw):

@@ -188,7 +188,8 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
         state_block_v=bv, state_num_warps=warps, state_num_stages=stages, intra_load_ahead=half,
-        check_gate_bound=check, inverse_precision=_train_inverse_precision(plan), **out,
+        check_gate_bound=check, inverse_precision=_train_inverse_precision(plan),
+        diag_precision=_train_diag_precision(plan), **out,
     )
 
 
@@ -202,6 +203,20 @@ def _train_inverse_precision(plan: Plan) -> str:
     FMA dots: 448 of its intra launch's 5,248 instructions per warp; the wy launch's 1,418 of 3,736).
     General DPLR (its own intra templates, unmeasured) keeps fp32."""
     return "tf32" if plan.dtype in ("bfloat16", "float16") and plan.structure != "dplr" else "ieee"
+
+
+def _train_diag_precision(plan: Plan) -> str:
+    """The training launches' factorised diagonal sub-tiles (the forward's intra launch and the intra
+    gradients): fp32 operands on tf32 dots ("tf32") for bf16 plans whose diagonal is factorised (a per-channel
+    gate with a bound, promised or the in-kernel gate's), the input dtype otherwise.  Issue 17's error bar:
+    with bf16 factors of up to exp(|g_min| BC) dv, dbeta and dg were 1.17x, 1.11x and 1.41x FLA's (run 107);
+    with fp32 factors every gradient is at or below 1.09x FLA's at three input seeds (run 108: dg 1.06 / 1.00
+    / 1.07x, dh0 1.09 / 0.89 / 1.09x, dq, dk, dv, dbeta <= 1.02x), for 1.42 -> 1.33x and 1.38 -> 1.30x FLA's
+    speed in the training step and 1.34 -> 1.26x in the layer call at (1, 8192, 96, 128) (bench/RESULTS.md,
+    runs 107-108).  Unbounded gates (element-wise diagonal, checked), fp16 (its factors cannot hold a span:
+    element-wise) and general DPLR (its own templates) are unmeasured and keep the input dtype."""
+    factorised = plan.decay == "channel" and plan.diag_mode == "factorised" and plan.structure != "dplr"
+    return "tf32" if plan.dtype == "bfloat16" and factorised else "input"
 
 
 # A half-width (bf16/fp16) pool moves half the bytes per program for the same work: with one
@@ -322,6 +337,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
         intra_num_stages=2, rerun_block_k=min(64, plan.BK), rerun_num_warps=rerun_warps, **intra,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
         check_gate_bound=checks_gate_bound(plan), inverse_precision=_train_inverse_precision(plan),
+        diag_precision=_train_diag_precision(plan),
     )
 
 
