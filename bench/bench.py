@@ -391,9 +391,13 @@ WHOLE_VARIANTS = [
     # qg as hi + lo in the reverse state pass (dh0's error: 1.6e-3 -> 0.02-0.16e-3, run 108; +0.45 ms in the
     # layer call at (1, 8192, 96), run 108)
     ("qg_split", dict(qg_split=True)),
+    # the intra gradients (the wy launch and pass 2) on 4 warps: with the tf32 diagonal pass 2 spills on 2 warps
+    # (sm_90 static report, session 22: 320 B plain / 468 B in the layer call, none on 4; 2 warps won with the
+    # bf16 diagonal, run 85)
+    ("intra_w4", dict(intra_num_warps=4)),
 ]
 # the layer call under some of them (on its own plan's configs)
-LAYER_VARIANTS = [v for v in WHOLE_VARIANTS if v[0] in ("diag_input", "qg_split")]
+LAYER_VARIANTS = [v for v in WHOLE_VARIANTS if v[0] in ("diag_input", "qg_split", "intra_w4")]
 # gradient errors under changed configs (bwd_check rows, keys kdagen_NAME_dX): (name, the training forward's
 # config fields, the backward's) -- the factorised diagonal's operands in fp32 (split and split_fwd_tf32:
 # run 81), the backward's inverse on tf32 dots
@@ -652,10 +656,18 @@ def main():
     ap.add_argument("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128;8,1024,8,64",
                     help="chunk shapes B,T,H,K separated by ';'")
     ap.add_argument("--seeds", default="0", help="bwd_check: input seeds, separated by ','")
+    ap.add_argument("--variants", default="", help="whole / layer: only these variants, separated by ','")
     args = ap.parse_args()
     global OUT_DIR
     OUT_DIR = args.out
     suite = set(args.suite.split(","))
+    wanted = set(filter(None, args.variants.split(",")))
+    unknown = wanted - {n for n, _ in WHOLE_VARIANTS}
+    if unknown:
+        ap.error(f"--variants: unknown {sorted(unknown)}; known: {[n for n, _ in WHOLE_VARIANTS]}")
+
+    def picked(variants):
+        return [v for v in variants if not wanted or v[0] in wanted]
     fchunk, frec, frec_fwd, fla_ver = (None, None, None, "not run") if args.no_fla else fla_ops()
     props = torch.cuda.get_device_properties(0)
     RESULTS["env"] = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), gpu=props.name,
@@ -674,10 +686,10 @@ def main():
         if "bwd_check" in suite:  # K = V = 128 first: its autotuning is shared with the timing below
             check_bwd(fchunk, BWD_CHECK_CASES[:1], seeds)
         if "layer" in suite:
-            time_layer(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)], LAYER_VARIANTS if "whole" in suite else ())
+            time_layer(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)], picked(LAYER_VARIANTS) if "whole" in suite else ())
         if "fwdbwd" in suite:
             time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)],
-                         BWD_VARIANTS if "bwd_variants" in suite else (), WHOLE_VARIANTS if "whole" in suite else ())
+                         BWD_VARIANTS if "bwd_variants" in suite else (), picked(WHOLE_VARIANTS) if "whole" in suite else ())
         if "bwd_check" in suite:
             check_bwd(fchunk, BWD_CHECK_CASES[1:], seeds)
         if "decode" in suite:
