@@ -307,6 +307,36 @@ def test_float32_decode_takes_narrow_tiles_for_few_pairs():
     assert pick(small, 256)[0] == 32 and pick(small, 1)[0] == 16
 
 
+def test_training_diagonal_in_fp32_for_bf16_bounded_gates_only():
+    """Issue 17's error bar (bench/RESULTS.md, runs 107-108): the factorised diagonal sub-tiles' operands in
+    fp32 on tf32 dots, in the training forward and the backward, for bf16 KDA-structure plans whose diagonal is
+    factorised (a promised bound, or the in-kernel gate's); unbounded gates (element-wise diagonal), fp16, GLA
+    and general DPLR keep the input dtype (unmeasured); and the rendered launches carry it."""
+    from kdagen.codegen.render import render
+
+    def both(plan):
+        return default_train_config(plan).diag_precision, default_chunk_bwd_config(plan).diag_precision
+
+    bounded = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
+    layer = lower(select_spec(True, True, -5.0, True, True), 128, 128, "bfloat16", "chunk", True)
+    assert bounded.diag_mode == layer.diag_mode == "factorised"
+    assert both(bounded) == both(layer) == ("tf32", "tf32")
+    unbounded = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "chunk", False)
+    fp16 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float16", "chunk", False)
+    gla = lower(S.gla(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
+    dplr = lower(S.dplr(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
+    assert unbounded.diag_mode == "elementwise" and gla.diag_mode == "factorised"
+    for plan in (unbounded, fp16, gla, dplr):
+        assert both(plan) == ("input", "input"), plan.spec_name
+    # the diagonal's key factor exp(a - G) k enters its dots in fp32, not rounded to bf16, in both launches
+    for kernel, cfg in (("chunk_intra", default_train_config(bounded)),
+                        ("chunk_bwd_intra", default_chunk_bwd_config(bounded))):
+        src = render(kernel, bounded, cfg).text
+        kb = [ln.strip() for ln in src.splitlines() if ln.strip().startswith("b_kb = ")]
+        assert kb and all(ln.endswith(".to(tl.float32)") for ln in kb), (kernel, kb)
+        assert "diag_precision=tf32" in src, kernel
+
+
 def test_training_inverse_on_tf32_dots_in_half_precision_only():
     """The training launches' triangular inverse (forward intra, backward wy) runs on tf32 dots for
     half-precision plans (run 106: every bf16 gradient error unchanged, the step -0.19 ms) and stays on

@@ -214,9 +214,10 @@ def _train_diag_precision(plan: Plan) -> str:
     / 1.07x, dh0 1.09 / 0.89 / 1.09x, dq, dk, dv, dbeta <= 1.02x), for 1.42 -> 1.33x and 1.38 -> 1.30x FLA's
     speed in the training step and 1.34 -> 1.26x in the layer call at (1, 8192, 96, 128) (bench/RESULTS.md,
     runs 107-108).  Unbounded gates (element-wise diagonal, checked), fp16 (its factors cannot hold a span:
-    element-wise) and general DPLR (its own templates) are unmeasured and keep the input dtype."""
+    element-wise), GLA (no rank-1 part) and general DPLR (its own templates) are unmeasured and keep the input
+    dtype."""
     factorised = plan.decay == "channel" and plan.diag_mode == "factorised" and plan.structure != "dplr"
-    return "tf32" if plan.dtype == "bfloat16" and factorised else "input"
+    return "tf32" if plan.dtype == "bfloat16" and factorised and plan.has_rank1 else "input"
 
 
 # A half-width (bf16/fp16) pool moves half the bytes per program for the same work: with one
