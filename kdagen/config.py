@@ -312,8 +312,8 @@ class ChunkBwdConfig(_Config):
         decay the second launch's work is products that need no gate, dq = scale (dO S^T + tril(dA_qk) K),
         dk = V' dS^T + scale tril(dA_qk)^T Q + dE K + dE^T K + T^T dW, so dqkw (which holds dA_qk) finishes dq
         and writes dk's first two terms in fp32, and chunk_bwd_wy (which holds dE and T) adds the rest.  Read
-        only for plans that split and have no decay, so other plans' sources do not name it."""
-        return self.splits_intra(plan) and plan.decay == "identity" and self.intra_fold
+        only for plans without a decay, so other plans' sources do not name it (nor, from here, intra_split)."""
+        return plan.decay == "identity" and self.splits_intra(plan) and self.intra_fold
 
     def splits_k(self, plan) -> bool:
         """Whether the split's second launch (dq, dk, dg) takes one K tile per program (grid axis 2):

@@ -82,7 +82,7 @@ def intra_part(kernel: str, plan: Plan, config: _Config) -> str:
             raise ConfigError("chunk_bwd_wy is the first launch of a split intra backward: it needs "
                               "intra_split=True and a plan with a rank-1 part")
         return "wy"
-    if _folds(plan, config):
+    if config.folds_intra(plan):
         raise ConfigError("chunk_bwd_intra is not run where a split intra backward is folded (intra_fold=True, "
                           "no decay): dqkw and chunk_bwd_wy do its work")
     return "dqkg" if config.splits_intra(plan) else "fused"
@@ -96,16 +96,11 @@ def family_kernels(family: str, plan: Plan, config: _Config) -> tuple[str, ...]:
     kinds = FAMILY_KERNELS[family]
     if family == "chunk_bwd":
         takes = {"chunk_bwd_wy": config.splits_intra(plan), "chunk_bwd_rerun": config.reruns_from_saved(plan),
-                 "chunk_bwd_intra": not _folds(plan, config)}
+                 "chunk_bwd_intra": not config.folds_intra(plan)}
         kinds = tuple(k for k in kinds if takes.get(k, True))
     if family == "chunk_train" and not config.split_output:
         kinds = tuple(k for k in kinds if k != "chunk_out")
     return kinds
-
-
-def _folds(plan: Plan, config: _Config) -> bool:
-    """ChunkBwdConfig.folds_intra, its fields read only for a plan without a decay (where the fold exists)."""
-    return plan.decay == "identity" and config.folds_intra(plan)
 
 
 @dataclass(frozen=True)
@@ -190,7 +185,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         else:
             v["part"] = intra_part(kernel, plan, config)
             v["k_split"] = v["part"] == "dqkg" and config.splits_k(plan)
-            v["fold"] = v["part"] == "wy" and _folds(plan, config)
+            v["fold"] = v["part"] == "wy" and config.folds_intra(plan)
     elif kernel == "recurrent":
         v["readout_loaded"] = config.readout == "loaded"
         v["persistent"] = config.programs_per_sm > 0
@@ -209,7 +204,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["part"] = "fwd" if kernel == "qk_l2norm" else "bwd"
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
-        v["fold"] = _folds(plan, config)
+        v["fold"] = config.folds_intra(plan)
     return v
 
 

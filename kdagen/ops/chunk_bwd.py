@@ -173,9 +173,10 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dqk_dtype = q.dtype if HV == H else f32
     dq = torch.empty(B, T, HV, K, dtype=dqk_dtype, device=dev)
     dk = torch.empty_like(dq)
+    fold = cfg.folds_intra(plan)
     bk = min(cfg.dqkw_block_k, plan.BK)
     dqkw_const = dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
-    if cfg.folds_intra(plan):  # no decay: dqkw finishes dq and writes dk's A_qk part for chunk_bwd_wy
+    if fold:  # no decay: dqkw finishes dq and writes dk's A_qk part for chunk_bwd_wy
         dkp = torch.empty(B, T, HV, K, dtype=f32, device=dev)
         dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"], dq=dq, dkp=dkp, dw=dw,
                          cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
@@ -201,7 +202,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     intra_const = dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
                        BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
     outputs = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
-    if cfg.folds_intra(plan):  # (no decay: no gate, no dg, no repair launches)
+    if fold:  # (no decay: no gate, no dg, no repair launches)
         wy_args = dict(k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"], du=du, dw=dw, dkp=dkp,
                        dv=dv, dbeta=dbeta, dk=dk, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
                        T=T, NT=meta.NT)
