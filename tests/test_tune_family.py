@@ -183,6 +183,39 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
     assert n_mine * 4 == n_full and n_mine > 0  # factor_precision and solve_load_ahead: two values each
 
 
+def test_a_no_decay_plans_backward_space_adds_the_fold_and_its_intra_stage_times_dqkw():
+    """DeltaNet (no decay) tunes ChunkBwdConfig.intra_fold: its backward space is KDA's plus that field (read
+    only with intra_split, the constraint), and its intra stage times dqkw with the intra launches for every
+    candidate (the fold moves work into dqkw: timed alone, a folded wy launch would look free).  KDA's
+    space and its intra stage's launches are unchanged."""
+    from kdagen.codegen.render import render
+    from kdagen.kernels import Launch
+
+    plan = F.lower_for(F.family_spec("chunk_bwd", _args("deltanet")), "chunk_bwd", 128, 128, torch.bfloat16)
+    kda = F.lower_for(F.family_spec("chunk_bwd", ARGS), "chunk_bwd", 128, 128, torch.bfloat16)
+    full, mine = load_space("chunk_bwd"), F.space_for("chunk_bwd", plan)
+    assert F.space_for("chunk_bwd", kda).fingerprint() == full.fingerprint()
+    assert set(mine.params) - set(full.params) == {"intra_fold"} and mine.params["intra_fold"] == [False, True]
+    assert mine.stages["intra"] == full.stages["intra"] + ["intra_fold"]
+    d = default_config("chunk_bwd", plan)
+    assert d.folds_intra(plan)
+    ctx = F.space_context(plan, F.family_spec("chunk_bwd", _args("deltanet")), get_profile("h200"), 2)
+    cands = F.stage_candidates(mine, ctx, "intra", d)
+    kinds = {(c.intra_split, c.intra_fold) for c in cands}
+    assert kinds == {(False, False), (True, False), (True, True)}  # no fused launch asked to fold
+    assert sum(c.folds_intra(plan) for c in cands) * 3 == len(cands)
+    # the folded candidate's dqkw is a different kernel: what the stage times must include it
+    fold, split = d, d.replace(intra_fold=False)
+    assert render("chunk_bwd_dqkw", plan, fold).text != render("chunk_bwd_dqkw", plan, split).text
+    launches = [Launch(k, None, (1,), {}, {}, 4, 2) for k in ("chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw",
+                                                          "chunk_bwd_wy", "chunk_bwd_intra")]
+    names = lambda p, st: [ln.kernel for ln in CA.timed_launches(launches, st, p)]  # noqa: E731
+    assert names(plan, "chunk_bwd_intra") == ["chunk_bwd_dqkw", "chunk_bwd_wy", "chunk_bwd_intra"]
+    assert names(kda, "chunk_bwd_intra") == ["chunk_bwd_wy", "chunk_bwd_intra"]
+    assert names(plan, "chunk_bwd_dqkw") == names(kda, "chunk_bwd_dqkw") == ["chunk_bwd_dqkw"]
+    assert names(plan, None) == [ln.kernel for ln in launches]
+
+
 # --- build, list ------------------------------------------------------------------------
 
 @pytest.fixture

@@ -355,3 +355,26 @@ def test_training_inverse_on_tf32_dots_in_half_precision_only():
     src = render("chunk_bwd_wy", lower(sel, 128, 128, "bfloat16", "chunk", False),
                  default_chunk_bwd_config(lower(sel, 128, 128, "bfloat16", "chunk", False))).text
     assert 'input_precision="tf32"' in src and 'input_precision="ieee"' not in src
+
+
+def test_deltanet_backward_folds_its_split_intra_launch_by_default():
+    """Issue 15 (bench/RESULTS.md, run 115): without a decay the half-precision backward's split intra
+    gradients are folded into dqkw and the wy launch (no chunk_bwd_intra launch), with the wy launch's K loop
+    on 64-wide tiles; plans with a decay, fp32 plans and 64-row chunks keep the launches as they were."""
+    from kdagen.codegen.render import family_kernels
+
+    for dt in ("bfloat16", "float16"):
+        dn = lower(S.deltanet(), 128, 128, dt, "chunk", False)
+        cfg = default_chunk_bwd_config(dn)
+        assert cfg.folds_intra(dn) and cfg.intra_block_k == 64, dt
+        assert "chunk_bwd_intra" not in family_kernels("chunk_bwd", dn, cfg) and "chunk_bwd_wy" in family_kernels("chunk_bwd", dn, cfg)
+        narrow = lower(S.deltanet(), 32, 32, dt, "chunk", False)  # the tile follows the head dim
+        assert default_chunk_bwd_config(narrow).intra_block_k == narrow.BK == 32
+    fp32 = lower(S.deltanet(), 128, 128, "float32", "chunk", False)
+    assert not default_chunk_bwd_config(fp32).folds_intra(fp32)
+    kda = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
+    gdn = lower(S.gdn(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", False)
+    for plan in (kda, gdn):
+        cfg = default_chunk_bwd_config(plan)
+        assert cfg.splits_intra(plan) and not cfg.folds_intra(plan), plan.spec_name
+        assert "chunk_bwd_intra" in family_kernels("chunk_bwd", plan, cfg)

@@ -43,6 +43,18 @@ def check_heads(H: int, HV: int) -> list[int]:
     return sorted({0, HV - 1}) if H > 1 or HV == 1 else [0]
 
 
+
+def timed_launches(launches: list, launch: str | None, plan) -> list:
+    """The launches a stage times: its kernel's, and those standing in for it (REPLACES: the wy launch for
+    the intra-chunk gradients).  Without a decay (``plan.decay == "identity"``) a backward config may fold
+    the split intra gradients into dqkw and the wy launch (ChunkBwdConfig.folds_intra), moving work into
+    dqkw; there the intra stage times dqkw with them for every candidate, folded or not, so that a fold
+    is charged for what it moved and the candidates are compared on the same launches."""
+    kinds = {launch}
+    if launch == "chunk_bwd_intra" and plan.decay == "identity":
+        kinds.add("chunk_bwd_dqkw")
+    return [ln for ln in launches if launch is None or ln.kernel in kinds or REPLACES.get(ln.kernel) in kinds]
+
 class KernelCandidate:
     """build / check / time of one family for :func:`kdagen.tuning.engine.tune`; ``launch``: the
     kernel whose launches are timed (a stage's, from its search space; None: all the family's).
@@ -189,7 +201,7 @@ class KernelCandidate:
                 else:
                     before, launches = M.chunk_bwd_launches(self.member, x, self.fwd_config, config,
                                                             do=torch.ones_like(x["v"]))
-                timed = [ln for ln in launches if self.launch in (None, ln.kernel, REPLACES.get(ln.kernel))]
+                timed = timed_launches(launches, self.launch, self.plan)
                 for ln in list(before) + list(launches[:launches.index(timed[0])]):  # what the timed launches read
                     ln()
                 fn = lambda: [ln() for ln in timed]  # noqa: E731
@@ -207,7 +219,7 @@ class KernelCandidate:
                 before, launches, _ = chunk_kda_bwd_launches(
                     **x, output_final_state=True, config=self.fwd_config, bwd_config=config,
                     do=torch.ones_like(x["v"]), **op_args(self.spec_args))
-            timed = [ln for ln in launches if self.launch in (None, ln.kernel, REPLACES.get(ln.kernel))]
+            timed = timed_launches(launches, self.launch, self.plan)
             for ln in list(before) + list(launches[:launches.index(timed[0])]):  # what the timed launches read
                 ln()
             fn = lambda: [ln() for ln in timed]  # noqa: E731

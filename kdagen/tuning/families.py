@@ -119,6 +119,7 @@ def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype, gate_in_kern
 
 
 SCALAR_DIAG_SPACES = {"chunk_fwd": "chunk_fwd.scalar_decay.json"}
+IDENTITY_DECAY_SPACES = {"chunk_bwd": "chunk_bwd.identity_decay.json"}
 
 
 def space_for(family: str, plan: Plan) -> SearchSpace:
@@ -132,8 +133,12 @@ def space_for(family: str, plan: Plan) -> SearchSpace:
     :data:`SCALAR_DIAG_SPACES`' file (tests/test_tune_family.py checks, for gdn and deltanet,
     that the dropped choices render kernel bodies identical to the kept ones, and that the kept
     ones differ).  The backward and decode spaces hold only tiles, warps and stages, which every
-    plan reads: those files are shared."""
+    plan reads: those files are shared, except that a plan without a decay (``plan.decay ==
+    "identity"``) takes :data:`IDENTITY_DECAY_SPACES`' backward file, which adds ``intra_fold`` (read
+    only by such plans: their split intra gradients folded into dqkw and the wy launch)."""
     name = SCALAR_DIAG_SPACES.get(family) if plan.diag_mode == "scalar" else None
+    if plan.decay == "identity":
+        name = IDENTITY_DECAY_SPACES.get(family, name)
     if name is None:
         return load_space(family)
     from ..resources import search_spaces_dir
