@@ -655,6 +655,8 @@ def main():
     ap.add_argument("--no-fla", action="store_true", help="time kdagen alone (no FLA autotuning)")
     ap.add_argument("--shapes", default="1,8192,96,128;2,16384,16,128;4,4096,32,128;8,1024,8,64",
                     help="chunk shapes B,T,H,K separated by ';'")
+    ap.add_argument("--train-shapes", default="1,8192,96,128;2,16384,16,128",
+                    help="layer / fwdbwd: shapes B,T,H,K separated by ';'")
     ap.add_argument("--seeds", default="0", help="bwd_check: input seeds, separated by ','")
     ap.add_argument("--variants", default="", help="whole / layer: only these variants, separated by ','")
     args = ap.parse_args()
@@ -683,12 +685,13 @@ def main():
             time_chunk(fchunk, [tuple(int(x) for x in sh.split(",")) for sh in args.shapes.split(";")],
                        CHUNK_VARIANTS if "variants" in suite else [])
         seeds = [int(s) for s in args.seeds.split(",")]
+        train_shapes = [tuple(int(x) for x in sh.split(",")) for sh in args.train_shapes.split(";")]
         if "bwd_check" in suite:  # K = V = 128 first: its autotuning is shared with the timing below
             check_bwd(fchunk, BWD_CHECK_CASES[:1], seeds)
         if "layer" in suite:
-            time_layer(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)], picked(LAYER_VARIANTS) if "whole" in suite else ())
+            time_layer(fchunk, train_shapes, picked(LAYER_VARIANTS) if "whole" in suite else ())
         if "fwdbwd" in suite:
-            time_fwd_bwd(fchunk, [(1, 8192, 96, 128), (2, 16384, 16, 128)],
+            time_fwd_bwd(fchunk, train_shapes,
                          BWD_VARIANTS if "bwd_variants" in suite else (), picked(WHOLE_VARIANTS) if "whole" in suite else ())
         if "bwd_check" in suite:
             check_bwd(fchunk, BWD_CHECK_CASES[1:], seeds)

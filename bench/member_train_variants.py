@@ -58,6 +58,7 @@ VARIANTS = {
 VARIANTS["split"] = (dict(split_output=True), {})
 VARIANTS["split_w2"] = (dict(split_output=True, state_block_v=32, state_num_warps=2, state_num_stages=2), {})
 # no decay (DeltaNet): the split intra backward folded into dqkw and chunk_bwd_wy (ChunkBwdConfig.intra_fold)
+VARIANTS["unfold"] = ({}, dict(intra_fold=False, intra_block_k=32))  # the split as it was before run 115's default
 VARIANTS["fold"] = ({}, dict(intra_fold=True))
 VARIANTS["fold_w8"] = ({}, dict(intra_fold=True, dqkw_num_warps=8))  # dqkw's three [C, 128] accumulators on 8 warps
 VARIANTS["fold_w8_bk64"] = ({}, dict(intra_fold=True, dqkw_num_warps=8, intra_block_k=64))
