@@ -25,9 +25,10 @@ from kdagen.codegen.lower import lower  # noqa: E402
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig  # noqa: E402
 from kdagen.kernels import build  # noqa: E402
 
-# (elements per program, warps); the first is the committed default
-GEOMETRIES = [(L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS), (2048, 4), (4096, 4), (8192, 4), (16384, 8), (16384, 16),
-              (4096, 8)]
+# (elements per program, warps); the first is the committed default (16 rows of K = 128 on 4 warps)
+GEOMETRIES = [(L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS)] + [g for g in ((2048, 4), (4096, 4), (8192, 4), (8192, 8),
+                                                      (16384, 8), (16384, 16), (4096, 8))
+                                                  if g != (L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS)]
 
 
 def run(shapes, dtype, device, smoke=False):

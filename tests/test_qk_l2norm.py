@@ -119,3 +119,23 @@ def test_the_training_call_takes_the_launches_and_matches_the_torch_ops(member, 
     assert torch.allclose(o, o2, rtol=0, atol=1e-5)
     for n in x:
         assert torch.allclose(a[n].grad, b[n].grad, rtol=1e-4, atol=1e-4), f"d{n}: {(a[n].grad - b[n].grad).abs().max()}"
+
+
+def test_every_tile_geometry_of_the_bench_gives_the_same_bits():
+    """bench/l2norm_variants.py (run 116) times the launches under other rows-per-program and warps; the
+    math is per row, so every geometry it tries must give the committed geometry's outputs exactly (forward
+    and backward, a row count that leaves partial programs), and the module's constants are restored."""
+    import importlib.util
+    import pathlib
+
+    import kdagen.ops.l2norm as L
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "l2norm_variants.py"
+    spec = importlib.util.spec_from_file_location("l2norm_variants", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    before = (L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS)
+    rows = mod.run([(1, 37, 2, 40)], torch.float32, "cpu", smoke=True)
+    assert len(rows) == 2 and rows[0]["rows_per_program"] != rows[1]["rows_per_program"]
+    assert all(r["max_diff_vs_committed"] == 0.0 and r["vs_torch"] <= 1e-6 for r in rows), rows
+    assert (L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS) == before

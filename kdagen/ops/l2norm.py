@@ -14,14 +14,12 @@ import triton
 
 from ..kernels import Launch
 
-# elements of x per program (rows x K channels, 4 warps): 16 rows of K=128
-# rows per program: ELEMENTS_PER_PROGRAM // BK (64 rows of K = 128), on NUM_WARPS warps.  Each program reads
-# a [BR, BK] tile of each tensor once; 16-row tiles on 4 warps (4 KB of bf16 per tensor) ran both launches
-# at about half the copy bandwidth on the H200 (0.127 + 0.186 ms at (2, 16384, 16, 128), floor 0.06 + 0.09;
-# bench/RESULTS.md, run 115), the per-program overhead of tiles that small.  bench/l2norm_variants.py
-# times the geometries.
-ELEMENTS_PER_PROGRAM = 8192
-NUM_WARPS = 8
+# rows per program: ELEMENTS_PER_PROGRAM // BK (16 rows of K = 128), on NUM_WARPS warps.  Both launches run
+# at the copy bandwidth on the H200 with these tiles (bench/l2norm_variants.py, run 116: forward 96-98%,
+# backward 100-101% of copy at the layer shapes); 32- to 128-row tiles on 4-16 warps were no faster
+# (forward 93-97%, backward 85-102%).
+ELEMENTS_PER_PROGRAM = 2048
+NUM_WARPS = 4
 
 
 def _geometry(x: torch.Tensor) -> tuple[int, int, int, int]:
