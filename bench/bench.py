@@ -397,7 +397,13 @@ WHOLE_VARIANTS = [
     ("intra_w4", dict(intra_num_warps=4)),
 ]
 # the layer call under some of them (on its own plan's configs)
-LAYER_VARIANTS = [v for v in WHOLE_VARIANTS if v[0] in ("diag_input", "qg_split", "intra_w4")]
+LAYER_VARIANTS = [v for v in WHOLE_VARIANTS if v[0] in ("diag_input", "qg_split", "intra_w4")] + [
+    # the in-kernel gate in launches of its own (ChunkTrainConfig.gate_launch, session 23): g once in fp32, the
+    # plain plan's chunk launches on it, then dz / dA_log / ddt_bias from dg.  Predicted from run 107's plain and
+    # layer profiles: the layer's gate overhead (~0.6 ms at (2, 16384, 16), ~0.9 at (1, 8192, 96)) replaced by
+    # ~0.25 / ~0.35 ms of element-wise traffic: 6.95 -> ~6.5-6.6 ms, 10.03 -> ~9.5 ms; peak memory +1 fp32 g
+    ("gate_launch", dict(train=dict(gate_launch=True))),
+]
 # gradient errors under changed configs (bwd_check rows, keys kdagen_NAME_dX): (name, the training forward's
 # config fields, the backward's) -- the factorised diagonal's operands in fp32 (split and split_fwd_tf32:
 # run 81), the backward's inverse on tf32 dots
@@ -594,6 +600,11 @@ def time_layer(fchunk, shapes, variants=()):
                 with chunk_bwd_config(resolve("chunk_bwd", plan, None, hint).replace(**kwcfg)):
                     step(fv)()
                     row[f"kdagen_{name}_ms"] = do_bench(step(fv), warmup=30, rep=200, return_mode="median")
+                    row[f"kdagen_{name}_peak_gib"] = peak_gib(step(fv))
+                    got = step(fv)()
+                    if "kdagen" in grads:  # the variant's gradients against the default's (bf16 rounding apart)
+                        for n, a, b in zip(LAYER_GRADS, got, grads["kdagen"]):
+                            row[f"{name}_diff_vs_default_d{n}"] = rel(a, b)
                     if isinstance(row.get("fla_ms"), float):
                         row[f"{name}_speedup"] = row["fla_ms"] / row[f"kdagen_{name}_ms"]
             except Exception as e:  # noqa: BLE001
@@ -664,9 +675,10 @@ def main():
     OUT_DIR = args.out
     suite = set(args.suite.split(","))
     wanted = set(filter(None, args.variants.split(",")))
-    unknown = wanted - {n for n, _ in WHOLE_VARIANTS}
+    known = [n for n, _ in WHOLE_VARIANTS] + [n for n, _ in LAYER_VARIANTS if n not in dict(WHOLE_VARIANTS)]
+    unknown = wanted - set(known)
     if unknown:
-        ap.error(f"--variants: unknown {sorted(unknown)}; known: {[n for n, _ in WHOLE_VARIANTS]}")
+        ap.error(f"--variants: unknown {sorted(unknown)}; known: {known}")
 
     def picked(variants):
         return [v for v in variants if not wanted or v[0] in wanted]

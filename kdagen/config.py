@@ -192,6 +192,20 @@ class ChunkTrainConfig(_Config):
     out_block_k: int = 64  # BK of its K loop
     out_num_warps: int = 4
     out_num_stages: int = 2
+    # a per-channel in-kernel gate (use_gate_in_kernel: g from z, A_log, dt_bias) as launches of its own:
+    # g computed once in fp32 before the chunk launches, which then run the plan without an in-kernel gate
+    # (its bound, where the gate's formula has one, trusted: the formula guarantees it), and dz, dA_log,
+    # ddt_bias from their dg after the backward (templates/gate.py.j2, kdagen/ops/gate.py).  Otherwise every
+    # launch that reads the gate recomputes it from z, and the backward's intra launch also forms dz and the
+    # parameters' partial sums (launches_gate)
+    gate_launch: bool = False
+
+    def launches_gate(self, plan) -> bool:
+        """Whether a training call of ``plan`` computes its in-kernel gate in launches of its own
+        (``gate_launch``): plans whose per-channel gate is computed in the kernels (``plan.gate_in_kernel``,
+        ``plan.decay == "channel"``: KDA's layer call).  Read only there, so other plans' sources do not
+        name it."""
+        return plan.gate_in_kernel and plan.decay == "channel" and plan.structure != "dplr" and self.gate_launch
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
@@ -202,7 +216,7 @@ class ChunkTrainConfig(_Config):
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound", "split_output")
+        self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound", "split_output", "gate_launch")
 
 
 @dataclass(frozen=True)

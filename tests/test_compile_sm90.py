@@ -120,6 +120,12 @@ L2NORM_CASES = [
     ("fp16-K96", "float16", 96),
 ]
 
+# a layer call's in-kernel gate in launches of its own (ChunkTrainConfig.gate_launch): (id, dtype, K, gate)
+GATE_CASES = [
+    ("bf16-K128-lowerbound", "bfloat16", 128, "gik_lb"),
+    ("fp16-K96-softplus", "float16", 96, "gik_sp"),
+]
+
 # recurrent: (id, dtype, K, V, gate, block_v or None for the default config, extra)
 REC_CASES = [
     ("bf16-K128V128-BV16", "bfloat16", 128, 128, "direct", 16, {}),
@@ -213,6 +219,9 @@ def _worker_compile(jobs):
         if family == "l2norm":
             cid, dtype, K = case
             V, gate, cfg, extra = K, None, None, {}
+        elif family == "gate":
+            cid, dtype, K, gate = case
+            V, cfg, extra = K, None, {}
         else:
             cid, dtype, K, V, gate, cfg, extra = case
         try:
@@ -258,6 +267,19 @@ def _worker_compile(jobs):
                 fwd = l2norm_launch(build(plan, ChunkTrainConfig()).fn("qk_l2norm"), *x[:4], *r)
                 bwd = l2norm_bwd_launch(build(plan, ChunkBwdConfig()).fn("qk_l2norm_bwd"), *x[:2], *r, *x[2:])
                 results[f"{family}:{cid}"] = [report("qk_l2norm", fwd), report("qk_l2norm_bwd", bwd)]
+            elif family == "gate":
+                from kdagen.ops.gate import gate_bwd_launch, gate_launch
+
+                plan = lower(select_spec(True, False, -5.0 if gate == "gik_lb" else None, True, True), K, K, dtype,
+                             "chunk", True)
+                built = build(plan, ChunkTrainConfig(gate_launch=True))
+                z = torch.zeros(2, 70, HV, K, dtype=getattr(torch, dtype))
+                A_log, dt_bias = torch.zeros(HV), torch.zeros(HV * K)
+                g = torch.zeros(2, 70, HV, K)
+                parts = torch.zeros(9, HV), torch.zeros(9, HV, K)
+                fwd = gate_launch(built.fn("gate"), z, A_log, dt_bias, g, HV, K)
+                bwd = gate_bwd_launch(built.fn("gate_bwd"), z, A_log, dt_bias, g, z, *parts, HV, K)
+                results[f"{family}:{cid}"] = [report("gate", fwd), report("gate_bwd", bwd)]
             elif family == "recurrent_bwd":
                 varlen, vf = extra.get("varlen", False), extra.get("v_first", False)
                 q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
@@ -334,6 +356,7 @@ def compiled():
     env["PYTHONWARNINGS"] = "ignore"
     jobs = ([("chunk", c) for c in CHUNK_CASES] + [("seg", c) for c in SEG_CASES] + [("train", c) for c in TRAIN_CASES]
             + [("schedule", c) for c in SCHEDULE_CASES] + [("l2norm", c) for c in L2NORM_CASES]
+            + [("gate", c) for c in GATE_CASES]
             + [("recurrent", c) for c in REC_CASES] + [("recurrent_bwd", c) for c in REC_BWD_CASES])
     # two workers of similar cost: alternate the (expensive) chunk cases between them
     halves = [jobs[0::2], jobs[1::2]]
@@ -454,6 +477,18 @@ def test_the_l2norm_kernels_compile_for_sm90(case, compiled):
         assert e["shared_bytes"] <= SMEM_LIMIT
         c = e["constexprs"]
         assert c["K"] == K and c["BK"] == 1 << (K - 1).bit_length() and c["BR"] * c["BK"] == 2048
+
+
+@pytest.mark.parametrize("case", GATE_CASES, ids=[c[0] for c in GATE_CASES])
+def test_the_gate_launches_compile_for_sm90(case, compiled):
+    cid, dtype, K, gate = case
+    entries = compiled["gate:" + cid]
+    assert [e["kind"] for e in entries] == ["gate", "gate_bwd"], entries
+    for e in entries:
+        _check_ok(e)
+        assert e["shared_bytes"] <= SMEM_LIMIT
+        c = e["constexprs"]
+        assert c["K"] == K and c["BK"] == 1 << (K - 1).bit_length() and c["HV"] == 2 and c["BT"] == 16  # (the worker's HV)
 
 
 @pytest.mark.parametrize("case", REC_CASES, ids=[c[0] for c in REC_CASES])

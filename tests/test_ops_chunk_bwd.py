@@ -86,11 +86,17 @@ CASES = [
     Case("C64-BC32-safe-lb2", 1, 100, 1, 1, 32, 48, C=64, BC=32, lb=-2.0, g_lo=-2.0),
     Case("gik-lowerbound-gva", 1, 45, 1, 2, 32, 32, gate="gik_lb"),
     Case("gik-softplus-varlen", 1, 53, 1, 2, 24, 32, gate="gik_sp", cu=VARLEN),
+    # the in-kernel gate in launches of its own (ChunkTrainConfig.gate_launch): g, then dz, dA_log, ddt_bias
+    Case("gik-lowerbound-gva-gate-launch", 1, 45, 1, 2, 32, 32, gate="gik_lb", train=dict(gate_launch=True)),
+    Case("gik-softplus-varlen-K24-gate-launch", 1, 53, 1, 2, 24, 32, gate="gik_sp", cu=VARLEN,
+         train=dict(gate_launch=True)),
     # fp16 inputs (g and the state stay float32)
     Case("fp16-free-varlen-gva", 1, 53, 1, 2, 32, 40, dtype=F16, gate="free", cu=VARLEN),
     Case("fp16-safe-g-at-lb", 1, 45, 1, 1, 32, 32, dtype=F16),
     Case("fp16-gik-lowerbound-C64", 1, 70, 1, 2, 32, 32, dtype=F16, gate="gik_lb", C=64),
     Case("fp16-gik-softplus", 1, 45, 1, 2, 32, 32, dtype=F16, gate="gik_sp"),
+    Case("fp16-gik-lowerbound-K40-gate-launch", 1, 45, 1, 2, 40, 32, dtype=F16, gate="gik_lb",
+         train=dict(gate_launch=True)),
     Case("fp16-states-in-fp16", 1, 70, 1, 2, 32, 40, dtype=F16, bwd=dict(state_dtype="input")),
     # the factorised diagonal's operands in fp32 (training forward and backward; the split intra launches)
     Case("fp16-safe-diag-ieee-varlen", 1, 53, 1, 2, 32, 32, dtype=F16, cu=VARLEN,
@@ -168,7 +174,8 @@ SLOW = {
     'K48V80-free-gva2x4-B2-stored', 'T1-B2-free', 'T130-K64V64-safe-B2-gva2x4', 'beta-near-1-free',
     'fp16-T130-free-K96V16', 'fp16-T130-state-tf32-K96V40', 'fp16-T130-qg-split-varlen', 'fp16-qg-split-stored-free', 'fp16-free-varlen-gva', 'fp16-gik-lowerbound-C64', 'fp16-gik-softplus',
     'fp16-safe-diag-ieee-varlen', 'fp16-safe-g-at-lb', 'fp16-states-in-fp16', 'free-strong-gates',
-    'gik-lowerbound-gva', 'gik-softplus-varlen',
+    'gik-lowerbound-gva', 'gik-softplus-varlen', 'gik-lowerbound-gva-gate-launch', 'gik-softplus-varlen-K24-gate-launch',
+    'fp16-gik-lowerbound-K40-gate-launch',
     'varlen-len1-free-gva-noh0', 'varlen-len1-safe'
 }
 

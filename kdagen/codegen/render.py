@@ -46,6 +46,10 @@ TEMPLATES = {
     # a training call's l2-norm of q and k (use_qk_l2norm_in_kernel) and its backward (kdagen/ops/l2norm.py)
     "qk_l2norm": ("qk_l2norm.py.j2", ChunkTrainConfig),
     "qk_l2norm_bwd": ("qk_l2norm.py.j2", ChunkBwdConfig),
+    # a training call's in-kernel gate as launches of its own (ChunkTrainConfig.gate_launch): g, then dz and
+    # the gate parameters' partial gradients (kdagen/ops/gate.py)
+    "gate": ("gate.py.j2", ChunkTrainConfig),
+    "gate_bwd": ("gate.py.j2", ChunkTrainConfig),
 }
 # a kernel whose template for one structure shares too little with the others' to be a branch
 # of theirs: (kernel, plan.structure) -> template (same config family)
@@ -55,7 +59,7 @@ STRUCTURE_TEMPLATES = {
 # the kernels of each config family, in launch order
 FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass",
                                  "chunk_schedule"),
-                  "chunk_train": ("chunk_intra", "chunk_state", "qk_l2norm", "chunk_out"),
+                  "chunk_train": ("gate", "chunk_intra", "chunk_state", "qk_l2norm", "chunk_out", "gate_bwd"),
                   "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "chunk_bwd_wy",
                                 "chunk_bwd_rerun", "qk_l2norm_bwd"),
                   "recurrent": ("recurrent",),
@@ -71,7 +75,7 @@ DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_out", "chunk_bwd_state", "c
 _PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
 _CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
 # launches that only some (plan, config) pairs run (family_kernels leaves them out of the others)
-OPTIONAL_KERNELS = ("chunk_bwd_wy", "chunk_bwd_rerun", "chunk_out", "chunk_bwd_intra")
+OPTIONAL_KERNELS = ("chunk_bwd_wy", "chunk_bwd_rerun", "chunk_out", "chunk_bwd_intra", "gate", "gate_bwd")
 
 
 def intra_part(kernel: str, plan: Plan, config: _Config) -> str:
@@ -92,7 +96,8 @@ def family_kernels(family: str, plan: Plan, config: _Config) -> tuple[str, ...]:
     """The kernels of ``family`` that a (plan, config) runs, in launch order: FAMILY_KERNELS less
     the optional launches it does not take (chunk_bwd_wy without a split, chunk_bwd_rerun where
     the backward keeps or re-runs the forward's intermediates, chunk_bwd_intra where a split is folded:
-    ChunkBwdConfig.folds_intra)."""
+    ChunkBwdConfig.folds_intra; the gate's launches where the gate is not launched apart:
+    ChunkTrainConfig.launches_gate)."""
     kinds = FAMILY_KERNELS[family]
     if family == "chunk_bwd":
         takes = {"chunk_bwd_wy": config.splits_intra(plan), "chunk_bwd_rerun": config.reruns_from_saved(plan),
@@ -100,6 +105,8 @@ def family_kernels(family: str, plan: Plan, config: _Config) -> tuple[str, ...]:
         kinds = tuple(k for k in kinds if takes.get(k, True))
     if family == "chunk_train" and not config.split_output:
         kinds = tuple(k for k in kinds if k != "chunk_out")
+    if family == "chunk_train" and not config.launches_gate(plan):
+        kinds = tuple(k for k in kinds if k not in ("gate", "gate_bwd"))
     return kinds
 
 
@@ -202,6 +209,12 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
                  k_mask=plan.K % min(config.rerun_block_k, plan.BK) != 0)
     elif kernel in ("qk_l2norm", "qk_l2norm_bwd"):
         v["part"] = "fwd" if kernel == "qk_l2norm" else "bwd"
+    elif kernel in ("gate", "gate_bwd"):
+        if not config.launches_gate(plan):
+            raise ConfigError(f"{kernel} is the in-kernel gate's own launch: it needs gate_launch=True and a plan "
+                              f"whose per-channel gate is computed in the kernels (use_gate_in_kernel), got spec "
+                              f"{plan.spec_name!r}, decay {plan.decay}, gate in kernel {plan.gate_in_kernel}")
+        v["part"] = "fwd" if kernel == "gate" else "bwd"
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
         v["fold"] = config.folds_intra(plan)

@@ -14,6 +14,7 @@ None of those modules imports this one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,7 @@ from . import chunk_bwd as bwd
 from . import checks
 from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
+from .gate import layer_gate
 from .l2norm import qk_l2norm
 from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
                      preprocess, select_spec, state_layout)
@@ -188,8 +190,27 @@ def _train(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdC
     q, k = x["q"], x["k"]
     if call.l2norm:
         q, k = qk_l2norm(q, k, build(call.plan, config).fn("qk_l2norm"), build(call.plan, bwd_config).fn("qk_l2norm_bwd"))
+    if config.launches_gate(call.plan):
+        # the gate in launches of its own (ChunkTrainConfig.gate_launch), then the plan without an in-kernel gate
+        built = build(call.plan, config)
+        g = layer_gate(x["g"], x["A_log"], x["dt_bias"], built.fn("gate"), built.fn("gate_bwd"))
+        call, config, bwd_config = _without_gate(call, config, bwd_config)
+        return _ChunkKDAFunction.apply(q, k, x["v"], g, x["beta"], x["initial_state"], None, None, None, None,
+                                       (call, config, bwd_config, output_final_state))
     return _ChunkKDAFunction.apply(q, k, x["v"], x["g"], x["beta"], x["initial_state"], x["A_log"], x["dt_bias"],
                                    None, None, (call, config, bwd_config, output_final_state))
+
+
+def _without_gate(call: _Call, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig):
+    """The call and configs of a layer call's chunk launches once its gate is launched apart (g given, in
+    float32): the plan of KDA with the direct gate, whose lower bound (where the gate's formula has one,
+    lower_bound * sigmoid(..) >= lower_bound) is trusted, not checked -- the formula guarantees it, as for
+    the in-kernel gate's plan.  The configs are the call's otherwise."""
+    bound = call.plan.lower_bound
+    spec = select_spec(False, bound is not None, bound, False, False)
+    plan = lower(spec, call.plan.K, call.plan.V, call.plan.dtype, "chunk", False)
+    return (dataclasses.replace(call, plan=plan), config.replace(gate_launch=False, check_gate_bound=False),
+            bwd_config.replace(check_gate_bound=False))
 
 
 class _ChunkKDAFunction(torch.autograd.Function):

@@ -1,0 +1,85 @@
+"""A training call's per-channel in-kernel gate as launches of its own (``ChunkTrainConfig.gate_launch``,
+templates/gate.py.j2): the forward computes g = gate(z, A_log, dt_bias) once, in float32, and the chunk
+launches then run the plan without an in-kernel gate on it; the backward turns that plan's dg into dz (in
+z's dtype) and the gate parameters' gradients (per-program partial sums, summed here).  Otherwise every
+launch that reads the gate recomputes it from z, and the backward's intra launch also forms dz and the
+parameters' partial sums (bench/RESULTS.md, session 23: about 0.6 ms of the layer call's step at
+(2, 16384, 16, 128) on the H200 against the plain call's)."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..kernels import Launch
+
+ROWS_PER_PROGRAM = 16  # tokens of one value head per program: a [16, K] tile
+
+
+def _grid(z: torch.Tensor, HV: int, K: int) -> tuple[int, int]:
+    return triton.cdiv(z.numel() // (HV * K), ROWS_PER_PROGRAM), HV
+
+
+def gate_launch(fn, z, A_log, dt_bias, g, HV: int, K: int) -> Launch:
+    """The forward launch: g (float32, z's shape [..., HV, K]) from z and the gate's parameters."""
+    args = dict(z=z)
+    if A_log is not None:
+        args["A_log"] = A_log
+    if dt_bias is not None:
+        args["dt_bias"] = dt_bias
+    args.update(g=g, R=z.numel() // (HV * K))
+    return Launch("gate", fn, _grid(z, HV, K), args,
+                  dict(HV=HV, K=K, BK=triton.next_power_of_2(K), BT=ROWS_PER_PROGRAM), 4, 1)
+
+
+def gate_bwd_launch(fn, z, A_log, dt_bias, dg, dz, dA_part, dbias_part, HV: int, K: int) -> Launch:
+    """The backward launch: dz from dg and z, and the partial sums of dA_log ([programs, HV]) and of
+    ddt_bias ([programs, HV, K])."""
+    args = dict(z=z)
+    if A_log is not None:
+        args["A_log"] = A_log
+    if dt_bias is not None:
+        args["dt_bias"] = dt_bias
+    args.update(dg=dg, dz=dz)
+    if dA_part is not None:
+        args["dA_part"] = dA_part
+    if dbias_part is not None:
+        args["dbias_part"] = dbias_part
+    args["R"] = z.numel() // (HV * K)
+    return Launch("gate_bwd", fn, _grid(z, HV, K), args,
+                  dict(HV=HV, K=K, BK=triton.next_power_of_2(K), BT=ROWS_PER_PROGRAM), 4, 1)
+
+
+class LayerGate(torch.autograd.Function):
+    """g = gate(z, A_log, dt_bias) in float32, with gradients for z, A_log and dt_bias (z contiguous,
+    [..., HV, K]; A_log [HV]; dt_bias HV * K entries)."""
+
+    @staticmethod
+    def forward(ctx, z, A_log, dt_bias, fwd_fn, bwd_fn):
+        HV, K = z.shape[-2], z.shape[-1]
+        g = torch.empty(z.shape, dtype=torch.float32, device=z.device)
+        if z.numel():
+            gate_launch(fwd_fn, z, A_log, dt_bias, g, HV, K)()
+        ctx.save_for_backward(z, A_log, dt_bias)
+        ctx.bwd_fn = bwd_fn
+        return g
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dg):
+        z, A_log, dt_bias = ctx.saved_tensors
+        HV, K = z.shape[-2], z.shape[-1]
+        n = _grid(z, HV, K)[0]
+        dz = torch.empty_like(z)
+        dA_part = torch.zeros(n, HV, dtype=torch.float32, device=z.device) if A_log is not None else None
+        dbias_part = torch.zeros(n, HV, K, dtype=torch.float32, device=z.device) if dt_bias is not None else None
+        if z.numel():
+            gate_bwd_launch(ctx.bwd_fn, z, A_log, dt_bias, dg.contiguous(), dz, dA_part, dbias_part, HV, K)()
+        dA_log = None if A_log is None else dA_part.sum(0).reshape(A_log.shape).to(A_log.dtype)
+        ddt_bias = None if dt_bias is None else dbias_part.sum(0).reshape(dt_bias.shape).to(dt_bias.dtype)
+        return dz, dA_log, ddt_bias, None, None
+
+
+def layer_gate(z: torch.Tensor, A_log, dt_bias, fwd_fn, bwd_fn) -> torch.Tensor:
+    """The gate of a training call, differentiable; ``fwd_fn``/``bwd_fn``: the loaded gate kernels of
+    the call's plan (the training forward's family, with ``gate_launch``)."""
+    return LayerGate.apply(z.contiguous(), A_log, dt_bias, fwd_fn, bwd_fn)

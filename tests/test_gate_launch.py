@@ -1,0 +1,114 @@
+"""A training call's per-channel in-kernel gate as launches of its own (ChunkTrainConfig.gate_launch,
+templates/gate.py.j2, kdagen/ops/gate.py), in the CPU interpreter: the gate and its gradients against
+float64 autograd through FLA's formulas (kda_gate), both gates, a head dim that is not a power of two
+and a token count that leaves a partial program; the layer call routed through them (the plain plan's
+chunk launches on a float32 g, its bound trusted); the launches rendered only where they apply.  The whole
+call's gradients against the float64 recurrence: tests/test_ops_chunk_bwd.py's ``*-gate-launch`` cases;
+the sm_90 compile: tests/test_compile_sm90.py's ``test_the_gate_launches_compile_for_sm90``."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kdagen
+import kdagen.ops.chunk as C
+from kdagen.codegen.lower import lower
+from kdagen.codegen.render import family_kernels, render
+from kdagen.config import ChunkTrainConfig, ConfigError
+from kdagen.kernels import build
+from kdagen.ops.gate import ROWS_PER_PROGRAM, layer_gate
+from kdagen.ops.inputs import select_spec
+from kdagen.spec.reference import kda_gate
+
+F32, F16, F64 = torch.float32, torch.float16, torch.float64
+
+
+def _plan(bound, K, dtype="float32"):
+    return lower(select_spec(True, False, bound, True, True), K, K, dtype, "chunk", True)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("bound", [-5.0, None], ids=["lower_bound", "softplus"])
+def test_gate_and_its_gradients_against_float64(bound, dtype):
+    HV, K = 3, 40
+    T = 2 * ROWS_PER_PROGRAM + 5  # two full programs per head and a partial one
+    gen = torch.Generator().manual_seed(3)
+    z0 = (3 * torch.randn(2, T, HV, K, generator=gen)).to(dtype)
+    z0[0, 0, 0, :4] = torch.tensor([-30.0, 30.0, 0.0, -0.0])  # saturated both ways
+    A0 = 0.5 * torch.randn(HV, generator=gen)
+    b0 = 0.5 * torch.randn(HV * K, generator=gen)
+    dg = torch.randn(2, T, HV, K, generator=gen)
+    built = build(_plan(bound, K, "float32" if dtype == F32 else "float16"), ChunkTrainConfig(gate_launch=True))
+    z, A, b = (t.clone().requires_grad_(True) for t in (z0, A0, b0))
+    g = layer_gate(z, A, b, built.fn("gate"), built.fn("gate_bwd"))
+    assert g.dtype == F32 and g.shape == z.shape
+    (g * dg).sum().backward()
+    rz, rA, rb = (t.detach().to(F64).requires_grad_(True) for t in (z0, A0, b0))
+    rg = kda_gate(rz, rA, rb, lower_bound=bound)
+    (rg * dg.to(F64)).sum().backward()
+    tol = 2e-6 if dtype == F32 else 2e-3  # fp16: dz is stored in fp16
+    for name, got, ref in (("g", g, rg), ("dz", z.grad, rz.grad), ("dA_log", A.grad, rA.grad),
+                           ("ddt_bias", b.grad, rb.grad)):
+        err = (got.detach().to(F64) - ref.detach()).abs().max().item()
+        assert err <= tol * max(ref.abs().max().item(), 1e-30), (name, err)
+    assert z.grad.dtype == dtype and A.grad.dtype == A0.dtype and b.grad.dtype == b0.dtype
+    if bound is not None:
+        assert (g >= bound).all()  # the bound the chunk launches then trust
+
+
+def test_a_layer_call_runs_the_plain_plan_on_the_launched_gate(monkeypatch):
+    """With gate_launch the chunk launches are the plan without an in-kernel gate (the direct gate, the
+    bound trusted: check_gate_bound off), fed a float32 g; without it the layer plan's launches run as
+    before; the two give the same output and gradients to fp32 rounding."""
+    seen = []
+    apply = C._ChunkKDAFunction.apply
+
+    def spy(*args):
+        seen.append((args[0 + 3], args[-1]))
+        return apply(*args)
+
+    monkeypatch.setattr(C._ChunkKDAFunction, "apply", spy)
+    gen = torch.Generator().manual_seed(1)
+    B, T, HV, K = 1, 37, 2, 32
+    x0 = dict(q=torch.randn(B, T, HV, K, generator=gen), k=torch.randn(B, T, HV, K, generator=gen),
+              v=torch.randn(B, T, HV, K, generator=gen), g=torch.randn(B, T, HV, K, generator=gen),
+              beta=torch.rand(B, T, HV, generator=gen), A_log=0.3 * torch.randn(HV, generator=gen),
+              dt_bias=0.3 * torch.randn(HV * K, generator=gen))
+    do = torch.randn(B, T, HV, K, generator=gen)
+    outs = {}
+    for launched in (True, False):
+        x = {n: t.clone().requires_grad_(True) for n, t in x0.items()}
+        o, _ = kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                use_gate_in_kernel=True, lower_bound=-5.0, use_qk_l2norm_in_kernel=True,
+                                config=ChunkTrainConfig(gate_launch=launched))
+        (o * do).sum().backward()
+        outs[launched] = (o.detach(), {n: t.grad for n, t in x.items()})
+    (g_on, run_on), (g_off, run_off) = seen
+    call, cfg, bcfg, _ = run_on
+    assert g_on.dtype == F32 and not call.plan.gate_in_kernel and call.plan.lower_bound == -5.0
+    assert call.plan.diag_mode == "factorised" and not cfg.check_gate_bound and not bcfg.check_gate_bound
+    assert not cfg.gate_launch
+    assert run_off[0].plan.gate_in_kernel and g_off.dtype == F32  # (the raw z, as given)
+    o_on, d_on = outs[True]
+    o_off, d_off = outs[False]
+    assert torch.allclose(o_on, o_off, rtol=1e-4, atol=1e-5)
+    for n in x0:
+        assert torch.allclose(d_on[n], d_off[n], rtol=1e-3, atol=1e-4), n
+
+
+def test_the_gate_launches_render_only_where_they_apply():
+    layer = _plan(-5.0, 64)
+    on, off = ChunkTrainConfig(gate_launch=True), ChunkTrainConfig()
+    assert family_kernels("chunk_train", layer, on)[0] == "gate" and family_kernels("chunk_train", layer, on)[-1] == "gate_bwd"
+    assert not {"gate", "gate_bwd"} & set(family_kernels("chunk_train", layer, off))
+    plain = lower(select_spec(False, True, -5.0, False, False), 64, 64, "float32", "chunk")
+    assert not {"gate", "gate_bwd"} & set(family_kernels("chunk_train", plain, on))
+    with pytest.raises(ConfigError, match="gate_launch"):
+        render("gate", plain, on)
+    with pytest.raises(ConfigError, match="gate_launch"):
+        render("gate_bwd", layer, off)
+    src = render("gate_bwd", layer, on).text
+    assert "gate_launch=True" in src and "dA_part" in src and "dbias_part" in src
+    # the field is read only by the gate's own sources: the chunk launches' sources do not change
+    for kind in ("chunk_intra", "chunk_state"):
+        assert render(kind, layer, on).text == render(kind, layer, off).text
