@@ -209,7 +209,7 @@ def test_a_no_decay_plans_backward_space_adds_the_fold_and_its_intra_stage_times
     assert render("chunk_bwd_dqkw", plan, fold).text != render("chunk_bwd_dqkw", plan, split).text
     launches = [Launch(k, None, (1,), {}, {}, 4, 2) for k in ("chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw",
                                                           "chunk_bwd_wy", "chunk_bwd_intra")]
-    names = lambda p, st: [ln.kernel for ln in CA.timed_launches(launches, st, p)]  # noqa: E731
+    names = lambda p, st: [ln.kernel for ln in F.timed_launches(launches, st, p)]  # noqa: E731
     assert names(plan, "chunk_bwd_intra") == ["chunk_bwd_dqkw", "chunk_bwd_wy", "chunk_bwd_intra"]
     assert names(kda, "chunk_bwd_intra") == ["chunk_bwd_wy", "chunk_bwd_intra"]
     assert names(plan, "chunk_bwd_dqkw") == names(kda, "chunk_bwd_dqkw") == ["chunk_bwd_dqkw"]

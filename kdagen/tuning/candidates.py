@@ -13,14 +13,13 @@ import time
 import torch
 
 from ..codegen.lower import Plan
-from ..codegen.render import REPLACES
 from ..config import ChunkTrainConfig
 from ..dtypes import dtype as as_dtype
 from ..ops.chunk import chunk_bwd_config, chunk_kda, chunk_kda_bwd_launches, chunk_kda_launches
 from ..ops.recurrent import fused_recurrent_kda, fused_recurrent_kda_launch
 from ..spec.reference import naive_chunk_kda, naive_recurrent_kda
 from . import member_ops as M
-from .families import TOLERANCE, check_shape, op_args
+from .families import TOLERANCE, check_shape, op_args, timed_launches
 from .isolation import IsolatedCandidate
 
 
@@ -43,17 +42,6 @@ def check_heads(H: int, HV: int) -> list[int]:
     return sorted({0, HV - 1}) if H > 1 or HV == 1 else [0]
 
 
-
-def timed_launches(launches: list, launch: str | None, plan) -> list:
-    """The launches a stage times: its kernel's, and those standing in for it (REPLACES: the wy launch for
-    the intra-chunk gradients).  Without a decay (``plan.decay == "identity"``) a backward config may fold
-    the split intra gradients into dqkw and the wy launch (ChunkBwdConfig.folds_intra), moving work into
-    dqkw; there the intra stage times dqkw with them for every candidate, folded or not, so that a fold
-    is charged for what it moved and the candidates are compared on the same launches."""
-    kinds = {launch}
-    if launch == "chunk_bwd_intra" and plan.decay == "identity":
-        kinds.add("chunk_bwd_dqkw")
-    return [ln for ln in launches if launch is None or ln.kernel in kinds or REPLACES.get(ln.kernel) in kinds]
 
 class KernelCandidate:
     """build / check / time of one family for :func:`kdagen.tuning.engine.tune`; ``launch``: the

@@ -17,7 +17,6 @@ from triton.backends.compiler import GPUTarget
 from ..cache.gpus import GpuProfile
 from ..cache.heuristics import default_config, default_train_config
 from ..codegen.lower import Plan
-from ..codegen.render import REPLACES
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, config_from_dict
 from ..dtypes import dtype as as_dtype
 from ..kernels import build, compile_for_target, with_repairs
@@ -26,7 +25,7 @@ from ..ops.inputs import check_inputs
 from ..ops.recurrent import prepare_recurrent
 from ..spec import Recurrence
 from .families import (COMPILE_SHAPE, check_shape, elem_bytes, family_spec, log_progress, lower_for, op_args,
-                       space_context, space_for, stage_candidates, uses_kda_ops)
+                       space_context, space_for, stage_candidates, timed_launches, uses_kda_ops)
 from .space import SearchSpace
 
 
@@ -121,8 +120,9 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
     try:
         launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None,
                                 state_dtype=as_dtype(state_dtype).torch)
-        # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's)
-        timed = [ln for ln in launches if which in (ln.kernel, REPLACES.get(ln.kernel))]
+        # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's), as the
+        # tuner times them (families.timed_launches: with dqkw for a fold's intra stage)
+        timed = timed_launches(launches, which, plan)
         # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
         for ln in with_repairs(launches if which is None else timed):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),

@@ -10,6 +10,7 @@ import torch
 
 from ..cache.gpus import GpuProfile
 from ..codegen.lower import Plan, lower
+from ..codegen.render import REPLACES
 from ..dtypes import dtype as as_dtype
 from ..ops.inputs import select_spec
 from ..spec import Recurrence, gate_direct
@@ -172,6 +173,18 @@ def stage_candidates(space: SearchSpace, context: dict, stage: str | None, defau
             seen.add(canon)
             out.append(proj)
     return out
+
+
+def timed_launches(launches: list, launch: str | None, plan) -> list:
+    """The launches a stage times: its kernel's, and those standing in for it (REPLACES: the wy launch for
+    the intra-chunk gradients).  Without a decay (``plan.decay == "identity"``) a backward config may fold
+    the split intra gradients into dqkw and the wy launch (ChunkBwdConfig.folds_intra), moving work into
+    dqkw; there the intra stage times dqkw with them for every candidate, folded or not, so that a fold
+    is charged for what it moved and the candidates are compared on the same launches."""
+    kinds = {launch}
+    if launch == "chunk_bwd_intra" and plan.decay == "identity":
+        kinds.add("chunk_bwd_dqkw")
+    return [ln for ln in launches if launch is None or ln.kernel in kinds or REPLACES.get(ln.kernel) in kinds]
 
 
 def check_shape(family: str, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
