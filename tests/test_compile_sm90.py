@@ -467,28 +467,30 @@ def test_training_forward_kernels_compile_for_sm90(case, compiled):
             assert entries[1]["num_warps"] == cfg["state_num_warps"]
 
 
-@pytest.mark.parametrize("case", L2NORM_CASES, ids=[c[0] for c in L2NORM_CASES])
-def test_the_l2norm_kernels_compile_for_sm90(case, compiled):
-    cid, dtype, K = case
-    entries = compiled["l2norm:" + cid]
-    assert [e["kind"] for e in entries] == ["qk_l2norm", "qk_l2norm_bwd"], entries
+def _elementwise_pair(compiled, key, kinds, K):
+    """The constexprs of an element-wise forward/backward pair of launches that compiled within shared
+    memory, each on a whole K row (BK the next power of two)."""
+    entries = compiled[key]
+    assert [e["kind"] for e in entries] == list(kinds), entries
     for e in entries:
         _check_ok(e)
         assert e["shared_bytes"] <= SMEM_LIMIT
-        c = e["constexprs"]
-        assert c["K"] == K and c["BK"] == 1 << (K - 1).bit_length() and c["BR"] * c["BK"] == 2048
+        assert e["constexprs"]["K"] == K and e["constexprs"]["BK"] == 1 << (K - 1).bit_length()
+    return [e["constexprs"] for e in entries]
+
+
+@pytest.mark.parametrize("case", L2NORM_CASES, ids=[c[0] for c in L2NORM_CASES])
+def test_the_l2norm_kernels_compile_for_sm90(case, compiled):
+    cid, dtype, K = case
+    for c in _elementwise_pair(compiled, "l2norm:" + cid, ("qk_l2norm", "qk_l2norm_bwd"), K):
+        assert c["BR"] * c["BK"] == 2048
 
 
 @pytest.mark.parametrize("case", GATE_CASES, ids=[c[0] for c in GATE_CASES])
 def test_the_gate_launches_compile_for_sm90(case, compiled):
     cid, dtype, K, gate = case
-    entries = compiled["gate:" + cid]
-    assert [e["kind"] for e in entries] == ["gate", "gate_bwd"], entries
-    for e in entries:
-        _check_ok(e)
-        assert e["shared_bytes"] <= SMEM_LIMIT
-        c = e["constexprs"]
-        assert c["K"] == K and c["BK"] == 1 << (K - 1).bit_length() and c["HV"] == 2 and c["BT"] == 16  # (the worker's HV)
+    for c in _elementwise_pair(compiled, "gate:" + cid, ("gate", "gate_bwd"), K):
+        assert c["HV"] == 2 and c["BT"] == 16  # (the worker's HV)
 
 
 @pytest.mark.parametrize("case", REC_CASES, ids=[c[0] for c in REC_CASES])
