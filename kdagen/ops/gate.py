@@ -15,38 +15,29 @@ from ..kernels import Launch
 ROWS_PER_PROGRAM = 16  # tokens of one value head per program: a [16, K] tile
 
 
-def _grid(z: torch.Tensor, HV: int, K: int) -> tuple[int, int]:
-    return triton.cdiv(z.numel() // (HV * K), ROWS_PER_PROGRAM), HV
+def _rows(z: torch.Tensor, HV: int, K: int) -> int:
+    return z.numel() // (HV * K)
+
+
+def _launch(kind: str, fn, z, A_log, dt_bias, HV: int, K: int, **tensors) -> Launch:
+    """One of the gate's launches: z, the gate parameters the plan reads (None: not an argument), then
+    ``tensors`` in the kernel's order; one program per ROWS_PER_PROGRAM tokens of one value head."""
+    params = dict(A_log=A_log, dt_bias=dt_bias)
+    args = dict(z=z, **{n: t for n, t in params.items() if t is not None},
+                **{n: t for n, t in tensors.items() if t is not None}, R=_rows(z, HV, K))
+    return Launch(kind, fn, (triton.cdiv(_rows(z, HV, K), ROWS_PER_PROGRAM), HV), args,
+                  dict(HV=HV, K=K, BK=triton.next_power_of_2(K), BT=ROWS_PER_PROGRAM), 4, 1)
 
 
 def gate_launch(fn, z, A_log, dt_bias, g, HV: int, K: int) -> Launch:
     """The forward launch: g (float32, z's shape [..., HV, K]) from z and the gate's parameters."""
-    args = dict(z=z)
-    if A_log is not None:
-        args["A_log"] = A_log
-    if dt_bias is not None:
-        args["dt_bias"] = dt_bias
-    args.update(g=g, R=z.numel() // (HV * K))
-    return Launch("gate", fn, _grid(z, HV, K), args,
-                  dict(HV=HV, K=K, BK=triton.next_power_of_2(K), BT=ROWS_PER_PROGRAM), 4, 1)
+    return _launch("gate", fn, z, A_log, dt_bias, HV, K, g=g)
 
 
 def gate_bwd_launch(fn, z, A_log, dt_bias, dg, dz, dA_part, dbias_part, HV: int, K: int) -> Launch:
     """The backward launch: dz from dg and z, and the partial sums of dA_log ([programs, HV]) and of
-    ddt_bias ([programs, HV, K])."""
-    args = dict(z=z)
-    if A_log is not None:
-        args["A_log"] = A_log
-    if dt_bias is not None:
-        args["dt_bias"] = dt_bias
-    args.update(dg=dg, dz=dz)
-    if dA_part is not None:
-        args["dA_part"] = dA_part
-    if dbias_part is not None:
-        args["dbias_part"] = dbias_part
-    args["R"] = z.numel() // (HV * K)
-    return Launch("gate_bwd", fn, _grid(z, HV, K), args,
-                  dict(HV=HV, K=K, BK=triton.next_power_of_2(K), BT=ROWS_PER_PROGRAM), 4, 1)
+    ddt_bias ([programs, HV, K]) -- None for a parameter the gate does not have."""
+    return _launch("gate_bwd", fn, z, A_log, dt_bias, HV, K, dg=dg, dz=dz, dA_part=dA_part, dbias_part=dbias_part)
 
 
 class LayerGate(torch.autograd.Function):
@@ -68,7 +59,7 @@ class LayerGate(torch.autograd.Function):
     def backward(ctx, dg):
         z, A_log, dt_bias = ctx.saved_tensors
         HV, K = z.shape[-2], z.shape[-1]
-        n = _grid(z, HV, K)[0]
+        n = triton.cdiv(_rows(z, HV, K), ROWS_PER_PROGRAM)
         dz = torch.empty_like(z)
         dA_part = torch.zeros(n, HV, dtype=torch.float32, device=z.device) if A_log is not None else None
         dbias_part = torch.zeros(n, HV, K, dtype=torch.float32, device=z.device) if dt_bias is not None else None

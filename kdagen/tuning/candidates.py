@@ -42,7 +42,6 @@ def check_heads(H: int, HV: int) -> list[int]:
     return sorted({0, HV - 1}) if H > 1 or HV == 1 else [0]
 
 
-
 class KernelCandidate:
     """build / check / time of one family for :func:`kdagen.tuning.engine.tune`; ``launch``: the
     kernel whose launches are timed (a stage's, from its search space; None: all the family's).
