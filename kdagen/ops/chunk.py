@@ -188,11 +188,11 @@ def _train(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdC
     (:mod:`.l2norm`, its kernels from the training forward's and the backward's families), then
     :class:`_ChunkKDAFunction`."""
     q, k, g, A_log, dt_bias = x["q"], x["k"], x["g"], x["A_log"], x["dt_bias"]
-    built = build(call.plan, config)
     if call.l2norm:
-        q, k = qk_l2norm(q, k, built.fn("qk_l2norm"), build(call.plan, bwd_config).fn("qk_l2norm_bwd"))
+        q, k = qk_l2norm(q, k, build(call.plan, config).fn("qk_l2norm"), build(call.plan, bwd_config).fn("qk_l2norm_bwd"))
     if config.launches_gate(call.plan):
         # the gate in launches of its own (ChunkTrainConfig.gate_launch), then the plan without an in-kernel gate
+        built = build(call.plan, config)
         g = layer_gate(g, A_log, dt_bias, built.fn("gate"), built.fn("gate_bwd"))
         A_log = dt_bias = None
         call, config, bwd_config = _without_gate(call, config, bwd_config)
