@@ -112,3 +112,36 @@ def test_the_gate_launches_render_only_where_they_apply():
     # the field is read only by the gate's own sources: the chunk launches' sources do not change
     for kind in ("chunk_intra", "chunk_state"):
         assert render(kind, layer, on).text == render(kind, layer, off).text
+
+
+def test_half_precision_layer_calls_launch_their_gate_by_default(monkeypatch):
+    """Issue 17 (bench/RESULTS.md, run 117): the heuristic's training forward launches a half-precision
+    layer call's per-channel in-kernel gate apart (both gates); fp32 plans and plans whose gate is given
+    keep gate_launch off (so their sources and cache keys are as before).  A default call with fp16 inputs
+    goes through the gate launches."""
+    from kdagen.cache.heuristics import default_train_config
+
+    for dt in ("bfloat16", "float16"):
+        for bound in (-5.0, None):
+            plan = _plan(bound, 128, dt)
+            cfg = default_train_config(plan)
+            assert cfg.gate_launch and cfg.launches_gate(plan), (dt, bound)
+            assert {"gate", "gate_bwd"} <= set(family_kernels("chunk_train", plan, cfg))
+    assert not default_train_config(_plan(-5.0, 128, "float32")).gate_launch
+    given = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk")
+    assert not default_train_config(given).gate_launch
+
+    calls = []
+    real = C.layer_gate
+    monkeypatch.setattr(C, "layer_gate", lambda *a: calls.append(a[0].dtype) or real(*a))
+    gen = torch.Generator().manual_seed(2)
+    B, T, HV, K = 1, 19, 1, 16
+    x = dict(q=torch.randn(B, T, HV, K, generator=gen), k=torch.randn(B, T, HV, K, generator=gen),
+             v=torch.randn(B, T, HV, K, generator=gen), g=torch.randn(B, T, HV, K, generator=gen))
+    x = {n: t.to(F16).requires_grad_(True) for n, t in x.items()}
+    beta = torch.rand(B, T, HV, generator=gen).to(F16).requires_grad_(True)
+    A_log = (0.3 * torch.randn(HV, generator=gen)).requires_grad_(True)
+    o, _ = kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], beta, A_log=A_log, use_gate_in_kernel=True,
+                            lower_bound=-5.0)
+    o.float().sum().backward()
+    assert calls == [F16] and torch.isfinite(A_log.grad).all() and A_log.grad.abs().sum() > 0

@@ -185,6 +185,13 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
         bv, warps, stages = min(64 if many else 32, plan.BV), 4, 3
         out = dict(split_output=True, out_block_v=min(128, plan.BV), out_block_k=min(64, plan.BK), out_num_warps=4,
                    out_num_stages=2)
+    # A per-channel in-kernel gate (KDA's layer call) in launches of its own (gate_launch): g once in fp32,
+    # the plain plan's launches on it, dz / dA_log / ddt_bias from dg.  bf16, K=V=128, H200 (bench/RESULTS.md,
+    # run 117, same process as FLA): (2, 16384, 16) 6.981 -> 6.674 ms, (1, 8192, 96) 10.096 -> 9.640 ms; peak
+    # 3.53 -> 3.75 and 5.28 -> 5.63 GiB (FLA 3.77 / 5.66); every gradient bit-identical but ddt_bias (1e-7,
+    # its sum's order).  Half precision (fp32 unmeasured).
+    if half and ChunkTrainConfig(gate_launch=True).launches_gate(plan):
+        out["gate_launch"] = True
     return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
         state_block_v=bv, state_num_warps=warps, state_num_stages=stages, intra_load_ahead=half,

@@ -84,14 +84,14 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     store_t = store_t and plan.has_rank1 and not dplr
     if not dplr:
         intra_args["td"] = torch.zeros(B, T, HV, C, dtype=q.dtype, device=dev) if store_t else dummy
-    repair = has_repair(built.fns[0])
+    repair = has_repair(built.fn("chunk_intra"))
     if repair:  # one flag per (chunk, value head): a diagonal sub-tile spans over the limit (the repair launch's)
         intra_args["bad"] = torch.empty(max(NT_total, 1), HV, dtype=torch.int8, device=dev)
     intra_args.update(cu_seqlens=cu,
                       chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                       T=T, NT=NT, scale=float(scale))
     bk = min(config.intra_block_k, plan.BK)
-    intra = Launch("chunk_intra", built.fns[0], (NT_total, HV), intra_args,
+    intra = Launch("chunk_intra", built.fn("chunk_intra"), (NT_total, HV), intra_args,
                    dict(H=H, HV=HV, K=K, V=V, BT=C, BC=config.sub_chunk, BK=bk,
                         BV=min(64, plan.BV), IS_VARLEN=cu_seqlens is not None, STORE_U=plan.has_rank1,
                         **({} if dplr else dict(STORE_T=store_t))),
@@ -106,7 +106,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
                       cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
                       T=T, NT=NT)
     split = output_split(config, return_intermediate_states, store_vn)
-    state = Launch("chunk_state", built.fns[1], (triton.cdiv(V, bv), N * HV), state_args,
+    state = Launch("chunk_state", built.fn("chunk_state"), (triton.cdiv(V, bv), N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                         STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
                         WRITE_O=not split, IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
