@@ -314,7 +314,7 @@ def _grads(fn, x, do, dht):
 BWD_CHECK_CASES = [(1, 512, 2, 128, 128), (2, 200, 2, 96, 192)]
 
 
-def check_bwd(fchunk, cases=BWD_CHECK_CASES, seeds=(0,)):
+def check_bwd(fchunk, cases=BWD_CHECK_CASES, seeds=(0,), configs=None):
     """Each gradient's error against float64 autograd through the reference, kdagen and FLA
     side by side (bf16 inputs, fp32 g and state); one row per case and input seed (seed 0: the
     inputs every earlier run used)."""
@@ -335,7 +335,7 @@ def check_bwd(fchunk, cases=BWD_CHECK_CASES, seeds=(0,)):
                     x, do, dht)
         for n, a, r in zip(GRAD_NAMES, kd, ref):
             row[f"kdagen_d{n}"] = rel(a, r)
-        for name, fwd_kw, bwd_kw in BWD_CHECK_CONFIGS:
+        for name, fwd_kw, bwd_kw in (BWD_CHECK_CONFIGS if configs is None else configs):
             from kdagen.ops.chunk import chunk_bwd_config
             try:
                 with chunk_bwd_config(resolved_bwd_config(B, T, H, K).replace(**bwd_kw)):
@@ -669,6 +669,10 @@ def main():
     ap.add_argument("--train-shapes", default="1,8192,96,128;2,16384,16,128",
                     help="layer / fwdbwd: shapes B,T,H,K separated by ';'")
     ap.add_argument("--seeds", default="0", help="bwd_check: input seeds, separated by ','")
+    ap.add_argument("--check-cases", default="1,2",
+                    help="bwd_check: which of BWD_CHECK_CASES (1-based), separated by ','")
+    ap.add_argument("--check-configs", default="all",
+                    help="bwd_check: the changed configs also checked (BWD_CHECK_CONFIGS names, 'all' or 'none')")
     ap.add_argument("--variants", default="", help="whole / layer: only these variants, separated by ','")
     args = ap.parse_args()
     global OUT_DIR
@@ -698,15 +702,18 @@ def main():
                        CHUNK_VARIANTS if "variants" in suite else [])
         seeds = [int(s) for s in args.seeds.split(",")]
         train_shapes = [tuple(int(x) for x in sh.split(",")) for sh in args.train_shapes.split(";")]
+        cases = [BWD_CHECK_CASES[int(i) - 1] for i in args.check_cases.split(",")]
+        configs = (BWD_CHECK_CONFIGS if args.check_configs == "all" else
+                   tuple(c for c in BWD_CHECK_CONFIGS if c[0] in args.check_configs.split(",")))
         if "bwd_check" in suite:  # K = V = 128 first: its autotuning is shared with the timing below
-            check_bwd(fchunk, BWD_CHECK_CASES[:1], seeds)
+            check_bwd(fchunk, [c for c in cases if c == BWD_CHECK_CASES[0]], seeds, configs)
         if "layer" in suite:
             time_layer(fchunk, train_shapes, picked(LAYER_VARIANTS) if "whole" in suite else ())
         if "fwdbwd" in suite:
             time_fwd_bwd(fchunk, train_shapes,
                          BWD_VARIANTS if "bwd_variants" in suite else (), picked(WHOLE_VARIANTS) if "whole" in suite else ())
         if "bwd_check" in suite:
-            check_bwd(fchunk, BWD_CHECK_CASES[1:], seeds)
+            check_bwd(fchunk, [c for c in cases if c != BWD_CHECK_CASES[0]], seeds, configs)
         if "decode" in suite:
             time_decode(frec_fwd, [1, 64, 256], copy_gbs)
         if "decode_variants" in suite:
