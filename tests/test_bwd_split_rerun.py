@@ -199,7 +199,8 @@ def test_fold_is_a_no_decay_plans_and_renders_no_second_launch():
 def test_rerun_rebuilds_the_forwards_intermediates(gate, dtype, K):
     """chunk_bwd_rerun's qg, kg, W and G_n against those the forward's intra launch wrote (the
     forward keeps only A_qk and T): the same sums and exps, so equal; W is a dot of the same
-    rounded factors, equal to fp32 rounding."""
+    rounded factors, equal to fp32 rounding.  The re-run's qg is q exp(G), the forward's q exp(G) scale
+    (the reverse pass applies the scale after its dot): equal once scaled in fp32, to one rounding in fp16."""
     fwd, bwd, _ = _kda(dtype, K, 32, gate, ChunkBwdConfig(rerun_block_k=32), T=70)
     for ln in fwd:
         ln()
@@ -208,8 +209,16 @@ def test_rerun_rebuilds_the_forwards_intermediates(gate, dtype, K):
     assert rerun.args["td"] is fwd[0].args["td"] and fwd[0].constexprs["STORE_T"]
     rerun()
     mine, theirs = rerun.args, fwd[0].args
-    for n in ("qg", "kg", "gn"):
+    for n in ("kg", "gn"):
         assert torch.equal(mine[n], theirs[n]), f"{n}: max difference {(mine[n] - theirs[n]).abs().max()}"
+    assert "scale" not in rerun.args and bwd[1].kernel == "chunk_bwd_state" and bwd[1].args["scale"] == K ** -0.5
+    qg = mine["qg"].float() * bwd[1].args["scale"]
+    qg_ref = theirs["qg"].float()
+    assert qg_ref.abs().max() > 1e-2
+    if dtype == F32:
+        assert torch.equal(qg, qg_ref), f"qg: max difference {(qg - qg_ref).abs().max()}"
+    else:  # one fp16 rounding each, of q exp(G) and of q exp(G) scale
+        assert ((qg - qg_ref).abs() <= 2 ** -10 * qg_ref.abs() + 1e-7).all()
     w, w_ref = mine["w"].float(), theirs["w"].float()
     assert w_ref.abs().max() > 1e-2  # not a zero tensor compared with itself
     tol = 1e-6 if dtype == F32 else 2e-3  # fp16: W rounded to fp16 (one ulp where the sums differ in order)

@@ -166,6 +166,10 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             v["ds_dtype"] = "tl.float32" if wide else v["dot_dtype"]
             v["ds_kw"] = ', input_precision="tf32"' if wide else v["dot_kw"]
             v["qg_split"] = config.qg_split and plan.dtype != "float32"
+            # qg from chunk_bwd_rerun is q exp(G): the scale multiplies the dot's fp32 result (FLA's order;
+            # rounding q exp(G) scale instead put dh0's bf16 error 14% above FLA's over 13 input draws,
+            # bench/RESULTS.md run 120).  qg from the forward's intra launch carries the scale.
+            v["qg_unscaled"] = config.reruns_from_saved(plan)
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)

@@ -160,6 +160,8 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                       do=do, dht=dht if dht is not None else dummy,
                       du=du, dhs=dhs, dh0=dh0 if dh0 is not None else dummy,
                       cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
+    if cfg.reruns_from_saved(plan):  # chunk_bwd_rerun's qg is q exp(G): the pass applies the scale
+        state_args["scale"] = float(meta.scale)
     state = Launch("chunk_bwd_state", built.fn("chunk_bwd_state"), (NV, N * HV), state_args,
                    dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
                         STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen, STATE_V_FIRST=meta.state_v_first),
@@ -257,8 +259,7 @@ def _rerun_from_saved(meta: BwdMeta, built, inputs: dict, aqk: torch.Tensor, td:
         args["A_log"] = inputs["A_log"]
     if plan.gate_has_bias:
         args["dt_bias"] = inputs["dt_bias"]
-    args.update(td=td, **out, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=meta.T, NT=meta.NT,
-                scale=float(meta.scale))
+    args.update(td=td, **out, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=meta.T, NT=meta.NT)
     bk = min(cfg.rerun_block_k, plan.BK)
     launch = Launch("chunk_bwd_rerun", built.fn("chunk_bwd_rerun"), (meta.NT_total, HV, triton.cdiv(K, bk)), args,
                     dict(H=meta.H, HV=HV, K=K, BT=meta.C, BC=cfg.sub_chunk, BK=bk, IS_VARLEN=meta.is_varlen),
