@@ -94,7 +94,9 @@ def check(T: int = 128, K: int = 32, V: int = 24, HV: int = 2, seed: int = 3) ->
             worst["fwd_s_mid"] = max(worst["fwd_s_mid"], _rel(s_mid, st["hs"][b, h].float()))
             # -- reverse (the re-run's tiles, as the reverse pass reads them)
             Wa, Wb = ch(rev["w"], a), ch(rev["w"], b)
-            ka, kb, qa, qb = ch(rev["kg"], a), ch(rev["kg"], b), ch(rev["qg"], a), ch(rev["qg"], b)
+            # (the re-run's qg is q exp(G) where the pass takes the scale itself: qg here carries it)
+            sq = rev.get("scale", 1.0)
+            ka, kb, qa, qb = ch(rev["kg"], a), ch(rev["kg"], b), ch(rev["qg"], a) * sq, ch(rev["qg"], b) * sq
             Aa, Ab = ch(rev["aqk"], a), ch(rev["aqk"], b)  # [C, C]: row i, column j <= i
             ea, eb = rev["gn"][a, h].exp(), rev["gn"][b, h].exp()
             dO = torch.cat([ch(rev["do"], a), ch(rev["do"], b)])
