@@ -200,12 +200,17 @@ class ChunkTrainConfig(_Config):
     # parameters' partial sums (launches_gate)
     gate_launch: bool = False
 
+    @staticmethod
+    def gate_launchable(plan) -> bool:
+        """Whether ``plan``'s gate can run in launches of its own: a per-channel gate computed in the kernels
+        (``plan.gate_in_kernel``, ``plan.decay == "channel"``: KDA's layer call), not general DPLR."""
+        return plan.gate_in_kernel and plan.decay == "channel" and plan.structure != "dplr"
+
     def launches_gate(self, plan) -> bool:
         """Whether a training call of ``plan`` computes its in-kernel gate in launches of its own
-        (``gate_launch``): plans whose per-channel gate is computed in the kernels (``plan.gate_in_kernel``,
-        ``plan.decay == "channel"``: KDA's layer call).  Read only there, so other plans' sources do not
-        name it."""
-        return plan.gate_in_kernel and plan.decay == "channel" and plan.structure != "dplr" and self.gate_launch
+        (``gate_launch`` on a :meth:`gate_launchable` plan).  Read only there, so other plans' sources do
+        not name it."""
+        return self.gate_launch and self.gate_launchable(plan)
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",

@@ -190,7 +190,7 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # run 117, same process as FLA): (2, 16384, 16) 6.981 -> 6.674 ms, (1, 8192, 96) 10.096 -> 9.640 ms; peak
     # 3.53 -> 3.75 and 5.28 -> 5.63 GiB (FLA 3.77 / 5.66); every gradient bit-identical but ddt_bias (1e-7,
     # its sum's order).  Half precision (fp32 unmeasured).
-    if half and ChunkTrainConfig(gate_launch=True).launches_gate(plan):
+    if half and ChunkTrainConfig.gate_launchable(plan):
         out["gate_launch"] = True
     return ChunkTrainConfig(
         chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
