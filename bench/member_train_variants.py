@@ -65,6 +65,18 @@ VARIANTS["fold_w8_bk64"] = ({}, dict(intra_fold=True, dqkw_num_warps=8, intra_bl
 VARIANTS["fold_bk64"] = ({}, dict(intra_fold=True, intra_block_k=64))
 VARIANTS["fold_bk64_bv32"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_block_v=32))
 VARIANTS["fold_bk64_s1"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_num_stages=1))
+# DeltaNet: dqkw on pairs of chunks (ChunkBwdConfig.dqkw_pairs: one state and one state gradient read per pair).
+# sm_90 static report: BV=32 255 registers, 16 B spill; BV=64 452 B spill; 8 warps or BK=64 no spill
+VARIANTS["pairs"] = ({}, dict(dqkw_pairs=True, dqkw_block_v=32))
+VARIANTS["pairs_bv64"] = ({}, dict(dqkw_pairs=True))
+VARIANTS["pairs_w8"] = ({}, dict(dqkw_pairs=True, dqkw_num_warps=8))
+VARIANTS["pairs_bk64"] = ({}, dict(dqkw_pairs=True, dqkw_block_k=64))
+# DeltaNet: the training state pass over pairs of chunks (ChunkTrainConfig.state_pairs: one 64-row step of two
+# dependent products, chunk b's W and U composed onto the state in the step).  sm_90 static: 255 registers, no
+# spill (the per-chunk pass: 95); some of its products on mma.sync
+VARIANTS["spairs"] = (dict(state_pairs=True), {})
+VARIANTS["spairs_w8"] = (dict(state_pairs=True, state_num_warps=8), {})
+VARIANTS["spairs_s2"] = (dict(state_pairs=True, state_num_stages=2), {})
 # the fused pass on the tiles the heuristic took before the split (run 96's default)
 VARIANTS["fused16"] = (dict(split_output=False, state_block_v=16, state_num_warps=4, state_num_stages=3), {})
 VARIANTS["fused32"] = (dict(split_output=False, state_block_v=32, state_num_warps=2, state_num_stages=3), {})

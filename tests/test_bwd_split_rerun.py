@@ -177,6 +177,87 @@ def test_folded_gradients_match_the_recurrence(dtype):
     assert torch.equal(out["dh0"][0], dht[0])  # a length-0 sequence passes the state's gradient through
 
 
+PAIR_CASES = [
+    # (id, dtype, K, V, T, extra config): T=70 is three chunks (a pair and a chunk alone), T=101 four
+    ("fp32-K32-odd-chunk-count", F32, 32, 32, 70, {}),
+    ("fp32-K40-masked-tiles-two-pairs", F32, 40, 24, 101, dict(dqkw_block_k=16, intra_block_k=16)),
+    ("fp16-K32", F16, 32, 32, 101, {}),
+    ("fp32-K32-stored", F32, 32, 32, 70, dict(store_intermediates=True)),
+    ("fp32-K32-C64", F32, 32, 32, 160, dict(chunk_size=64, sub_chunk=32, state_block_v=32)),
+]
+
+
+@pytest.mark.parametrize("case", PAIR_CASES, ids=[c[0] for c in PAIR_CASES])
+def test_dqkw_in_pairs_matches_it_per_chunk(case):
+    """``dqkw_pairs``: the program of a chunk pair forms the second chunk's state and the first's state
+    gradient from the stored neighbours; every gradient equals the per-chunk launch's to float rounding
+    (fp32: the composed state is exact to rounding; fp16: the composed values are rounded to the dot dtype
+    once, where the stored ones were rounded on store), dh0 (the reverse pass, unchanged) bit for bit."""
+    _, dtype, K, V, T, extra = case
+    fold_cfg = ChunkBwdConfig(intra_block_v=16, intra_split=True, intra_fold=True, **extra)
+    _, fold = _run(_member("deltanet", dtype, K, V, fold_cfg, T=T))
+    launches = _member("deltanet", dtype, K, V, fold_cfg.replace(dqkw_pairs=True), T=T)
+    dqkw = next(ln for ln in launches[1] if ln.kernel == "chunk_bwd_dqkw")
+    assert "w" in dqkw.args and "pairs" not in inspect.signature(dqkw.fn.fn).parameters
+    kinds, pairs = _run(launches)
+    assert "chunk_bwd_dqkw" in kinds and pairs.keys() == fold.keys()
+    assert torch.equal(pairs["dh0"], fold["dh0"])
+    tol = 3e-6 if dtype == F32 else 2e-3
+    for n in ("dq", "dk", "dv", "dbeta"):
+        a, b = pairs[n].float(), fold[n].float()
+        assert torch.isfinite(a).all() and b.abs().max() > 1e-2, n
+        assert (a - b).abs().max() <= tol * b.abs().max(), f"{n}: max difference {(a - b).abs().max()}"
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_paired_dqkw_gradients_match_the_recurrence(dtype):
+    """DeltaNet's gradients with dqkw in pairs against float64 autograd through the token-by-token
+    recurrence: varlen with sequences of length 0, 1, 69 (three chunks: a pair, then a chunk alone) and
+    31, GVA, K = 40 over masked tiles of 16, an initial state and the final state's gradient."""
+    T, HV, K, V = 101, 2, 40, 24
+    cu = [0, 0, 1, 70, 101]
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(1, T, 1, K, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(1, T, 1, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    beta = torch.rand(1, T, HV, generator=gen).to(dtype)
+    h0 = torch.randn(len(cu) - 1, HV, K, V, generator=gen)
+    do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    dht = torch.randn(h0.shape, generator=gen)
+    cfg = ChunkBwdConfig(intra_split=True, intra_fold=True, dqkw_pairs=True, intra_block_k=16, intra_block_v=16,
+                         dqkw_block_k=16)
+    fwd, bwd, out = chunk_member_launches(S.deltanet(), q, k, v, None, beta, training=True, output_final_state=True,
+                                          initial_state=h0, cu_seqlens=torch.tensor(cu), bwd_config=cfg,
+                                          do=do, dht=dht)
+    for ln in list(fwd) + list(bwd):
+        ln()
+    names = ("q", "k", "v", "beta", "h0")
+    x64 = {n: x.to(F64).requires_grad_() for n, x in zip(names, (q, k, v, beta, h0))}
+    ro, rh = naive_recurrent_deltanet(x64["q"], x64["k"], x64["v"], x64["beta"], initial_state=x64["h0"],
+                                      output_final_state=True, cu_seqlens=torch.tensor(cu))
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
+    mine = (out["dq"].float().sum(2, keepdim=True), out["dk"].float().sum(2, keepdim=True),  # over the value heads
+            out["dv"], out["dbeta"], out["dh0"])
+    for n, a, b in zip(names, mine, ref):
+        assert a.shape == b.shape, n
+        assert_close(a.float(), b, {F32: 1e-5, F16: 5e-3}[dtype], f"d{n}")
+
+
+def test_dqkw_pairs_is_a_folded_plans_and_named_only_there():
+    dn = lower(S.deltanet(), 64, 64, "bfloat16", "chunk")
+    kda = lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk")
+    pairs = ChunkBwdConfig(intra_split=True, intra_fold=True, dqkw_pairs=True)
+    assert pairs.pairs_dqkw(dn) and not pairs.pairs_dqkw(kda)
+    assert not pairs.replace(intra_fold=False).pairs_dqkw(dn)  # pairs of the folded launch only
+    src = render("chunk_bwd_dqkw", dn, pairs).text
+    assert "dqkw_pairs=True" in src and "S_a + K_a^T V'_a" in src
+    assert "S_a + K_a^T V'_a" not in render("chunk_bwd_dqkw", dn, pairs.replace(dqkw_pairs=False)).text
+    for kernel in family_kernels("chunk_bwd", kda, pairs):
+        assert "dqkw_pairs" not in render(kernel, kda, pairs).text, kernel
+    with pytest.raises(ConfigError, match="dqkw_pairs"):
+        ChunkBwdConfig(dqkw_pairs=1)
+
+
 def test_fold_is_a_no_decay_plans_and_renders_no_second_launch():
     dn = lower(S.deltanet(), 64, 64, "bfloat16", "chunk")
     kda = lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk")
