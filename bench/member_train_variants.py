@@ -65,8 +65,9 @@ VARIANTS["fold_w8_bk64"] = ({}, dict(intra_fold=True, dqkw_num_warps=8, intra_bl
 VARIANTS["fold_bk64"] = ({}, dict(intra_fold=True, intra_block_k=64))
 VARIANTS["fold_bk64_bv32"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_block_v=32))
 VARIANTS["fold_bk64_s1"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_num_stages=1))
-# DeltaNet: dqkw on pairs of chunks (ChunkBwdConfig.dqkw_pairs: one state and one state gradient read per pair).
-# sm_90 static report: BV=32 255 registers, 16 B spill; BV=64 452 B spill; 8 warps or BK=64 no spill
+# DeltaNet: dqkw's chunk pairs (ChunkBwdConfig.dqkw_pairs: one state and one state gradient read per pair, [C, C]
+# corrections for the others).  sm_90 static report: BV=32 248 registers, no spill; BV=64 316 B spill.  (Run 122
+# measured the first form, one program per pair forming [K, V] tiles: slower in every tiling.)
 VARIANTS["pairs"] = ({}, dict(dqkw_pairs=True, dqkw_block_v=32))
 VARIANTS["pairs_bv64"] = ({}, dict(dqkw_pairs=True))
 VARIANTS["pairs_w8"] = ({}, dict(dqkw_pairs=True, dqkw_num_warps=8))
@@ -77,6 +78,11 @@ VARIANTS["pairs_bk64"] = ({}, dict(dqkw_pairs=True, dqkw_block_k=64))
 VARIANTS["spairs"] = (dict(state_pairs=True), {})
 VARIANTS["spairs_w8"] = (dict(state_pairs=True, state_num_warps=8), {})
 VARIANTS["spairs_s2"] = (dict(state_pairs=True, state_num_stages=2), {})
+# DeltaNet: the folded dqkw on narrower K tiles (more programs per chunk, fewer registers: sm_90 static report
+# BK=128 182 registers (2 programs per SM), BK=64 128 (4 per SM), BK=32 168)
+VARIANTS["dq_bk64"] = ({}, dict(dqkw_block_k=64))
+VARIANTS["dq_bk64_bv32"] = ({}, dict(dqkw_block_k=64, dqkw_block_v=32))
+VARIANTS["dq_bk32"] = ({}, dict(dqkw_block_k=32))
 # the fused pass on the tiles the heuristic took before the split (run 96's default)
 VARIANTS["fused16"] = (dict(split_output=False, state_block_v=16, state_num_warps=4, state_num_stages=3), {})
 VARIANTS["fused32"] = (dict(split_output=False, state_block_v=32, state_num_warps=2, state_num_stages=3), {})

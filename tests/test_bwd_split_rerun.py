@@ -189,16 +189,16 @@ PAIR_CASES = [
 
 @pytest.mark.parametrize("case", PAIR_CASES, ids=[c[0] for c in PAIR_CASES])
 def test_dqkw_in_pairs_matches_it_per_chunk(case):
-    """``dqkw_pairs``: the program of a chunk pair forms the second chunk's state and the first's state
-    gradient from the stored neighbours; every gradient equals the per-chunk launch's to float rounding
-    (fp32: the composed state is exact to rounding; fp16: the composed values are rounded to the dot dtype
-    once, where the stored ones were rounded on store), dh0 (the reverse pass, unchanged) bit for bit."""
+    """``dqkw_pairs``: the two programs of a chunk pair read the state entering the first and the gradient
+    leaving the second, and correct for the other two with products of [C, C] tiles; every gradient equals
+    the per-chunk launch's to float rounding (fp16: the corrections' [C, C] tiles are rounded to the dot
+    dtype), dh0 (the reverse pass, unchanged) bit for bit."""
     _, dtype, K, V, T, extra = case
     fold_cfg = ChunkBwdConfig(intra_block_v=16, intra_split=True, intra_fold=True, **extra)
     _, fold = _run(_member("deltanet", dtype, K, V, fold_cfg, T=T))
     launches = _member("deltanet", dtype, K, V, fold_cfg.replace(dqkw_pairs=True), T=T)
     dqkw = next(ln for ln in launches[1] if ln.kernel == "chunk_bwd_dqkw")
-    assert "w" in dqkw.args and "pairs" not in inspect.signature(dqkw.fn.fn).parameters
+    assert "w" in dqkw.args and "w" in inspect.signature(dqkw.fn.fn).parameters
     kinds, pairs = _run(launches)
     assert "chunk_bwd_dqkw" in kinds and pairs.keys() == fold.keys()
     assert torch.equal(pairs["dh0"], fold["dh0"])
@@ -250,8 +250,8 @@ def test_dqkw_pairs_is_a_folded_plans_and_named_only_there():
     assert pairs.pairs_dqkw(dn) and not pairs.pairs_dqkw(kda)
     assert not pairs.replace(intra_fold=False).pairs_dqkw(dn)  # pairs of the folded launch only
     src = render("chunk_bwd_dqkw", dn, pairs).text
-    assert "dqkw_pairs=True" in src and "S_a + K_a^T V'_a" in src
-    assert "S_a + K_a^T V'_a" not in render("chunk_bwd_dqkw", dn, pairs.replace(dqkw_pairs=False)).text
+    assert "dqkw_pairs=True" in src and "b_X1" in src
+    assert "b_X1" not in render("chunk_bwd_dqkw", dn, pairs.replace(dqkw_pairs=False)).text
     for kernel in family_kernels("chunk_bwd", kda, pairs):
         assert "dqkw_pairs" not in render(kernel, kda, pairs).text, kernel
     with pytest.raises(ConfigError, match="dqkw_pairs"):
