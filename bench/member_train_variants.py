@@ -65,19 +65,8 @@ VARIANTS["fold_w8_bk64"] = ({}, dict(intra_fold=True, dqkw_num_warps=8, intra_bl
 VARIANTS["fold_bk64"] = ({}, dict(intra_fold=True, intra_block_k=64))
 VARIANTS["fold_bk64_bv32"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_block_v=32))
 VARIANTS["fold_bk64_s1"] = ({}, dict(intra_fold=True, intra_block_k=64, dqkw_num_stages=1))
-# DeltaNet: dqkw's chunk pairs (ChunkBwdConfig.dqkw_pairs: one state and one state gradient read per pair, [C, C]
-# corrections for the others).  sm_90 static report: BV=32 248 registers, no spill; BV=64 316 B spill.  (Run 122
-# measured the first form, one program per pair forming [K, V] tiles: slower in every tiling.)
-VARIANTS["pairs"] = ({}, dict(dqkw_pairs=True, dqkw_block_v=32))
-VARIANTS["pairs_bv64"] = ({}, dict(dqkw_pairs=True))
-VARIANTS["pairs_w8"] = ({}, dict(dqkw_pairs=True, dqkw_num_warps=8))
-VARIANTS["pairs_bk64"] = ({}, dict(dqkw_pairs=True, dqkw_block_k=64))
-# DeltaNet: the training state pass over pairs of chunks (ChunkTrainConfig.state_pairs: one 64-row step of two
-# dependent products, chunk b's W and U composed onto the state in the step).  sm_90 static: 255 registers, no
-# spill (the per-chunk pass: 95); some of its products on mma.sync
-VARIANTS["spairs"] = (dict(state_pairs=True), {})
-VARIANTS["spairs_w8"] = (dict(state_pairs=True, state_num_warps=8), {})
-VARIANTS["spairs_s2"] = (dict(state_pairs=True, state_num_stages=2), {})
+# (runs 122-125 also timed dqkw on chunk pairs and the state pass over pairs, ChunkBwdConfig.dqkw_pairs and
+# ChunkTrainConfig.state_pairs: slower in every tiling, removed after commit ab07a15; bench/RESULTS.md, session 25)
 # DeltaNet: the folded dqkw on narrower K tiles (more programs per chunk, fewer registers: sm_90 static report
 # BK=128 182 registers (2 programs per SM), BK=64 128 (4 per SM), BK=32 168)
 VARIANTS["dq_bk64"] = ({}, dict(dqkw_block_k=64))

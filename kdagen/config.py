@@ -199,8 +199,6 @@ class ChunkTrainConfig(_Config):
     # launch that reads the gate recomputes it from z, and the backward's intra launch also forms dz and the
     # parameters' partial sums (launches_gate)
     gate_launch: bool = False
-    # no decay with a rank-1 part (DeltaNet), the state pass steps two chunks at a time (pairs_state)
-    state_pairs: bool = False
 
     @staticmethod
     def gate_launchable(plan) -> bool:
@@ -214,14 +212,6 @@ class ChunkTrainConfig(_Config):
         not name it."""
         return self.gate_launch and self.gate_launchable(plan)
 
-    def pairs_state(self, plan) -> bool:
-        """Whether the training state pass steps over pairs of chunks (``state_pairs``) on ``plan``: no decay,
-        a rank-1 part, not general DPLR.  A pair is one 64-row step of two dependent products, its second
-        chunk's W and U composed onto the state entering the pair (templates/chunk_state.py.j2); the
-        intra launches, the stored states and V' stay per chunk.  Read only there, so other plans' sources
-        do not name it."""
-        return plan.decay == "identity" and plan.has_rank1 and plan.structure != "dplr" and self.state_pairs
-
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "intra_block_k", "state_block_v", "intra_num_warps",
                          "state_num_warps", "out_block_v", "out_block_k", "out_num_warps")
@@ -231,8 +221,7 @@ class ChunkTrainConfig(_Config):
         self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound", "split_output", "gate_launch",
-                         "state_pairs")
+        self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound", "split_output", "gate_launch")
 
 
 @dataclass(frozen=True)
@@ -280,9 +269,6 @@ class ChunkBwdConfig(_Config):
     # it: dqkw finishes dq and dk's A_qk part, chunk_bwd_wy adds dk's rank-1 part, and the second launch
     # (with its fp32 round trip of dqg, dkg, dA_qk and dE) is not run (folds_intra)
     intra_fold: bool = False
-    # folded (folds_intra), dqkw's program of a sequence's even chunk does its odd neighbour too, reading one
-    # state and one state gradient for the pair and forming the other two (pairs_dqkw)
-    dqkw_pairs: bool = False
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "dqkw_block_k", "dqkw_block_v", "intra_block_k",
@@ -305,7 +291,7 @@ class ChunkBwdConfig(_Config):
         self._check_choice("diag_precision", DIAG_PRECISIONS)
         self._check_choice("state_precision", STATE_PRECISIONS)
         self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound", "qg_split",
-                         "intra_fold", "dqkw_pairs")
+                         "intra_fold")
 
     def with_chunking(self, chunk_size: int, sub_chunk: int) -> "ChunkBwdConfig":
         """This config on the training forward's chunks: its lengths, and the reverse state pass's
@@ -347,14 +333,6 @@ class ChunkBwdConfig(_Config):
         and writes dk's first two terms in fp32, and chunk_bwd_wy (which holds dE and T) adds the rest.  Read
         only for plans without a decay, so other plans' sources do not name it (nor, from here, intra_split)."""
         return plan.decay == "identity" and self.splits_intra(plan) and self.intra_fold
-
-    def pairs_dqkw(self, plan) -> bool:
-        """Whether dqkw runs on pairs of chunks (``dqkw_pairs``, on a folded plan): the program of a sequence's
-        even chunk a also does chunk b after it, reading the state entering a and the gradient leaving b
-        only, and forming S_b = S_a + K_a^T V'_a and dS_a = dS_b + scale Q_b^T dO_b - W_b^T dV'_b (no decay):
-        half the per-chunk state traffic, three more [K, C] x [C, BV] products per pair.  Read only where
-        the intra backward folds, so other plans' sources do not name it."""
-        return self.folds_intra(plan) and self.dqkw_pairs
 
     def splits_k(self, plan) -> bool:
         """Whether the split's second launch (dq, dk, dg) takes one K tile per program (grid axis 2):

@@ -159,8 +159,6 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             # the next chunk's element-wise operands loaded one iteration ahead by hand: the forward
             # pass's U (its G_n always is), the reverse pass's G_n
             v["prefetch"] = config.state_prefetch
-        if kernel == "chunk_state":
-            v["pairs"] = config.pairs_state(plan)  # (the manual prefetch is not read in pairs)
         if kernel == "chunk_bwd_state":
             # the running dS and dV' as dot operands: the input dtype's rounding, or fp32 on tf32 dots
             # (the loaded operands beside them widen exactly)
@@ -224,7 +222,6 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
         v["fold"] = config.folds_intra(plan)
-        v["pairs"] = config.pairs_dqkw(plan)
     return v
 
 

@@ -180,9 +180,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dqkw_const = dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
     if fold:  # no decay: dqkw finishes dq and writes dk's A_qk part for chunk_bwd_wy
         dkp = torch.empty(B, T, HV, K, dtype=f32, device=dev)
-        # (in pairs, the second chunk's W too, for the gradient leaving the first; the kernel's argument order)
-        w = dict(w=inter["w"]) if cfg.pairs_dqkw(plan) else {}
-        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"], **w, dq=dq, dkp=dkp, dw=dw,
+        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"], dq=dq, dkp=dkp, dw=dw,
                          cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
                          scale=float(meta.scale))
         dqkw_const = dict(H=H, **dqkw_const)
