@@ -63,6 +63,12 @@ class Plan:
     has_rank1: bool
     stages: tuple[str, ...]
 
+    @property
+    def raw_qk(self) -> bool:
+        """Whether the chunk form's qg and kg are the inputs themselves (q scale and k: no decay), so no
+        launch writes them and their readers take q and k ([B, T, H, K]) with the scale after the product."""
+        return self.decay == "identity" and self.structure != "dplr"
+
     def to_dict(self):
         return asdict(self)
 

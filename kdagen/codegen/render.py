@@ -146,11 +146,19 @@ def _check_config(plan: Plan, config: _Config) -> None:
             f"gate's lower bound {plan.lower_bound} makes safe for {plan.dtype} (exp would overflow)")
 
 
+RAW_QK_KERNELS = ("chunk_intra", "chunk_state", "chunk_out", "chunk_bwd_rerun", "chunk_bwd_state")
+
+
 def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     """The values a kernel's template reads besides the plan, decided here: templates branch on
     these and on plan fields, never on the config.  Each is made only for the kernels that use
     it, since what it reads from the config is part of that kernel's source (its header line)."""
     v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
+    if kernel in RAW_QK_KERNELS:
+        # no decay: qg = q scale and kg = k, so the launches that would write them do not, and their readers
+        # take q and k from the inputs ([B, T, H, K], the scale after the product): 4 [T, HV, K] tensors fewer
+        # written and read per training step
+        v["raw_qk"] = plan.raw_qk
     if kernel in ("chunk_solve", "chunk_pass", "chunk_seg_pass"):
         v.update(_forward_vars(kernel, plan, config))
     elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd", "chunk_seg_state", "chunk_seg_combine"):
@@ -169,7 +177,9 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             # qg from chunk_bwd_rerun is q exp(G): the scale multiplies the dot's fp32 result (FLA's order;
             # rounding q exp(G) scale instead put dh0's bf16 error 14% above FLA's over 13 input draws,
             # bench/RESULTS.md run 120).  qg from the forward's intra launch carries the scale.
-            v["qg_unscaled"] = config.reruns_from_saved(plan)
+            # no decay (raw_qk): q itself, the scale after the product, whichever launch would have written qg
+            v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.raw_qk
+            v["qg_split"] = v["qg_split"] and not plan.raw_qk  # (q is exact in its dtype)
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)

@@ -86,7 +86,7 @@ def meta_from_forward(launches, plan: Plan, config: ChunkBwdConfig) -> BwdMeta:
         is_varlen=intra.constexprs["IS_VARLEN"],
         cu_seqlens=a["cu_seqlens"], chunk_indices=a["chunk_indices"], chunk_offsets=state.args["chunk_offsets"],
         fwd_intra=dataclasses.replace(intra, args=stripped, then=None),  # (a re-run builds its own repair launch)
-        inter_dtype=a["kg"].dtype, state_v_first=state.constexprs["STATE_V_FIRST"])
+        inter_dtype=a["aqk"].dtype, state_v_first=state.constexprs["STATE_V_FIRST"])
 
 
 def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -106,9 +106,13 @@ def qg_dtype(config: ChunkBwdConfig, inter_dtype: torch.dtype) -> torch.dtype:
 def _rebuilt_buffers(meta: BwdMeta, dev) -> dict[str, torch.Tensor]:
     """Buffers for the qg, kg, W and G_n a re-run writes (W a dummy without a rank-1 part)."""
     shape = (meta.B, meta.T, meta.HV, meta.K)
-    kg = torch.empty(shape, dtype=meta.inter_dtype, device=dev)
-    qg = torch.empty(shape, dtype=qg_dtype(meta.config, meta.inter_dtype), device=dev)
-    return dict(qg=qg, kg=kg, w=torch.empty_like(kg) if meta.plan.has_rank1 else dummy_pointer(dev),
+    if meta.plan.raw_qk:  # no decay: qg and kg are not written (the reverse pass reads q and k)
+        qg = kg = dummy_pointer(dev)
+    else:
+        kg = torch.empty(shape, dtype=meta.inter_dtype, device=dev)
+        qg = torch.empty(shape, dtype=qg_dtype(meta.config, meta.inter_dtype), device=dev)
+    return dict(qg=qg, kg=kg,
+                w=torch.empty(shape, dtype=meta.inter_dtype, device=dev) if meta.plan.has_rank1 else dummy_pointer(dev),
                 gn=torch.empty(max(meta.NT_total, 1), meta.HV, meta.K, dtype=torch.float32, device=dev))
 
 
@@ -156,14 +160,16 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     du = torch.empty(B, T, HV, V, dtype=q.dtype, device=dev)
     dhs = torch.empty(NTt, HV, K, V, dtype=hs.dtype, device=dev)
     dh0 = torch.empty(state_shape(N, HV, K, V, meta.state_v_first), dtype=f32, device=dev) if need_dh0 else None
-    state_args = dict(qg=inter["qg"], kg=inter["kg"], w=inter["w"], aqk=inter["aqk"], gn=inter["gn"],
+    # (no decay: the inputs q and k where qg and kg would be, with their head count)
+    rq, kq = (q, inputs["k"]) if plan.raw_qk else (inter["qg"], inter["kg"])
+    state_args = dict(qg=rq, kg=kq, w=inter["w"], aqk=inter["aqk"], gn=inter["gn"],
                       do=do, dht=dht if dht is not None else dummy,
                       du=du, dhs=dhs, dh0=dh0 if dh0 is not None else dummy,
                       cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
-    if cfg.reruns_from_saved(plan):  # chunk_bwd_rerun's qg is q exp(G): the pass applies the scale
+    if cfg.reruns_from_saved(plan) or plan.raw_qk:  # qg is q exp(G) (or q): the pass applies the scale
         state_args["scale"] = float(meta.scale)
     state = Launch("chunk_bwd_state", built.fn("chunk_bwd_state"), (NV, N * HV), state_args,
-                   dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
+                   dict(**(dict(H=H) if plan.raw_qk else {}), HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
                         STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen, STATE_V_FIRST=meta.state_v_first),
                    cfg.state_num_warps, cfg.state_num_stages)
     # a dot operand only, like dU; without a rank-1 part there is no W

@@ -51,11 +51,14 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
     NT = triton.cdiv(T, C)
     inter = storage(config.intermediates, q.dtype)
-    kg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
-    qg = torch.empty(B, T, HV, K, dtype=qg_dtype or inter, device=dev)
     dummy = dummy_pointer(dev)
+    if plan.raw_qk:  # no decay: qg = q scale and kg = k are not written; the state and output launches read q, k
+        qg = kg = dummy
+    else:
+        kg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
+        qg = torch.empty(B, T, HV, K, dtype=qg_dtype or inter, device=dev)
     if plan.has_rank1:
-        w = torch.empty_like(kg)
+        w = torch.empty(B, T, HV, K, dtype=inter, device=dev)
         u = torch.empty(B, T, HV, V, dtype=inter, device=dev)
     else:  # no rank-1 part: W = 0 is never formed, and U = V (the state launch reads v as u)
         w, u = dummy, v
@@ -99,26 +102,30 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     if repair:
         intra = intra.with_repair()
     bv = min(config.state_block_v, plan.BV)
-    state_args = dict(qg=qg, kg=kg, w=w, u=u, aqk=aqk, gn=gn, **(dict(v=v, aqv=aqv, kgv=kgv) if dplr else {}), o=o,
+    # (no decay: the inputs q and k where qg and kg would be, with the scale and their head count)
+    rq, kq = (q, k) if plan.raw_qk else (qg, kg)
+    raw = dict(scale=float(scale)) if plan.raw_qk else {}
+    raw_h = dict(H=H) if plan.raw_qk else {}
+    state_args = dict(qg=rq, kg=kq, w=w, u=u, aqk=aqk, gn=gn, **(dict(v=v, aqv=aqv, kgv=kgv) if dplr else {}), o=o,
                       h0=initial_state if initial_state is not None else dummy,
                       ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
                       vn=vn if vn is not None else dummy,
                       cu_seqlens=cu, chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy,
-                      T=T, NT=NT)
+                      T=T, NT=NT, **raw)
     split = output_split(config, return_intermediate_states, store_vn)
     state = Launch("chunk_state", built.fn("chunk_state"), (triton.cdiv(V, bv), N * HV), state_args,
-                   dict(HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
+                   dict(**raw_h, HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                         STORE_HT=output_final_state, STORE_HS=return_intermediate_states, STORE_VN=store_vn,
                         WRITE_O=not split, IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first)),
                    config.state_num_warps, config.state_num_stages)
     if not split:
         return (intra, state), (o, ht, hs)
     obv = min(config.out_block_v, plan.BV)
-    out_args = dict(qg=qg, hs=hs, aqk=aqk, vn=vn, **(dict(v=v, aqv=aqv) if dplr else {}), o=o, cu_seqlens=cu,
+    out_args = dict(qg=rq, hs=hs, aqk=aqk, vn=vn, **(dict(v=v, aqv=aqv) if dplr else {}), o=o, cu_seqlens=cu,
                     chunk_indices=chunk_indices if chunk_indices is not None else dummy,
-                    chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy, T=T, NT=NT)
+                    chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy, T=T, NT=NT, **raw)
     out = Launch("chunk_out", built.fn("chunk_out"), (triton.cdiv(V, obv), NT_total, HV), out_args,
-                 dict(HV=HV, K=K, V=V, BT=C, BK=min(config.out_block_k, plan.BK), BV=obv,
+                 dict(**raw_h, HV=HV, K=K, V=V, BT=C, BK=min(config.out_block_k, plan.BK), BV=obv,
                       IS_VARLEN=cu_seqlens is not None),
                  config.out_num_warps, config.out_num_stages)
     return (intra, state, out), (o, ht, hs)

@@ -1,0 +1,91 @@
+"""Plans without a decay (DeltaNet) write no qg or kg (``Plan.raw_qk``): qg = q scale and kg = k, so the
+training forward's intra launch and the backward's re-run skip them, and the state passes and the output
+launch read q and k from the inputs ([B, T, H, K], the scale applied after the product).  Checked here:
+
+* which plans take it, and that the writing launches' sources store no qg / kg for them (and still do for
+  a decayed plan);
+* the launches pass the inputs themselves where qg and kg were (no [B, T, HV, K] buffer allocated);
+* DeltaNet's output, final state and gradients against float64 autograd through the token-by-token
+  recurrence with GVA (two q/k heads of two value heads each), varlen with length-0/1 sequences, in the four
+  combinations of the output's launch (fused in the state pass, or split out) and the backward's
+  intermediates (re-run, or kept from the forward), fp32 and fp16.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import F64, assert_close
+
+import kdagen.spec as S
+from kdagen.codegen.lower import lower
+from kdagen.codegen.render import render
+from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
+from kdagen.ops.member import chunk_member, chunk_member_launches
+from kdagen.spec.reference import naive_recurrent_deltanet
+
+F32, F16 = torch.float32, torch.float16
+
+
+def test_only_plans_without_a_decay_read_q_and_k_raw():
+    plans = {name: lower(S.get_spec("kda", lower_bound=-5.0) if name == "kda" else S.get_spec(name), 64, 64,
+                         "bfloat16", "chunk") for name in ("kda", "gdn", "deltanet", "gla", "dplr")}
+    assert {n for n, p in plans.items() if p.raw_qk} == {"deltanet"}
+    cfg, bcfg = ChunkTrainConfig(), ChunkBwdConfig()
+    for name in ("deltanet", "kda"):
+        writes = [render("chunk_intra", plans[name], cfg).text, render("chunk_bwd_rerun", plans[name], bcfg).text]
+        for src in writes:
+            stores = ("tl.store(qg" in src, "tl.store(kg" in src)
+            assert stores == ((False, False) if name == "deltanet" else (True, True)), name
+
+
+def _inputs(dtype, T, HV, K, V, N, seed, H=1):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, T, H, K, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    beta = torch.rand(1, T, HV, generator=gen).to(dtype)
+    h0 = torch.randn(N, HV, K, V, generator=gen)
+    return q, k, v, beta, h0
+
+
+def test_the_launches_pass_the_inputs_where_qg_and_kg_were():
+    q, k, v, beta, h0 = _inputs(F32, 40, 2, 32, 16, 1, seed=1)
+    fwd, bwd, _ = chunk_member_launches(S.deltanet(), q, k, v, None, beta, training=True, initial_state=h0,
+                                        config=ChunkTrainConfig(split_output=True))
+    intra, state, out = fwd
+    assert intra.args["qg"].numel() <= 1 and intra.args["kg"].numel() <= 1  # dummies: nothing allocated
+    assert state.args["kg"] is k and out.args["qg"] is q and state.constexprs["H"] == 1
+    rerun = next(ln for ln in bwd if ln.kernel == "chunk_bwd_rerun")
+    rev = next(ln for ln in bwd if ln.kernel == "chunk_bwd_state")
+    assert rerun.args["qg"].numel() <= 1 and rerun.args["kg"].numel() <= 1
+    assert rev.args["qg"] is q and rev.args["kg"] is k and rev.args["scale"] == pytest.approx(32 ** -0.5)
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split-output", "fused-output"])
+@pytest.mark.parametrize("stored", [False, True], ids=["rerun", "stored"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_deltanet_reads_q_and_k_raw_and_matches_the_recurrence(dtype, stored, split):
+    T, H, HV, K, V = 53, 2, 4, 32, 24  # two q/k heads of two value heads each
+    cu = [0, 0, 1, 20, 53]
+    q, k, v, beta, h0 = _inputs(dtype, T, HV, K, V, len(cu) - 1, seed=31, H=H)
+    gen = torch.Generator().manual_seed(32)
+    do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    dht = torch.randn(h0.shape, generator=gen)
+    names = ("q", "k", "v", "beta", "h0")
+    xs = {n: x.clone().requires_grad_() for n, x in zip(names, (q, k, v, beta, h0))}
+    o, ht = chunk_member(S.deltanet(), xs["q"], xs["k"], xs["v"], None, xs["beta"], initial_state=xs["h0"],
+                         output_final_state=True, cu_seqlens=torch.tensor(cu), scale=0.3,
+                         config=ChunkTrainConfig(split_output=split, state_block_v=16),
+                         disable_recompute=stored)
+    mine = torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), [xs[n] for n in names])
+    x64 = {n: x.to(F64).requires_grad_() for n, x in zip(names, (q, k, v, beta, h0))}
+    ro, rh = naive_recurrent_deltanet(x64["q"], x64["k"], x64["v"], x64["beta"], scale=0.3, initial_state=x64["h0"],
+                                      output_final_state=True, cu_seqlens=torch.tensor(cu))
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
+    tol = {F32: 1e-5, F16: 5e-3}[dtype]
+    assert_close(o.float(), ro, tol, "o")
+    assert_close(ht.float(), rh, tol, "final state")
+    for n, a, b in zip(names, mine, ref):
+        assert_close(a.float(), b, tol, f"d{n}")
