@@ -12,7 +12,7 @@ mkdir -p /tmp/tc $OUT/f $OUT/m; [ -f .tcache/autotune.tgz ] && tar xzf .tcache/a
 timeout -k 10 -s INT 300 python3 bench/family_vs_fla.py --out $OUT/f --only gla,fwdbwd,profile --budget 280 \
   --warm-workers 14 --warm-budget 120 > $OUT/run129_gla.log 2>&1
 grep -v "Warn\|warn\|^      " $OUT/run129_gla.log | grep -i "gla\|fwd+bwd\|FLA" | tail -12
-timeout -k 10 -s INT 200 python3 bench/member_train_variants.py --out $OUT/m --member deltanet --variants default \
-  --error-shape 1,64,1,128 --budget 180 > $OUT/run129_deltanet.log 2>&1
+timeout -k 10 -s INT 230 python3 bench/member_train_variants.py --out $OUT/m --member deltanet --variants default \
+  --error-shape 1,64,1,128 --warm-workers 14 --warm-budget 100 --budget 210 > $OUT/run129_deltanet.log 2>&1
 grep -v "^\[fla_warm\]\|^      \|Warn\|warn" $OUT/run129_deltanet.log | tail -8
 (cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/autotune.tgz" -T -)
