@@ -227,10 +227,12 @@ def rel(a, b):
 
 
 # ------------------------------------------------------------------------------- FLA warm-up
-def _warm_worker(index, count, queue, members, shapes):
+def _warm_worker(index, count, queue, members, shapes, unguarded=False):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from fla_warm import keep_share_of_configs
 
+    if unguarded:
+        lift_fla_gdn_guard()
     keep_share_of_configs(index, count)
     done = 0
     for member in members:
@@ -256,7 +258,8 @@ def _warm_worker(index, count, queue, members, shapes):
 def warm_parallel(workers, members, shapes, budget_s):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_warm_worker, args=(i, workers, queue, members, shapes)) for i in range(workers)]
+    procs = [ctx.Process(target=_warm_worker, args=(i, workers, queue, members, shapes, UNGUARDED["on"]))
+             for i in range(workers)]
     for p in procs:
         p.start()
     deadline = time.time() + budget_s
@@ -282,10 +285,26 @@ def _bwd_refused(lib, member):
     return BWD_REFUSED.get((lib, member))
 
 
+# --fla-gdn-unguarded: FLA's GDN backward timed with its Triton-version guard lifted (time only)
+UNGUARDED = {"on": False}
+
+
+def lift_fla_gdn_guard():
+    """Lift FLA 0.6.0's guard on its gated chunk_bwd_dqkwg (Triton >= 3.4, < 3.7.1, Hopper) so its GDN
+    training can be timed beside kdagen's.  FLA says that kernel gives wrong results on this Triton
+    (its issue #640): the time is FLA's, its gradients are not trusted (the errors pass shows them)."""
+    import importlib
+    mod = importlib.import_module("fla.ops.common.chunk_o")
+    mod.TRITON_ABOVE_3_7_1 = True
+    UNGUARDED["on"] = True
+
+
 def fla_gdn_backward_guard() -> str | None:
     """FLA 0.6.0 refuses its GDN backward on Triton >= 3.4, < 3.7.1 with a Hopper GPU (its
     chunk_bwd_dqkwg guard) -- but only after minutes of autotuning the backward's first kernels:
     the same condition, read from FLA's own flags, so the bench skips it up front."""
+    if UNGUARDED["on"]:
+        return None
     try:
         from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
     except Exception:  # noqa: BLE001 - another FLA version: ask the op itself
@@ -517,6 +536,9 @@ def main(argv=None):
     ap.add_argument("--forward-errors-only", action="store_true",
                     help="the errors pass without its gradient rows (their float64 autograd takes minutes per row)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes; runs on the CPU in the interpreter")
+    ap.add_argument("--fla-gdn-unguarded", action="store_true",
+                    help="time FLA's GDN backward with its Triton < 3.7.1 Hopper guard lifted (its gradients are "
+                         "wrong there, FLA #640: the time is its, the errors are reported, not trusted)")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
     unknown = only - set(MEMBERS) - set(PASSES)
@@ -537,6 +559,9 @@ def main(argv=None):
     RES["meta"] = dict(device=torch.cuda.get_device_name() if cuda else "cpu (interpreter)", torch=torch.__version__,
                        triton=triton.__version__, kdagen=kdagen.__version__, smoke=args.smoke,
                        when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), members=members, passes=passes)
+    if args.fla_gdn_unguarded and not args.no_fla:
+        lift_fla_gdn_guard()
+        RES["meta"]["fla_gdn_unguarded"] = True
     log(json.dumps(RES["meta"]))
     try:
         if cuda and not args.no_fla and args.warm_workers > 0:
