@@ -172,6 +172,8 @@ def main():
     ap.add_argument("--errors-only", action="store_true", help="only the bf16 errors at --error-shape")
     ap.add_argument("--launch-check", default="", help="VARIANT: run its launches one at a time at --error-shape, "
                     "synchronising after each, and stop (which launch faults)")
+    ap.add_argument("--fla-gdn-unguarded", action="store_true",
+                    help="time FLA's GDN backward with its Triton < 3.7.1 Hopper guard lifted (family_vs_fla.py's flag)")
     args = ap.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     dev = "cuda" if cuda else "cpu"
@@ -186,6 +188,9 @@ def main():
     deadline = time.time() + args.budget  # checked before each row; FLA's first row (its autotuning) runs regardless
     res = dict(member=member, rows=[], errors=[])
     fla = None if (args.no_fla or not cuda) else F.ops(member, "fla")
+    if fla is not None and args.fla_gdn_unguarded:
+        F.lift_fla_gdn_guard()
+        res["fla_gdn_unguarded"] = True
     if fla is not None and args.warm_workers:
         F.warm_parallel(args.warm_workers, [member], shapes, args.warm_budget)
     names = args.variants.split(",")

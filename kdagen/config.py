@@ -265,9 +265,10 @@ class ChunkBwdConfig(_Config):
     # one more dot per chunk), read from an fp32 qg the re-run (or, keeping intermediates, the forward) writes;
     # dh0's error is qg's rounding (bench/RESULTS.md, session 21).  Half-precision plans; fp32 ones are exact
     qg_split: bool = False
-    # no decay (plan.decay == "identity": DeltaNet), a split intra backward folded into the launches beside
-    # it: dqkw finishes dq and dk's A_qk part, chunk_bwd_wy adds dk's rank-1 part, and the second launch
-    # (with its fp32 round trip of dqg, dkg, dA_qk and dE) is not run (folds_intra)
+    # no decay or a scalar one given as g (DeltaNet, Gated DeltaNet), a split intra backward folded into the
+    # launches beside it: dqkw finishes dq and dk's A_qk part, chunk_bwd_wy adds dk's rank-1 part (and with
+    # a decay takes dg's cumsums), and the second launch (with its fp32 round trip of dqg, dkg, dA_qk and
+    # dE) is not run (folds_intra)
     intra_fold: bool = False
 
     def __post_init__(self):
@@ -330,9 +331,18 @@ class ChunkBwdConfig(_Config):
         """Whether a split intra backward is folded into dqkw and chunk_bwd_wy (``intra_fold``): without a
         decay the second launch's work is products that need no gate, dq = scale (dO S^T + tril(dA_qk) K),
         dk = V' dS^T + scale tril(dA_qk)^T Q + dE K + dE^T K + T^T dW, so dqkw (which holds dA_qk) finishes dq
-        and writes dk's first two terms in fp32, and chunk_bwd_wy (which holds dE and T) adds the rest.  Read
-        only for plans without a decay, so other plans' sources do not name it (nor, from here, intra_split)."""
-        return plan.decay == "identity" and self.splits_intra(plan) and self.intra_fold
+        and writes dk's first two terms in fp32, and chunk_bwd_wy (which holds dE and T) adds the rest.  A
+        scalar decay given as g (Gated DeltaNet without an in-kernel gate) is row scales and exp(G_i - G_j)
+        on the [C, C] tiles, so the same split holds: dqkw also writes its share of dg's per-row sums and
+        chunk_bwd_wy adds its own and takes dg's cumsums.  Read only for those plans, so other plans'
+        sources do not name it (nor, from here, intra_split)."""
+        return self.fold_candidate(plan) and self.splits_intra(plan) and self.intra_fold
+
+    @staticmethod
+    def fold_candidate(plan) -> bool:
+        """Plans whose split intra backward can fold (:meth:`folds_intra`): no decay, or a scalar one given
+        as g (an in-kernel gate's derivative stays in the unfolded launch)."""
+        return plan.decay == "identity" or (plan.decay == "scalar" and not plan.gate_in_kernel)
 
     def splits_k(self, plan) -> bool:
         """Whether the split's second launch (dq, dk, dg) takes one K tile per program (grid axis 2):

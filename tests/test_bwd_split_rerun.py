@@ -6,11 +6,12 @@
   same operations and dE crosses between them in float32 -- for KDA (bounded and unbounded
   gates, the in-kernel gate), Gated DeltaNet (a scalar decay: its dg sums the channels) and
   DeltaNet (no decay), fp32 and fp16, K over several tiles and K not a multiple of the tile;
-* ``ChunkBwdConfig.intra_fold`` (no decay: DeltaNet): the split's second launch folded into dqkw
-  (dq finished, dk's A_qk part) and chunk_bwd_wy (dk's rank-1 part) gives the split's dq and dk to
-  float rounding (the products are summed in another order) and its dv, dbeta and dh0 bit for bit,
-  and DeltaNet's gradients through it match the float64 recurrence (GVA, varlen with length-0/1
-  sequences, K over masked tiles);
+* ``ChunkBwdConfig.intra_fold`` (no decay: DeltaNet; a scalar decay given as g: Gated DeltaNet): the
+  split's second launch folded into dqkw (dq finished, dk's A_qk part, its share of dg's sums) and
+  chunk_bwd_wy (dk's rank-1 part, dg's cumsums) gives the split's dq, dk and dg to float rounding (the
+  products are summed in another order) and its dv, dbeta and dh0 bit for bit, and both members'
+  gradients through it match the float64 recurrence (GVA, varlen with length-0/1 sequences, K over
+  masked tiles, a reset g = -inf);
 * recompute mode's chunk_bwd_rerun rebuilds from the kept A_qk and T exactly what the
   forward's intra launch wrote (qg, kg, W, G_n);
 
@@ -34,7 +35,7 @@ from kdagen.codegen.render import family_kernels, render
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
 from kdagen.ops.chunk import chunk_kda_bwd_launches
 from kdagen.ops.member import chunk_member_launches
-from kdagen.spec.reference import naive_recurrent_deltanet
+from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
 
 F32, F16 = torch.float32, torch.float16
 OUT_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_part", "dbias_part")
@@ -111,6 +112,11 @@ def test_split_intra_equals_the_fused_launch(case):
 FOLD_CASES = [
     # (id, dtype, K, V, extra config)
     ("fp32-K32", F32, 32, 32, {}),
+    # dqkw over two K tiles: a scalar decay's dg shares of both summed by the wy launch
+    ("fp32-K64-two-dqkw-tiles-gdn", F32, 64, 32, dict(dqkw_block_k=32, intra_block_k=16)),
+    ("fp32-K40-masked-tiles-gdn", F32, 40, 24, dict(dqkw_block_k=16, intra_block_k=16)),
+    ("fp16-K32-gdn", F16, 32, 32, {}),
+    ("fp32-K32-C64-gdn", F32, 32, 32, dict(chunk_size=64, sub_chunk=32, state_block_v=32)),
     # dqkw over two K tiles (each forms the whole dA_qk), the wy launch's K loop over four
     ("fp32-K64-two-dqkw-tiles", F32, 64, 32, dict(dqkw_block_k=32, intra_block_k=16)),
     ("fp32-K40-masked-tiles", F32, 40, 24, dict(dqkw_block_k=16, intra_block_k=16)),
@@ -123,19 +129,23 @@ FOLD_CASES = [
 
 @pytest.mark.parametrize("case", FOLD_CASES, ids=[c[0] for c in FOLD_CASES])
 def test_folded_split_matches_the_split(case):
-    _, dtype, K, V, extra = case
+    cid, dtype, K, V, extra = case
+    member = "gdn" if cid.endswith("-gdn") else "deltanet"
     split_cfg = ChunkBwdConfig(intra_block_v=16, intra_split=True, **extra)
-    _, split = _run(_member("deltanet", dtype, K, V, split_cfg))
-    kinds, fold = _run(_member("deltanet", dtype, K, V, split_cfg.replace(intra_fold=True)))
+    _, split = _run(_member(member, dtype, K, V, split_cfg))
+    kinds, fold = _run(_member(member, dtype, K, V, split_cfg.replace(intra_fold=True)))
     rerun = [] if extra.get("store_intermediates") else ["chunk_bwd_rerun"]
     assert kinds == rerun + ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy"]
     assert fold.keys() == split.keys() and {"dq", "dk", "dv", "dbeta", "dh0"} <= fold.keys()
+    if member == "gdn":  # dg one per token and value head, written by the wy launch
+        assert fold["dg"].shape == fold["dq"].shape[:3]
     for n in ("dv", "dbeta", "dh0"):  # launches the fold leaves as they were
         assert torch.equal(fold[n], split[n]), n
-    # dq and dk: the same products summed in another order (dA_qk's part first, in dqkw), and in half
-    # precision dA_qk rounded before its scale rather than after
+    # dq, dk (and dg): the same products summed in another order (dA_qk's part first, in dqkw; dg's sums
+    # over channels before its cumsums), and in half precision dA_qk (and dE) rounded after their decay
+    # factors and before the scale
     tol = 2e-6 if dtype == F32 else 1e-3
-    for n in ("dq", "dk"):
+    for n in ("dq", "dk", "dg") if member == "gdn" else ("dq", "dk"):
         a, b = fold[n].float(), split[n].float()
         assert torch.isfinite(a).all() and b.abs().max() > 1e-2, n
         assert (a - b).abs().max() <= tol * b.abs().max(), f"{n}: max difference {(a - b).abs().max()}"
@@ -177,11 +187,58 @@ def test_folded_gradients_match_the_recurrence(dtype):
     assert torch.equal(out["dh0"][0], dht[0])  # a length-0 sequence passes the state's gradient through
 
 
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_folded_gdn_gradients_match_the_recurrence(dtype):
+    """Gated DeltaNet's gradients (dg included) with the folded split against float64 autograd through the
+    token-by-token recurrence: GVA, varlen with sequences of length 0 and 1, K = 40 over masked tiles of 16
+    in dqkw (three tiles whose dg shares the wy launch sums) and the wy launch, a reset (g = -inf) inside a
+    chunk, an initial state and the final state's gradient."""
+    T, HV, K, V = 37, 2, 40, 24
+    cu = [0, 0, 1, 20, 37]
+    gen = torch.Generator().manual_seed(12)
+    q = torch.randn(1, T, 1, K, generator=gen).to(dtype)
+    k = F.normalize(torch.randn(1, T, 1, K, generator=gen), dim=-1).to(dtype)
+    v = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    beta = torch.rand(1, T, HV, generator=gen).to(dtype)
+    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 1.0)
+    g[0, 27, 1] = -float("inf")  # a full reset of one value head's state, mid-chunk
+    g = g.to(dtype)
+    h0 = torch.randn(len(cu) - 1, HV, K, V, generator=gen)
+    do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    dht = torch.randn(h0.shape, generator=gen)
+    cfg = ChunkBwdConfig(intra_split=True, intra_fold=True, intra_block_k=16, intra_block_v=16, dqkw_block_k=16)
+    fwd, bwd, out = chunk_member_launches(S.gdn(), q, k, v, g, beta, training=True, output_final_state=True,
+                                          initial_state=h0, cu_seqlens=torch.tensor(cu), bwd_config=cfg,
+                                          do=do, dht=dht)
+    assert [ln.kernel for ln in bwd] == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_wy"]
+    assert bwd[2].grid[2] == 3 and bwd[3].args["NKQ"] == 3  # K = 40 in three tiles of 16, the last masked
+    for ln in list(fwd) + list(bwd):
+        ln()
+    names = ("q", "k", "v", "g", "beta", "h0")
+    x64 = {n: x.to(F64).requires_grad_() for n, x in zip(names, (q, k, v, g, beta, h0))}
+    ro, rh = naive_recurrent_gdn(x64["q"], x64["k"], x64["v"], x64["g"], x64["beta"], initial_state=x64["h0"],
+                                 output_final_state=True, cu_seqlens=torch.tensor(cu))
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
+    mine = (out["dq"].float().sum(2, keepdim=True), out["dk"].float().sum(2, keepdim=True),  # over the value heads
+            out["dv"], out["dg"], out["dbeta"], out["dh0"])
+    for n, a, b in zip(names, mine, ref):
+        assert a.shape == b.shape, n
+        if n == "g":  # a reset's own dg: the recurrence's is 0 * inf-free (exp(-inf) = 0); compare the finite rest
+            keep = torch.isfinite(b)
+            assert torch.isfinite(a).all()
+            a, b = a[keep], b[keep]
+        assert_close(a.float(), b, {F32: 1e-5, F16: 5e-3}[dtype], f"d{n}")
+    assert torch.equal(out["dh0"][0], dht[0])  # a length-0 sequence passes the state's gradient through
+
+
 def test_fold_is_a_no_decay_plans_and_renders_no_second_launch():
     dn = lower(S.deltanet(), 64, 64, "bfloat16", "chunk")
     kda = lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk")
     fold = ChunkBwdConfig(intra_split=True, intra_fold=True)
     assert fold.folds_intra(dn) and not fold.folds_intra(kda)
+    gdn = lower(S.gdn(), 64, 64, "bfloat16", "chunk")  # a scalar decay given as g folds too
+    assert fold.folds_intra(gdn) and "chunk_bwd_intra" not in family_kernels("chunk_bwd", gdn, fold)
+    assert "dgr" in render("chunk_bwd_dqkw", gdn, fold).text and "dgr" not in render("chunk_bwd_dqkw", dn, fold).text
     assert not ChunkBwdConfig(intra_fold=True).folds_intra(dn)  # folds a split only
     kinds = family_kernels("chunk_bwd", dn, fold)
     assert "chunk_bwd_wy" in kinds and "chunk_bwd_intra" not in kinds

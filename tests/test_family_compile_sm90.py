@@ -41,6 +41,12 @@ CASES = [
     # the split as it ran before the fold became DeltaNet's half-precision default: both intra launches
     ("deltanet-bf16-K128V128-unfolded-split", "deltanet", "bfloat16", 128, 128,
      dict(bwd=dict(intra_split=True, intra_block_v=64, intra_num_warps=2, dqkw_block_k=128, dqkw_block_v=64))),
+    # Gated DeltaNet's split unfolded (as before the fold became its half-precision default, session 26), and
+    # folded over two masked K tiles of 64 in dqkw (its dg shares summed by the wy launch), varlen
+    ("gdn-bf16-K128V128-unfolded-split", "gdn", "bfloat16", 128, 128,
+     dict(bwd=dict(intra_split=True, intra_block_v=64, intra_num_warps=2, dqkw_block_k=128, dqkw_block_v=64))),
+    ("gdn-fp16-K96V64-varlen-fold", "gdn", "float16", 96, 64,
+     dict(varlen=True, bwd=dict(intra_split=True, intra_fold=True, intra_block_k=64, dqkw_block_k=64))),
     # GLA (no rank-1 part): with a bound (factorised diagonal tiles) and without (element-wise)
     ("gla-bf16-K128V128-bound", "gla", "bfloat16", 128, 128, dict(bound=-5.0)),
     ("gla-bf16-K128V128", "gla", "bfloat16", 128, 128, {}),
@@ -152,9 +158,10 @@ def test_family_kernels_compile_for_sm90(case, compiled):
     # intra-chunk gradients split (a rank-1 part in half precision: the heuristic)
     split = member != "gla" and case[2] in ("bfloat16", "float16") and case[3] <= 128
     # no second intra launch where dqkw and the wy launch do its work: a case's own config says; the heuristic
-    # folds DeltaNet's split in half precision (run 115)
+    # folds DeltaNet's split in half precision (run 115), and Gated DeltaNet's with g given (session 26)
     bwd = case[5].get("bwd")
-    fold = bwd.get("intra_fold", False) if bwd is not None else member == "deltanet" and split
+    fold = (bwd.get("intra_fold", False) if bwd is not None
+            else split and (member == "deltanet" or (member == "gdn" and not case[5].get("gik"))))
     # the training forward splits its output out of the state pass (chunk_out) in half precision at K <= 128
     # (a case's own ChunkTrainConfig keeps the dataclass default, the fused pass)
     out = case[2] in ("bfloat16", "float16") and case[3] <= 128 and "train" not in case[5]

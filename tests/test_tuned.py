@@ -358,23 +358,28 @@ def test_training_inverse_on_tf32_dots_in_half_precision_only():
 
 
 def test_deltanet_backward_folds_its_split_intra_launch_by_default():
-    """Issue 15 (bench/RESULTS.md, run 115): without a decay the half-precision backward's split intra
-    gradients are folded into dqkw and the wy launch (no chunk_bwd_intra launch), with the wy launch's K loop
-    on 64-wide tiles; plans with a decay, fp32 plans and 64-row chunks keep the launches as they were."""
+    """Issue 15 (bench/RESULTS.md, run 115; session 26 for Gated DeltaNet): without a decay, or with a scalar
+    one given as g, the half-precision backward's split intra gradients are folded into dqkw and the wy
+    launch (no chunk_bwd_intra launch), with the wy launch's K loop on 64-wide tiles; a per-channel decay,
+    an in-kernel gate, fp32 plans and 64-row chunks keep the launches as they were."""
     from kdagen.codegen.render import family_kernels
 
     for dt in ("bfloat16", "float16"):
-        dn = lower(S.deltanet(), 128, 128, dt, "chunk", False)
-        cfg = default_chunk_bwd_config(dn)
-        assert cfg.folds_intra(dn) and cfg.intra_block_k == 64, dt
-        assert "chunk_bwd_intra" not in family_kernels("chunk_bwd", dn, cfg) and "chunk_bwd_wy" in family_kernels("chunk_bwd", dn, cfg)
-        narrow = lower(S.deltanet(), 32, 32, dt, "chunk", False)  # the tile follows the head dim
-        assert default_chunk_bwd_config(narrow).intra_block_k == narrow.BK == 32
+        for spec in (S.deltanet(), S.gdn(S.gate_direct(None))):
+            dn = lower(spec, 128, 128, dt, "chunk", False)
+            cfg = default_chunk_bwd_config(dn)
+            assert cfg.folds_intra(dn) and cfg.intra_block_k == 64, (dt, spec.name)
+            kinds = family_kernels("chunk_bwd", dn, cfg)
+            assert "chunk_bwd_intra" not in kinds and "chunk_bwd_wy" in kinds
+            narrow = lower(spec, 32, 32, dt, "chunk", False)  # the tile follows the head dim
+            assert default_chunk_bwd_config(narrow).intra_block_k == narrow.BK == 32
     fp32 = lower(S.deltanet(), 128, 128, "float32", "chunk", False)
     assert not default_chunk_bwd_config(fp32).folds_intra(fp32)
     kda = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
-    gdn = lower(S.gdn(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", False)
-    for plan in (kda, gdn):
+    from kdagen.ops.family import gdn_spec
+    gdn_gik = lower(gdn_spec(True, True), 128, 128, "bfloat16", "chunk", True)  # FLA's in-kernel gate: dz in the intra launch
+    assert gdn_gik.gate_in_kernel and gdn_gik.decay == "scalar"
+    for plan in (kda, gdn_gik):
         cfg = default_chunk_bwd_config(plan)
         assert cfg.splits_intra(plan) and not cfg.folds_intra(plan), plan.spec_name
         assert "chunk_bwd_intra" in family_kernels("chunk_bwd", plan, cfg)

@@ -335,11 +335,12 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
                 # 22.23 -> 11.98 ms at (1, 8192, 96, 128), 15.45 -> 8.71 ms at (2, 16384, 16, 128) for
                 # the whole step (bench/RESULTS.md, run 85); BK=16 on 4 warps 15.27 / 11.12
                 intra["intra_num_warps"] = 4
-            if plan.decay == "identity" and plan.has_rank1:
+            if ChunkBwdConfig.fold_candidate(plan) and plan.has_rank1:
                 # no decay (DeltaNet): the split's second launch folded into dqkw and the wy launch
                 # (ChunkBwdConfig.folds_intra), the wy launch's K loop on 64-wide tiles.  The whole step at
                 # (1, 8192, 96, 128) 5.213 -> 4.640 ms, every bf16 gradient's error against float64 the same
-                # to 3 digits (bench/RESULTS.md, run 115; FLA 4.551 ms in run 111)
+                # to 3 digits (bench/RESULTS.md, run 115; FLA 4.551 ms in run 111).  A scalar decay given as g
+                # (Gated DeltaNet) folds the same way (session 26)
                 intra.update(intra_fold=True, intra_block_k=min(64, plan.BK))
             # the re-run on one warp: 0.657 -> 0.584 / 0.433 -> 0.410 ms (run 78; run 73: 0.659 -> 0.588)
             rerun_warps = 1

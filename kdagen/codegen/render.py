@@ -88,7 +88,7 @@ def intra_part(kernel: str, plan: Plan, config: _Config) -> str:
         return "wy"
     if config.folds_intra(plan):
         raise ConfigError("chunk_bwd_intra is not run where a split intra backward is folded (intra_fold=True, "
-                          "no decay): dqkw and chunk_bwd_wy do its work")
+                          "no decay or a scalar one given as g): dqkw and chunk_bwd_wy do its work")
     return "dqkg" if config.splits_intra(plan) else "fused"
 
 
@@ -207,6 +207,7 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             v["part"] = intra_part(kernel, plan, config)
             v["k_split"] = v["part"] == "dqkg" and config.splits_k(plan)
             v["fold"] = v["part"] == "wy" and config.folds_intra(plan)
+            v["scalar_fold"] = v["fold"] and plan.decay == "scalar"
     elif kernel == "recurrent":
         v["readout_loaded"] = config.readout == "loaded"
         v["persistent"] = config.programs_per_sm > 0
@@ -232,6 +233,9 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     elif kernel == "chunk_bwd_dqkw":
         v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
         v["fold"] = config.folds_intra(plan)
+        v["scalar_fold"] = v["fold"] and plan.decay == "scalar"
+        if v["scalar_fold"]:
+            v["g_floor"] = repr(G_FLOOR)
     return v
 
 

@@ -15,8 +15,9 @@ intermediates are at hand.
    q, k, g, beta and write dq, dk (per value head), dv, dbeta and dg (dz for an in-kernel
    gate, plus per-chunk partials of dA_log / ddt_bias).  With ``intra_split`` two launches:
    chunk_bwd_wy (dv, dbeta, and dE and T for the next), then dq, dk, dg per K tile.  Without a
-   decay and with ``intra_fold`` (ChunkBwdConfig.folds_intra) the second is folded away: launch 2
-   finishes dq and writes dk's A_qk part (fp32), chunk_bwd_wy adds dk's rank-1 part.
+   decay (or with a scalar one given as g) and with ``intra_fold`` (ChunkBwdConfig.folds_intra) the second
+   is folded away: launch 2 finishes dq and writes dk's A_qk part (fp32) and its share of dg's sums,
+   chunk_bwd_wy adds dk's rank-1 part and takes dg's cumsums.
 
 Only the sequential recurrence is in launch 1 (three dots per chunk); everything that can
 run per chunk is in 2 and 3.  What is left to torch: the GVA sum of dq/dk over the value
@@ -184,11 +185,22 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     fold = cfg.folds_intra(plan)
     bk = min(cfg.dqkw_block_k, plan.BK)
     dqkw_const = dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
-    if fold:  # no decay: dqkw finishes dq and writes dk's A_qk part for chunk_bwd_wy
+    nkq = triton.cdiv(K, bk)
+    scalar_fold = fold and plan.decay == "scalar"
+    if fold:  # no decay (or a scalar one): dqkw finishes dq and writes dk's A_qk part for chunk_bwd_wy
         dkp = torch.empty(B, T, HV, K, dtype=f32, device=dev)
-        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"], dq=dq, dkp=dkp, dw=dw,
-                         cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
+        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"])
+        if scalar_fold:  # and its K tiles' shares of dg's sums: per row (A_qk and qg; kg) and per chunk (gamma_n)
+            dgr = torch.empty(nkq, B * T, HV, dtype=f32, device=dev)
+            dgk = torch.empty_like(dgr)
+            dgn = torch.empty(nkq, NTt, HV, dtype=f32, device=dev)
+            dqkw_args.update(g=inputs["g"], dq=dq, dkp=dkp, dw=dw, dgr=dgr, dgk=dgk, dgn=dgn)
+        else:
+            dqkw_args.update(dq=dq, dkp=dkp, dw=dw)
+        dqkw_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
                          scale=float(meta.scale))
+        if scalar_fold:
+            dqkw_args.update(T_all=B * T, NT_all=NTt)
         dqkw_const = dict(H=H, **dqkw_const)
     else:
         dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
@@ -197,7 +209,7 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
         dgn = torch.empty(NTt, HV, K, dtype=f32, device=dev)
         dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, dqg=dqg, dkg=dkg, dw=dw, daqk=daqk, dgn=dgn,
                          cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT)
-    dqkw = Launch("chunk_bwd_dqkw", built.fn("chunk_bwd_dqkw"), (meta.NT_total, HV, triton.cdiv(K, bk)), dqkw_args,
+    dqkw = Launch("chunk_bwd_dqkw", built.fn("chunk_bwd_dqkw"), (meta.NT_total, HV, nkq), dqkw_args,
                   dqkw_const, cfg.dqkw_num_warps, cfg.dqkw_num_stages)
     # dg: per channel, one per token for a scalar decay (summed over the channels in the kernel), none
     # without a decay
@@ -210,10 +222,16 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     intra_const = dict(H=H, HV=HV, K=K, V=V, BT=C, BC=cfg.sub_chunk, BK=min(cfg.intra_block_k, plan.BK),
                        BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
     outputs = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
-    if fold:  # (no decay: no gate, no dg, no repair launches)
-        wy_args = dict(k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"], du=du, dw=dw, dkp=dkp,
-                       dv=dv, dbeta=dbeta, dk=dk, cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices,
-                       T=T, NT=meta.NT)
+    if fold:  # (no in-kernel gate, no repair launches; a scalar decay's dg from dqkw's shares and the wy launch)
+        wy_args = dict(k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"], du=du, dw=dw, dkp=dkp)
+        if scalar_fold:
+            wy_args.update(dgr=dgr, dgk=dgk, dgn=dgn)
+        wy_args.update(dv=dv, dbeta=dbeta, dk=dk)
+        if scalar_fold:
+            wy_args["dg"] = dg
+        wy_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT)
+        if scalar_fold:
+            wy_args.update(T_all=B * T, NT_all=NTt, NKQ=nkq)
         wy = Launch("chunk_bwd_wy", built.fn("chunk_bwd_wy"), (meta.NT_total, HV), wy_args, intra_const,
                     cfg.intra_num_warps, cfg.intra_num_stages)
         return rerun + (state, dqkw, wy), outputs
