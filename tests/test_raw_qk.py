@@ -1,6 +1,8 @@
 """Plans without a decay (DeltaNet) write no qg or kg (``Plan.raw_qk``): qg = q scale and kg = k, so the
 training forward's intra launch and the backward's re-run skip them, and the state passes and the output
-launch read q and k from the inputs ([B, T, H, K], the scale applied after the product).  Checked here:
+launch read q and k from the inputs ([B, T, H, K], the scale applied after the product).  Half-precision
+plans with a scalar decay given as g (Gated DeltaNet, ``Plan.qk_row_scaled``) do the same, their readers
+forming qg = q exp(G) and kg = k exp(G_n - G) from q, k and g.  Checked here:
 
 * which plans take it, and that the writing launches' sources store no qg / kg for them (and still do for
   a decayed plan);
@@ -8,7 +10,9 @@ launch read q and k from the inputs ([B, T, H, K], the scale applied after the p
 * DeltaNet's output, final state and gradients against float64 autograd through the token-by-token
   recurrence with GVA (two q/k heads of two value heads each), varlen with length-0/1 sequences, in the four
   combinations of the output's launch (fused in the state pass, or split out) and the backward's
-  intermediates (re-run, or kept from the forward), fp32 and fp16.
+  intermediates (re-run, or kept from the forward), fp32 and fp16;
+* Gated DeltaNet's (dg too) the same way in fp16 (row-scaled) and fp32 (qg and kg written), with a reset
+  (g = -inf) inside a chunk.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.ops.member import chunk_member, chunk_member_launches
-from kdagen.spec.reference import naive_recurrent_deltanet
+from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
 
 F32, F16 = torch.float32, torch.float16
 
@@ -88,4 +92,60 @@ def test_deltanet_reads_q_and_k_raw_and_matches_the_recurrence(dtype, stored, sp
     assert_close(o.float(), ro, tol, "o")
     assert_close(ht.float(), rh, tol, "final state")
     for n, a, b in zip(names, mine, ref):
+        assert_close(a.float(), b, tol, f"d{n}")
+
+
+def test_half_precision_scalar_decay_plans_form_qg_and_kg_in_their_readers():
+    plans = {(name, dt): lower(S.get_spec("kda", lower_bound=-5.0) if name == "kda" else S.get_spec(name), 64, 64,
+                               dt, "chunk") for name in ("kda", "gdn", "deltanet", "gla", "dplr")
+             for dt in ("bfloat16", "float16", "float32")}
+    assert {k for k, p in plans.items() if p.qk_row_scaled} == {("gdn", "bfloat16"), ("gdn", "float16")}
+    assert {k for k, p in plans.items() if p.qk_from_inputs} == (
+        {("gdn", "bfloat16"), ("gdn", "float16")} | {("deltanet", dt) for dt in ("bfloat16", "float16", "float32")})
+    from kdagen.ops.family import gdn_spec
+    assert not lower(gdn_spec(True, True), 64, 64, "bfloat16", "chunk", True).qk_row_scaled  # the in-kernel gate
+    cfg, bcfg = ChunkTrainConfig(), ChunkBwdConfig()
+    for dt, written in (("float16", False), ("float32", True)):
+        plan = plans[("gdn", dt)]
+        for src in (render("chunk_intra", plan, cfg).text, render("chunk_bwd_rerun", plan, bcfg).text):
+            assert ("tl.store(qg" in src, "tl.store(kg" in src) == (written, written), dt
+        for kernel in ("chunk_state", "chunk_bwd_state"):  # the readers form them from g, or load them
+            assert ("b_gam = tl.exp(" in render(kernel, plan, cfg if kernel == "chunk_state" else bcfg).text) != written
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split-output", "fused-output"])
+@pytest.mark.parametrize("stored", [False, True], ids=["rerun", "stored"])
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
+def test_gdn_forms_qg_and_kg_in_its_readers_and_matches_the_recurrence(dtype, stored, split):
+    T, H, HV, K, V = 53, 2, 4, 32, 24  # two q/k heads of two value heads each
+    cu = [0, 0, 1, 20, 53]
+    q, k, v, beta, h0 = _inputs(dtype, T, HV, K, V, len(cu) - 1, seed=41, H=H)
+    gen = torch.Generator().manual_seed(42)
+    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 1.0)
+    g[0, 37, 2] = -float("inf")  # a reset of one value head's state, mid-chunk
+    g = g.to(dtype)
+    do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
+    dht = torch.randn(h0.shape, generator=gen)
+    names = ("q", "k", "v", "g", "beta", "h0")
+    xs = {n: x.clone().requires_grad_() for n, x in zip(names, (q, k, v, g, beta, h0))}
+    fwd, _, _ = chunk_member_launches(S.gdn(), q, k, v, g, beta, training=True, initial_state=h0,
+                                      cu_seqlens=torch.tensor(cu), config=ChunkTrainConfig(split_output=split))
+    assert (fwd[1].args["kg"] is k) == (dtype == F16)  # row-scaled: the input itself, no kg buffer
+    o, ht = chunk_member(S.gdn(), xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], initial_state=xs["h0"],
+                         output_final_state=True, cu_seqlens=torch.tensor(cu), scale=0.3,
+                         config=ChunkTrainConfig(split_output=split, state_block_v=16),
+                         disable_recompute=stored)
+    mine = torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), [xs[n] for n in names])
+    x64 = {n: x.to(F64).requires_grad_() for n, x in zip(names, (q, k, v, g, beta, h0))}
+    ro, rh = naive_recurrent_gdn(x64["q"], x64["k"], x64["v"], x64["g"], x64["beta"], scale=0.3,
+                                 initial_state=x64["h0"], output_final_state=True, cu_seqlens=torch.tensor(cu))
+    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
+    tol = {F32: 1e-5, F16: 5e-3}[dtype]
+    assert_close(o.float(), ro, tol, "o")
+    assert_close(ht.float(), rh, tol, "final state")
+    for n, a, b in zip(names, mine, ref):
+        if n == "g":  # the reset's own dg is not finite in the float64 recurrence (0 * inf); the rest is compared
+            assert torch.isfinite(a).all()
+            keep = torch.isfinite(b)
+            a, b = a[keep], b[keep]
         assert_close(a.float(), b, tol, f"d{n}")

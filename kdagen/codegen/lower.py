@@ -69,6 +69,21 @@ class Plan:
         launch writes them and their readers take q and k ([B, T, H, K]) with the scale after the product."""
         return self.decay == "identity" and self.structure != "dplr"
 
+    @property
+    def qk_row_scaled(self) -> bool:
+        """Whether qg and kg are q and k times one number per row (a scalar decay given as g: qg = q exp(G),
+        kg = k exp(G_n - G)), formed by their readers from q, k and g rather than written: half-precision
+        plans, whose readers round them as the writer would (fp32 plans keep kg's reverse cumsum, which
+        the difference G_n - G their readers take would not match to 1e-5 after resets)."""
+        return (self.decay == "scalar" and self.structure != "dplr" and not self.gate_in_kernel
+                and self.dtype != "float32")
+
+    @property
+    def qk_from_inputs(self) -> bool:
+        """Whether no launch writes qg and kg (:attr:`raw_qk` or :attr:`qk_row_scaled`): their readers take
+        q and k from the inputs."""
+        return self.raw_qk or self.qk_row_scaled
+
     def to_dict(self):
         return asdict(self)
 

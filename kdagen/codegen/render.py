@@ -158,7 +158,13 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         # no decay: qg = q scale and kg = k, so the launches that would write them do not, and their readers
         # take q and k from the inputs ([B, T, H, K], the scale after the product): 4 [T, HV, K] tensors fewer
         # written and read per training step
-        v["raw_qk"] = plan.raw_qk
+        # a scalar decay given as g (half precision): the same, the readers scaling q and k's rows by exp(G)
+        # and exp(G_n - G) from g (plan.qk_row_scaled)
+        v["raw_qk"] = plan.qk_from_inputs
+        if kernel in ("chunk_state", "chunk_out", "chunk_bwd_state"):
+            v["row_scaled"] = plan.qk_row_scaled
+            if plan.qk_row_scaled:
+                v["g_floor"] = repr(G_FLOOR)
     if kernel in ("chunk_solve", "chunk_pass", "chunk_seg_pass"):
         v.update(_forward_vars(kernel, plan, config))
     elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd", "chunk_seg_state", "chunk_seg_combine"):
@@ -178,8 +184,9 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             # rounding q exp(G) scale instead put dh0's bf16 error 14% above FLA's over 13 input draws,
             # bench/RESULTS.md run 120).  qg from the forward's intra launch carries the scale.
             # no decay (raw_qk): q itself, the scale after the product, whichever launch would have written qg
-            v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.raw_qk
-            v["qg_split"] = v["qg_split"] and not plan.raw_qk  # (q is exact in its dtype)
+            v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.qk_from_inputs
+            # (q is exact in its dtype; a row-scaled qg is formed in the pass, from q, not split)
+            v["qg_split"] = v["qg_split"] and not plan.qk_from_inputs
         if kernel == "chunk_seg_combine":
             # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
             # kdagen/ops/chunk_segments.py on the error)

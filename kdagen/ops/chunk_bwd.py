@@ -107,7 +107,7 @@ def qg_dtype(config: ChunkBwdConfig, inter_dtype: torch.dtype) -> torch.dtype:
 def _rebuilt_buffers(meta: BwdMeta, dev) -> dict[str, torch.Tensor]:
     """Buffers for the qg, kg, W and G_n a re-run writes (W a dummy without a rank-1 part)."""
     shape = (meta.B, meta.T, meta.HV, meta.K)
-    if meta.plan.raw_qk:  # no decay: qg and kg are not written (the reverse pass reads q and k)
+    if meta.plan.qk_from_inputs:  # qg and kg are not written (the reverse pass forms them from q and k)
         qg = kg = dummy_pointer(dev)
     else:
         kg = torch.empty(shape, dtype=meta.inter_dtype, device=dev)
@@ -162,15 +162,15 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dhs = torch.empty(NTt, HV, K, V, dtype=hs.dtype, device=dev)
     dh0 = torch.empty(state_shape(N, HV, K, V, meta.state_v_first), dtype=f32, device=dev) if need_dh0 else None
     # (no decay: the inputs q and k where qg and kg would be, with their head count)
-    rq, kq = (q, inputs["k"]) if plan.raw_qk else (inter["qg"], inter["kg"])
+    rq, kq = (q, inputs["k"]) if plan.qk_from_inputs else (inter["qg"], inter["kg"])
     state_args = dict(qg=rq, kg=kq, w=inter["w"], aqk=inter["aqk"], gn=inter["gn"],
-                      do=do, dht=dht if dht is not None else dummy,
+                      **(dict(g=inputs["g"]) if plan.qk_row_scaled else {}), do=do, dht=dht if dht is not None else dummy,
                       du=du, dhs=dhs, dh0=dh0 if dh0 is not None else dummy,
                       cu_seqlens=meta.cu_seqlens, chunk_offsets=meta.chunk_offsets, T=T, NT=meta.NT)
-    if cfg.reruns_from_saved(plan) or plan.raw_qk:  # qg is q exp(G) (or q): the pass applies the scale
+    if cfg.reruns_from_saved(plan) or plan.qk_from_inputs:  # qg is q exp(G) (or q): the pass applies the scale
         state_args["scale"] = float(meta.scale)
     state = Launch("chunk_bwd_state", built.fn("chunk_bwd_state"), (NV, N * HV), state_args,
-                   dict(**(dict(H=H) if plan.raw_qk else {}), HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
+                   dict(**(dict(H=H) if plan.qk_from_inputs else {}), HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, USE_DHT=dht is not None,
                         STORE_DH0=need_dh0, IS_VARLEN=meta.is_varlen, STATE_V_FIRST=meta.state_v_first),
                    cfg.state_num_warps, cfg.state_num_stages)
     # a dot operand only, like dU; without a rank-1 part there is no W

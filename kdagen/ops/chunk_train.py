@@ -52,7 +52,8 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     NT = triton.cdiv(T, C)
     inter = storage(config.intermediates, q.dtype)
     dummy = dummy_pointer(dev)
-    if plan.raw_qk:  # no decay: qg = q scale and kg = k are not written; the state and output launches read q, k
+    if plan.qk_from_inputs:  # qg and kg are not written (no decay: q scale and k; a scalar decay: q, k times
+        # exp(G), exp(G_n - G) per row, formed by their readers from g): the state and output launches read q, k
         qg = kg = dummy
     else:
         kg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
@@ -103,10 +104,11 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
         intra = intra.with_repair()
     bv = min(config.state_block_v, plan.BV)
     # (no decay: the inputs q and k where qg and kg would be, with the scale and their head count)
-    rq, kq = (q, k) if plan.raw_qk else (qg, kg)
-    raw = dict(scale=float(scale)) if plan.raw_qk else {}
-    raw_h = dict(H=H) if plan.raw_qk else {}
-    state_args = dict(qg=rq, kg=kq, w=w, u=u, aqk=aqk, gn=gn, **(dict(v=v, aqv=aqv, kgv=kgv) if dplr else {}), o=o,
+    rq, kq = (q, k) if plan.qk_from_inputs else (qg, kg)
+    raw = dict(scale=float(scale)) if plan.qk_from_inputs else {}
+    raw_h = dict(H=H) if plan.qk_from_inputs else {}
+    rows = dict(g=g) if plan.qk_row_scaled else {}  # (the row factors' gate)
+    state_args = dict(qg=rq, kg=kq, w=w, u=u, aqk=aqk, gn=gn, **rows, **(dict(v=v, aqv=aqv, kgv=kgv) if dplr else {}), o=o,
                       h0=initial_state if initial_state is not None else dummy,
                       ht=ht if ht is not None else dummy, hs=hs if hs is not None else dummy,
                       vn=vn if vn is not None else dummy,
@@ -121,7 +123,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     if not split:
         return (intra, state), (o, ht, hs)
     obv = min(config.out_block_v, plan.BV)
-    out_args = dict(qg=rq, hs=hs, aqk=aqk, vn=vn, **(dict(v=v, aqv=aqv) if dplr else {}), o=o, cu_seqlens=cu,
+    out_args = dict(qg=rq, hs=hs, aqk=aqk, vn=vn, **rows, **(dict(v=v, aqv=aqv) if dplr else {}), o=o, cu_seqlens=cu,
                     chunk_indices=chunk_indices if chunk_indices is not None else dummy,
                     chunk_offsets=chunk_offsets if chunk_offsets is not None else dummy, T=T, NT=NT, **raw)
     out = Launch("chunk_out", built.fn("chunk_out"), (triton.cdiv(V, obv), NT_total, HV), out_args,
