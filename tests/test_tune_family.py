@@ -183,15 +183,16 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
     assert n_mine * 4 == n_full and n_mine > 0  # factor_precision and solve_load_ahead: two values each
 
 
-def test_a_no_decay_plans_backward_space_adds_the_fold_and_its_intra_stage_times_dqkw():
-    """DeltaNet (no decay) tunes ChunkBwdConfig.intra_fold: its backward space is KDA's plus that field (read
-    only with intra_split, the constraint), and its intra stage times dqkw with the intra launches for every
-    candidate (the fold moves work into dqkw: timed alone, a folded wy launch would look free).  KDA's
-    space and its intra stage's launches are unchanged."""
+@pytest.mark.parametrize("member", ["deltanet", "gdn"])
+def test_a_foldable_plans_backward_space_adds_the_fold_and_its_intra_stage_times_dqkw(member):
+    """DeltaNet (no decay) and Gated DeltaNet (a scalar decay given as g) tune ChunkBwdConfig.intra_fold: their
+    backward space is KDA's plus that field (read only with intra_split, the constraint), and the intra stage
+    times dqkw with the intra launches for every candidate (the fold moves work into dqkw: timed alone, a folded
+    wy launch would look free).  KDA's space and its intra stage's launches are unchanged."""
     from kdagen.codegen.render import render
     from kdagen.kernels import Launch
 
-    plan = F.lower_for(F.family_spec("chunk_bwd", _args("deltanet")), "chunk_bwd", 128, 128, torch.bfloat16)
+    plan = F.lower_for(F.family_spec("chunk_bwd", _args(member)), "chunk_bwd", 128, 128, torch.bfloat16)
     kda = F.lower_for(F.family_spec("chunk_bwd", ARGS), "chunk_bwd", 128, 128, torch.bfloat16)
     full, mine = load_space("chunk_bwd"), F.space_for("chunk_bwd", plan)
     assert F.space_for("chunk_bwd", kda).fingerprint() == full.fingerprint()
@@ -199,7 +200,7 @@ def test_a_no_decay_plans_backward_space_adds_the_fold_and_its_intra_stage_times
     assert mine.stages["intra"] == full.stages["intra"] + ["intra_fold"]
     d = default_config("chunk_bwd", plan)
     assert d.folds_intra(plan)
-    ctx = F.space_context(plan, F.family_spec("chunk_bwd", _args("deltanet")), get_profile("h200"), 2)
+    ctx = F.space_context(plan, F.family_spec("chunk_bwd", _args(member)), get_profile("h200"), 2)
     cands = F.stage_candidates(mine, ctx, "intra", d)
     kinds = {(c.intra_split, c.intra_fold) for c in cands}
     assert kinds == {(False, False), (True, False), (True, True)}  # no fused launch asked to fold

@@ -11,6 +11,7 @@ import torch
 from ..cache.gpus import GpuProfile
 from ..codegen.lower import Plan, lower
 from ..codegen.render import REPLACES
+from ..config import ChunkBwdConfig
 from ..dtypes import dtype as as_dtype
 from ..ops.inputs import select_spec
 from ..spec import Recurrence, gate_direct
@@ -120,7 +121,7 @@ def lower_for(spec: Recurrence, family: str, K: int, V: int, dtype, gate_in_kern
 
 
 SCALAR_DIAG_SPACES = {"chunk_fwd": "chunk_fwd.scalar_decay.json"}
-IDENTITY_DECAY_SPACES = {"chunk_bwd": "chunk_bwd.identity_decay.json"}
+FOLDABLE_SPACES = {"chunk_bwd": "chunk_bwd.foldable.json"}
 
 
 def space_for(family: str, plan: Plan) -> SearchSpace:
@@ -134,12 +135,13 @@ def space_for(family: str, plan: Plan) -> SearchSpace:
     :data:`SCALAR_DIAG_SPACES`' file (tests/test_tune_family.py checks, for gdn and deltanet,
     that the dropped choices render kernel bodies identical to the kept ones, and that the kept
     ones differ).  The backward and decode spaces hold only tiles, warps and stages, which every
-    plan reads: those files are shared, except that a plan without a decay (``plan.decay ==
-    "identity"``) takes :data:`IDENTITY_DECAY_SPACES`' backward file, which adds ``intra_fold`` (read
-    only by such plans: their split intra gradients folded into dqkw and the wy launch)."""
+    plan reads: those files are shared, except that a plan whose split intra gradients can fold (no
+    decay, or a scalar one given as g: ``ChunkBwdConfig.fold_candidate``) takes :data:`FOLDABLE_SPACES`'
+    backward file, which adds ``intra_fold`` (read only by such plans: their split intra gradients
+    folded into dqkw and the wy launch)."""
     name = SCALAR_DIAG_SPACES.get(family) if plan.diag_mode == "scalar" else None
-    if plan.decay == "identity":
-        name = IDENTITY_DECAY_SPACES.get(family, name)
+    if ChunkBwdConfig.fold_candidate(plan):
+        name = FOLDABLE_SPACES.get(family, name)
     if name is None:
         return load_space(family)
     from ..resources import search_spaces_dir
@@ -177,12 +179,12 @@ def stage_candidates(space: SearchSpace, context: dict, stage: str | None, defau
 
 def timed_launches(launches: list, launch: str | None, plan) -> list:
     """The launches a stage times: its kernel's, and those standing in for it (REPLACES: the wy launch for
-    the intra-chunk gradients).  Without a decay (``plan.decay == "identity"``) a backward config may fold
+    the intra-chunk gradients).  Where the split can fold (``ChunkBwdConfig.fold_candidate``) a backward config may fold
     the split intra gradients into dqkw and the wy launch (ChunkBwdConfig.folds_intra), moving work into
     dqkw; there the intra stage times dqkw with them for every candidate, folded or not, so that a fold
     is charged for what it moved and the candidates are compared on the same launches."""
     kinds = {launch}
-    if launch == "chunk_bwd_intra" and plan.decay == "identity":
+    if launch == "chunk_bwd_intra" and ChunkBwdConfig.fold_candidate(plan):
         kinds.add("chunk_bwd_dqkw")
     return [ln for ln in launches if launch is None or ln.kernel in kinds or REPLACES.get(ln.kernel) in kinds]
 
