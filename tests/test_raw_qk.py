@@ -70,28 +70,50 @@ def test_the_launches_pass_the_inputs_where_qg_and_kg_were():
 @pytest.mark.parametrize("split", [True, False], ids=["split-output", "fused-output"])
 @pytest.mark.parametrize("stored", [False, True], ids=["rerun", "stored"])
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
-def test_deltanet_reads_q_and_k_raw_and_matches_the_recurrence(dtype, stored, split):
+@pytest.mark.parametrize("member", ["deltanet", "gdn"])
+def test_q_and_k_from_the_inputs_match_the_recurrence(member, dtype, stored, split):
+    """DeltaNet (q and k raw) and Gated DeltaNet (in fp16 their rows scaled by the readers; in fp32 qg and kg
+    written) against float64 autograd, GDN with a reset (g = -inf) inside a chunk."""
+    gdn = member == "gdn"
     T, H, HV, K, V = 53, 2, 4, 32, 24  # two q/k heads of two value heads each
     cu = [0, 0, 1, 20, 53]
-    q, k, v, beta, h0 = _inputs(dtype, T, HV, K, V, len(cu) - 1, seed=31, H=H)
-    gen = torch.Generator().manual_seed(32)
+    q, k, v, beta, h0 = _inputs(dtype, T, HV, K, V, len(cu) - 1, seed=41 if gdn else 31, H=H)
+    gen = torch.Generator().manual_seed(42 if gdn else 32)
+    g = None
+    if gdn:
+        g = F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 1.0)
+        g[0, 37, 2] = -float("inf")  # a reset of one value head's state, mid-chunk
+        g = g.to(dtype)
     do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
     dht = torch.randn(h0.shape, generator=gen)
-    names = ("q", "k", "v", "beta", "h0")
-    xs = {n: x.clone().requires_grad_() for n, x in zip(names, (q, k, v, beta, h0))}
-    o, ht = chunk_member(S.deltanet(), xs["q"], xs["k"], xs["v"], None, xs["beta"], initial_state=xs["h0"],
+    spec = S.gdn() if gdn else S.deltanet()
+    names = ("q", "k", "v", "g", "beta", "h0") if gdn else ("q", "k", "v", "beta", "h0")
+    vals = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
+    if gdn:
+        fwd, _, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, initial_state=h0,
+                                          cu_seqlens=torch.tensor(cu), config=ChunkTrainConfig(split_output=split))
+        assert (fwd[1].args["kg"] is k) == (dtype == F16)  # row-scaled: the input itself, no kg buffer
+    xs = {n: vals[n].clone().requires_grad_() for n in names}
+    o, ht = chunk_member(spec, xs["q"], xs["k"], xs["v"], xs.get("g"), xs["beta"], initial_state=xs["h0"],
                          output_final_state=True, cu_seqlens=torch.tensor(cu), scale=0.3,
                          config=ChunkTrainConfig(split_output=split, state_block_v=16),
                          disable_recompute=stored)
     mine = torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), [xs[n] for n in names])
-    x64 = {n: x.to(F64).requires_grad_() for n, x in zip(names, (q, k, v, beta, h0))}
-    ro, rh = naive_recurrent_deltanet(x64["q"], x64["k"], x64["v"], x64["beta"], scale=0.3, initial_state=x64["h0"],
-                                      output_final_state=True, cu_seqlens=torch.tensor(cu))
+    x64 = {n: vals[n].to(F64).requires_grad_() for n in names}
+    kw = dict(scale=0.3, initial_state=x64["h0"], output_final_state=True, cu_seqlens=torch.tensor(cu))
+    if gdn:
+        ro, rh = naive_recurrent_gdn(x64["q"], x64["k"], x64["v"], x64["g"], x64["beta"], **kw)
+    else:
+        ro, rh = naive_recurrent_deltanet(x64["q"], x64["k"], x64["v"], x64["beta"], **kw)
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
     tol = {F32: 1e-5, F16: 5e-3}[dtype]
     assert_close(o.float(), ro, tol, "o")
     assert_close(ht.float(), rh, tol, "final state")
     for n, a, b in zip(names, mine, ref):
+        if n == "g":  # the reset's own dg is not finite in the float64 recurrence; the finite rest is compared
+            assert torch.isfinite(a).all()
+            keep = torch.isfinite(b)
+            a, b = a[keep], b[keep]
         assert_close(a.float(), b, tol, f"d{n}")
 
 
@@ -111,41 +133,3 @@ def test_half_precision_scalar_decay_plans_form_qg_and_kg_in_their_readers():
             assert ("tl.store(qg" in src, "tl.store(kg" in src) == (written, written), dt
         for kernel in ("chunk_state", "chunk_bwd_state"):  # the readers form them from g, or load them
             assert ("b_gam = tl.exp(" in render(kernel, plan, cfg if kernel == "chunk_state" else bcfg).text) != written
-
-
-@pytest.mark.parametrize("split", [True, False], ids=["split-output", "fused-output"])
-@pytest.mark.parametrize("stored", [False, True], ids=["rerun", "stored"])
-@pytest.mark.parametrize("dtype", [F32, F16], ids=["fp32", "fp16"])
-def test_gdn_forms_qg_and_kg_in_its_readers_and_matches_the_recurrence(dtype, stored, split):
-    T, H, HV, K, V = 53, 2, 4, 32, 24  # two q/k heads of two value heads each
-    cu = [0, 0, 1, 20, 53]
-    q, k, v, beta, h0 = _inputs(dtype, T, HV, K, V, len(cu) - 1, seed=41, H=H)
-    gen = torch.Generator().manual_seed(42)
-    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen) + 1.0)
-    g[0, 37, 2] = -float("inf")  # a reset of one value head's state, mid-chunk
-    g = g.to(dtype)
-    do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
-    dht = torch.randn(h0.shape, generator=gen)
-    names = ("q", "k", "v", "g", "beta", "h0")
-    xs = {n: x.clone().requires_grad_() for n, x in zip(names, (q, k, v, g, beta, h0))}
-    fwd, _, _ = chunk_member_launches(S.gdn(), q, k, v, g, beta, training=True, initial_state=h0,
-                                      cu_seqlens=torch.tensor(cu), config=ChunkTrainConfig(split_output=split))
-    assert (fwd[1].args["kg"] is k) == (dtype == F16)  # row-scaled: the input itself, no kg buffer
-    o, ht = chunk_member(S.gdn(), xs["q"], xs["k"], xs["v"], xs["g"], xs["beta"], initial_state=xs["h0"],
-                         output_final_state=True, cu_seqlens=torch.tensor(cu), scale=0.3,
-                         config=ChunkTrainConfig(split_output=split, state_block_v=16),
-                         disable_recompute=stored)
-    mine = torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), [xs[n] for n in names])
-    x64 = {n: x.to(F64).requires_grad_() for n, x in zip(names, (q, k, v, g, beta, h0))}
-    ro, rh = naive_recurrent_gdn(x64["q"], x64["k"], x64["v"], x64["g"], x64["beta"], scale=0.3,
-                                 initial_state=x64["h0"], output_final_state=True, cu_seqlens=torch.tensor(cu))
-    ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
-    tol = {F32: 1e-5, F16: 5e-3}[dtype]
-    assert_close(o.float(), ro, tol, "o")
-    assert_close(ht.float(), rh, tol, "final state")
-    for n, a, b in zip(names, mine, ref):
-        if n == "g":  # the reset's own dg is not finite in the float64 recurrence (0 * inf); the rest is compared
-            assert torch.isfinite(a).all()
-            keep = torch.isfinite(b)
-            a, b = a[keep], b[keep]
-        assert_close(a.float(), b, tol, f"d{n}")
