@@ -187,20 +187,18 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     dqkw_const = dict(HV=HV, K=K, V=V, BT=C, BK=bk, BV=min(cfg.dqkw_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
     nkq = triton.cdiv(K, bk)
     scalar_fold = fold and plan.decay == "scalar"
+    # a scalar decay's fold: dqkw's K tiles' shares of dg's sums, per row (A_qk and qg; kg) and per chunk
+    # (gamma_n), which the wy launch sums; the flat row and chunk counts both index them by
+    shares = dict(dgr=torch.empty(nkq, B * T, HV, dtype=f32, device=dev),
+                  dgk=torch.empty(nkq, B * T, HV, dtype=f32, device=dev),
+                  dgn=torch.empty(nkq, NTt, HV, dtype=f32, device=dev)) if scalar_fold else {}
+    flat = dict(T_all=B * T, NT_all=NTt) if scalar_fold else {}
     if fold:  # no decay (or a scalar one): dqkw finishes dq and writes dk's A_qk part for chunk_bwd_wy
         dkp = torch.empty(B, T, HV, K, dtype=f32, device=dev)
-        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"])
-        if scalar_fold:  # and its K tiles' shares of dg's sums: per row (A_qk and qg; kg) and per chunk (gamma_n)
-            dgr = torch.empty(nkq, B * T, HV, dtype=f32, device=dev)
-            dgk = torch.empty_like(dgr)
-            dgn = torch.empty(nkq, NTt, HV, dtype=f32, device=dev)
-            dqkw_args.update(g=inputs["g"], dq=dq, dkp=dkp, dw=dw, dgr=dgr, dgk=dgk, dgn=dgn)
-        else:
-            dqkw_args.update(dq=dq, dkp=dkp, dw=dw)
-        dqkw_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
-                         scale=float(meta.scale))
-        if scalar_fold:
-            dqkw_args.update(T_all=B * T, NT_all=NTt)
+        dqkw_args = dict(vn=vn, hs=hs, dhs=dhs, du=du, do=do, q=q, k=inputs["k"],
+                         **(dict(g=inputs["g"]) if scalar_fold else {}), dq=dq, dkp=dkp, dw=dw, **shares,
+                         cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
+                         scale=float(meta.scale), **flat)
         dqkw_const = dict(H=H, **dqkw_const)
     else:
         dqg = torch.empty(B, T, HV, K, dtype=f32, device=dev)
@@ -223,15 +221,10 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
                        BV=min(cfg.intra_block_v, plan.BV), IS_VARLEN=meta.is_varlen)
     outputs = dict(dq=dq, dk=dk, dv=dv, dg=dg, dbeta=dbeta, dh0=dh0, dA_part=dA_part, dbias_part=dbias_part)
     if fold:  # (no in-kernel gate, no repair launches; a scalar decay's dg from dqkw's shares and the wy launch)
-        wy_args = dict(k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"], du=du, dw=dw, dkp=dkp)
-        if scalar_fold:
-            wy_args.update(dgr=dgr, dgk=dgk, dgn=dgn)
-        wy_args.update(dv=dv, dbeta=dbeta, dk=dk)
-        if scalar_fold:
-            wy_args["dg"] = dg
-        wy_args.update(cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT)
-        if scalar_fold:
-            wy_args.update(T_all=B * T, NT_all=NTt, NKQ=nkq)
+        wy_args = dict(k=inputs["k"], v=inputs["v"], g=inputs["g"], beta=inputs["beta"], du=du, dw=dw, dkp=dkp,
+                       **shares, dv=dv, dbeta=dbeta, dk=dk, **(dict(dg=dg) if scalar_fold else {}),
+                       cu_seqlens=meta.cu_seqlens, chunk_indices=meta.chunk_indices, T=T, NT=meta.NT,
+                       **flat, **(dict(NKQ=nkq) if scalar_fold else {}))
         wy = Launch("chunk_bwd_wy", built.fn("chunk_bwd_wy"), (meta.NT_total, HV), wy_args, intra_const,
                     cfg.intra_num_warps, cfg.intra_num_stages)
         return rerun + (state, dqkw, wy), outputs
