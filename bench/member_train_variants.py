@@ -75,6 +75,26 @@ VARIANTS["dq_bk32"] = ({}, dict(dqkw_block_k=32))
 # the fused pass on the tiles the heuristic took before the split (run 96's default)
 VARIANTS["fused16"] = (dict(split_output=False, state_block_v=16, state_num_warps=4, state_num_stages=3), {})
 VARIANTS["fused32"] = (dict(split_output=False, state_block_v=32, state_num_warps=2, state_num_stages=3), {})
+# GDN (session 27): the state passes on 16-wide V tiles (twice the programs at few heads; the reverse pass's
+# 16-wide tile is allowed at C=32, min_state_block_v) or 32-wide ones; the wy launch on 4 warps or 32-wide K tiles
+VARIANTS["st16"] = (dict(state_block_v=16, state_num_warps=4, state_num_stages=3),
+                    dict(state_block_v=16, state_num_warps=4, state_num_stages=4))
+VARIANTS["st16f"] = (dict(state_block_v=16, state_num_warps=4, state_num_stages=3), {})
+VARIANTS["st16b"] = ({}, dict(state_block_v=16, state_num_warps=4, state_num_stages=4))
+VARIANTS["st32"] = (dict(state_block_v=32, state_num_warps=4, state_num_stages=3),
+                    dict(state_block_v=32, state_num_warps=4, state_num_stages=4))
+VARIANTS["wy_w4"] = ({}, dict(intra_num_warps=4))
+VARIANTS["wy_bk32"] = ({}, dict(intra_block_k=32))
+# GDN at 64-row chunks in today's launches: dqkw on 8 warps (sm_90 static: 222 registers, no spill; 4 warps spill
+# 368 bytes), the wy launch on 4 warps (88 bytes spilled against 172 on 2)
+VARIANTS["c64w8"] = (dict(C64), dict(C64, dqkw_num_warps=8, intra_num_warps=4))
+# GDN at C=64 (run 138: c64h 3.408 ms against the default's 3.880 at (2, 16384, 16), but 5.440 against 5.299 at
+# (1, 8192, 96), where the reverse pass on 64-wide tiles spills and takes 1.24 ms): the reverse pass on 32-wide tiles
+# (3 / 2 stages) or on 8 warps; the forward intra launch on 8 warps; the re-run on 2 warps
+VARIANTS["c64s32"] = (dict(C64), dict(C64, state_block_v=32))
+VARIANTS["c64s32s2"] = (dict(C64), dict(C64, state_block_v=32, state_num_stages=2))
+VARIANTS["c64sw8"] = (dict(C64), dict(C64, state_num_warps=8))
+VARIANTS["c64s32i8r2"] = (dict(C64, intra_num_warps=8), dict(C64, state_block_v=32, rerun_num_warps=2))
 OPS = {"deltanet": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule"}
 
 
@@ -87,7 +107,9 @@ def configs(member, name, x):
     spec = load_spec(member)
     call, _, _ = _prepare_chunk(spec, x["q"], x["k"], x["v"], x.get("g"), x.get("beta"),
                                 initial_state=x["initial_state"], training=True)
-    t, b = default_train_config(call.plan, call.shape), default_chunk_bwd_config(call.plan, call.shape)
+    t = default_train_config(call.plan, call.shape)
+    # the backward's heuristic on the forward's chunks, as the op resolves it (ops/chunk.py _configs)
+    b = default_chunk_bwd_config(call.plan, call.shape, (t.chunk_size, t.sub_chunk))
     rt, rb = VARIANTS[name]
     if "chunk_size" in rb:  # the backward on the variant's chunks, as the op chooses it (ChunkBwdConfig.with_chunking)
         b = b.with_chunking(rb["chunk_size"], rb.get("sub_chunk", b.sub_chunk))

@@ -47,6 +47,12 @@ CASES = [
      dict(bwd=dict(intra_split=True, intra_block_v=64, intra_num_warps=2, dqkw_block_k=128, dqkw_block_v=64))),
     ("gdn-fp16-K96V64-varlen-fold", "gdn", "float16", 96, 64,
      dict(varlen=True, bwd=dict(intra_split=True, intra_fold=True, intra_block_k=64, dqkw_block_k=64))),
+    # Gated DeltaNet's bf16 training on 64-row chunks (the heuristic since session 27) as it runs with many state
+    # programs: the reverse pass on 64-wide V tiles and 8 warps (the case above, two heads, takes 32-wide tiles on 4)
+    ("gdn-bf16-K128V128-C64-reverse-pass-8-warps", "gdn", "bfloat16", 128, 128,
+     dict(bwd=dict(chunk_size=64, sub_chunk=32, intra_split=True, intra_fold=True, intra_block_k=64, intra_block_v=64,
+                   intra_num_warps=2, dqkw_block_k=128, dqkw_block_v=64, state_block_v=64, state_num_warps=8,
+                   state_num_stages=3, state_prefetch=True, rerun_num_warps=1))),
     # GLA (no rank-1 part): with a bound (factorised diagonal tiles) and without (element-wise)
     ("gla-bf16-K128V128-bound", "gla", "bfloat16", 128, 128, dict(bound=-5.0)),
     ("gla-bf16-K128V128", "gla", "bfloat16", 128, 128, {}),

@@ -74,6 +74,25 @@ def test_the_launches_pass_the_inputs_where_qg_and_kg_were():
 def test_q_and_k_from_the_inputs_match_the_recurrence(member, dtype, stored, split):
     """DeltaNet (q and k raw) and Gated DeltaNet (in fp16 their rows scaled by the readers; in fp32 qg and kg
     written) against float64 autograd, GDN with a reset (g = -inf) inside a chunk."""
+    _check_against_the_recurrence(member, dtype, stored, split, ChunkTrainConfig(split_output=split, state_block_v=16))
+
+
+def test_gated_deltanet_on_64_row_chunks_matches_the_recurrence():
+    """Gated DeltaNet's bf16 training step runs on 64-row chunks with the folded backward (the heuristic since
+    session 27, kdagen/cache/heuristics.py trains_on_64_row_chunks); the same launches in fp16 (the interpreter
+    runs no bf16), row-scaled q and k, recompute mode, against float64 autograd: varlen with sequences of
+    lengths 0, 1, 19 and 33 (each one partial 64-row chunk), GVA, a reset mid-chunk."""
+    from kdagen.ops.chunk import chunk_bwd_config
+
+    bwd = ChunkBwdConfig(chunk_size=64, sub_chunk=32, intra_split=True, intra_fold=True, intra_block_k=32,
+                         intra_block_v=16, intra_num_warps=2, dqkw_block_k=32, dqkw_block_v=16, state_block_v=32,
+                         state_num_stages=3, state_prefetch=True, rerun_num_warps=1)
+    train = ChunkTrainConfig(chunk_size=64, sub_chunk=32, split_output=True, state_block_v=32)
+    with chunk_bwd_config(bwd):
+        _check_against_the_recurrence("gdn", F16, False, True, train, expect_chunk=64)
+
+
+def _check_against_the_recurrence(member, dtype, stored, split, config, expect_chunk=None):
     gdn = member == "gdn"
     T, H, HV, K, V = 53, 2, 4, 32, 24  # two q/k heads of two value heads each
     cu = [0, 0, 1, 20, 53]
@@ -90,14 +109,16 @@ def test_q_and_k_from_the_inputs_match_the_recurrence(member, dtype, stored, spl
     names = ("q", "k", "v", "g", "beta", "h0") if gdn else ("q", "k", "v", "beta", "h0")
     vals = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
     if gdn:
-        fwd, _, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, initial_state=h0,
-                                          cu_seqlens=torch.tensor(cu), config=ChunkTrainConfig(split_output=split))
+        fwd, bwd, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, initial_state=h0,
+                                            cu_seqlens=torch.tensor(cu), config=config)
         assert (fwd[1].args["kg"] is k) == (dtype == F16)  # row-scaled: the input itself, no kg buffer
+        if expect_chunk is not None:  # the launches run on the chunks asked for, the backward folded
+            assert {ln.constexprs["BT"] for ln in list(fwd) + list(bwd) if "BT" in ln.constexprs} == {expect_chunk}
+            assert "chunk_bwd_intra" not in {ln.kernel for ln in bwd}
     xs = {n: vals[n].clone().requires_grad_() for n in names}
     o, ht = chunk_member(spec, xs["q"], xs["k"], xs["v"], xs.get("g"), xs["beta"], initial_state=xs["h0"],
                          output_final_state=True, cu_seqlens=torch.tensor(cu), scale=0.3,
-                         config=ChunkTrainConfig(split_output=split, state_block_v=16),
-                         disable_recompute=stored)
+                         config=config, disable_recompute=stored)
     mine = torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), [xs[n] for n in names])
     x64 = {n: vals[n].to(F64).requires_grad_() for n in names}
     kw = dict(scale=0.3, initial_state=x64["h0"], output_final_state=True, cu_seqlens=torch.tensor(cu))

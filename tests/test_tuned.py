@@ -383,3 +383,34 @@ def test_deltanet_backward_folds_its_split_intra_launch_by_default():
         cfg = default_chunk_bwd_config(plan)
         assert cfg.splits_intra(plan) and not cfg.folds_intra(plan), plan.spec_name
         assert "chunk_bwd_intra" in family_kernels("chunk_bwd", plan, cfg)
+
+
+def test_gated_deltanet_trains_on_64_row_chunks_in_bf16():
+    """Issue 15 (bench/RESULTS.md, runs 138-141): Gated DeltaNet's bf16 training step (g given, the folded
+    backward) runs on 64-row chunks of two 32-row sub-tiles, forward and backward alike, with the reverse
+    pass on 64-wide V tiles and 8 warps when there are many state programs and on 32-wide tiles and 4 warps
+    when there are few (or the shape is not known); fp16, fp32, DeltaNet, KDA and the in-kernel gate keep 32."""
+    from kdagen.cache.heuristics import default_config, trains_on_64_row_chunks
+    from kdagen.ops.family import gdn_spec
+
+    gdn = lower(S.gdn(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", False)
+    assert trains_on_64_row_chunks(gdn)
+    for shape, bv, warps in (({"N": 1, "HV": 96}, 64, 8), ({"N": 2, "HV": 16}, 32, 4), (None, 32, 4)):
+        t = default_train_config(gdn, shape)
+        b = default_config("chunk_bwd", gdn, shape)
+        assert (t.chunk_size, t.sub_chunk) == (b.chunk_size, b.sub_chunk) == (64, 32), shape
+        assert (b.state_block_v, b.state_num_warps, b.state_num_stages) == (bv, warps, 3), shape
+        assert b.folds_intra(gdn) and b.reruns_from_saved(gdn), shape
+    narrow = lower(S.gdn(S.gate_direct(None)), 64, 64, "bfloat16", "chunk", False)
+    assert default_train_config(narrow).chunk_size == 64
+    kda = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
+    others = [lower(S.gdn(S.gate_direct(None)), 128, 128, dt, "chunk", False) for dt in ("float16", "float32")]
+    others += [lower(S.deltanet(), 128, 128, "bfloat16", "chunk", False), kda,
+               lower(gdn_spec(True, True), 128, 128, "bfloat16", "chunk", True),
+               lower(S.gdn(S.gate_direct(None)), 256, 256, "bfloat16", "chunk", False)]
+    for plan in others:
+        assert not trains_on_64_row_chunks(plan), (plan.spec_name, plan.dtype, plan.K)
+        for shape in ({"N": 1, "HV": 96}, {"N": 2, "HV": 16}):
+            b = default_config("chunk_bwd", plan, shape)
+            assert default_train_config(plan, shape).chunk_size == b.chunk_size == 32, (plan.spec_name, shape)
+            assert b.state_num_warps == 4

@@ -119,6 +119,19 @@ def _few_state_programs(plan: Plan, shape: dict | None) -> bool | None:
     return _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW
 
 
+def trains_on_64_row_chunks(plan: Plan) -> bool:
+    """Whether the training step runs on 64-row chunks (two 32-row sub-tiles) instead of 32: Gated
+    DeltaNet in bf16 (a scalar decay given as g, a rank-1 term, K <= 128: the backward's folded split).
+    The state passes take half the steps and read and write half the per-chunk states; the intra launches
+    cost about the same per row.  H200, bf16, K=V=128, same process as FLA 0.6.0 (bench/RESULTS.md,
+    runs 135-139): (2, 16384, 16) 3.880 -> 3.403 ms (FLA 3.644), (1, 8192, 96) 5.299 -> 5.009 ms with
+    the reverse pass on 8 warps (FLA 5.287); bf16 errors against float64 the same or lower (o 3.32 ->
+    3.09e-3, dg 2.86 -> 2.47e-3).  fp16 (per-chunk states in fp32), fp32, DeltaNet, KDA and GDN's
+    in-kernel gate: unmeasured at 64 rows in this design; they keep 32."""
+    return (plan.dtype == "bfloat16" and plan.K <= 128 and plan.decay == "scalar" and plan.has_rank1
+            and plan.structure != "dplr" and ChunkBwdConfig.fold_candidate(plan))
+
+
 def checked_like_bounded(plan: Plan) -> bool:
     """Whether a plan without a gate bound takes the bounded plan's tiles: its diagonal sub-tiles are
     checked in the kernel (a per-channel decay, bf16/fp32 factors: codegen.render diag_checked) and
@@ -192,8 +205,11 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # its sum's order).  Half precision (fp32 unmeasured).
     if half and ChunkTrainConfig.gate_launchable(plan):
         out["gate_launch"] = True
+    chunk = 32
+    if trains_on_64_row_chunks(plan):
+        chunk, sub = 64, 32
     return ChunkTrainConfig(
-        chunk_size=32, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
+        chunk_size=chunk, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
         state_block_v=bv, state_num_warps=warps, state_num_stages=stages, intra_load_ahead=half,
         check_gate_bound=check, inverse_precision=_train_inverse_precision(plan),
         diag_precision=_train_diag_precision(plan), **out,
@@ -315,7 +331,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
     state_bv, dqkw_bk, dqkw_bv = min(32, plan.BV), min(64, plan.BK), min(32, plan.BV)
     state = dict(state_num_stages=2)
     intra = dict(intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4)
-    rerun_warps = 4
+    rerun_warps, state_warps = 4, 4
     if half:
         state = dict(state_num_stages=3, state_prefetch=True)
         dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
@@ -326,6 +342,11 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
                 # at (2, 16384, 16, 128); with many programs they lose (0.671 -> 0.825; run 102); on 64-row
                 # chunks four stages exceed shared memory (248 KB at BV=32)
                 state["state_num_stages"] = 4
+            if few is False and chunking[0] == 64 and trains_on_64_row_chunks(plan):
+                # Gated DeltaNet's 64-row chunks with many programs: the reverse pass on 8 warps (64-wide tiles on
+                # 4 spill 16 bytes at 255 registers): 1.240 -> 0.821 ms at (1, 8192, 96, 128), 32-wide tiles on 4
+                # warps 0.923 (run 139); with few programs 32-wide tiles on 4 warps stay (0.584 against 0.670)
+                state_warps = 8
         if chunking[0] == 2 * chunking[1]:
             intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
             if plan.diag_mode == "elementwise" and plan.has_rank1 and not checked_like_bounded(plan):
@@ -347,7 +368,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
     # 64-row chunks: the reverse pass's 16-wide tile gave wrong gradients on the H200 (min_state_block_v)
     state_bv = max(state_bv, min_state_block_v(chunking[0]))
     return ChunkBwdConfig(
-        chunk_size=chunking[0], sub_chunk=chunking[1], state_block_v=state_bv, state_num_warps=4, **state,
+        chunk_size=chunking[0], sub_chunk=chunking[1], state_block_v=state_bv, state_num_warps=state_warps, **state,
         dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
         intra_num_stages=2, rerun_block_k=min(64, plan.BK), rerun_num_warps=rerun_warps, **intra,
         state_dtype="fp32" if plan.dtype == "float16" else "input",
