@@ -53,7 +53,9 @@ SMOKE_SHAPES = [(1, 40, 2, 32)]
 SMOKE_DECODE = [(2, 2, 32)]
 SMOKE_ERROR_SHAPES = [(1, 37, 1, 32)]
 RESERVE = {"fwd": 20.0, "fwdbwd": 45.0}  # seconds a GPU timing section needs left to start (compiles, warm-up)
-GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"), "deltanet": ("q", "k", "v", "beta", "initial_state"),
+GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"),
+        # Gated DeltaNet with FLA's in-kernel gate: g raw, -exp(A_log) softplus(g + dt_bias) formed in the kernels
+        "gdn_gate": ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), "deltanet": ("q", "k", "v", "beta", "initial_state"),
         "gla": ("q", "k", "v", "g", "initial_state"), "gla5": ("q", "k", "v", "g", "initial_state"),
         "dplr": ("q", "k", "v", "a", "b", "gk", "initial_state"),
         "dplr5": ("q", "k", "v", "a", "b", "gk", "initial_state")}
@@ -95,7 +97,7 @@ def ops(member, lib):
         import functools
 
         import kdagen
-        if member == "gdn":
+        if member in ("gdn", "gdn_gate"):
             return kdagen.chunk_gated_delta_rule, kdagen.fused_recurrent_gated_delta_rule
         if member == "gla":
             return kdagen.chunk_gla, kdagen.fused_recurrent_gla
@@ -117,7 +119,7 @@ def ops(member, lib):
         if member in ("gla", "gla5"):
             from fla.ops.gla import chunk_gla, fused_recurrent_gla
             return chunk_gla, fused_recurrent_gla
-        if member == "gdn":
+        if member in ("gdn", "gdn_gate"):
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
             return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
         from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
@@ -135,6 +137,9 @@ def call_chunk(member, fn, x):
         return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], output_final_state=True)
     if member == "gdn":
         return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
+    if member == "gdn_gate":
+        return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True,
+                  use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
     return fn(x["q"], x["k"], x["v"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
 
 
@@ -169,6 +174,11 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     x = {n: t.to(dev, dt) for n, t in x.items()}
     if member == "gdn":
         x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen) + 2.0).to(dev)
+    if member == "gdn_gate":  # the raw gate and Mamba-style parameters (A in [1, 16], dt in [1e-3, 0.1]), fp32
+        x["g"] = torch.randn(B, T, H, generator=gen).to(dev)
+        x["A_log"] = torch.log(1.0 + 15.0 * torch.rand(H, generator=gen)).to(dev)
+        dt = torch.exp(torch.rand(H, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        x["dt_bias"] = (dt + torch.log(-torch.expm1(-dt))).to(dev)  # softplus(dt_bias) = dt
     if member in ("gla", "gla5"):  # a per-channel log decay (FLA's GLA recipe); gla5 keeps g >= -5
         g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, K, generator=gen) + 2.0)
         x["g"] = (g.clamp(min=-5.0) if member == "gla5" else g).to(dev)
@@ -244,7 +254,7 @@ def _warm_worker(index, count, queue, members, shapes, unguarded=False):
                 x = inputs(member, B, T, H, D, D, "cuda")
                 with torch.no_grad():
                     call_chunk(member, f[0], x)
-                if member == "gdn" and fla_gdn_backward_guard():
+                if member in ("gdn", "gdn_gate") and fla_gdn_backward_guard():
                     continue
                 fwdbwd_fn(member, f[0], x)()
                 torch.cuda.synchronize()
@@ -331,6 +341,10 @@ def _reference(member, x, names, dev):
                                       initial_state=r["initial_state"], output_final_state=True)
     elif member in ("gla", "gla5"):
         ro, rs = naive_recurrent_gla(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"],
+                                     output_final_state=True)
+    elif member == "gdn_gate":
+        g = -torch.exp(r["A_log"]) * torch.nn.functional.softplus(r["g"] + r["dt_bias"])
+        ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], g, r["beta"], initial_state=r["initial_state"],
                                      output_final_state=True)
     elif member == "gdn":
         ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
@@ -573,7 +587,7 @@ def main(argv=None):
             fla = None if args.no_fla else ops(member, "fla")
             if fla is not None:
                 libs[member]["fla"] = fla
-                guard = fla_gdn_backward_guard() if member == "gdn" else None
+                guard = fla_gdn_backward_guard() if member in ("gdn", "gdn_gate") else None
                 if guard:
                     BWD_REFUSED[("fla", member)] = guard
                     log(f"  fla's {member} backward: {guard}")

@@ -202,9 +202,10 @@ class ChunkTrainConfig(_Config):
 
     @staticmethod
     def gate_launchable(plan) -> bool:
-        """Whether ``plan``'s gate can run in launches of its own: a per-channel gate computed in the kernels
-        (``plan.gate_in_kernel``, ``plan.decay == "channel"``: KDA's layer call), not general DPLR."""
-        return plan.gate_in_kernel and plan.decay == "channel" and plan.structure != "dplr"
+        """Whether ``plan``'s gate can run in launches of its own: a gate computed in the kernels
+        (``plan.gate_in_kernel``), per channel (KDA's layer call) or per token and head (Gated DeltaNet's
+        with FLA's ``use_gate_in_kernel``: its launches take one channel), not general DPLR."""
+        return plan.gate_in_kernel and plan.decay in ("channel", "scalar") and plan.structure != "dplr"
 
     def launches_gate(self, plan) -> bool:
         """Whether a training call of ``plan`` computes its in-kernel gate in launches of its own

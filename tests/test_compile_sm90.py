@@ -124,6 +124,8 @@ L2NORM_CASES = [
 GATE_CASES = [
     ("bf16-K128-lowerbound", "bfloat16", 128, "gik_lb"),
     ("fp16-K96-softplus", "float16", 96, "gik_sp"),
+    # Gated DeltaNet's gate (FLA's use_gate_in_kernel): one per token and value head, the launches on one channel
+    ("bf16-gdn-one-channel", "bfloat16", 1, "gdn"),
 ]
 
 # recurrent: (id, dtype, K, V, gate, block_v or None for the default config, extra)
@@ -270,8 +272,12 @@ def _worker_compile(jobs):
             elif family == "gate":
                 from kdagen.ops.gate import gate_bwd_launch, gate_launch
 
-                plan = lower(select_spec(True, False, -5.0 if gate == "gik_lb" else None, True, True), K, K, dtype,
-                             "chunk", True)
+                if gate == "gdn":  # (the plan's head dims; the gate's launches take its one channel)
+                    from kdagen.ops.family import gdn_spec
+                    plan = lower(gdn_spec(True, True), 128, 128, dtype, "chunk", True)
+                else:
+                    plan = lower(select_spec(True, False, -5.0 if gate == "gik_lb" else None, True, True), K, K,
+                                 dtype, "chunk", True)
                 built = build(plan, ChunkTrainConfig(gate_launch=True))
                 z = torch.zeros(2, 70, HV, K, dtype=getattr(torch, dtype))
                 A_log, dt_bias = torch.zeros(HV), torch.zeros(HV * K)

@@ -145,3 +145,94 @@ def test_half_precision_layer_calls_launch_their_gate_by_default(monkeypatch):
                             lower_bound=-5.0)
     o.float().sum().backward()
     assert calls == [F16] and torch.isfinite(A_log.grad).all() and A_log.grad.abs().sum() > 0
+
+
+def _gdn_gate_plan(dtype="float32"):
+    from kdagen.ops.family import gdn_spec
+
+    return lower(gdn_spec(True, True), 32, 32, dtype, "chunk", True)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_gated_deltanet_gate_on_one_channel_against_float64(dtype):
+    """Gated DeltaNet's in-kernel gate (FLA's g = -exp(A_log) softplus(z + dt_bias), one per token and value
+    head) in the gate's own launches on one channel ([..., HV, 1]): g, dz, dA_log and ddt_bias (one per head)
+    against float64 autograd, with saturated z and a partial program."""
+    HV, T = 3, 2 * ROWS_PER_PROGRAM + 7
+    gen = torch.Generator().manual_seed(4)
+    z0 = (4 * torch.randn(2, T, HV, 1, generator=gen)).to(dtype)
+    z0[0, :3, 0, 0] = torch.tensor([-40.0, 40.0, 0.0])
+    A0, b0 = 0.5 * torch.randn(HV, generator=gen), 0.5 * torch.randn(HV, generator=gen)
+    dg = torch.randn(2, T, HV, 1, generator=gen)
+    plan = _gdn_gate_plan("float32" if dtype == F32 else "float16")
+    assert plan.decay == "scalar" and ChunkTrainConfig.gate_launchable(plan)
+    built = build(plan, ChunkTrainConfig(gate_launch=True))
+    z, A, b = (t.clone().requires_grad_(True) for t in (z0, A0, b0))
+    g = layer_gate(z, A, b, built.fn("gate"), built.fn("gate_bwd"))
+    assert g.dtype == F32 and g.shape == z.shape
+    (g * dg).sum().backward()
+    rz, rA, rb = (t.detach().to(F64).requires_grad_(True) for t in (z0, A0, b0))
+    rg = -rA.exp()[:, None] * torch.nn.functional.softplus(rz + rb[:, None])
+    (rg * dg.to(F64)).sum().backward()
+    tol = 2e-6 if dtype == F32 else 2e-3  # fp16: dz is stored in fp16
+    for name, got, ref in (("g", g, rg), ("dz", z.grad, rz.grad), ("dA_log", A.grad, rA.grad),
+                           ("ddt_bias", b.grad, rb.grad)):
+        err = (got.detach().to(F64) - ref.detach()).abs().max().item()
+        assert err <= tol * max(ref.abs().max().item(), 1e-30), (name, err)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_gated_deltanet_layer_call_runs_the_plain_member_on_the_launched_gate(monkeypatch, dtype):
+    """A Gated DeltaNet training call with FLA's in-kernel gate launches the gate apart (the heuristic in half
+    precision; asked for in fp32) and runs the member with g given on its own heuristic configs (the folded
+    backward), fed a float32 g [B, T, HV]; output and every gradient (z, A_log, dt_bias included) against
+    float64 autograd through the recurrence, GVA and a T that leaves partial chunks; the layer plan's launches
+    (gate_launch off) agree."""
+    import torch.nn.functional as F
+
+    from kdagen.cache.heuristics import default_train_config
+    from kdagen.spec.reference import naive_recurrent_gdn
+
+    seen = []
+    apply = C._ChunkKDAFunction.apply
+
+    def spy(*args):
+        seen.append((args[3], args[-1]))
+        return apply(*args)
+
+    monkeypatch.setattr(C._ChunkKDAFunction, "apply", spy)
+    gen = torch.Generator().manual_seed(6)
+    B, T, H, HV, K, V = 1, 45, 1, 2, 32, 16
+    x0 = dict(q=torch.randn(B, T, H, K, generator=gen), k=F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
+              v=torch.randn(B, T, HV, V, generator=gen), z=torch.randn(B, T, HV, generator=gen),
+              beta=torch.rand(B, T, HV, generator=gen), A_log=0.5 * torch.randn(HV, generator=gen),
+              dt_bias=torch.randn(HV, generator=gen), h0=torch.randn(B, HV, K, V, generator=gen))
+    half = ("q", "k", "v", "beta")
+    r = {n: t.to(F64).requires_grad_(True) for n, t in x0.items()}
+    ro, rh = naive_recurrent_gdn(r["q"], r["k"], r["v"], -r["A_log"].exp() * F.softplus(r["z"] + r["dt_bias"]),
+                                 r["beta"], initial_state=r["h0"], output_final_state=True)
+    ref = torch.autograd.grad(ro.sum() + rh.sum(), list(r.values()))
+    runs = {}
+    for launched in (True, False):
+        x = {n: (t.to(dtype) if n in half else t).clone().requires_grad_(True) for n, t in x0.items()}
+        cfg = None if dtype == F16 and launched else ChunkTrainConfig(gate_launch=launched)
+        o, ht = kdagen.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["z"], x["beta"], initial_state=x["h0"],
+                                              output_final_state=True, use_gate_in_kernel=True, A_log=x["A_log"],
+                                              dt_bias=x["dt_bias"], config=cfg)
+        grads = torch.autograd.grad(o.float().sum() + ht.sum(), list(x.values()))
+        runs[launched] = (o.float().detach(), grads)
+        tol = 1e-5 if dtype == F32 else 5e-3
+        rel = lambda a, b: ((a.detach().to(F64) - b.detach()).norm() / b.detach().norm()).item()  # noqa: E731
+        assert rel(o, ro) <= tol and rel(ht, rh) <= tol, (launched, rel(o, ro), rel(ht, rh))
+        for n, a, b in zip(x, grads, ref):
+            assert a.shape == b.shape and rel(a, b) <= tol, (launched, n, rel(a, b))
+    (g_on, run_on), (g_off, run_off) = seen
+    call, cfg, bcfg, _ = run_on
+    assert g_on.dtype == F32 and g_on.shape == (B, T, HV) and not call.plan.gate_in_kernel
+    assert call.plan.decay == "scalar" and not cfg.gate_launch
+    if dtype == F16:  # the heuristic's gate launch, and the plain member's own configs (its folded backward)
+        assert default_train_config(run_off[0].plan).gate_launch and bcfg.folds_intra(call.plan)
+        assert cfg.chunk_size == default_train_config(call.plan, call.shape).chunk_size
+    assert run_off[0].plan.gate_in_kernel and not run_off[1].launches_gate(run_off[0].plan)
+    for a, b in zip(runs[True][1], runs[False][1]):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2 if dtype == F16 else 1e-4, atol=1e-3 if dtype == F16 else 1e-5)

@@ -183,21 +183,35 @@ def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_confi
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
 
 
-def _train(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig, output_final_state: bool):
+def _train(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig, output_final_state: bool,
+           plain: tuple | None = None):
     """A training call's forward with autograd: the l2-norm of q and k first when ``call.l2norm``
     (:mod:`.l2norm`, its kernels from the training forward's and the backward's families), then
-    :class:`_ChunkKDAFunction`."""
+    :class:`_ChunkKDAFunction`.  ``plain``: (call, config, bwd_config) of the chunk launches once the
+    in-kernel gate runs in launches of its own (default: KDA's, :func:`_without_gate`)."""
     q, k, g, A_log, dt_bias = x["q"], x["k"], x["g"], x["A_log"], x["dt_bias"]
     if call.l2norm:
         q, k = qk_l2norm(q, k, build(call.plan, config).fn("qk_l2norm"), build(call.plan, bwd_config).fn("qk_l2norm_bwd"))
     if config.launches_gate(call.plan):
         # the gate in launches of its own (ChunkTrainConfig.gate_launch), then the plan without an in-kernel gate
         built = build(call.plan, config)
-        g = layer_gate(g, A_log, dt_bias, built.fn("gate"), built.fn("gate_bwd"))
+        if call.plan.decay == "scalar":
+            # one gate per token and value head: the gate's launches on one channel ([..., HV, 1]); dt_bias is
+            # one per head (the member's arguments hold it per channel, every channel the same)
+            z = g.unsqueeze(-1)
+            bias = None if dt_bias is None else dt_bias.reshape(dt_bias.shape[0], -1)[:, :1].contiguous()
+            g = layer_gate(z, A_log, bias, built.fn("gate"), built.fn("gate_bwd")).squeeze(-1)
+        else:
+            g = layer_gate(g, A_log, dt_bias, built.fn("gate"), built.fn("gate_bwd"))
         A_log = dt_bias = None
-        call, config, bwd_config = _without_gate(call, config, bwd_config)
+        call, config, bwd_config = plain if plain is not None else _without_gate(call, config, bwd_config)
     return _ChunkKDAFunction.apply(q, k, x["v"], g, x["beta"], x["initial_state"], A_log, dt_bias,
                                    None, None, (call, config, bwd_config, output_final_state))
+
+
+def with_plan(call: _Call, plan: Plan) -> _Call:
+    """The same call on another plan of the same dims (a member's plan without its in-kernel gate)."""
+    return dataclasses.replace(call, plan=plan)
 
 
 def _without_gate(call: _Call, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig):

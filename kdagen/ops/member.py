@@ -157,15 +157,34 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
         op=op, sync_seqlens=None if not return_intermediate_states else True, l2norm_launch=True)
     if training and return_intermediate_states:
         raise ValueError(f"{op}: return_intermediate_states=True is inference-only and has no backward")
+    given = config
     config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
-        return C._train(call, x, config, bwd_config, output_final_state)
+        return C._train(call, x, config, bwd_config, output_final_state,
+                        plain=_plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_recompute))
     launches, (o, ht, hs) = C._forward_launches(call, x, config, output_final_state, return_intermediate_states)
     for launch in launches:
         launch()
     if return_intermediate_states:
         return o, ht, C._fla_layout(hs, call)
     return o, ht
+
+
+def _plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_recompute):
+    """Where a training call's in-kernel gate runs in launches of its own (``ChunkTrainConfig.gate_launch``):
+    the call and configs of its chunk launches, the member with g given (the gate's bound, if its formula
+    has one, as the direct gate's); the configs are that plan's own unless the caller gave some (a
+    training forward's config is the call's then, without gate_launch).  None otherwise."""
+    from . import chunk as C
+    import dataclasses
+
+    if not config.launches_gate(call.plan):
+        return None
+    direct = dataclasses.replace(spec, gate=S.gate_direct(call.plan.lower_bound))
+    plain = C.with_plan(call, lower(direct, call.plan.K, call.plan.V, call.plan.dtype, "chunk", False))
+    if given is None:
+        config, bwd_config = C._configs(plain, None, None, True, chunk_size, disable_recompute)
+    return plain, config.replace(gate_launch=False), bwd_config
 
 
 def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, use_qk_l2norm_in_kernel=False,
