@@ -27,6 +27,26 @@ def _plan(bound, K, dtype="float32"):
     return lower(select_spec(True, False, bound, True, True), K, K, dtype, "chunk", True)
 
 
+def _gate_against_float64(plan, z0, A0, b0, dg, reference):
+    """The plan's gate launches (layer_gate) on z0, A0, b0 against ``reference`` (its formula in float64
+    autograd): g and, for upstream dg, dz, dA_log and ddt_bias, each within 2e-6 (fp32 z) or 2e-3 (fp16 z:
+    dz is stored in fp16) of the reference's largest entry.  Returns (g, z, A, b), the grads on the leaves."""
+    built = build(plan, ChunkTrainConfig(gate_launch=True))
+    z, A, b = (t.clone().requires_grad_(True) for t in (z0, A0, b0))
+    g = layer_gate(z, A, b, built.fn("gate"), built.fn("gate_bwd"))
+    assert g.dtype == F32 and g.shape == z.shape
+    (g * dg).sum().backward()
+    rz, rA, rb = (t.detach().to(F64).requires_grad_(True) for t in (z0, A0, b0))
+    rg = reference(rz, rA, rb)
+    (rg * dg.to(F64)).sum().backward()
+    tol = 2e-6 if z0.dtype == F32 else 2e-3
+    for name, got, ref in (("g", g, rg), ("dz", z.grad, rz.grad), ("dA_log", A.grad, rA.grad),
+                           ("ddt_bias", b.grad, rb.grad)):
+        err = (got.detach().to(F64) - ref.detach()).abs().max().item()
+        assert err <= tol * max(ref.abs().max().item(), 1e-30), (name, err)
+    return g, z, A, b
+
+
 @pytest.mark.parametrize("dtype", [F32, F16])
 @pytest.mark.parametrize("bound", [-5.0, None], ids=["lower_bound", "softplus"])
 def test_gate_and_its_gradients_against_float64(bound, dtype):
@@ -38,19 +58,8 @@ def test_gate_and_its_gradients_against_float64(bound, dtype):
     A0 = 0.5 * torch.randn(HV, generator=gen)
     b0 = 0.5 * torch.randn(HV * K, generator=gen)
     dg = torch.randn(2, T, HV, K, generator=gen)
-    built = build(_plan(bound, K, "float32" if dtype == F32 else "float16"), ChunkTrainConfig(gate_launch=True))
-    z, A, b = (t.clone().requires_grad_(True) for t in (z0, A0, b0))
-    g = layer_gate(z, A, b, built.fn("gate"), built.fn("gate_bwd"))
-    assert g.dtype == F32 and g.shape == z.shape
-    (g * dg).sum().backward()
-    rz, rA, rb = (t.detach().to(F64).requires_grad_(True) for t in (z0, A0, b0))
-    rg = kda_gate(rz, rA, rb, lower_bound=bound)
-    (rg * dg.to(F64)).sum().backward()
-    tol = 2e-6 if dtype == F32 else 2e-3  # fp16: dz is stored in fp16
-    for name, got, ref in (("g", g, rg), ("dz", z.grad, rz.grad), ("dA_log", A.grad, rA.grad),
-                           ("ddt_bias", b.grad, rb.grad)):
-        err = (got.detach().to(F64) - ref.detach()).abs().max().item()
-        assert err <= tol * max(ref.abs().max().item(), 1e-30), (name, err)
+    plan = _plan(bound, K, "float32" if dtype == F32 else "float16")
+    g, z, A, b = _gate_against_float64(plan, z0, A0, b0, dg, lambda rz, rA, rb: kda_gate(rz, rA, rb, lower_bound=bound))
     assert z.grad.dtype == dtype and A.grad.dtype == A0.dtype and b.grad.dtype == b0.dtype
     if bound is not None:
         assert (g >= bound).all()  # the bound the chunk launches then trust
@@ -166,19 +175,9 @@ def test_gated_deltanet_gate_on_one_channel_against_float64(dtype):
     dg = torch.randn(2, T, HV, 1, generator=gen)
     plan = _gdn_gate_plan("float32" if dtype == F32 else "float16")
     assert plan.decay == "scalar" and ChunkTrainConfig.gate_launchable(plan)
-    built = build(plan, ChunkTrainConfig(gate_launch=True))
-    z, A, b = (t.clone().requires_grad_(True) for t in (z0, A0, b0))
-    g = layer_gate(z, A, b, built.fn("gate"), built.fn("gate_bwd"))
-    assert g.dtype == F32 and g.shape == z.shape
-    (g * dg).sum().backward()
-    rz, rA, rb = (t.detach().to(F64).requires_grad_(True) for t in (z0, A0, b0))
-    rg = -rA.exp()[:, None] * torch.nn.functional.softplus(rz + rb[:, None])
-    (rg * dg.to(F64)).sum().backward()
-    tol = 2e-6 if dtype == F32 else 2e-3  # fp16: dz is stored in fp16
-    for name, got, ref in (("g", g, rg), ("dz", z.grad, rz.grad), ("dA_log", A.grad, rA.grad),
-                           ("ddt_bias", b.grad, rb.grad)):
-        err = (got.detach().to(F64) - ref.detach()).abs().max().item()
-        assert err <= tol * max(ref.abs().max().item(), 1e-30), (name, err)
+    _, z, _, _ = _gate_against_float64(
+        plan, z0, A0, b0, dg, lambda rz, rA, rb: -rA.exp()[:, None] * torch.nn.functional.softplus(rz + rb[:, None]))
+    assert z.grad.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", [F32, F16])

@@ -217,6 +217,27 @@ def test_a_foldable_plans_backward_space_adds_the_fold_and_its_intra_stage_times
     assert names(plan, None) == [ln.kernel for ln in launches]
 
 
+def test_the_backward_candidates_follow_gated_deltanets_64_row_chunks():
+    """Gated DeltaNet's bf16 backward defaults to 64-row chunks (kdagen/cache/heuristics.py
+    trains_on_64_row_chunks): its state stage's candidates are the space's on those chunks, less the
+    reverse-pass tiles they refuse (16-wide: min_state_block_v), not an error (``kdagen build --spec gdn``
+    raised ConfigError here before); the other stages keep every candidate."""
+    from kdagen.config import min_state_block_v
+
+    plan = F.lower_for(F.family_spec("chunk_bwd", _args("gdn")), "chunk_bwd", 128, 128, torch.bfloat16)
+    space = F.space_for("chunk_bwd", plan)
+    ctx = F.space_context(plan, F.family_spec("chunk_bwd", _args("gdn")), get_profile("h800"), 2)
+    d = default_config("chunk_bwd", plan, {"N": 2, "HV": 16})
+    assert d.chunk_size == 64
+    state = F.stage_candidates(space, ctx, "state", d)
+    assert state and all(c.chunk_size == 64 and c.state_block_v >= min_state_block_v(64) for c in state)
+    widths = {c.state_block_v for c in space.candidates(ctx)}
+    assert 16 in widths and {c.state_block_v for c in state} == widths - {16}
+    for stage in set(space.stages) - {"state"}:
+        assert len(F.stage_candidates(space, ctx, stage, d)) == len(
+            F.stage_candidates(space, ctx, stage, d.replace(chunk_size=32, sub_chunk=16))), stage
+
+
 # --- build, list ------------------------------------------------------------------------
 
 @pytest.fixture

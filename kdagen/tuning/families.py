@@ -11,7 +11,7 @@ import torch
 from ..cache.gpus import GpuProfile
 from ..codegen.lower import Plan, lower
 from ..codegen.render import REPLACES
-from ..config import ChunkBwdConfig
+from ..config import ChunkBwdConfig, ConfigError
 from ..dtypes import dtype as as_dtype
 from ..ops.inputs import select_spec
 from ..spec import Recurrence, gate_direct
@@ -162,14 +162,19 @@ def elem_bytes(dtype) -> int:
 
 def stage_candidates(space: SearchSpace, context: dict, stage: str | None, default) -> list:
     """Candidates of one separately-timed stage: the stage's own fields vary, every other
-    field keeps the default's value; duplicates are dropped, order is kept."""
+    field keeps the default's value; duplicates are dropped, order is kept.  A stage value the
+    default's other fields refuse is left out (a 16-wide reverse-pass tile where the default runs
+    64-row chunks, Gated DeltaNet's bf16 training: ChunkBwdConfig's min_state_block_v)."""
     cands = space.candidates(context)
     if stage is None:
         return cands
     fields_ = space.stages[stage]
     out, seen = [], set()
     for c in cands:
-        proj = default.replace(**{f: getattr(c, f) for f in fields_})
+        try:
+            proj = default.replace(**{f: getattr(c, f) for f in fields_})
+        except ConfigError:
+            continue
         canon = proj.canonical()
         if canon not in seen:
             seen.add(canon)
