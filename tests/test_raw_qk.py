@@ -77,10 +77,12 @@ def test_q_and_k_from_the_inputs_match_the_recurrence(member, dtype, stored, spl
     _check_against_the_recurrence(member, dtype, stored, split, ChunkTrainConfig(split_output=split, state_block_v=16))
 
 
-def test_gated_deltanet_on_64_row_chunks_matches_the_recurrence():
-    """Gated DeltaNet's bf16 training step runs on 64-row chunks with the folded backward (the heuristic since
-    session 27, kdagen/cache/heuristics.py trains_on_64_row_chunks); the same launches in fp16 (the interpreter
-    runs no bf16), row-scaled q and k, recompute mode, against float64 autograd: varlen with sequences of
+@pytest.mark.parametrize("member", ["gdn", "deltanet"])
+def test_64_row_chunks_match_the_recurrence(member):
+    """Gated DeltaNet's bf16 training step, and DeltaNet's with few state programs, run on 64-row chunks with
+    the folded backward (the heuristic since session 27, kdagen/cache/heuristics.py trains_on_64_row_chunks);
+    the same launches in fp16 (the interpreter runs no bf16), q and k from the inputs (GDN's rows scaled),
+    recompute mode, against float64 autograd: varlen with sequences of
     lengths 0, 1, 19 and 33 (each one partial 64-row chunk), GVA, a reset mid-chunk."""
     from kdagen.ops.chunk import chunk_bwd_config
 
@@ -89,7 +91,7 @@ def test_gated_deltanet_on_64_row_chunks_matches_the_recurrence():
                          state_num_stages=3, state_prefetch=True, rerun_num_warps=1)
     train = ChunkTrainConfig(chunk_size=64, sub_chunk=32, split_output=True, state_block_v=32)
     with chunk_bwd_config(bwd):
-        _check_against_the_recurrence("gdn", F16, False, True, train, expect_chunk=64)
+        _check_against_the_recurrence(member, F16, False, True, train, expect_chunk=64)
 
 
 def _check_against_the_recurrence(member, dtype, stored, split, config, expect_chunk=None):
@@ -108,13 +110,13 @@ def _check_against_the_recurrence(member, dtype, stored, split, config, expect_c
     spec = S.gdn() if gdn else S.deltanet()
     names = ("q", "k", "v", "g", "beta", "h0") if gdn else ("q", "k", "v", "beta", "h0")
     vals = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
-    if gdn:
-        fwd, bwd, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, initial_state=h0,
-                                            cu_seqlens=torch.tensor(cu), config=config)
-        assert (fwd[1].args["kg"] is k) == (dtype == F16)  # row-scaled: the input itself, no kg buffer
-        if expect_chunk is not None:  # the launches run on the chunks asked for, the backward folded
-            assert {ln.constexprs["BT"] for ln in list(fwd) + list(bwd) if "BT" in ln.constexprs} == {expect_chunk}
-            assert "chunk_bwd_intra" not in {ln.kernel for ln in bwd}
+    fwd, bwd, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, initial_state=h0,
+                                        cu_seqlens=torch.tensor(cu), config=config)
+    # DeltaNet reads k itself; GDN in fp16 too (its rows scaled in the readers), in fp32 a kg buffer
+    assert (fwd[1].args["kg"] is k) == (not gdn or dtype == F16)
+    if expect_chunk is not None:  # the launches run on the chunks asked for, the backward folded
+        assert {ln.constexprs["BT"] for ln in list(fwd) + list(bwd) if "BT" in ln.constexprs} == {expect_chunk}
+        assert "chunk_bwd_intra" not in {ln.kernel for ln in bwd}
     xs = {n: vals[n].clone().requires_grad_() for n in names}
     o, ht = chunk_member(spec, xs["q"], xs["k"], xs["v"], xs.get("g"), xs["beta"], initial_state=xs["h0"],
                          output_final_state=True, cu_seqlens=torch.tensor(cu), scale=0.3,

@@ -385,11 +385,12 @@ def test_deltanet_backward_folds_its_split_intra_launch_by_default():
         assert "chunk_bwd_intra" in family_kernels("chunk_bwd", plan, cfg)
 
 
-def test_gated_deltanet_trains_on_64_row_chunks_in_bf16():
-    """Issue 15 (bench/RESULTS.md, runs 138-141): Gated DeltaNet's bf16 training step (g given, the folded
+def test_gated_deltanet_and_few_head_deltanet_train_on_64_row_chunks_in_bf16():
+    """Issue 15 (bench/RESULTS.md, runs 138-142): Gated DeltaNet's bf16 training step (g given, the folded
     backward) runs on 64-row chunks of two 32-row sub-tiles, forward and backward alike, with the reverse
     pass on 64-wide V tiles and 8 warps when there are many state programs and on 32-wide tiles and 4 warps
-    when there are few (or the shape is not known); fp16, fp32, DeltaNet, KDA and the in-kernel gate keep 32."""
+    when there are few (or the shape is not known); DeltaNet's with few state programs only; fp16, fp32, KDA
+    and the in-kernel gate's plan keep 32."""
     from kdagen.cache.heuristics import default_config, trains_on_64_row_chunks
     from kdagen.ops.family import gdn_spec
 
@@ -403,14 +404,21 @@ def test_gated_deltanet_trains_on_64_row_chunks_in_bf16():
         assert b.folds_intra(gdn) and b.reruns_from_saved(gdn), shape
     narrow = lower(S.gdn(S.gate_direct(None)), 64, 64, "bfloat16", "chunk", False)
     assert default_train_config(narrow).chunk_size == 64
+    # DeltaNet: 64 rows with few state programs only (run 142: +2.5% there, run 140: -3 to -8% with many)
+    dn = lower(S.deltanet(), 128, 128, "bfloat16", "chunk", False)
+    for shape, chunk in (({"N": 2, "HV": 16}, 64), ({"N": 1, "HV": 96}, 32), (None, 32)):
+        assert trains_on_64_row_chunks(dn, shape) == (chunk == 64)
+        b = default_config("chunk_bwd", dn, shape)
+        assert default_train_config(dn, shape).chunk_size == b.chunk_size == chunk, shape
+        assert b.state_num_warps == 4 and b.folds_intra(dn)
     kda = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
     others = [lower(S.gdn(S.gate_direct(None)), 128, 128, dt, "chunk", False) for dt in ("float16", "float32")]
-    others += [lower(S.deltanet(), 128, 128, "bfloat16", "chunk", False), kda,
+    others += [lower(S.deltanet(), 128, 128, "float16", "chunk", False), kda,
                lower(gdn_spec(True, True), 128, 128, "bfloat16", "chunk", True),
                lower(S.gdn(S.gate_direct(None)), 256, 256, "bfloat16", "chunk", False)]
     for plan in others:
-        assert not trains_on_64_row_chunks(plan), (plan.spec_name, plan.dtype, plan.K)
         for shape in ({"N": 1, "HV": 96}, {"N": 2, "HV": 16}):
+            assert not trains_on_64_row_chunks(plan, shape), (plan.spec_name, plan.dtype, plan.K)
             b = default_config("chunk_bwd", plan, shape)
             assert default_train_config(plan, shape).chunk_size == b.chunk_size == 32, (plan.spec_name, shape)
             assert b.state_num_warps == 4

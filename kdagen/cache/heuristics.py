@@ -119,17 +119,21 @@ def _few_state_programs(plan: Plan, shape: dict | None) -> bool | None:
     return _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW
 
 
-def trains_on_64_row_chunks(plan: Plan) -> bool:
-    """Whether the training step runs on 64-row chunks (two 32-row sub-tiles) instead of 32: Gated
-    DeltaNet in bf16 (a scalar decay given as g, a rank-1 term, K <= 128: the backward's folded split).
-    The state passes take half the steps and read and write half the per-chunk states; the intra launches
-    cost about the same per row.  H200, bf16, K=V=128, same process as FLA 0.6.0 (bench/RESULTS.md,
-    runs 135-139): (2, 16384, 16) 3.880 -> 3.403 ms (FLA 3.644), (1, 8192, 96) 5.299 -> 5.009 ms with
-    the reverse pass on 8 warps (FLA 5.287); bf16 errors against float64 the same or lower (o 3.32 ->
-    3.09e-3, dg 2.86 -> 2.47e-3).  fp16 (per-chunk states in fp32), fp32, DeltaNet, KDA and GDN's
-    in-kernel gate: unmeasured at 64 rows in this design; they keep 32."""
-    return (plan.dtype == "bfloat16" and plan.K <= 128 and plan.decay == "scalar" and plan.has_rank1
-            and plan.structure != "dplr" and ChunkBwdConfig.fold_candidate(plan))
+def trains_on_64_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
+    """Whether the training step runs on 64-row chunks (two 32-row sub-tiles) instead of 32, in bf16 with
+    K <= 128 and the backward's folded split: Gated DeltaNet (a scalar decay given as g) at every shape,
+    DeltaNet (no decay) with few state programs.  The state passes take half the steps and read and write
+    half the per-chunk states; the intra launches cost about the same per row.  H200, bf16, K=V=128, same
+    process as FLA 0.6.0 (bench/RESULTS.md, runs 135-142): GDN (2, 16384, 16) 3.880 -> 3.403 ms (FLA 3.644),
+    (1, 8192, 96) 5.299 -> 5.009 ms with the reverse pass on 8 warps (FLA 5.287), bf16 errors against
+    float64 the same or lower (o 3.32 -> 3.09e-3, dg 2.86 -> 2.47e-3); DeltaNet (2, 16384, 16) 2.989 ->
+    2.914 ms (FLA 3.016), but (1, 8192, 96) 4.196 -> 4.336-4.514 (its errors 1-3% higher at 64 rows).
+    fp16 (per-chunk states in fp32), fp32, KDA and the in-kernel gates' plans: unmeasured at 64 rows in
+    this design; they keep 32 (a layer call whose gate is launched apart runs the g-given plan's chunks)."""
+    if not (plan.dtype == "bfloat16" and plan.K <= 128 and plan.has_rank1 and plan.structure != "dplr"
+            and ChunkBwdConfig.fold_candidate(plan)):
+        return False
+    return plan.decay == "scalar" or _few_state_programs(plan, shape) is True
 
 
 def checked_like_bounded(plan: Plan) -> bool:
@@ -206,7 +210,7 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     if half and ChunkTrainConfig.gate_launchable(plan):
         out["gate_launch"] = True
     chunk = 32
-    if trains_on_64_row_chunks(plan):
+    if trains_on_64_row_chunks(plan, shape):
         chunk, sub = 64, 32
     return ChunkTrainConfig(
         chunk_size=chunk, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
@@ -342,7 +346,7 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
                 # at (2, 16384, 16, 128); with many programs they lose (0.671 -> 0.825; run 102); on 64-row
                 # chunks four stages exceed shared memory (248 KB at BV=32)
                 state["state_num_stages"] = 4
-            if few is False and chunking[0] == 64 and trains_on_64_row_chunks(plan):
+            if few is False and chunking[0] == 64 and trains_on_64_row_chunks(plan, shape):
                 # Gated DeltaNet's 64-row chunks with many programs: the reverse pass on 8 warps (64-wide tiles on
                 # 4 spill 16 bytes at 255 registers): 1.240 -> 0.821 ms at (1, 8192, 96, 128), 32-wide tiles on 4
                 # warps 0.923 (run 139); with few programs 32-wide tiles on 4 warps stay (0.584 against 0.670)
