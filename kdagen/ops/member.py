@@ -12,6 +12,7 @@ decay, where every channel shares it.
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 
 import torch
@@ -176,7 +177,6 @@ def _plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_rec
     has one, as the direct gate's); the configs are that plan's own unless the caller gave some (a
     training forward's config is the call's then, without gate_launch).  None otherwise."""
     from . import chunk as C
-    import dataclasses
 
     if not config.launches_gate(call.plan):
         return None
