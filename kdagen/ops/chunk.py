@@ -195,14 +195,7 @@ def _train(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdC
     if config.launches_gate(call.plan):
         # the gate in launches of its own (ChunkTrainConfig.gate_launch), then the plan without an in-kernel gate
         built = build(call.plan, config)
-        if call.plan.decay == "scalar":
-            # one gate per token and value head: the gate's launches on one channel ([..., HV, 1]); dt_bias is
-            # one per head (the member's arguments hold it per channel, every channel the same)
-            z = g.unsqueeze(-1)
-            bias = None if dt_bias is None else dt_bias.reshape(dt_bias.shape[0], -1)[:, :1].contiguous()
-            g = layer_gate(z, A_log, bias, built.fn("gate"), built.fn("gate_bwd")).squeeze(-1)
-        else:
-            g = layer_gate(g, A_log, dt_bias, built.fn("gate"), built.fn("gate_bwd"))
+        g = layer_gate(g, A_log, dt_bias, built.fn("gate"), built.fn("gate_bwd"), call.plan.decay == "scalar")
         A_log = dt_bias = None
         call, config, bwd_config = plain if plain is not None else _without_gate(call, config, bwd_config)
     return _ChunkKDAFunction.apply(q, k, x["v"], g, x["beta"], x["initial_state"], A_log, dt_bias,
@@ -222,7 +215,7 @@ def _without_gate(call: _Call, config: ChunkTrainConfig, bwd_config: ChunkBwdCon
     bound = call.plan.lower_bound
     spec = select_spec(False, bound is not None, bound, False, False)
     plan = lower(spec, call.plan.K, call.plan.V, call.plan.dtype, "chunk", False)
-    return (dataclasses.replace(call, plan=plan), config.replace(gate_launch=False, check_gate_bound=False),
+    return (with_plan(call, plan), config.replace(gate_launch=False, check_gate_bound=False),
             bwd_config.replace(check_gate_bound=False))
 
 

@@ -70,7 +70,12 @@ class LayerGate(torch.autograd.Function):
         return dz, dA_log, ddt_bias, None, None
 
 
-def layer_gate(z: torch.Tensor, A_log, dt_bias, fwd_fn, bwd_fn) -> torch.Tensor:
+def layer_gate(z: torch.Tensor, A_log, dt_bias, fwd_fn, bwd_fn, per_token: bool = False) -> torch.Tensor:
     """The gate of a training call, differentiable; ``fwd_fn``/``bwd_fn``: the loaded gate kernels of
-    the call's plan (the training forward's family, with ``gate_launch``)."""
-    return LayerGate.apply(z.contiguous(), A_log, dt_bias, fwd_fn, bwd_fn)
+    the call's plan (the training forward's family, with ``gate_launch``).  ``per_token``: one gate per
+    token and value head (a scalar decay, Gated DeltaNet's; z [..., HV]): the launches run on one channel,
+    with dt_bias one per head (the member's arguments hold it per channel, every channel the same, [HV, K])."""
+    if not per_token:
+        return LayerGate.apply(z.contiguous(), A_log, dt_bias, fwd_fn, bwd_fn)
+    bias = None if dt_bias is None else dt_bias.reshape(dt_bias.shape[0], -1)[:, :1].contiguous()
+    return LayerGate.apply(z.contiguous().unsqueeze(-1), A_log, bias, fwd_fn, bwd_fn).squeeze(-1)

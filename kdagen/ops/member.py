@@ -171,6 +171,13 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     return o, ht
 
 
+@lru_cache(maxsize=64)
+def _direct_gate_plan(spec: S.Recurrence, lower_bound, K: int, V: int, dtype: str):
+    """The chunk plan of ``spec`` with g given (its gate's bound as the direct gate's): once per spec and
+    geometry, not per training call."""
+    return lower(dataclasses.replace(spec, gate=S.gate_direct(lower_bound)), K, V, dtype, "chunk", False)
+
+
 def _plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_recompute):
     """Where a training call's in-kernel gate runs in launches of its own (``ChunkTrainConfig.gate_launch``):
     the call and configs of its chunk launches, the member with g given (the gate's bound, if its formula
@@ -180,8 +187,8 @@ def _plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_rec
 
     if not config.launches_gate(call.plan):
         return None
-    direct = dataclasses.replace(spec, gate=S.gate_direct(call.plan.lower_bound))
-    plain = C.with_plan(call, lower(direct, call.plan.K, call.plan.V, call.plan.dtype, "chunk", False))
+    p = call.plan
+    plain = C.with_plan(call, _direct_gate_plan(spec, p.lower_bound, p.K, p.V, p.dtype))
     if given is None:
         config, bwd_config = C._configs(plain, None, None, True, chunk_size, disable_recompute)
     return plain, config.replace(gate_launch=False), bwd_config
