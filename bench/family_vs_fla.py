@@ -45,6 +45,10 @@ T0 = time.time()
 LOG: list[str] = []
 RES: dict = {"rows": [], "errors": [], "skipped": []}
 MEMBERS = ("gdn", "deltanet", "gla", "gla5", "dplr", "dplr5")  # gla5/dplr5: g >= -5 promised to kdagen (safe_gate)
+# GDN's layer-call forms, run only when named in --only: gdn_gate with FLA's in-kernel gate (g raw, A_log, dt_bias);
+# gdn_layer the gate and use_qk_l2norm_in_kernel on raw q and k (Qwen3-Next's call)
+LAYER_MEMBERS = ("gdn_gate", "gdn_layer")
+GATED = ("gdn_gate", "gdn_layer")
 PASSES = ("errors", "fwd", "fwdbwd", "decode", "profile")
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 DECODE = [(1, 32, 128), (256, 32, 128)]  # (B, H, K=V)
@@ -55,7 +59,8 @@ SMOKE_ERROR_SHAPES = [(1, 37, 1, 32)]
 RESERVE = {"fwd": 20.0, "fwdbwd": 45.0}  # seconds a GPU timing section needs left to start (compiles, warm-up)
 GRAD = {"gdn": ("q", "k", "v", "g", "beta", "initial_state"),
         # Gated DeltaNet with FLA's in-kernel gate: g raw, -exp(A_log) softplus(g + dt_bias) formed in the kernels
-        "gdn_gate": ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), "deltanet": ("q", "k", "v", "beta", "initial_state"),
+        "gdn_gate": ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"),
+        "gdn_layer": ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"), "deltanet": ("q", "k", "v", "beta", "initial_state"),
         "gla": ("q", "k", "v", "g", "initial_state"), "gla5": ("q", "k", "v", "g", "initial_state"),
         "dplr": ("q", "k", "v", "a", "b", "gk", "initial_state"),
         "dplr5": ("q", "k", "v", "a", "b", "gk", "initial_state")}
@@ -97,7 +102,7 @@ def ops(member, lib):
         import functools
 
         import kdagen
-        if member in ("gdn", "gdn_gate"):
+        if member in ("gdn",) + GATED:
             return kdagen.chunk_gated_delta_rule, kdagen.fused_recurrent_gated_delta_rule
         if member == "gla":
             return kdagen.chunk_gla, kdagen.fused_recurrent_gla
@@ -119,7 +124,7 @@ def ops(member, lib):
         if member in ("gla", "gla5"):
             from fla.ops.gla import chunk_gla, fused_recurrent_gla
             return chunk_gla, fused_recurrent_gla
-        if member in ("gdn", "gdn_gate"):
+        if member in ("gdn",) + GATED:
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
             return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
         from fla.ops.delta_rule import chunk_delta_rule, fused_recurrent_delta_rule
@@ -137,9 +142,10 @@ def call_chunk(member, fn, x):
         return fn(x["q"], x["k"], x["v"], x["g"], initial_state=x["initial_state"], output_final_state=True)
     if member == "gdn":
         return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
-    if member == "gdn_gate":
+    if member in GATED:
         return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"], output_final_state=True,
-                  use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"])
+                  use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                  use_qk_l2norm_in_kernel=member == "gdn_layer")
     return fn(x["q"], x["k"], x["v"], x["beta"], initial_state=x["initial_state"], output_final_state=True)
 
 
@@ -152,6 +158,10 @@ def call_recurrent(member, fn, x, **kw):
     if member == "gdn":
         return fn(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], initial_state=x["initial_state"],
                   output_final_state=True, **kw)
+    if member in GATED:
+        return fn(x["q"], x["k"], x["v"], x["g"], beta=x["beta"], initial_state=x["initial_state"],
+                  output_final_state=True, use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                  use_qk_l2norm_in_kernel=member == "gdn_layer", **kw)
     return fn(x["q"], x["k"], x["v"], x["beta"], initial_state=x["initial_state"], output_final_state=True, **kw)
 
 
@@ -160,7 +170,9 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     q, k, v, beta in bf16 (float32 on the CPU: the interpreter cannot run bf16)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    k = torch.randn(B, T, H, K, generator=gen)
+    if member != "gdn_layer":  # gdn_layer: raw q and k, l2-normalised in the kernels
+        k = torch.nn.functional.normalize(k, dim=-1)
     v = torch.randn(B, T, H, V, generator=gen)
     if member in ("gla", "gla5"):
         x = dict(q=q, k=k, v=v)
@@ -174,7 +186,7 @@ def inputs(member, B, T, H, K, V, dev, seed=0):
     x = {n: t.to(dev, dt) for n, t in x.items()}
     if member == "gdn":
         x["g"] = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen) + 2.0).to(dev)
-    if member == "gdn_gate":  # the raw gate and Mamba-style parameters (A in [1, 16], dt in [1e-3, 0.1]), fp32
+    if member in GATED:  # the raw gate and Mamba-style parameters (A in [1, 16], dt in [1e-3, 0.1]), fp32
         x["g"] = torch.randn(B, T, H, generator=gen).to(dev)
         x["A_log"] = torch.log(1.0 + 15.0 * torch.rand(H, generator=gen)).to(dev)
         dt = torch.exp(torch.rand(H, generator=gen) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
@@ -254,7 +266,7 @@ def _warm_worker(index, count, queue, members, shapes, unguarded=False):
                 x = inputs(member, B, T, H, D, D, "cuda")
                 with torch.no_grad():
                     call_chunk(member, f[0], x)
-                if member in ("gdn", "gdn_gate") and fla_gdn_backward_guard():
+                if member in ("gdn",) + GATED and fla_gdn_backward_guard():
                     continue
                 fwdbwd_fn(member, f[0], x)()
                 torch.cuda.synchronize()
@@ -342,9 +354,13 @@ def _reference(member, x, names, dev):
     elif member in ("gla", "gla5"):
         ro, rs = naive_recurrent_gla(r["q"], r["k"], r["v"], r["g"], initial_state=r["initial_state"],
                                      output_final_state=True)
-    elif member == "gdn_gate":
+    elif member in GATED:
         g = -torch.exp(r["A_log"]) * torch.nn.functional.softplus(r["g"] + r["dt_bias"])
-        ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], g, r["beta"], initial_state=r["initial_state"],
+        q, k = r["q"], r["k"]
+        if member == "gdn_layer":  # FLA's l2norm: x / sqrt(sum x^2 + 1e-6)
+            q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
+            k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        ro, rs = naive_recurrent_gdn(q, k, r["v"], g, r["beta"], initial_state=r["initial_state"],
                                      output_final_state=True)
     elif member == "gdn":
         ro, rs = naive_recurrent_gdn(r["q"], r["k"], r["v"], r["g"], r["beta"], initial_state=r["initial_state"],
@@ -555,10 +571,10 @@ def main(argv=None):
                          "wrong there, FLA #640: the time is its, the errors are reported, not trusted)")
     args = ap.parse_args(argv)
     only = set(filter(None, args.only.split(",")))
-    unknown = only - set(MEMBERS) - set(PASSES)
+    unknown = only - set(MEMBERS) - set(LAYER_MEMBERS) - set(PASSES)
     if unknown:
-        ap.error(f"--only: unknown {sorted(unknown)}; members {MEMBERS}, passes {PASSES}")
-    members = [m for m in MEMBERS if m in only] or list(MEMBERS)
+        ap.error(f"--only: unknown {sorted(unknown)}; members {MEMBERS + LAYER_MEMBERS}, passes {PASSES}")
+    members = [m for m in MEMBERS + LAYER_MEMBERS if m in only] or list(MEMBERS)
     passes = [p for p in PASSES if p in only] or list(PASSES)
     budget = Budget(args.budget)
     cuda = torch.cuda.is_available()
@@ -587,7 +603,7 @@ def main(argv=None):
             fla = None if args.no_fla else ops(member, "fla")
             if fla is not None:
                 libs[member]["fla"] = fla
-                guard = fla_gdn_backward_guard() if member in ("gdn", "gdn_gate") else None
+                guard = fla_gdn_backward_guard() if member in ("gdn",) + GATED else None
                 if guard:
                     BWD_REFUSED[("fla", member)] = guard
                     log(f"  fla's {member} backward: {guard}")

@@ -96,15 +96,16 @@ VARIANTS["c64s32s2"] = (dict(C64), dict(C64, state_block_v=32, state_num_stages=
 VARIANTS["c64sw8"] = (dict(C64), dict(C64, state_num_warps=8))
 VARIANTS["c64s32i8r2"] = (dict(C64, intra_num_warps=8), dict(C64, state_block_v=32, rerun_num_warps=2))
 OPS = {"deltanet": "chunk_delta_rule", "gdn": "chunk_gated_delta_rule",
-       "gdn_gate": "chunk_gated_delta_rule"}  # gdn_gate: FLA's in-kernel gate (A_log, dt_bias); its default only
+       "gdn_gate": "chunk_gated_delta_rule",  # gdn_gate: FLA's in-kernel gate (A_log, dt_bias); its default only
+       "gdn_layer": "chunk_gated_delta_rule"}  # gdn_layer: the gate and use_qk_l2norm_in_kernel; its default only
 
 
 def configs(member, name, x):
     """The variant's (ChunkTrainConfig, ChunkBwdConfig) for the call on inputs ``x``; (None, None) for the
     in-kernel gate's default (the op resolves its own)."""
-    if member == "gdn_gate":
+    if member in F.GATED:
         if name != "default":
-            raise ValueError("gdn_gate: only the default variant")
+            raise ValueError(f"{member}: only the default variant")
         return None, None
     from kdagen.cache.heuristics import default_chunk_bwd_config, default_train_config
     from kdagen.ops.member import _prepare_chunk
