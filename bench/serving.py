@@ -113,11 +113,14 @@ def generator(seed):
     return torch.Generator(device=DEV).manual_seed(seed)
 
 
-def reference_step(x, pool, slots, packed, first=8):
+def reference_step(x, pool, slots, packed, first=8, l2norm=False):
     """The float64 recurrence of one step for the first ``first`` sequences: (o laid out as the
-    op lays out those sequences, their new states)."""
+    op lays out those sequences, their new states).  ``l2norm``: q and k normalised first
+    (use_qk_l2norm_in_kernel)."""
     pick = (lambda t: t[:, :first].transpose(0, 1)) if packed else (lambda t: t[:first])  # noqa: E731  [n, 1, ...]
     ref = [pick(x[n]).double().cpu() for n in ("q", "k", "v", "g", "beta")]
+    if l2norm:
+        ref[0], ref[1] = (torch.nn.functional.normalize(t, dim=-1) for t in ref[:2])
     o, s = naive_recurrent_kda(*ref, initial_state=pool[slots[:first].long()].double().cpu(), output_final_state=True)
     return (o.transpose(0, 1) if packed else o), s
 
@@ -431,23 +434,26 @@ def fla_decode():
         return None, "not run"
 
 
-def decode_case(B, packed, pool_dtype, fla=None):
-    """(step function, bytes of state moved) of one decode configuration on fresh inputs."""
+def decode_case(B, packed, pool_dtype, fla=None, l2norm=False):
+    """(step function, bytes of state moved) of one decode configuration on fresh inputs.
+    ``l2norm``: the serving engines' call, raw k (3x its unit length) with use_qk_l2norm_in_kernel."""
     geo = Geometry(B, 32, 128, 128)
     gen = generator(10 + B)
     x = geo.tokens(gen, packed)
+    if l2norm:
+        x["k"] = 3 * x["k"]
     pool, slots = geo.pool(gen, pool_dtype)
     cu = geo.cu() if packed else None
     out = torch.empty_like(x["v"])
     if fla is None:
         fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
-                                                cu_seqlens=cu, out=out)
+                                                cu_seqlens=cu, out=out, use_qk_l2norm_in_kernel=l2norm)
     else:
         idx = slots.long()
         fn = lambda: fla(**x, initial_state=pool, scale=128 ** -0.5, inplace_final_state=True,  # noqa: E731
-                         ssm_state_indices=idx, cu_seqlens=cu, out=out)
+                         ssm_state_indices=idx, cu_seqlens=cu, out=out, use_qk_l2norm_in_kernel=l2norm)
     p0 = pool.clone()
-    o_ref, s_ref = reference_step(x, pool, slots, packed)
+    o_ref, s_ref = reference_step(x, pool, slots, packed, l2norm=l2norm)
     fn()
     torch.cuda.synchronize()
     err = max(rel_err(picked(out, packed).float(), o_ref), rel_err(pool[slots[:8].long()].float(), s_ref))
@@ -464,14 +470,18 @@ def timing(batches=(1, 16, 256)):
     log(f"device copy ceiling: {copy:.0f} GB/s")
     fla, fla_ver = fla_decode()
     OUT["env"]["fla"] = fla_ver
-    forms = [("kdagen", False, torch.float32), ("kdagen", True, torch.float32), ("kdagen", True, torch.bfloat16)]
+    # (op, packed, pool dtype, use_qk_l2norm_in_kernel): the last of each library's forms is the engines' call
+    forms = [("kdagen", False, torch.float32, False), ("kdagen", True, torch.float32, False),
+             ("kdagen", True, torch.bfloat16, False), ("kdagen", True, torch.float32, True)]
     if fla is not None:
-        forms += [("fla", False, torch.float32), ("fla", True, torch.float32)]
+        forms += [("fla", False, torch.float32, False), ("fla", True, torch.float32, False),
+                  ("fla", True, torch.float32, True)]
     for B in batches:
-        for who, packed, pool_dtype in forms:
-            row = dict(kind="decode", B=B, op=who, form="packed" if packed else "batch", pool=str(pool_dtype)[6:])
+        for who, packed, pool_dtype, l2norm in forms:
+            row = dict(kind="decode", B=B, op=who, form="packed" if packed else "batch", pool=str(pool_dtype)[6:],
+                       l2norm=l2norm)
             try:
-                fn, nbytes, err, _ = decode_case(B, packed, pool_dtype, fla if who == "fla" else None)
+                fn, nbytes, err, _ = decode_case(B, packed, pool_dtype, fla if who == "fla" else None, l2norm)
                 row["rel_err_vs_float64"] = err
                 row["eager_us"] = eager_us(fn)
                 row["graph_us"] = graph_us(fn)
@@ -485,7 +495,7 @@ def timing(batches=(1, 16, 256)):
     rows = [r for r in OUT["rows"] if r.get("kind") == "decode"]
 
     def find(B, op, form, pool):
-        return next((r for r in rows if (r["B"], r["op"], r["form"], r["pool"]) == (B, op, form, pool)
+        return next((r for r in rows if (r["B"], r["op"], r["form"], r["pool"], r["l2norm"]) == (B, op, form, pool, False)
                      and "graph_us" in r), None)
 
     big = find(256, "kdagen", "packed", "float32") or find(256, "kdagen", "batch", "float32")
@@ -499,8 +509,14 @@ def timing(batches=(1, 16, 256)):
               proof=False)
     one = [r for r in rows if r["B"] == 1 and r["op"] == "kdagen" and r["pool"] == "float32" and "eager_us" in r]
     for r in one:  # each form on its own: the batch form (a fresh final state per call) and the packed pool
-        claim(f"eager decode at B=1 <= 15 us per call ({r['form']} form)", r["eager_us"] <= 15,
-              f"{r['eager_us']:.1f} us", proof=False)
+        claim(f"eager decode at B=1 <= 15 us per call ({r['form']} form{', l2norm' if r['l2norm'] else ''})",
+              r["eager_us"] <= 15, f"{r['eager_us']:.1f} us", proof=False)
+    for B in batches:  # the engines' call (in-kernel l2-norm): at least FLA's speed
+        kd, fl = ([r for r in rows if (r["B"], r["op"], r["l2norm"]) == (B, op, True) and "graph_us" in r]
+                  for op in ("kdagen", "fla"))
+        if kd and fl:
+            claim(f"packed decode with use_qk_l2norm_in_kernel at B={B} >= FLA's", fl[0]["graph_us"] >= kd[0]["graph_us"],
+                  f"{kd[0]['graph_us']:.1f} us vs FLA {fl[0]['graph_us']:.1f} us", proof=False)
 
 
 def eager_split():

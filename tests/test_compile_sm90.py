@@ -148,6 +148,15 @@ REC_CASES = [
      dict(pool="bfloat16", rc=dict(num_warps=4, readout="loaded", programs_per_sm=2, num_stages=3))),
     ("bf16-K96V192-varlen-gate-in-kernel-pipelined", "bfloat16", 96, 192, "gik_lb", 32,
      dict(varlen=True, rc=dict(programs_per_sm=2, num_stages=2))),
+    # FLA's in-kernel flags applied by the decode kernel to what it loads (the l2-norm of q and k, the beta
+    # sigmoid, twice it with allow_neg_eigval): one item per program, prefetching persistent, pipelined
+    ("bf16-K128V128-BV32-pool-l2norm-beta-sigmoid", "bfloat16", 128, 128, "gik_sp", 32,
+     dict(pool="float32", flags=dict(qk_l2norm=True, beta_sigmoid=True, neg_eigval=True))),
+    ("bf16-K96V192-varlen-l2norm-persistent", "bfloat16", 96, 192, "gik_lb", 16,
+     dict(varlen=True, rc=dict(programs_per_sm=4), flags=dict(qk_l2norm=True))),
+    ("bf16-K128V128-BV64-bf16-pool-pipelined-l2norm-beta-sigmoid", "bfloat16", 128, 128, "direct", 64,
+     dict(pool="bfloat16", rc=dict(num_warps=4, readout="loaded", programs_per_sm=2, num_stages=3),
+          flags=dict(qk_l2norm=True, beta_sigmoid=True))),
 ]
 
 # the recurrent backward: (id, dtype, K, V, gate, RecurrentBwdConfig fields or None, extra)
@@ -328,7 +337,7 @@ def _worker_compile(jobs):
                 launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                               output_final_state=True, cu_seqlens=cu, state_indices=idx,
                                               dims=dims, plan=plan, built=built, A_log=A_log, dt_bias=dt_bias,
-                                              state_v_first=vf)
+                                              state_v_first=vf, **extra.get("flags", {}))
                 results[f"{family}:{cid}"] = [report("recurrent", launch)]
         except Exception as e:
             results[f"{family}:{cid}"] = [dict(kind="build", error=f"{type(e).__name__}: {e}"[:4000])]
@@ -514,6 +523,10 @@ def test_recurrent_kernel_compiles_for_sm90(case, compiled):
     assert c["USE_INDICES"] == ("pool" in extra)
     assert c["IS_VARLEN"] == bool(extra.get("varlen"))
     assert c["STATE_V_FIRST"] == bool(extra.get("v_first"))
+    flags = extra.get("flags", {})
+    assert c["QK_L2NORM"] == flags.get("qk_l2norm", False)
+    assert c["BETA_SIGMOID"] == flags.get("beta_sigmoid", False)
+    assert c["NEG_EIGVAL"] == flags.get("neg_eigval", False)
     rc = extra.get("rc", {})
     if rc.get("programs_per_sm") and rc.get("num_stages", 1) > 1:
         # the pipelined item loop: the state tile goes through shared memory, one buffer per

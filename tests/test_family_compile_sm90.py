@@ -88,7 +88,8 @@ def _worker_compile(cases):
         except Exception as e:  # reported to the test, which fails with it
             return dict(kind=kind, error=f"{type(e).__name__}: {e}"[:4000])
         return dict(kind=kind, is_report=isinstance(r, CompileReport), target=r.target, shared_bytes=r.shared_bytes,
-                    source=launch.fn.__name__)
+                    source=launch.fn.__name__,
+                    flags={n: launch.constexprs[n] for n in ("QK_L2NORM", "BIAS_PER_HEAD") if n in launch.constexprs})
 
     results = {}
     for cid, member, dt, K, V, extra in cases:
@@ -122,7 +123,9 @@ def _worker_compile(cases):
                                               config=tcfg, bwd_config=bcfg, **kw)
             out += [report(x.kernel, x) for x in list(tf) + list(tb)]  # (chunk_out: the output split)
             # decode (B sequences of one token) and the recurrent backward
-            dt_bias = torch.zeros(HV, K) if gik else None  # per channel, as the member entries expand it
+            # the decode step reads the gate's dt_bias per head ([HV], as the caller gives it) and applies the
+            # l2-norm itself; the autograd path reads it per channel (expanded), as the backward does
+            dt_bias = torch.zeros(HV, K) if gik else None
             A_log = gate.get("A_log")
             dims, seqlens = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu,
                                          A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik, state_v_first=vf,
@@ -133,7 +136,8 @@ def _worker_compile(cases):
             beta = beta if beta is not None else torch.zeros(1)  # no rank-1 part: not read
             launch, _ = prepare_recurrent(q, k, v, gg, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
                                           cu_seqlens=cu, state_indices=None, dims=dims, plan=plan, built=built,
-                                          A_log=A_log, dt_bias=dt_bias, state_v_first=vf)
+                                          A_log=A_log, dt_bias=gate.get("dt_bias"), state_v_first=vf,
+                                          qk_l2norm=gik)
             out.append(report("recurrent", launch))
             meta = RecurrentBwdMeta(dims, seqlens, cu, K ** -0.5, plan, RecurrentBwdConfig(), vf)
             launch, _ = prepare_recurrent_bwd(meta, dict(q=q, k=k, v=v, g=gg, beta=beta, A_log=A_log, dt_bias=dt_bias),
@@ -179,3 +183,7 @@ def test_family_kernels_compile_for_sm90(case, compiled):
         assert e["is_report"] and e["target"] == "cuda:90"
         assert e["source"].startswith(member), e["source"]  # the member's own kernels (named by its spec)
         assert 0 < e["shared_bytes"] <= SMEM_LIMIT, f"{cid}: {e['kind']} needs {e['shared_bytes']} bytes"
+    # the decode step of the in-kernel gate: dt_bias per head, the l2-norm in the kernel
+    gik = bool(case[5].get("gik"))
+    want = dict(QK_L2NORM=gik, **({"BIAS_PER_HEAD": True} if gik else {}))
+    assert [e["flags"] for e in entries if e["kind"] == "recurrent"] == [want]

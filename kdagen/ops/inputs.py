@@ -148,8 +148,9 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
                 raise ValueError(f"A_log is on {A_log.device} but the inputs are on {dev}")
         if dt_bias is not None:
             _tensor("dt_bias", dt_bias)
-            if dt_bias.numel() != HV * K:
-                raise ValueError(f"dt_bias must have HV*K = {HV * K} entries, got shape {tuple(dt_bias.shape)}")
+            if dt_bias.numel() != HV * K and not (decay == "scalar" and dt_bias.numel() == HV):
+                want = f"HV = {HV} (one per value head) or HV*K = {HV * K}" if decay == "scalar" else f"HV*K = {HV * K}"
+                raise ValueError(f"dt_bias must have {want} entries, got shape {tuple(dt_bias.shape)}")
             if dt_bias.device != dev:
                 raise ValueError(f"dt_bias is on {dt_bias.device} but the inputs are on {dev}")
     elif A_log is not None or dt_bias is not None:

@@ -35,8 +35,11 @@ _FAST: dict = {}
 _FAST_MAX = 4096
 
 
-def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A_log, dt_bias):
-    """(g as the kernels read it, A_log, dt_bias) after the checks that depend on the spec."""
+def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A_log, dt_bias,
+               expand_bias: bool = True):
+    """(g as the kernels read it, A_log, dt_bias) after the checks that depend on the spec.
+    A scalar decay's dt_bias [HV] is expanded to [HV, K] (read per channel) unless
+    ``expand_bias`` is False (the decode kernel reads it per head: no copy per step)."""
     if spec.decay == "identity":
         if g is not None:
             raise ValueError(f"{op}: spec {spec.name!r} has no decay, so it takes no gate; pass g=None")
@@ -63,8 +66,9 @@ def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A
     if dt_bias is not None and spec.decay == "scalar":
         HV, K = v.shape[2], q.shape[3]
         if isinstance(dt_bias, torch.Tensor) and dt_bias.numel() == HV:
-            # one bias per value head, the same for every channel: the kernels read it per channel
-            dt_bias = dt_bias.reshape(HV, 1).expand(HV, K).contiguous()
+            # one bias per value head, the same for every channel: the chunk kernels read it per channel
+            if expand_bias:
+                dt_bias = dt_bias.reshape(HV, 1).expand(HV, K).contiguous()
         elif isinstance(dt_bias, torch.Tensor):
             raise ValueError(f"{op}: dt_bias must have HV = {HV} entries (one per value head), got shape "
                              f"{tuple(dt_bias.shape)}")
@@ -317,20 +321,20 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
             hit = _FAST.get(sig)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: the full path says what is wrong
             sig = hit = None
-    g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
-    if hit is not None:
+    # the decode kernel applies FLA's in-kernel flags to what it loads (the autograd path: torch ops)
+    fused = (use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if hit is not None:  # (never a call with gradients: see the signature)
+        g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias, expand_bias=False)
         plan, built, dims, scale = hit
         if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
             host_seqlens(cu_seqlens, dims.T)  # on the host the values are free to check
-        if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel:
-            q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                                    allow_neg_eigval)
         g = g if g is not None else dummy_pointer(q.device)
         return _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
-                       dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse)
+                       dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse, fused)
     training = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad
         for x in (q, k, v, g, beta, initial_state, A_log, dt_bias) + (ab or ()))
+    g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias, expand_bias=training)
     if training:
         if ssm_state_indices is not None:
             raise ValueError(f"{op}: ssm_state_indices (an in-place state pool update) has no gradient; call it "
@@ -350,7 +354,10 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, use_gate_in_kernel,
                      A_log, dt_bias, ab)
     scale = dims.K ** -0.5 if scale is None else scale
-    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if training:
+        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    else:
+        check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
     built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N, "HV": dims.HV}, state))
@@ -376,7 +383,7 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         if x is not None and not x.is_contiguous():
             raise ValueError(f"{op}: {name} must be contiguous (the kernel reads it with stride 1)")
     result = _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
-                     dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse)
+                     dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse, fused)
     if sig is not None:  # (never for a call with gradients: the signature holds requires_grad and the grad mode)
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
@@ -385,9 +392,10 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
 
 
 def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_indices, dims, plan,
-            built, A_log, dt_bias, out, state_v_first, ab=None, reverse=False):
+            built, A_log, dt_bias, out, state_v_first, ab=None, reverse=False, fused=(False, False, False)):
     """Launch the recurrent kernel of a validated decode call: ``(o, final state or pool or None)``.
-    ``ab``: general DPLR's (a, b), read in place of beta."""
+    ``ab``: general DPLR's (a, b), read in place of beta.  ``fused``: (use_qk_l2norm_in_kernel,
+    use_beta_sigmoid_in_kernel, allow_neg_eigval), which the kernel applies to the raw inputs."""
     from . import recurrent as R
 
     q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
@@ -396,7 +404,8 @@ def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
     launch, (o, ht) = R.prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=state_indices, dims=dims, plan=plan, built=built,
-        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first, ab=ab, reverse=reverse)
+        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first, ab=ab, reverse=reverse,
+        qk_l2norm=fused[0], beta_sigmoid=fused[1], neg_eigval=fused[2])
     launch()
     return o, (ht if (output_final_state or state_indices is not None) else None)
 

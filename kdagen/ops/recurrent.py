@@ -14,8 +14,8 @@ from ..config import RecurrentConfig
 from ..dtypes import dtype
 from ..kernels import Launch, build, dummy_pointer, launch
 from . import checks
-from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_kwargs, check_runnable, host_seqlens, preprocess,
-                     select_spec, state_layout, state_shape)
+from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, host_seqlens,
+                     preprocess, select_spec, state_layout, state_shape)
 from .inputs import check_inputs as _validate
 from .traced import fused_recurrent_kda_traced
 
@@ -61,15 +61,22 @@ def _on_device(cu_seqlens, dev):
 
 def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None, state_v_first=False,
-                      ab=None, reverse=False):
+                      ab=None, reverse=False, qk_l2norm=False, beta_sigmoid=False, neg_eigval=False):
     """Describe the one launch of a validated recurrent call: ``(launch, (o, final state))``.
     General DPLR (``plan.structure == "dplr"``): ``ab`` = (a, b) replaces beta, and ``reverse``
-    walks each sequence's tokens last to first (FLA's ``reverse``; only this structure takes it)."""
+    walks each sequence's tokens last to first (FLA's ``reverse``; only this structure takes it).
+    ``qk_l2norm`` / ``beta_sigmoid`` (``neg_eigval``: twice the sigmoid): the in-kernel flags
+    applied by the kernel to the raw q, k and beta it loads (the decode path; the autograd path
+    passes them applied already).  A scalar decay's ``dt_bias`` may be [HV] (read per head) or
+    [HV, K] (per channel)."""
     dplr = plan.structure == "dplr"
     if dplr != (ab is not None):
         raise ValueError("the general DPLR kernel takes a and b (ab=...), every other structure beta")
     if reverse and not dplr:
         raise ValueError("reverse=True is generated for the general DPLR structure only")
+    takes_beta = plan.has_rank1 and not dplr
+    if (beta_sigmoid or neg_eigval) and not takes_beta:
+        raise ValueError(f"the beta sigmoid applies to a beta; the {plan.structure!r} kernel reads none")
     H, HV, K, V, N = dims.H, dims.HV, dims.K, dims.V, dims.N
     cfg: RecurrentConfig = built.config
     o, ht, args = _outputs_and_args(
@@ -83,12 +90,28 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
                       IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first))
     if dplr:
         constexprs["REVERSE"] = bool(reverse)
+    constexprs["QK_L2NORM"] = bool(qk_l2norm)
+    if takes_beta:
+        constexprs.update(BETA_SIGMOID=bool(beta_sigmoid), NEG_EIGVAL=bool(neg_eigval))
+    if plan.gate_has_bias:
+        constexprs["BIAS_PER_HEAD"] = per_head_bias(plan, dt_bias, HV, K)
     grid = (triton.cdiv(V, bv), N * HV)
     if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
         args["NS"] = N
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
     launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
+
+
+def per_head_bias(plan, dt_bias, HV: int, K: int) -> bool:
+    """Whether the kernel reads ``dt_bias`` once per value head (a scalar decay's [HV], as the
+    caller gives it) rather than per channel ([HV, K] or [HV * K])."""
+    if dt_bias.numel() == HV * K:
+        return False
+    if plan.decay == "scalar" and dt_bias.numel() == HV:
+        return True
+    raise ValueError(f"dt_bias has {dt_bias.numel()} entries; the {plan.decay} decay's kernel reads HV * K = "
+                     f"{HV * K}{' or HV = ' + str(HV) if plan.decay == 'scalar' else ''}")
 
 
 _SMS: dict = {}
@@ -240,9 +263,7 @@ def fused_recurrent_kda(
     if check:
         _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
                       use_gate_in_kernel)
-    if use_qk_l2norm_in_kernel or use_beta_sigmoid_in_kernel:
-        q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
-    elif hit.direct is not None and (cu_seqlens is None or cu_seqlens.is_cuda):  # (host cu_seqlens: copied)
+    if hit.direct is not None and (cu_seqlens is None or cu_seqlens.is_cuda):  # (host cu_seqlens: copied)
         # the decode step: the caller's tensors as they are, pointers laid out in the kernel's order
         o = out if out is not None else torch.empty_like(v)
         if ssm_state_indices is not None:
@@ -297,7 +318,7 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     spec = select_spec(use_gate_in_kernel, False, lower_bound, A_log is not None, dt_bias is not None)
     if scale is None:
         scale = dims.K ** -0.5
-    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)  # (the kernel applies the flags itself)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name  # a pool may be bf16
     built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N, "HV": dims.HV}, state))
@@ -312,7 +333,8 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     launch, (o, ht) = prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
-        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first)
+        A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first, qk_l2norm=use_qk_l2norm_in_kernel,
+        beta_sigmoid=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval)
     return launch, (o, ht if (output_final_state or ssm_state_indices is not None) else None), (scale, dims)
 
 
