@@ -39,6 +39,15 @@ VARIANTS = {
     "ss4": dict(state_num_stages=4),
     "np": dict(state_prefetch=False),
     "c32": dict(chunk_size=32),
+    # (run 147: c32's solve 0.316 against 0.504 ms at (1, 8192, 96), its pass 0.853 against 0.691) the pass's tiles
+    # on 32-row chunks, and the 64-row pass on 8 warps
+    "sw8": dict(state_num_warps=8),
+    "c32sw8": dict(chunk_size=32, state_num_warps=8),
+    "c32bv64": dict(chunk_size=32, state_block_v=64),
+    "c32bv64w8": dict(chunk_size=32, state_block_v=64, state_num_warps=8),
+    "c32ss2": dict(chunk_size=32, state_num_stages=2),
+    "c32ss4": dict(chunk_size=32, state_num_stages=4),
+    "c32np": dict(chunk_size=32, state_prefetch=False),
 }
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 SMOKE_SHAPES = [(1, 70, 2, 32)]
