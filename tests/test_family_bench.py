@@ -51,6 +51,23 @@ def test_smoke_runs_kdagen_side_of_every_section(monkeypatch, tmp_path, capsys):
     assert [r["pass_"] for r in res["rows"]] == ["fwd", "decode"] * 6 + ["fwdbwd"] * 6
 
 
+def test_the_layer_call_members_error_section_agrees_with_float64(monkeypatch, tmp_path):
+    """gdn_gate (FLA's in-kernel gate) and gdn_layer (the gate and the l2-norm on raw q and k): the
+    bench's float64 reference applies the gate and normalises q and k as the ops do, so kdagen's fp32
+    forward, decode and every gradient (dz, dA_log, ddt_bias included) agree with it."""
+    res = _bench(monkeypatch).main(["--smoke", "--out", str(tmp_path), "--only", "gdn_gate,gdn_layer,errors"])
+    assert [(e["member"], e["kind"]) for e in res["errors"]] == [
+        ("gdn_gate", "forward"), ("gdn_layer", "forward"), ("gdn_gate", "gradients"), ("gdn_layer", "gradients")]
+    for e in res["errors"]:
+        want = {"o", "final_state", "recurrent_o"} if e["kind"] == "forward" else {
+            "dq", "dk", "dv", "dg", "dbeta", "dinitial_state", "dA_log", "ddt_bias"}
+        assert set(e["kdagen"]) == want, e
+        assert all(v < 1e-5 for v in e["kdagen"].values()), e
+    # the layer member's inputs are raw: its k is not of unit length (the kernels normalise it)
+    x = _bench(monkeypatch).inputs("gdn_layer", 1, 8, 1, 16, 16, "cpu")
+    assert (x["k"].norm(dim=-1) - 1).abs().max() > 0.5
+
+
 def test_a_spent_budget_still_writes_the_table(monkeypatch, tmp_path, capsys):
     res = _bench(monkeypatch).main(["--smoke", "--out", str(tmp_path), "--budget", "0", "--only", "gdn,fwd"])
     assert res["rows"] == [] and res["skipped"] == ["fwd gdn (1, 40, 2, 32)"]
