@@ -84,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--budget", type=float, default=300.0)
     ap.add_argument("--no-fla", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--shapes", default="", help="B,T,H,D;B,T,H,D... (default: the issue's two shapes)")
     args = ap.parse_args(argv)
     t0 = time.time()
     cuda = torch.cuda.is_available()
@@ -98,7 +99,10 @@ def main(argv=None):
     fla = None if (args.no_fla or not cuda) else F.ops("gdn" if args.member == "gdn_layer" else args.member, "fla")
     op = getattr(kdagen, OPS[args.member])
     rows = []
-    for B, T, H, D in (SMOKE_SHAPES if args.smoke else SHAPES):
+    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    if args.shapes:
+        shapes = [tuple(int(n) for n in part.split(",")) for part in args.shapes.split(";")]
+    for B, T, H, D in shapes:
         x = F.inputs(args.member, B, T, H, D, D, dev)
         base = default_config(args.member, x)
         spec, q, k, v, g, beta, kw = _call_args(args.member, x)
