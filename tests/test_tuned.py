@@ -422,3 +422,70 @@ def test_gated_deltanet_and_few_head_deltanet_train_on_64_row_chunks_in_bf16():
             b = default_config("chunk_bwd", plan, shape)
             assert default_train_config(plan, shape).chunk_size == b.chunk_size == 32, (plan.spec_name, shape)
             assert b.state_num_warps == 4
+
+
+def test_gated_deltanets_bf16_inference_forward_takes_32_row_chunks_with_many_state_programs():
+    """Runs 147-149: a scalar decay's bf16 inference forward is faster on 32-row chunks once the state
+    pass has more programs than one per SM (192 and up: 2.6-11%), slower with fewer (128: +23%).  The
+    in-kernel gate's plan follows; KDA, DeltaNet, fp16 and an unknown shape keep 64 rows; the pass keeps
+    its prefetch (only the packed-short-sequence rule turns it off)."""
+    from kdagen.cache.heuristics import SCALAR_DECAY_C32_PROGRAMS, infers_on_32_row_chunks
+    from kdagen.ops.family import gdn_spec
+
+    gdn = lower(S.gdn(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", False)
+    layer = lower(gdn_spec(True, True), 128, 128, "bfloat16", "chunk", True)
+    many, few = {"N": 1, "HV": 96, "T": 8192}, {"N": 2, "HV": 16, "T": 16384}
+    for plan in (gdn, layer):
+        assert infers_on_32_row_chunks(plan, many) and not infers_on_32_row_chunks(plan, few)
+        c = default_chunk_config(plan, many)
+        assert (c.chunk_size, c.state_prefetch, c.state_block_v, c.state_segment_chunks) == (32, True, 32, 0)
+        assert default_chunk_config(plan, few).chunk_size == 64 and default_chunk_config(plan).chunk_size == 64
+    # the threshold: 4 V tiles of 32 per head at V=128
+    heads = SCALAR_DECAY_C32_PROGRAMS // 4
+    assert default_chunk_config(gdn, {"N": 1, "HV": heads, "T": 8192}).chunk_size == 32
+    assert default_chunk_config(gdn, {"N": 1, "HV": heads - 1, "T": 8192}).chunk_size == 64
+    kda = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
+    for plan in (kda, lower(S.deltanet(), 128, 128, "bfloat16", "chunk", False),
+                 lower(S.gdn(S.gate_direct(None)), 128, 128, "float16", "chunk", False)):
+        assert default_chunk_config(plan, many).chunk_size == 64, (plan.spec_name, plan.dtype)
+
+
+@pytest.mark.parametrize("layer", [False, True], ids=["g-given", "layer-call"])
+def test_the_32_row_inference_forward_matches_the_recurrence(layer):
+    """The config the heuristic gives at many state programs (32-row chunks, the pass prefetching), run
+    in the interpreter (fp32; varlen with sequences of 0, 1, 19 and 33 tokens, GVA, an initial state)
+    against the float64 recurrence; with ``layer`` FLA's in-kernel gate and l2-norm on raw q and k."""
+    import torch
+
+    import kdagen
+    from kdagen.ops.family import gdn_spec
+    from kdagen.spec.reference import naive_recurrent_gdn
+
+    plan = lower(gdn_spec(True, True) if layer else S.gdn(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", layer)
+    cfg = default_chunk_config(plan, {"N": 1, "HV": 96, "T": 8192})
+    assert cfg.chunk_size == 32 and cfg.state_prefetch
+    gen = torch.Generator().manual_seed(5)
+    T, H, HV, K, V = 53, 1, 2, 32, 48
+    cu = torch.tensor([0, 0, 1, 20, 53])
+    q, k = torch.randn(1, T, H, K, generator=gen), 2 * torch.randn(1, T, H, K, generator=gen)
+    if not layer:
+        k = torch.nn.functional.normalize(k, dim=-1)
+    v, beta = torch.randn(1, T, HV, V, generator=gen), torch.rand(1, T, HV, generator=gen)
+    z = torch.randn(1, T, HV, generator=gen)
+    h0 = 0.3 * torch.randn(4, HV, K, V, generator=gen)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, config=cfg)
+    if layer:
+        A_log, dt_bias = torch.log(1 + 3 * torch.rand(HV, generator=gen)), 0.5 * torch.randn(HV, generator=gen)
+        kw.update(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=True)
+        g = -torch.exp(A_log.double()) * torch.nn.functional.softplus(z.double() + dt_bias.double())
+        qr, kr = (torch.nn.functional.normalize(t.double(), dim=-1) for t in (q, k))
+    else:
+        g = torch.nn.functional.logsigmoid(z.double())
+        z = g.float()
+        qr, kr = q.double(), k.double()
+    with torch.no_grad():
+        o, ht = kdagen.chunk_gated_delta_rule(q, k, v, z, beta, **kw)
+    ro, rs = naive_recurrent_gdn(qr, kr, v.double(), g, beta.double(), initial_state=h0.double(),
+                                 output_final_state=True, cu_seqlens=cu)
+    rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()  # noqa: E731
+    assert rel(o, ro) < 1e-5 and rel(ht, rs) < 1e-5

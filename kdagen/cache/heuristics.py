@@ -40,6 +40,8 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
     if shape and {"N", "HV", "T"} <= set(shape) and _state_programs(plan, shape, 32) >= MANY_PROGRAMS \
             and shape.get("B", 1) * shape["T"] <= SHORT_MEAN_TOKENS * shape["N"]:
         C, prefetch = 32, False
+    elif infers_on_32_row_chunks(plan, shape):
+        C = 32
     segments = _segments(plan, shape, C, bv)
     if segments:
         bv, prefetch = min(64, plan.BV), False
@@ -48,6 +50,24 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
                           inverse_precision="tf32" if plan.dtype == "float16" else "bf16",
                           state_segment_chunks=segments,
                           solve_load_ahead=0 if plan.diag_mode == "scalar" else 2)
+
+
+def infers_on_32_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
+    """Whether a scalar decay's bf16 inference forward (Gated DeltaNet, g given or its in-kernel gate)
+    takes 32-row chunks: with more state-pass programs than one per SM the pass is throughput-bound, and
+    the 32-row solve costs 37% less than the 64-row one (its halves are not coupled) while the pass costs
+    ~20% more.  H200, bf16, K=V=128, same process (bench/RESULTS.md, runs 147-149; state programs at
+    BV=32 in brackets): (2, 16384, 16) [128] 0.750 ms at 64 rows against 0.920 at 32; (1, 8192, 48) [192]
+    0.663 against 0.646; (1, 8192, 64) [256] 0.787 / 0.740; (4, 4096, 32) [512] 0.766 / 0.730;
+    (1, 8192, 96) [384] 1.194 / 1.164; (2, 8192, 96) [768] 2.359 / 2.107; (1, 16384, 192) [768] 4.744 /
+    4.226.  KDA (a per-channel decay), DeltaNet, fp16 and fp32: unmeasured, 64 rows."""
+    return (plan.decay == "scalar" and plan.dtype == "bfloat16" and plan.BK <= 128 and bool(shape)
+            and {"N", "HV"} <= set(shape) and _state_programs(plan, shape, 32) >= SCALAR_DECAY_C32_PROGRAMS)
+
+
+# infers_on_32_row_chunks: state-pass programs at BV=32 from which 32-row chunks are taken (between 128,
+# where 64 rows won by 23%, and 192, where 32 rows won by 2.6%; a 132-SM GPU)
+SCALAR_DECAY_C32_PROGRAMS = 160
 
 
 # Many short sequences (default_chunk_config): at least this many state-pass programs at BV=32
