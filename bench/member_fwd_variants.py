@@ -13,6 +13,7 @@ rounding).  ``--smoke``: a tiny shape in the interpreter, no FLA: it checks the 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -59,7 +60,7 @@ def _call_args(member, x):
     from kdagen.ops.family import gdn_spec
     from kdagen import load_spec
 
-    kw = dict(initial_state=x["initial_state"], output_final_state=True)
+    kw = dict(initial_state=x["initial_state"])
     if member == "gdn_layer":
         kw.update(use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], use_qk_l2norm_in_kernel=True)
         return gdn_spec(True, True), x["q"], x["k"], x["v"], x["g"], x["beta"], kw
@@ -71,7 +72,6 @@ def default_config(member, x):
     from kdagen.ops.member import _prepare_chunk
 
     spec, q, k, v, g, beta, kw = _call_args(member, x)
-    kw = {n: t for n, t in kw.items() if n != "output_final_state"}
     call, _, _ = _prepare_chunk(spec, q, k, v, g, beta, training=False, **kw)
     return default_chunk_config(call.plan, call.shape)
 
@@ -96,7 +96,7 @@ def main(argv=None):
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known {sorted(VARIANTS)}")
-    fla = None if (args.no_fla or not cuda) else F.ops("gdn" if args.member == "gdn_layer" else args.member, "fla")
+    fla = None if (args.no_fla or not cuda) else F.ops(args.member, "fla")
     op = getattr(kdagen, OPS[args.member])
     rows = []
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
@@ -115,18 +115,19 @@ def main(argv=None):
             try:
                 cfg = base.replace(**VARIANTS[name])
                 row["config"] = cfg.to_dict()
+                run = functools.partial(F.call_chunk, args.member, functools.partial(op, config=cfg), x)
                 with torch.no_grad():
-                    launches, outs = chunk_member_launches(spec, q, k, v, g, beta, config=cfg, **kw)
+                    launches, _ = chunk_member_launches(spec, q, k, v, g, beta, config=cfg, output_final_state=True,
+                                                        **kw)
                     for ln in launches:
                         ln()
-                    o = F.call_chunk(args.member, lambda *a, **k2: op(*a, config=cfg, **k2), x)
+                    o = run()
                     if ref is None:
                         ref = (o[0].float().clone(), o[1].clone())
                     row["diff_vs_first"] = [float((o[0].float() - ref[0]).abs().max()),
                                             float((o[1] - ref[1]).abs().max())]
                     row["launch_ms"] = {ln.kernel: F.bench_ms(ln, cuda) for ln in launches}
-                    row["op_ms"] = F.bench_ms(lambda: F.call_chunk(
-                        args.member, lambda *a, **k2: op(*a, config=cfg, **k2), x), cuda)
+                    row["op_ms"] = F.bench_ms(run, cuda)
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             rows.append(row)

@@ -94,24 +94,14 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     if takes_beta:
         constexprs.update(BETA_SIGMOID=bool(beta_sigmoid), NEG_EIGVAL=bool(neg_eigval))
     if plan.gate_has_bias:
-        constexprs["BIAS_PER_HEAD"] = per_head_bias(plan, dt_bias, HV, K)
+        # a scalar decay's dt_bias as the caller gives it, [HV] (the only other size check_inputs lets through)
+        constexprs["BIAS_PER_HEAD"] = dt_bias.numel() != HV * K
     grid = (triton.cdiv(V, bv), N * HV)
     if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
         args["NS"] = N
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
     launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
-
-
-def per_head_bias(plan, dt_bias, HV: int, K: int) -> bool:
-    """Whether the kernel reads ``dt_bias`` once per value head (a scalar decay's [HV], as the
-    caller gives it) rather than per channel ([HV, K] or [HV * K])."""
-    if dt_bias.numel() == HV * K:
-        return False
-    if plan.decay == "scalar" and dt_bias.numel() == HV:
-        return True
-    raise ValueError(f"dt_bias has {dt_bias.numel()} entries; the {plan.decay} decay's kernel reads HV * K = "
-                     f"{HV * K}{' or HV = ' + str(HV) if plan.decay == 'scalar' else ''}")
 
 
 _SMS: dict = {}
