@@ -434,15 +434,19 @@ def fla_decode():
         return None, "not run"
 
 
-def decode_case(B, packed, pool_dtype, fla=None, l2norm=False):
+def decode_case(B, packed, pool_dtype, fla=None, l2norm=False, ordered=False):
     """(step function, bytes of state moved) of one decode configuration on fresh inputs.
-    ``l2norm``: the serving engines' call, raw k (3x its unit length) with use_qk_l2norm_in_kernel."""
+    ``l2norm``: the serving engines' call, raw k (3x its unit length) with use_qk_l2norm_in_kernel.
+    ``ordered``: sequence n in slot n (the slots in batch order, as a fresh engine hands them out)
+    instead of the scrambled (7 n) mod P."""
     geo = Geometry(B, 32, 128, 128)
     gen = generator(10 + B)
     x = geo.tokens(gen, packed)
     if l2norm:
         x["k"] = 3 * x["k"]
     pool, slots = geo.pool(gen, pool_dtype)
+    if ordered:
+        slots = torch.arange(B, device=pool.device, dtype=slots.dtype)
     cu = geo.cu() if packed else None
     out = torch.empty_like(x["v"])
     if fla is None:
@@ -489,6 +493,15 @@ def timing(batches=(1, 16, 256)):
                 row["pct_copy"] = 100 * row["tbs"] * 1e3 / copy
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            log(json.dumps(row))
+            OUT["rows"].append(row)
+    if 256 in batches:  # what the slots' order costs (bench/decode_structure_probe.py): the same step, slots in batch order
+        for who in ("kdagen", "fla") if fla is not None else ("kdagen",):
+            row = dict(kind="decode_slot_order", B=256, op=who, form="packed", pool="float32", slots="batch order")
+            fn, nbytes, row["rel_err_vs_float64"], _ = decode_case(256, True, torch.float32,
+                                                                   fla if who == "fla" else None, ordered=True)
+            row["graph_us"] = graph_us(fn)
+            row["pct_copy"] = 100 * nbytes / (row["graph_us"] * 1e-6) / 1e9 / copy
             log(json.dumps(row))
             OUT["rows"].append(row)
     eager_split()
