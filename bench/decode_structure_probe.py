@@ -274,8 +274,8 @@ def main():
     ap.add_argument("--one-pass", default="64/2/0,64/2/1,64/4/0,64/4/1",
                     help="BV/warps/loaded[/touch[/order]] of decode_one_pass (order as --slot-orders)")
     ap.add_argument("--op-caps", default="64/2/updated/0,64/2/updated/192,64/2/updated/168,64/2/loaded/168,"
-                    "64/4/updated/96,64/4/loaded/96,64/4/loaded/80", help="BV/warps/readout/maxnreg: the op's own "
-                    "launch compiled with a register cap (0: none)")
+                    "64/4/updated/96,64/4/loaded/96,64/4/loaded/80", help="BV/warps/readout/maxnreg[/order]: the op's "
+                    "own launch compiled with a register cap (0: none), slots in the order given (as --slot-orders)")
     ap.add_argument("--slot-orders", default="", help="comma-separated slot orders to time the op, flat_rw 16384/8 and "
                     "block_rw [128, 64]/2 under: seven ((7 n) mod P, the default everywhere), identity (n), reversed "
                     "(P - 1 - n), random (a fixed random permutation of the P slots, first B), blocks8 (runs of 8 consecutive slots)")
@@ -339,7 +339,9 @@ def main():
     from kdagen.config import RecurrentConfig
     from kdagen.ops.recurrent import fused_recurrent_kda_launch
     for spec in filter(None, args.op_caps.split(",")):
-        bv, w, ro, cap = spec.split("/")
+        bv, w, ro, cap, *rest = spec.split("/")
+        order = rest[0] if rest else "seven"
+        s_o = order_slots(order, B, P, pool.device)
         cfg = RecurrentConfig(block_v=int(bv), num_warps=int(w), num_stages=1, readout=ro)
         ln, (o_l, _), _ = fused_recurrent_kda_launch(**x, initial_state=p_tp, ssm_state_indices=slots, cu_seqlens=cu,
                                                       config=cfg)
@@ -353,7 +355,9 @@ def main():
         d_s = ((p_tp - p_op).norm() / p_op.norm()).item()
         for n in [n for n in ln.args if ln.args[n] is p_tp]:
             ln.args[n] = pool  # timed on the pool itself (h0 and ht: the pool, in place)
-        row(f"op launch BV={bv} warps={w} {ro} maxnreg={cap}", graph_us(run))
+        for n in [n for n in ln.args if ln.args[n] is slots]:
+            ln.args[n] = s_o  # ... under the order asked for
+        row(f"op launch BV={bv} warps={w} {ro} maxnreg={cap} slots {order}", graph_us(run))
         log(f"{'':44s} vs op: o {d_o:.1e}, pool {d_s:.1e}")
     vec = torch.ones(H * K + 2, device=pool.device) * 0.999
     for spec in filter(None, args.hold.split(",")):
