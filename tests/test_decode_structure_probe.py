@@ -4,23 +4,14 @@ pure-traffic kernels (flat blocks, [BR, BC] blocks, chunk loops, the held tile) 
 slots the sequences use, once, and nothing else -- so a probe row times the traffic it names."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "decode_structure_probe.py"
+from bench_script import load_bench
 
 
 @pytest.fixture(scope="module")
 def probe():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("decode_structure_probe", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("decode_structure_probe")
 
 
 def test_probe_decode_kernels_match_float64(probe, capsys):

@@ -3,24 +3,18 @@ kdagen's side of every section at tiny shapes, its error section agrees with flo
 table and family.json hold what ran; a spent budget still writes both."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "family_vs_fla.py"
+from bench_script import load_bench
 
 
 def _bench(monkeypatch):
     monkeypatch.setitem(sys.modules, "fla", None)  # FLA absent: `import fla...` raises ImportError
-    spec = importlib.util.spec_from_file_location("family_vs_fla", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("family_vs_fla")
 
 
 @pytest.mark.slow

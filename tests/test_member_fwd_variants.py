@@ -3,22 +3,14 @@ runs the member's inference launches one by one and through the op, the variants
 default to fp32 rounding, and the rows reach the JSON file."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "member_fwd_variants.py"
+from bench_script import load_bench
 
 
 def _bench():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("member_fwd_variants", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("member_fwd_variants")
 
 
 @pytest.mark.parametrize("member", ["gdn", "gdn_layer"])

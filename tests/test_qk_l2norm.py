@@ -125,15 +125,11 @@ def test_every_tile_geometry_of_the_bench_gives_the_same_bits():
     """bench/l2norm_variants.py (run 116) times the launches under other rows-per-program and warps; the
     math is per row, so every geometry it tries must give the committed geometry's outputs exactly (forward
     and backward, a row count that leaves partial programs), and the module's constants are restored."""
-    import importlib.util
-    import pathlib
+    from bench_script import load_bench
 
     import kdagen.ops.l2norm as L
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "l2norm_variants.py"
-    spec = importlib.util.spec_from_file_location("l2norm_variants", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_bench("l2norm_variants")
     before = (L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS)
     rows = mod.run([(1, 37, 2, 40)], torch.float32, "cpu", smoke=True)
     assert len(rows) == 2 and rows[0]["rows_per_program"] != rows[1]["rows_per_program"]
