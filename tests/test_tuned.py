@@ -288,7 +288,7 @@ def test_backward_heuristic_takes_the_measured_tiles_for_half_precision():
 def test_float32_decode_takes_narrow_tiles_for_few_pairs():
     """A float32 decode state with few (sequence, value head) pairs: the 16-wide tile on one warp
     (B=1 at H=32), the 32-wide one up to 1,024 pairs (B=16), the 64-wide tile on 2 warps beyond
-    (B=256) with KDA's loaded readout (run 155: 271.2 against the updated readout's 272.5 us, same
+    (B=256) with KDA's loaded readout (run 161: 272.5 against the updated readout's 275.3 us, one
     process); general DPLR keeps its updated readout and takes 32 / 2 warps beyond the few (runs
     93-94), and the other structures keep the updated readout at many pairs (measured with it).
     Without a shape hint: the 64-wide tile."""

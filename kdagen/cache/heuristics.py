@@ -311,9 +311,10 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=2, num_stages=1)
     if pairs and pairs <= SOME_PAIRS:
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1, readout="loaded")
-    # Many pairs: KDA's (a per-channel decay and the delta rule) with the loaded readout, 271.2 against the
-    # updated readout's 272.5 us at B=256 (an fp32 pool, slots scrambled; bench/RESULTS.md, run 155, same
-    # process); the other structures keep the updated readout they were measured with.
+    # Many pairs: KDA's (a per-channel decay and the delta rule) with the loaded readout, 272.5 against the
+    # updated readout's 275.3 us at B=256 with the slots scrambled, 268.7 against 274.9 with them in order (an
+    # fp32 pool; bench/RESULTS.md, run 161, one process); the other structures keep the updated readout they
+    # were measured with.
     kda_like = plan.decay == "channel" and plan.has_rank1 and plan.structure != "dplr"
     return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=1,
                            readout="loaded" if kda_like else "updated")
