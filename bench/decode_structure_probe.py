@@ -20,6 +20,12 @@ Two questions, answered in one process (µs per step from CUDA-graph replay of 1
    S' = D S + k u^T and writes it.  A program then holds a few KB instead of 32-64 KB, so many
    more fit per SM.  It is timed against the decode op at its defaults, and its o and pool are
    compared to the op's.  If pass 2 misses L2 the traffic is 1.5x and it will show.
+
+Added as the answers came (bench/RESULTS.md, session 29): ``hold_rw`` (the tile held across a K
+reduction, without the math), ``decode_one_pass`` (the op's structure with nothing masked, its
+inputs loaded beside the state, optionally an L2 prefetch of a later slot), the op's own launch
+under register caps and other warps/readouts (--op-caps), and every row under other slot orders
+(identity, reversed, random, blocks8; --slot-orders and the rows' order fields).
 """
 from __future__ import annotations
 
@@ -223,7 +229,8 @@ def order_slots(order, B, P, device):
 
 
 def smoke():
-    """CPU interpreter: decode_two_pass against the float64 recurrence at a tiny shape."""
+    """CPU interpreter: decode_two_pass and decode_one_pass against the float64 recurrence at a tiny shape
+    (and the pool's unused slots left as they were)."""
     from kdagen.spec.reference import naive_recurrent_kda
     gen = torch.Generator().manual_seed(0)
     B, H, K, V = 3, 2, 32, 32
@@ -236,24 +243,24 @@ def smoke():
     slots = (torch.arange(B) * 3 % P).to(torch.int32)
     ref = [t.transpose(0, 1).double() for t in (q, k, v, g, beta)]
     o_ref, s_ref = naive_recurrent_kda(*ref, initial_state=pool[slots.long()].double(), output_final_state=True)
+    x = dict(q=q, k=k, v=v, g=g, beta=beta)
+    untouched = [i for i in range(P) if i not in slots.tolist()]
+
+    def check(label, step):
+        """step(pool, out) on a copy of the pool: o and the used slots against float64, the rest untouched."""
+        p, out = pool.clone(), torch.empty(1, B, H, V)
+        step(p, out)
+        eo = (out.transpose(0, 1).double() - o_ref).abs().max().item()
+        es = (p[slots.long()].double() - s_ref).abs().max().item()
+        assert torch.equal(p[untouched], pool[untouched]), f"{label}: a slot no sequence uses was written"
+        print(f"{label}: max |o - float64| {eo:.2e}, |S - float64| {es:.2e}")
+        assert eo < 1e-5 and es < 1e-5, (label, eo, es)
+
     for KC, BV, policy in ((8, 16, 1), (16, 32, 0), (32, 32, 1)):
-        p = pool.clone()
-        out = torch.empty(1, B, H, V)
-        two_pass_step(dict(q=q, k=k, v=v, g=g, beta=beta), p, slots, out, KC, BV, 1, policy)
-        eo = (out.transpose(0, 1).double() - o_ref).abs().max().item()
-        es = (p[slots.long()].double() - s_ref).abs().max().item()
-        untouched = [i for i in range(P) if i not in slots.tolist()]
-        assert torch.equal(p[untouched], pool[untouched]), "a slot no sequence uses was written"
-        print(f"decode_two_pass KC={KC} BV={BV} policy={policy}: max |o - float64| {eo:.2e}, |S - float64| {es:.2e}")
-        assert eo < 1e-5 and es < 1e-5, (eo, es)
+        check(f"decode_two_pass KC={KC} BV={BV} policy={policy}",
+              lambda p, out: two_pass_step(x, p, slots, out, KC, BV, 1, policy))
     for BV, loaded in ((16, 0), (32, 1)):
-        p = pool.clone()
-        out = torch.empty(1, B, H, V)
-        one_pass_step(dict(q=q, k=k, v=v, g=g, beta=beta), p, slots, out, BV, 1, loaded)
-        eo = (out.transpose(0, 1).double() - o_ref).abs().max().item()
-        es = (p[slots.long()].double() - s_ref).abs().max().item()
-        print(f"decode_one_pass BV={BV} loaded={loaded}: max |o - float64| {eo:.2e}, |S - float64| {es:.2e}")
-        assert eo < 1e-5 and es < 1e-5, (eo, es)
+        check(f"decode_one_pass BV={BV} loaded={loaded}", lambda p, out: one_pass_step(x, p, slots, out, BV, 1, loaded))
     print("smoke: ok")
 
 
@@ -261,7 +268,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--smoke", action="store_true", help="the CPU interpreter check of decode_two_pass, no timing")
+    ap.add_argument("--smoke", action="store_true", help="the CPU interpreter check of the decode kernels, no timing")
     ap.add_argument("--flat", default="2048/4,8192/2,8192/4,16384/4,16384/8", help="BLOCK/warps[/order] of flat_rw (order as --slot-orders)")
     ap.add_argument("--blocks", default="128x64/2,128x64/4,64x128/2,64x128/4,32x128/1,32x128/2,128x128/8",
                     help="BRxBC/warps of block_rw")
@@ -328,6 +335,15 @@ def main():
     o_op, o_tp = torch.empty_like(out), torch.empty_like(out)
     kdagen.fused_recurrent_kda(**x, initial_state=p_op, ssm_state_indices=slots, cu_seqlens=cu, out=o_op)
     P = pool.shape[0]
+
+    def vs_op(step, o_got):
+        """step(p_tp) on a fresh copy of the pool: (rel. difference of o_got, of the pool) against the op's."""
+        p_tp.copy_(p0)
+        step(p_tp)
+        torch.cuda.synchronize()
+        return (((o_got.float() - o_op.float()).norm() / o_op.float().norm()).item(),
+                ((p_tp - p_op).norm() / p_op.norm()).item())
+
     for order in filter(None, args.slot_orders.split(",")):
         s_o = order_slots(order, B, P, pool.device)
         op = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=s_o, cu_seqlens=cu, out=out)  # noqa: E731
@@ -348,11 +364,7 @@ def main():
         kw = {"maxnreg": int(cap)} if int(cap) else {}
         run = lambda: ln.fn[ln.grid](**ln.args, **ln.constexprs, num_warps=ln.num_warps,  # noqa: E731
                                      num_stages=ln.num_stages, **kw)
-        p_tp.copy_(p0)
-        run()
-        torch.cuda.synchronize()
-        d_o = ((o_l.float() - o_op.float()).norm() / o_op.float().norm()).item()
-        d_s = ((p_tp - p_op).norm() / p_op.norm()).item()
+        d_o, d_s = vs_op(lambda _: run(), o_l)  # (the launch's arguments hold p_tp)
         for n in [n for n in ln.args if ln.args[n] is p_tp]:
             ln.args[n] = pool  # timed on the pool itself (h0 and ht: the pool, in place)
         for n in [n for n in ln.args if ln.args[n] is slots]:
@@ -374,12 +386,8 @@ def main():
         bv, w, loaded, touch = map(int, (parts + ["0"])[:4])
         order = parts[4] if len(parts) > 4 else "seven"
         s_o = order_slots(order, B, P, pool.device)
-        p_tp.copy_(p0)
-        one_pass_step(x, p_tp, slots, o_tp, bv, w, loaded, touch)
-        torch.cuda.synchronize()
-        log(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch} vs op: o "
-            f"{((o_tp.float() - o_op.float()).norm() / o_op.float().norm()).item():.1e}, pool "
-            f"{((p_tp - p_op).norm() / p_op.norm()).item():.1e}")
+        d_o, d_s = vs_op(lambda p: one_pass_step(x, p, slots, o_tp, bv, w, loaded, touch), o_tp)
+        log(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch} vs op: o {d_o:.1e}, pool {d_s:.1e}")
         row(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch} slots {order}",
             graph_us(lambda: one_pass_step(x, pool, s_o, out, bv, w, loaded, touch)))
     # the two-pass decode: agreement with the op first (p0, p_op, o_op: above)
@@ -387,11 +395,7 @@ def main():
         shape, w = spec.split("/")
         kc, bv = map(int, shape.split("x"))
         for policy in ((1, 0) if i < 2 else (1,)):
-            p_tp.copy_(p0)
-            two_pass_step(x, p_tp, slots, o_tp, kc, bv, int(w), policy)
-            torch.cuda.synchronize()
-            d_o = ((o_tp.float() - o_op.float()).norm() / o_op.float().norm()).item()
-            d_s = ((p_tp - p_op).norm() / p_op.norm()).item()
+            d_o, d_s = vs_op(lambda p: two_pass_step(x, p, slots, o_tp, kc, bv, int(w), policy), o_tp)
             us = graph_us(lambda: two_pass_step(x, pool, slots, out, kc, bv, int(w), policy))
             log(f"{'decode_two_pass KC=%d BV=%d warps=%s policy=%d' % (kc, bv, w, policy):44s} {us:8.1f} us "
                 f"{pct(us):6.1f}%   vs op: o {d_o:.1e}, pool {d_s:.1e}")

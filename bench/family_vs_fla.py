@@ -45,10 +45,10 @@ T0 = time.time()
 LOG: list[str] = []
 RES: dict = {"rows": [], "errors": [], "skipped": []}
 MEMBERS = ("gdn", "deltanet", "gla", "gla5", "dplr", "dplr5")  # gla5/dplr5: g >= -5 promised to kdagen (safe_gate)
-# GDN's layer-call forms, run only when named in --only: gdn_gate with FLA's in-kernel gate (g raw, A_log, dt_bias);
-# gdn_layer the gate and use_qk_l2norm_in_kernel on raw q and k (Qwen3-Next's call)
-LAYER_MEMBERS = ("gdn_gate", "gdn_layer")
+# GDN's layer-call forms, run only when named in --only, both with FLA's in-kernel gate (g raw, A_log, dt_bias):
+# gdn_gate the gate alone, gdn_layer the gate and use_qk_l2norm_in_kernel on raw q and k (Qwen3-Next's call)
 GATED = ("gdn_gate", "gdn_layer")
+LAYER_MEMBERS = GATED
 PASSES = ("errors", "fwd", "fwdbwd", "decode", "profile")
 SHAPES = [(1, 8192, 96, 128), (2, 16384, 16, 128)]
 DECODE = [(1, 32, 128), (256, 32, 128)]  # (B, H, K=V)

@@ -480,30 +480,32 @@ def timing(batches=(1, 16, 256)):
     if fla is not None:
         forms += [("fla", False, torch.float32, False), ("fla", True, torch.float32, False),
                   ("fla", True, torch.float32, True)]
+
+    def measure(row, eager=True, **case):
+        """One decode case (decode_case's keywords) timed into ``row``: graph replay, and eager per call
+        unless ``eager`` is False; logged and kept."""
+        try:
+            fn, nbytes, row["rel_err_vs_float64"], _ = decode_case(**case)
+            if eager:
+                row["eager_us"] = eager_us(fn)
+            row["graph_us"] = graph_us(fn)
+            row["tbs"] = nbytes / (row["graph_us"] * 1e-6) / 1e12
+            row["pct_copy"] = 100 * row["tbs"] * 1e3 / copy
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        log(json.dumps(row))
+        OUT["rows"].append(row)
+
     for B in batches:
         for who, packed, pool_dtype, l2norm in forms:
-            row = dict(kind="decode", B=B, op=who, form="packed" if packed else "batch", pool=str(pool_dtype)[6:],
-                       l2norm=l2norm)
-            try:
-                fn, nbytes, err, _ = decode_case(B, packed, pool_dtype, fla if who == "fla" else None, l2norm)
-                row["rel_err_vs_float64"] = err
-                row["eager_us"] = eager_us(fn)
-                row["graph_us"] = graph_us(fn)
-                row["tbs"] = nbytes / (row["graph_us"] * 1e-6) / 1e12
-                row["pct_copy"] = 100 * row["tbs"] * 1e3 / copy
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-            log(json.dumps(row))
-            OUT["rows"].append(row)
+            measure(dict(kind="decode", B=B, op=who, form="packed" if packed else "batch", pool=str(pool_dtype)[6:],
+                         l2norm=l2norm),
+                    B=B, packed=packed, pool_dtype=pool_dtype, fla=fla if who == "fla" else None, l2norm=l2norm)
     if 256 in batches:  # what the slots' order costs (bench/decode_structure_probe.py): the same step, slots in batch order
         for who in ("kdagen", "fla") if fla is not None else ("kdagen",):
-            row = dict(kind="decode_slot_order", B=256, op=who, form="packed", pool="float32", slots="batch order")
-            fn, nbytes, row["rel_err_vs_float64"], _ = decode_case(256, True, torch.float32,
-                                                                   fla if who == "fla" else None, ordered=True)
-            row["graph_us"] = graph_us(fn)
-            row["pct_copy"] = 100 * nbytes / (row["graph_us"] * 1e-6) / 1e9 / copy
-            log(json.dumps(row))
-            OUT["rows"].append(row)
+            measure(dict(kind="decode_slot_order", B=256, op=who, form="packed", pool="float32", slots="batch order"),
+                    eager=False, B=256, packed=True, pool_dtype=torch.float32, fla=fla if who == "fla" else None,
+                    ordered=True)
     eager_split()
     rows = [r for r in OUT["rows"] if r.get("kind") == "decode"]
 
