@@ -171,6 +171,108 @@ def decode_one_pass(q, k, v, g, beta, o, pool, slots, scale, N,
 
 
 @triton.jit
+def decode_slot_grid(q, k, v, g, beta, o, pool, slots, scale, N, P,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr,
+                     LOADED: tl.constexpr, PAD_JOB: tl.constexpr, PDL: tl.constexpr = 0):
+    """decode_one_pass with its programs over the pool's slots instead of the batch: program row j
+    takes the sequence whose slot is j (a scan of the BN >= N slot indices; none: nothing to do), so
+    the programs visit the pool in address order whatever order the batch holds its slots in.
+    PAD_JOB: row j (< N) also writes o = 0 for sequence j when its slot is not in [0, P) (a padding
+    sequence, which no slot's row takes); 1: its slot loaded, 2: read off the scan's registers.
+    PDL (launched with launch_pdl=True, GPU only): the program waits for the previous grid
+    (griddepcontrol.wait) before it reads anything, and lets the next step's grid launch at once
+    (launch_dependents), so the next step's programs are resident when this one's last finish."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    i_v = tl.program_id(0)
+    i_jh = tl.program_id(1)
+    j = i_jh // H
+    i_h = i_jh % H
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_n = tl.arange(0, BN)
+    all_slots = tl.load(slots + o_n, mask=o_n < N, other=-1)
+    i_n = tl.max(tl.where(all_slots == j, o_n, -1))
+    if PAD_JOB == 1:
+        if j < N:
+            own = tl.load(slots + j)
+            if (own < 0) | (own >= P):
+                tl.store(o + (j * H + i_h) * V + o_v, tl.zeros([BV], tl.float32).to(o.dtype.element_ty))
+    if PAD_JOB == 2:  # sequence j's slot read off the scan's registers (no second load)
+        own = tl.sum(tl.where(o_n == j, all_slots, 0))
+        if (j < N) & ((own < 0) | (own >= P)):
+            tl.store(o + (j * H + i_h) * V + o_v, tl.zeros([BV], tl.float32).to(o.dtype.element_ty))
+    if i_n >= 0:
+        tok = i_n * H + i_h
+        o_k = tl.arange(0, K)
+        base = pool + (j.to(tl.int64) * H + i_h) * K * V
+        b_S = tl.load(base + o_k[:, None] * V + o_v[None, :])
+        b_q = tl.load(q + tok * K + o_k).to(tl.float32) * scale
+        b_k = tl.load(k + tok * K + o_k).to(tl.float32)
+        b_d = tl.exp(tl.load(g + tok * K + o_k).to(tl.float32))
+        b_v = tl.load(v + tok * V + o_v).to(tl.float32)
+        b_beta = tl.load(beta + tok).to(tl.float32)
+        if LOADED:
+            r_q = tl.sum(b_S * (b_q * b_d)[:, None], axis=0)
+            b_u = (b_v - tl.sum(b_S * (b_k * b_d)[:, None], axis=0)) * b_beta
+            b_S = b_S * b_d[:, None] + b_k[:, None] * b_u[None, :]
+            b_o = r_q + tl.sum(b_q * b_k) * b_u
+        else:
+            b_S = b_S * b_d[:, None]
+            b_u = (b_v - tl.sum(b_S * b_k[:, None], axis=0)) * b_beta
+            b_S += b_k[:, None] * b_u[None, :]
+            b_o = tl.sum(b_S * b_q[:, None], axis=0)
+        tl.store(o + tok * V + o_v, b_o.to(o.dtype.element_ty))
+        tl.store(base + o_k[:, None] * V + o_v[None, :], b_S)
+
+
+@triton.jit
+def _slot_item(q, k, v, g, beta, o, pool, slots, scale, N, j, i_h, i_v,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BN: tl.constexpr):
+    """decode_slot_grid's item (slot j, head i_h, V tile i_v of width BV), loaded readout."""
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_n = tl.arange(0, BN)
+    all_slots = tl.load(slots + o_n, mask=o_n < N, other=-1)
+    i_n = tl.max(tl.where(all_slots == j, o_n, -1))
+    if i_n >= 0:
+        tok = i_n * H + i_h
+        o_k = tl.arange(0, K)
+        base = pool + (j.to(tl.int64) * H + i_h) * K * V
+        b_S = tl.load(base + o_k[:, None] * V + o_v[None, :])
+        b_q = tl.load(q + tok * K + o_k).to(tl.float32) * scale
+        b_k = tl.load(k + tok * K + o_k).to(tl.float32)
+        b_d = tl.exp(tl.load(g + tok * K + o_k).to(tl.float32))
+        b_v = tl.load(v + tok * V + o_v).to(tl.float32)
+        b_beta = tl.load(beta + tok).to(tl.float32)
+        r_q = tl.sum(b_S * (b_q * b_d)[:, None], axis=0)
+        b_u = (b_v - tl.sum(b_S * (b_k * b_d)[:, None], axis=0)) * b_beta
+        b_S = b_S * b_d[:, None] + b_k[:, None] * b_u[None, :]
+        b_o = r_q + tl.sum(b_q * b_k) * b_u
+        tl.store(o + tok * V + o_v, b_o.to(o.dtype.element_ty))
+        tl.store(base + o_k[:, None] * V + o_v[None, :], b_S)
+
+
+@triton.jit
+def decode_slot_tail(q, k, v, g, beta, o, pool, slots, scale, N, P, TAIL,
+                     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, BV_T: tl.constexpr,
+                     BN: tl.constexpr):
+    """decode_slot_grid (loaded readout, no padding job) on a 1-D grid whose last TAIL slot rows take
+    narrower V tiles (BV_T): does the grid's tail -- SMs idle while the last wide programs drain --
+    cost what the wide tile loses against small programs?"""
+    pid = tl.program_id(0)
+    NV: tl.constexpr = V // BV
+    NVT: tl.constexpr = V // BV_T
+    n_big = (P - TAIL) * H * NV
+    if pid < n_big:
+        _slot_item(q, k, v, g, beta, o, pool, slots, scale, N, pid // (H * NV), (pid // NV) % H, pid % NV,
+                   H, K, V, BV, BN)
+    else:
+        r = pid - n_big
+        _slot_item(q, k, v, g, beta, o, pool, slots, scale, N, P - TAIL + r // (H * NVT), (r // NVT) % H, r % NVT,
+                   H, K, V, BV_T, BN)
+
+
+@triton.jit
 def hold_rw(pool, slots, vec, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
             ROWVECS: tl.constexpr):
     """The decode's tile held whole (a K reduction before the store, as the recurrence needs),
@@ -207,6 +309,26 @@ def one_pass_step(x, pool, slots, out, BV, warps, loaded, touch=0):
     V = x["v"].shape[-1]
     decode_one_pass[(V // BV, B * H)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, slots, K ** -0.5, B,
                                        H=H, K=K, V=V, BV=BV, LOADED=loaded, TOUCH=touch, num_warps=warps)
+
+
+def slot_grid_step(x, pool, slots, out, BV, warps, loaded, pad_job, pdl=0):
+    B, H, K = x["q"].shape[1], x["q"].shape[2], x["q"].shape[3]
+    V = x["v"].shape[-1]
+    P = pool.shape[0]
+    decode_slot_grid[(V // BV, max(P, B) * H)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, slots,
+                                                K ** -0.5, B, P, H=H, K=K, V=V, BV=BV, BN=triton.next_power_of_2(B),
+                                                LOADED=loaded, PAD_JOB=pad_job, PDL=pdl, num_warps=warps,
+                                                **({"launch_pdl": True} if pdl else {}))
+
+
+def slot_tail_step(x, pool, slots, out, BV, BV_T, tail, warps):
+    B, H, K = x["q"].shape[1], x["q"].shape[2], x["q"].shape[3]
+    V = x["v"].shape[-1]
+    P = pool.shape[0]
+    tail = min(tail, P)
+    grid = ((P - tail) * H * (V // BV) + tail * H * (V // BV_T),)
+    decode_slot_tail[grid](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, slots, K ** -0.5, B, P, tail,
+                           H=H, K=K, V=V, BV=BV, BV_T=BV_T, BN=triton.next_power_of_2(B), num_warps=warps)
 
 
 def two_pass_step(x, pool, slots, out, KC, BV, warps, policy):
@@ -261,6 +383,9 @@ def smoke():
               lambda p, out: two_pass_step(x, p, slots, out, KC, BV, 1, policy))
     for BV, loaded in ((16, 0), (32, 1)):
         check(f"decode_one_pass BV={BV} loaded={loaded}", lambda p, out: one_pass_step(x, p, slots, out, BV, 1, loaded))
+        check(f"decode_slot_tail BV={BV} tail 2 at BV 16", lambda p, out: slot_tail_step(x, p, slots, out, BV, 16, 2, 1))
+        check(f"decode_slot_grid BV={BV} loaded={loaded}",
+              lambda p, out: slot_grid_step(x, p, slots, out, BV, 1, loaded, 1 + loaded))
     print("smoke: ok")
 
 
@@ -280,6 +405,10 @@ def main():
                     help="BV/warps/rowvecs[/maxnreg[/seven|identity]] of hold_rw")
     ap.add_argument("--one-pass", default="64/2/0,64/2/1,64/4/0,64/4/1",
                     help="BV/warps/loaded[/touch[/order]] of decode_one_pass (order as --slot-orders)")
+    ap.add_argument("--slot-grid", default="64/2/1/1,64/4/1/1,64/2/1/0,64/4/1/0",
+                    help="BV/warps/loaded/pad_job[/order[/pdl]] of decode_slot_grid (programs over the pool's slots; order as "
+                    "--slot-orders)")
+    ap.add_argument("--slot-tail", default="", help="BV/BV_T/tail_rows/warps[/order] of decode_slot_tail")
     ap.add_argument("--op-caps", default="64/2/updated/0,64/2/updated/192,64/2/updated/168,64/2/loaded/168,"
                     "64/4/updated/96,64/4/loaded/96,64/4/loaded/80", help="BV/warps/readout/maxnreg[/order]: the op's "
                     "own launch compiled with a register cap (0: none), slots in the order given (as --slot-orders)")
@@ -390,6 +519,25 @@ def main():
         log(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch} vs op: o {d_o:.1e}, pool {d_s:.1e}")
         row(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch} slots {order}",
             graph_us(lambda: one_pass_step(x, pool, s_o, out, bv, w, loaded, touch)))
+    for spec in filter(None, args.slot_grid.split(",")):
+        parts = spec.split("/")
+        bv, w, loaded, pad = map(int, parts[:4])
+        order = parts[4] if len(parts) > 4 else "seven"
+        pdl = int(parts[5]) if len(parts) > 5 else 0
+        s_o = order_slots(order, B, P, pool.device)
+        d_o, d_s = vs_op(lambda p: slot_grid_step(x, p, slots, o_tp, bv, w, loaded, pad, pdl), o_tp)
+        log(f"decode_slot_grid BV={bv} warps={w} loaded={loaded} pad_job={pad} pdl={pdl} vs op: o {d_o:.1e}, pool {d_s:.1e}")
+        row(f"decode_slot_grid BV={bv} warps={w} loaded={loaded} pad_job={pad} pdl={pdl} slots {order}",
+            graph_us(lambda: slot_grid_step(x, pool, s_o, out, bv, w, loaded, pad, pdl)))
+    for spec in filter(None, args.slot_tail.split(",")):
+        parts = spec.split("/")
+        bv, bvt, tail, w = map(int, parts[:4])
+        order = parts[4] if len(parts) > 4 else "seven"
+        s_o = order_slots(order, B, P, pool.device)
+        d_o, d_s = vs_op(lambda p: slot_tail_step(x, p, slots, o_tp, bv, bvt, tail, w), o_tp)
+        log(f"decode_slot_tail BV={bv} BV_T={bvt} tail={tail} warps={w} vs op: o {d_o:.1e}, pool {d_s:.1e}")
+        row(f"decode_slot_tail BV={bv} BV_T={bvt} tail={tail} warps={w} slots {order}",
+            graph_us(lambda: slot_tail_step(x, pool, s_o, out, bv, bvt, tail, w)))
     # the two-pass decode: agreement with the op first (p0, p_op, o_op: above)
     for i, spec in enumerate(filter(None, args.two_pass.split(","))):
         shape, w = spec.split("/")

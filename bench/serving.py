@@ -547,6 +547,7 @@ def eager_split():
             _, _, args = R._outputs_and_args(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=entry.scale,
                                              initial_state=pool, output_final_state=False, state_indices=slots,
                                              out=out, dims=entry.dims, cu_seqlens=cu)
+            args.update(entry.extra)  # NS, as the op's generic path adds it
             e = entry
             row["generic_launch_us"] = eager_us(lambda: generic_launch(e.fn, e.grid, args, e.constexprs, e.num_warps,
                                                                        e.num_stages))

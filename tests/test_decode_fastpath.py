@@ -166,7 +166,7 @@ def test_direct_launch_passes_what_the_generic_launcher_would(monkeypatch, packe
     """On a GPU the fast path lays the pointers out itself (kdagen.ops.recurrent._Direct).  Here
     a recording launcher stands in for the compiled kernel: the arguments of a fast-path call
     must be exactly the generic launch's -- each tensor's address in the kernel's order, then
-    T, P, scale and the constexprs -- with the C entry point taken only when no scratch memory
+    T, P, scale, NS and the constexprs -- with the C entry point taken only when no scratch memory
     is needed, and a misaligned pointer must fall back to the generic launch."""
     rec = _Recorder(scratch)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 99, raising=False)
@@ -191,6 +191,8 @@ def test_direct_launch_passes_what_the_generic_launcher_would(monkeypatch, packe
     kind, a = rec.calls[0]
     _, _, args = R._outputs_and_args(q, k, v, g, beta, scale=entry.scale, initial_state=pool, output_final_state=False,
                                      state_indices=idx, out=out, dims=entry.dims, cu_seqlens=cu)
+    args.update(entry.extra)  # NS, the sequences' count, as the generic path adds it
+    assert args["NS"] == B
     want = [x.data_ptr() if isinstance(x, torch.Tensor) else x for x in args.values()] + list(entry.constexprs.values())
     grid = (tuple(entry.grid) + (1, 1))[:3]
     assert kind == ("c" if scratch == 0 else "run")

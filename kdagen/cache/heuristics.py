@@ -320,6 +320,28 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
                            readout="loaded" if kda_like else "updated")
 
 
+def slot_grid(n_seqs: int, n_heads: int, n_slots: int) -> bool:
+    """Whether a decode step on a state pool puts its programs over the pool's slots rather than over
+    the batch (templates/recurrent.py.j2's SLOT_GRID; one-item programs only): each program then
+    finds its sequence by a scan of the slot indices, and the state streams in address order
+    whatever order the batch holds its slots in.  Taken with many (sequence, value head) pairs, at
+    most SLOT_GRID_MAX_SEQS sequences (the scan's width) and a pool of at most SLOT_GRID_MAX_RATIO
+    slots per sequence (a row per slot: the unused ones are programs that only scan)."""
+    return (n_seqs * n_heads >= SLOT_GRID_MIN_PAIRS and n_seqs <= SLOT_GRID_MAX_SEQS
+            and n_slots <= SLOT_GRID_MAX_RATIO * n_seqs)
+
+
+# H=32, K=V=128, fp32 pool, packed step, one process (bench/RESULTS.md, run 164; µs, slot grid / batch grid):
+# B=256 over 260 slots scrambled 268.6 / 273.0 (94.7 / 93.1% of copy), in batch order 268.4 / 269.0; B=512
+# 530.1 / 539.5 (95.9 / 94.3%); B=256 over 512 slots with a third of the sequences padding 186.0 / 185.8;
+# B=64 (2,048 pairs) 72.8 / 72.9 scrambled, 72.7 / 72.3 in order; B=16 (512 pairs) 16.6 / 15.6 (one wave:
+# the scan is latency, the order nothing).  B=128: the probe's slot-grid kernel 93.5% against the op's
+# 91.4% (run 163).
+SLOT_GRID_MIN_PAIRS = 4096
+SLOT_GRID_MAX_SEQS = 1024
+SLOT_GRID_MAX_RATIO = 2
+
+
 # float32 decode states (default_recurrent_config): (sequence, value head) pairs up to which the
 # 16-wide tile on one warp is taken (B=1 at H=32: 32 pairs), and the 32-wide one (B=16: 512)
 FEW_PAIRS = 64

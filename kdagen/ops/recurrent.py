@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..cache.heuristics import slot_grid
 from ..cache.lookup import resolve
 from ..codegen.lower import lower
 from ..config import RecurrentConfig
@@ -85,9 +86,13 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
         A_log=A_log if plan.gate_has_A else None, dt_bias=dt_bias if plan.gate_has_bias else None,
         state_v_first=state_v_first, ab=ab)
     bv = min(cfg.block_v, plan.BV)
+    # a pool's programs over its slots (address order) rather than over the batch: heuristics.slot_grid
+    P = args["P"]
+    by_slot = state_indices is not None and not cfg.programs_per_sm and slot_grid(N, HV, P)
     constexprs = dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                       STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
-                      IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first))
+                      IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first),
+                      SLOT_GRID=by_slot, SCAN=max(16, triton.next_power_of_2(N)) if by_slot else 1)
     if dplr:
         constexprs["REVERSE"] = bool(reverse)
     constexprs["QK_L2NORM"] = bool(qk_l2norm)
@@ -96,9 +101,10 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     if plan.gate_has_bias:
         # a scalar decay's dt_bias as the caller gives it, [HV] (the only other size check_inputs lets through)
         constexprs["BIAS_PER_HEAD"] = dt_bias.numel() != HV * K
-    grid = (triton.cdiv(V, bv), N * HV)
+    args["NS"] = N
+    # rows: the sequences, or (slot grid) a row for the padding sequences' o and one per slot
+    grid = (triton.cdiv(V, bv), ((P + 1) if by_slot else N) * HV)
     if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
-        args["NS"] = N
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
     launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
@@ -485,7 +491,7 @@ class _Entry:
     with_bias: bool
     direct: _Direct | None  # on a GPU
     state_shape: tuple  # of a final state the call allocates
-    extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (a persistent grid's NS)
+    extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (NS, the sequences' count)
 
 
 def _t(x):

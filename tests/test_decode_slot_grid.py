@@ -1,0 +1,249 @@
+"""The decode's slot grid (kdagen.cache.heuristics.slot_grid, templates/recurrent.py.j2's SLOT_GRID):
+with a state pool and many (sequence, head) pairs, the programs run over the pool's slots in address
+order, each finding its sequence by a scan of the slot indices, and one extra row writes o = 0 for
+the padding sequences.  Every sequence must still get the recurrence's answer in its own slot, in any
+slot order, with padding (negative or past the pool), unused slots left untouched, varlen token
+counts (1, 0, 3 tokens), both readouts, every member's structure, and the fast path's second call.
+The interpreter runs it at small shapes by lowering the pairs threshold."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TOL, assert_close
+
+import kdagen
+from kdagen.cache import heuristics
+from kdagen.config import RecurrentConfig
+from kdagen.ops import recurrent as R
+from kdagen.spec.reference import naive_recurrent_kda
+
+F32, F16 = torch.float32, torch.float16
+
+
+@pytest.fixture
+def slot_grid_on(monkeypatch):
+    """The slot grid at the tests' few pairs (the fast path's entries forgotten before and after)."""
+    monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1)
+    R._FAST.clear()
+    yield
+    R._FAST.clear()
+
+
+def _case(N=6, HV=2, K=32, V=32, P=9, dt=F32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(N, 1, HV, K, generator=gen), F.normalize(torch.randn(N, 1, HV, K, generator=gen), dim=-1)
+    v, g = torch.randn(N, 1, HV, V, generator=gen), -2 * torch.rand(N, 1, HV, K, generator=gen)
+    beta = torch.rand(N, 1, HV, generator=gen)
+    pool = 0.3 * torch.randn(P, HV, K, V, generator=gen)
+    return dict(q=q.to(dt), k=k.to(dt), v=v.to(dt), g=g, beta=beta.to(dt)), pool
+
+
+def _expected(x, pool, slots):
+    """(o, pool after the step) from the float64 recurrence: padding sequences o = 0, their slots and
+    every unused slot as they were."""
+    keep = (slots >= 0) & (slots < pool.shape[0])
+    ro, rh = naive_recurrent_kda(*(x[n][keep] for n in ("q", "k", "v", "g", "beta")),
+                                 initial_state=pool[slots[keep].long()], output_final_state=True)
+    want_o = torch.zeros(x["v"].shape, dtype=torch.float64)
+    want_o[keep] = ro.double()
+    want = pool.clone()
+    want[slots[keep].long()] = rh.float()
+    return want_o, want, keep
+
+
+@pytest.mark.parametrize("readout", ("updated", "loaded"))
+@pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
+def test_scrambled_slots_padding_and_unused_slots(slot_grid_on, dt, readout):
+    x, pool = _case(dt=dt)
+    slots = torch.tensor([7, 0, -1, 3, 12, 5], dtype=torch.int32)  # -1 and 12 (>= P = 9): padding
+    want_o, want, keep = _expected(x, pool, slots)
+    cfg = RecurrentConfig(block_v=16, num_warps=1, readout=readout)
+    out = torch.full(x["v"].shape, float("nan"), dtype=dt)  # every row must be written
+    p = pool.clone()
+    for step in range(2):  # the second call goes through the fast path's entry
+        p.copy_(pool)
+        out.fill_(float("nan"))
+        o, ht = kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots, out=out, config=cfg)
+        assert o is out and ht is p
+        assert_close(o[keep], want_o[keep], TOL[dt], f"o, call {step}")
+        assert torch.equal(o[~keep], torch.zeros_like(o[~keep])), "a padding sequence's o is not 0"
+        assert_close(p, want, TOL[dt], f"pool, call {step}")
+        unused = [s for s in range(pool.shape[0]) if s not in slots.tolist()]
+        assert torch.equal(p[unused], pool[unused]), "a slot no sequence uses was written"
+    assert R._FAST, "the second call did not find its fast-path entry"
+    launch, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool.clone(), ssm_state_indices=slots, config=cfg)
+    assert launch.constexprs["SLOT_GRID"] and launch.grid[1] == (pool.shape[0] + 1) * 2
+
+
+def test_packed_varlen_with_several_and_no_tokens(slot_grid_on):
+    """cu_seqlens with 1, 0, 3, 1, 2 tokens: each sequence's tokens in turn from its slot; the padding
+    sequence (slot -1) has 3 tokens, all of whose o must be 0."""
+    gen = torch.Generator().manual_seed(4)
+    N, HV, K, V, P = 5, 2, 16, 32, 7
+    lens = [1, 0, 3, 1, 2]
+    T = sum(lens)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist())
+    x = dict(q=torch.randn(1, T, HV, K, generator=gen), k=F.normalize(torch.randn(1, T, HV, K, generator=gen), dim=-1),
+             v=torch.randn(1, T, HV, V, generator=gen), g=-torch.rand(1, T, HV, K, generator=gen),
+             beta=torch.rand(1, T, HV, generator=gen))
+    pool = 0.3 * torch.randn(P, HV, K, V, generator=gen)
+    slots = torch.tensor([6, 2, -1, 0, 4], dtype=torch.int32)
+    p = pool.clone()
+    o, _ = kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots, cu_seqlens=cu,
+                                      config=RecurrentConfig(block_v=16, num_warps=1, readout="loaded"))
+    want = pool.clone()
+    for n in range(N):
+        a, b = cu[n].item(), cu[n + 1].item()
+        if slots[n] < 0:
+            assert torch.equal(o[0, a:b], torch.zeros_like(o[0, a:b])), "padding sequence's o"
+            continue
+        s = slots[n].long()
+        ro, rh = naive_recurrent_kda(*(x[m][:, a:b] for m in ("q", "k", "v", "g", "beta")),
+                                     initial_state=pool[s][None], output_final_state=True)
+        if b > a:
+            assert_close(o[0, a:b], ro[0], TOL[F32], f"o of sequence {n}")
+        want[s] = rh[0].float()
+    assert_close(p, want, TOL[F32], "pool")
+    assert torch.equal(p[[1, 3, 5]], pool[[1, 3, 5]])
+
+
+@pytest.mark.parametrize("member", ("gdn", "dplr"))
+def test_other_members_through_the_slot_grid(slot_grid_on, member):
+    """The same kernel template's scalar-decay and general-DPLR structures: against the batch grid's
+    answer (tested against float64 elsewhere) for the same scrambled slots."""
+    gen = torch.Generator().manual_seed(8)
+    N, HV, K, V, P = 4, 2, 16, 32, 6
+    q, k = torch.randn(N, 1, HV, K, generator=gen), F.normalize(torch.randn(N, 1, HV, K, generator=gen), dim=-1)
+    v = torch.randn(N, 1, HV, V, generator=gen)
+    pool = 0.3 * torch.randn(P, HV, K, V, generator=gen)
+    slots = torch.tensor([5, 1, 3, 0], dtype=torch.int32)
+    if member == "gdn":
+        g, beta = -torch.rand(N, 1, HV, generator=gen), torch.rand(N, 1, HV, generator=gen)
+        call = lambda p: kdagen.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=p,  # noqa: E731
+                                                                 ssm_state_indices=slots)
+    else:
+        gk = -torch.rand(N, 1, HV, K, generator=gen)
+        a, b = -F.normalize(torch.randn(N, 1, HV, K, generator=gen), dim=-1), 0.5 * k
+        call = lambda p: kdagen.fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, initial_state=p,  # noqa: E731
+                                                                ssm_state_indices=slots)
+    p_grid = pool.clone()
+    o_grid, _ = call(p_grid)
+    heuristics.SLOT_GRID_MIN_PAIRS = 10 ** 9  # (the fixture's monkeypatch restores it) the batch grid
+    R._FAST.clear()
+    p_batch = pool.clone()
+    o_batch, _ = call(p_batch)
+    assert_close(o_grid, o_batch.double(), TOL[F32], "o")
+    assert_close(p_grid, p_batch.double(), TOL[F32], "pool")
+    assert not torch.equal(p_grid, pool)
+
+
+def test_shared_slots_give_nan_not_stale_output(slot_grid_on):
+    """Two sequences on one slot is the caller's error (check_inputs=True names it); the slot grid
+    applies the later one and writes NaN for the other's o rather than leaving it unwritten."""
+    x, pool = _case(N=4, P=5, seed=2)
+    slots = torch.tensor([3, 1, 3, 0], dtype=torch.int32)
+    out = torch.zeros(x["v"].shape)
+    p = pool.clone()
+    kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots, out=out,
+                               config=RecurrentConfig(block_v=16, num_warps=1))
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1:]).all()
+    ro, rh = naive_recurrent_kda(*(x[n][2:3] for n in ("q", "k", "v", "g", "beta")),
+                                 initial_state=pool[3][None], output_final_state=True)
+    assert_close(out[2:3], ro, TOL[F32], "the later sequence's o")
+    assert_close(p[3], rh[0], TOL[F32], "the shared slot holds the later sequence's state")
+    with pytest.raises(ValueError, match="ssm_state_indices"):
+        kdagen.fused_recurrent_kda(**x, initial_state=pool.clone(), ssm_state_indices=slots, check_inputs=True)
+
+
+def test_when_the_slot_grid_is_taken():
+    """Many pairs, a pool of at most twice the sequences, sequences the scan covers; never for
+    persistent programs or without a pool."""
+    assert heuristics.slot_grid(256, 32, 260)
+    assert heuristics.slot_grid(256, 32, 512) and not heuristics.slot_grid(256, 32, 513)
+    assert not heuristics.slot_grid(16, 32, 20) and not heuristics.slot_grid(64, 32, 68)  # 512, 2,048 pairs
+    assert heuristics.slot_grid(128, 32, 132)
+    assert not heuristics.slot_grid(2048, 32, 2048)  # past the scan's width
+    x, pool = _case(N=4, P=6)
+    slots = torch.tensor([1, 0, 3, 2], dtype=torch.int32)
+    big = dict(initial_state=pool.clone(), ssm_state_indices=slots)
+    heur = heuristics.SLOT_GRID_MIN_PAIRS
+    try:
+        heuristics.SLOT_GRID_MIN_PAIRS = 1
+        grid, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16))
+        pers, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16, programs_per_sm=2,
+                                                                                   num_warps=2))
+        none, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool[:4].clone(), config=RecurrentConfig(block_v=16))
+    finally:
+        heuristics.SLOT_GRID_MIN_PAIRS = heur
+    assert grid.constexprs["SLOT_GRID"] and grid.constexprs["SCAN"] == 16
+    assert not pers.constexprs["SLOT_GRID"] and not none.constexprs["SLOT_GRID"]
+    assert none.grid[1] == 4 * 2
+
+
+_COMPILE = r"""
+import json, os, re, subprocess, tempfile
+import torch, triton
+from triton.backends.compiler import GPUTarget
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+from kdagen.cache.lookup import resolve
+from kdagen.codegen.lower import lower
+from kdagen.config import RecurrentConfig
+from kdagen.kernels import build, jit_source
+from kdagen.ops.inputs import check_inputs, select_spec
+from kdagen.ops.recurrent import prepare_recurrent
+from kdagen.cache import heuristics
+heuristics.SLOT_GRID_MIN_PAIRS = 1  # the slot grid's kernel at the two smaller shapes too
+out = {}
+for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
+        "serving": (256, 128, 64, 2, "loaded", torch.float32, True),
+        "updated-bf16-pool": (64, 128, 32, 1, "updated", torch.bfloat16, False),
+        "k64": (32, 64, 64, 2, "loaded", torch.float32, True)}.items():
+    HV, P = 32, N + 4
+    shape = (1, N) if varlen else (N, 1)
+    q, k = torch.randn(*shape, HV, K, dtype=torch.bfloat16), torch.randn(*shape, HV, K, dtype=torch.bfloat16)
+    v, g, beta = (torch.randn(*shape, HV, K, dtype=torch.bfloat16), -torch.rand(*shape, HV, K),
+                  torch.rand(*shape, HV, dtype=torch.bfloat16))
+    cu = torch.arange(N + 1) if varlen else None
+    slots = ((torch.arange(N) * 7) % P).to(torch.int32)
+    h0 = torch.zeros(P, HV, K, K, dtype=pool_dtype)
+    dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu, state_indices=slots)
+    plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
+    built = build(plan, resolve("recurrent", plan, RecurrentConfig(block_v=bv, num_warps=warps, readout=readout),
+                                {"T": dims.T, "B": dims.B, "N": dims.N}))
+    launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
+                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, GPUTarget("cuda", 90, 32), launch.num_warps,
+                              launch.num_stages)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    with tempfile.TemporaryDirectory() as d:  # ptxas's own report (the Triton wheel's ptxas)
+        open(os.path.join(d, "k.ptx"), "w").write(ptx)
+        r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
+                            os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True)
+    out[name] = dict(slot_grid=launch.constexprs["SLOT_GRID"], scan=launch.constexprs["SCAN"], rows=launch.grid[1],
+                     regs=int(re.search(r"Used (\d+) registers", r.stderr).group(1)),
+                     spills=sum(int(m) for m in re.findall(r"(\d+) bytes spill (?:stores|loads)", r.stderr)))
+print("@@" + json.dumps(out))
+"""
+
+
+def test_slot_grid_compiles_for_sm90_without_spills():
+    """Compile-only, for the H200's sm_90 (no GPU, no interpreter: a subprocess): the serving shape's
+    kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps) takes the slot grid, and neither it nor a
+    half-width pool's or K=64's slot-grid kernel (forced at their fewer pairs) spills registers."""
+    import json
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, cwd=repo,
+                          timeout=600)
+    assert proc.returncode == 0 and "@@" in proc.stdout, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.rsplit("@@", 1)[1])
+    assert res["serving"]["slot_grid"] and res["serving"]["scan"] == 256 and res["serving"]["rows"] == 261 * 32
+    assert res["updated-bf16-pool"]["slot_grid"] and res["k64"]["slot_grid"]
+    for name, r in res.items():
+        assert 0 < r["regs"] <= 255, name
+        assert r["spills"] == 0, f"{name}: {r['spills']} spilled registers ({r['regs']} per thread)"
