@@ -25,7 +25,11 @@ Added as the answers came (bench/RESULTS.md, session 29): ``hold_rw`` (the tile 
 reduction, without the math), ``decode_one_pass`` (the op's structure with nothing masked, its
 inputs loaded beside the state, optionally an L2 prefetch of a later slot), the op's own launch
 under register caps and other warps/readouts (--op-caps), and every row under other slot orders
-(identity, reversed, random, blocks8; --slot-orders and the rows' order fields).
+(identity, reversed, random, blocks8; --slot-orders and the rows' order fields).  Session 30:
+``decode_slot_grid`` (programs over the pool's slots, each finding its sequence by a scan of the slot
+indices: the slots visited in address order whatever the batch's order; optionally a programmatic
+dependent launch, PDL) and ``decode_slot_tail`` (its last slot rows on narrower V tiles: the grid's
+drain).
 """
 from __future__ import annotations
 

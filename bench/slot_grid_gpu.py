@@ -9,7 +9,8 @@ from CUDA-graph replay of 10 steps; % of the 1 GiB copy ceiling, the state's byt
 counts them): B sequences over a pool of P slots, sequence n in slot (7 n) mod P ("seven", the
 benchmarks' scrambled order) or n ("identity"), and P = 2 B with a third of the sequences padding
 (slot -1) -- each with the slot grid forced on and off (the heuristic's pairs threshold moved; the
-fast path's entries forgotten between).
+fast path's entries forgotten between), and with --pdl-ab the slot grid also without the programmatic
+dependent launch.
 """
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".")
     ap.add_argument("--batches", default="16,64,256,512")
+    ap.add_argument("--pdl-ab", action="store_true", help="also the slot grid with the programmatic dependent "
+                    "launch off (kdagen.ops.recurrent.PDL), beside it on")
     args = ap.parse_args()
     from serving import copy_ceiling_gbs, graph_us
     rows = []
@@ -87,10 +90,13 @@ def main():
             out = torch.empty_like(x["v"])
             live = int((slots >= 0).sum())
             nbytes = 2 * live * 32 * 128 * 128 * 4
-            for grid in ("slots", "batch"):
-                heuristics.SLOT_GRID_MIN_PAIRS = 1 if grid == "slots" else 10 ** 9
+            pdl_default = getattr(R, "PDL", None)
+            for grid in (("slots", "slots, no PDL", "batch") if args.pdl_ab else ("slots", "batch")):
+                heuristics.SLOT_GRID_MIN_PAIRS = 1 if grid.startswith("slots") else 10 ** 9
+                if pdl_default is not None:
+                    R.PDL = pdl_default and grid != "slots, no PDL"
                 R._FAST.clear()
-                taken = heuristics.slot_grid(B, 32, P) and grid == "slots"
+                taken = heuristics.slot_grid(B, 32, P) and grid.startswith("slots")
                 err, zero_pad = check(x, pool, slots, cu, out)
                 us = graph_us(lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,
                                                                  cu_seqlens=cu, out=out))
@@ -99,13 +105,15 @@ def main():
                            rel_err_vs_float64=err, padding_o_zero=zero_pad)
                 rows.append(row)
                 log(json.dumps(row))
+            if pdl_default is not None:
+                R.PDL = pdl_default
     heuristics.SLOT_GRID_MIN_PAIRS = base
     R._FAST.clear()
-    log("B | case | slot grid µs (% of copy) | batch grid µs (% of copy) | slot / batch")
-    for i in range(0, len(rows), 2):
-        a, b = rows[i], rows[i + 1]
-        log(f"{a['B']} | {a['case']} | {a['us']:.2f} ({a['pct_copy']:.1f}%) | {b['us']:.2f} ({b['pct_copy']:.1f}%) | "
-            f"{b['us'] / a['us']:.3f}x")
+    log("B | case | grid | µs (% of copy) | batch grid / this")
+    for r in rows:
+        batch = next(b for b in rows if b["B"] == r["B"] and b["case"] == r["case"] and b["grid"] == "batch")
+        log(f"{r['B']} | {r['case']} | {r['grid']} | {r['us']:.2f} ({r['pct_copy']:.1f}%) | "
+            f"{batch['us'] / r['us']:.3f}x")
     bad = [r for r in rows if not (r["rel_err_vs_float64"] < 5e-3 and r["padding_o_zero"])]
     log(f"checks against float64 (bf16 inputs, fp32 pool, < 5e-3) and padding o == 0: "
         f"{'all pass' if not bad else bad}")

@@ -152,6 +152,13 @@ def _spec_key(v):
     return ("c", v)
 
 
+def launch_options(constexprs: dict) -> dict:
+    """The launch options a kernel's constexprs ask for: a kernel generated with PDL=True (it waits
+    for the previous grid with griddepcontrol.wait before it reads anything) is launched as a
+    programmatic dependent launch, so that it can be made resident while the previous grid drains."""
+    return {"launch_pdl": True} if constexprs.get("PDL") else {}
+
+
 def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: int):
     """Launch ``fn[grid](**args, **constexprs)``, reusing the compiled kernel when possible."""
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
@@ -162,7 +169,8 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
            vals[0].device.index if isinstance(vals[0], torch.Tensor) else None)
     kernel = _COMPILED.get(key)
     if kernel is None:
-        kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages,
+                          **launch_options(constexprs))
         if kernel is not None and hasattr(kernel, "run"):
             _COMPILED[key] = kernel
         return

@@ -214,7 +214,9 @@ for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
                                 {"T": dims.T, "B": dims.B, "N": dims.N}))
     launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
                                   cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built)
-    src, options = jit_source(launch.fn, launch.args, launch.constexprs, GPUTarget("cuda", 90, 32), launch.num_warps,
+    assert launch.constexprs["PDL"] is False  # CPU tensors: no griddepcontrol
+    constexprs = {**launch.constexprs, "PDL": name == "serving"}  # as on an H200
+    src, options = jit_source(launch.fn, launch.args, constexprs, GPUTarget("cuda", 90, 32), launch.num_warps,
                               launch.num_stages)
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     with tempfile.TemporaryDirectory() as d:  # ptxas's own report (the Triton wheel's ptxas)
@@ -222,7 +224,7 @@ for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
         r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
                             os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True)
     out[name] = dict(slot_grid=launch.constexprs["SLOT_GRID"], scan=launch.constexprs["SCAN"], rows=launch.grid[1],
-                     regs=int(re.search(r"Used (\d+) registers", r.stderr).group(1)),
+                     griddepcontrol=ptx.count("griddepcontrol."), regs=int(re.search(r"Used (\d+) registers", r.stderr).group(1)),
                      spills=sum(int(m) for m in re.findall(r"(\d+) bytes spill (?:stores|loads)", r.stderr)))
 print("@@" + json.dumps(out))
 """
@@ -230,7 +232,8 @@ print("@@" + json.dumps(out))
 
 def test_slot_grid_compiles_for_sm90_without_spills():
     """Compile-only, for the H200's sm_90 (no GPU, no interpreter: a subprocess): the serving shape's
-    kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps) takes the slot grid, and neither it nor a
+    kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps, with PDL as on the H200) takes the slot
+    grid, and neither it nor a
     half-width pool's or K=64's slot-grid kernel (forced at their fewer pairs) spills registers."""
     import json
     import os
@@ -244,6 +247,26 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     res = json.loads(proc.stdout.rsplit("@@", 1)[1])
     assert res["serving"]["slot_grid"] and res["serving"]["scan"] == 256 and res["serving"]["rows"] == 261 * 32
     assert res["updated-bf16-pool"]["slot_grid"] and res["k64"]["slot_grid"]
+    # the programmatic dependent launch's wait and trigger, only where PDL is on
+    assert res["serving"]["griddepcontrol"] == 2 and res["k64"]["griddepcontrol"] == 0
     for name, r in res.items():
         assert 0 < r["regs"] <= 255, name
         assert r["spills"] == 0, f"{name}: {r['spills']} spilled registers ({r['regs']} per thread)"
+
+
+def test_pdl_only_on_a_gpu_that_has_it(monkeypatch):
+    """PDL (a programmatic dependent launch) is a constexpr the op sets only for a CUDA device of
+    compute capability >= 9, and only a PDL kernel is launched with launch_pdl."""
+    from kdagen.kernels import launch_options
+    dev = torch.device("cuda", 0)
+    for major, want in ((8, False), (9, True), (10, True)):
+        R._PDL.clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, m=major: (m, 0))
+        assert R._pdl_capable(dev) is want
+    assert R._pdl_capable(torch.device("cpu")) is False
+    R._PDL.clear()
+    assert launch_options({"PDL": True}) == {"launch_pdl": True}
+    assert launch_options({"PDL": False}) == {} and launch_options({"BV": 64}) == {}
+    x, pool = _case(N=4, P=6)
+    ln, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool, ssm_state_indices=torch.arange(4, dtype=torch.int32))
+    assert ln.constexprs["PDL"] is False  # the interpreter's CPU tensors

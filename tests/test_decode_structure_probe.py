@@ -1,5 +1,6 @@
-"""bench/decode_structure_probe.py on the CPU (Triton's interpreter): the probe's two decode kernels
-(the one-pass tile without masks, the two-pass chunk stream) against the float64 recurrence, and its
+"""bench/decode_structure_probe.py on the CPU (Triton's interpreter): the probe's decode kernels
+(the one-pass tile without masks, the two-pass chunk stream, the programs over the pool's slots and
+their tail on narrower tiles) against the float64 recurrence, and its
 pure-traffic kernels (flat blocks, [BR, BC] blocks, chunk loops, the held tile) scale exactly the
 slots the sequences use, once, and nothing else -- so a probe row times the traffic it names."""
 from __future__ import annotations
@@ -18,6 +19,7 @@ def test_probe_decode_kernels_match_float64(probe, capsys):
     probe.smoke()  # asserts each kernel's o and state within 1e-5 of the float64 recurrence
     out = capsys.readouterr().out
     assert out.count("decode_two_pass") == 3 and out.count("decode_one_pass") == 2 and "smoke: ok" in out
+    assert out.count("decode_slot_grid") == 2 and out.count("decode_slot_tail") == 2  # (session 30's kernels)
 
 
 def test_pure_traffic_kernels_touch_the_used_slots_once(probe):

@@ -13,7 +13,7 @@ from ..cache.lookup import resolve
 from ..codegen.lower import lower
 from ..config import RecurrentConfig
 from ..dtypes import dtype
-from ..kernels import Launch, build, dummy_pointer, launch
+from ..kernels import Launch, build, dummy_pointer, launch, launch_options
 from . import checks
 from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, host_seqlens,
                      preprocess, select_spec, state_layout, state_shape)
@@ -92,7 +92,8 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     constexprs = dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                       STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
                       IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first),
-                      SLOT_GRID=by_slot, SCAN=max(16, triton.next_power_of_2(N)) if by_slot else 1)
+                      SLOT_GRID=by_slot, SCAN=max(16, triton.next_power_of_2(N)) if by_slot else 1,
+                      PDL=PDL and _pdl_capable(q.device))
     if dplr:
         constexprs["REVERSE"] = bool(reverse)
     constexprs["QK_L2NORM"] = bool(qk_l2norm)
@@ -108,6 +109,25 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
     launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
+
+
+# Programmatic dependent launch on GPUs that have it (sm_90 on): the kernel waits for the previous grid
+# (griddepcontrol.wait) before it reads anything and lets the next launch begin at once, so a step's
+# programs become resident while the previous grid drains (templates/recurrent.py.j2's PDL).  H200, CUDA graph
+# of 10 steps, H=32, K=V=128 (bench/RESULTS.md, runs 165-166, A-B-A on one machine): B=1 fp32 pool 3.27 / 3.48
+# -> 2.76 / 2.95 us (batch / packed), B=16 packed 15.1 -> 14.6, B=256 packed (slot grid) 268.7 -> 267.6.
+# (A switch for A/B timing: the fast path's entries hold the choice made.)
+PDL = True
+_PDL: dict = {}
+
+
+def _pdl_capable(device) -> bool:
+    if device.type != "cuda":
+        return False
+    ok = _PDL.get(device.index)
+    if ok is None:
+        ok = _PDL[device.index] = torch.cuda.get_device_capability(device)[0] >= 9
+    return ok
 
 
 _SMS: dict = {}
@@ -155,7 +175,10 @@ def fused_recurrent_kda(
     traffic; the math is float32 either way): sequence n reads slot ``ssm_state_indices[n]``
     and its final state is written back to that slot in place (a negative slot is padding:
     skipped, o = 0; a slot >= P is treated the same way, so a bad index never writes outside
-    the pool); the pool is returned as the final state.  Otherwise the final state is a new
+    the pool); the pool is returned as the final state.  Two sequences on one slot is the
+    caller's error (``check_inputs`` names it): which update the slot keeps is not defined, and
+    with many (sequence, head) pairs -- where the programs run over the pool's slots in address
+    order, :func:`kdagen.cache.heuristics.slot_grid` -- the others' o is NaN.  Otherwise the final state is a new
     float32 [N, HV, K, V] tensor when ``output_final_state``.
 
     Serving: nothing here reads a value from the device.  The sequences' count is
@@ -450,7 +473,8 @@ class _Direct:
             return None
         try:
             kernel = desc.fn.warmup(**desc.args, **desc.constexprs, grid=desc.grid, num_warps=desc.num_warps,
-                                    num_stages=desc.num_stages)  # the JIT's cached binary of that launch
+                                    num_stages=desc.num_stages,  # the JIT's cached binary of that launch
+                                    **launch_options(desc.constexprs))
             return cls(kernel, desc.args, desc.constexprs, desc.grid)
         except Exception:  # noqa: BLE001 - e.g. an asynchronous compile: the generic launcher serves instead
             return None
