@@ -132,28 +132,11 @@ def decode_two_pass(q, k, v, g, beta, o, pool, slots, scale,
 
 
 @triton.jit
-def decode_one_pass(q, k, v, g, beta, o, pool, slots, scale, N,
-                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, LOADED: tl.constexpr,
-                    TOUCH: tl.constexpr = 0):
-    """The decode op's structure (the whole [K, BV] tile loaded, updated, stored) with nothing
-    masked (K and BV divide the shapes) and the tile's addresses built from one scalar base:
-    what the op's registers cost beyond the tile (its masks, its 64-bit offsets kept live across
-    the token loop).  LOADED: o from the state as loaded (the op's readout "loaded").
-    TOUCH > 0: an L2 prefetch of one line of sequence n + TOUCH's tile (its slot's page translated
-    before its programs start: does the slot order's cost come from address translation?)."""
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n = i_nh // H
-    i_h = i_nh % H
-    tok = i_n * H + i_h
+def _one_token(q, k, v, g, beta, o, base, tok, o_v, scale, K: tl.constexpr, V: tl.constexpr, LOADED: tl.constexpr):
+    """The probe's decode step of one item: its state tile at ``base`` (columns o_v) loaded whole with
+    token ``tok``'s inputs, updated, stored; o written.  LOADED: o from the state as loaded (the op's
+    readout "loaded"), else from the updated one."""
     o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    slot = tl.load(slots + i_n).to(tl.int64)
-    base = pool + (slot * H + i_h) * K * V
-    if TOUCH > 0:
-        ahead = tl.load(slots + tl.minimum(i_n + TOUCH, N - 1)).to(tl.int64)
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [pool + (ahead * H + i_h) * K * V + i_v * BV], dtype=tl.int32, is_pure=False, pack=1)
     b_S = tl.load(base + o_k[:, None] * V + o_v[None, :])
     b_q = tl.load(q + tok * K + o_k).to(tl.float32) * scale
     b_k = tl.load(k + tok * K + o_k).to(tl.float32)
@@ -172,6 +155,31 @@ def decode_one_pass(q, k, v, g, beta, o, pool, slots, scale, N,
         b_o = tl.sum(b_S * b_q[:, None], axis=0)
     tl.store(o + tok * V + o_v, b_o.to(o.dtype.element_ty))
     tl.store(base + o_k[:, None] * V + o_v[None, :], b_S)
+
+
+@triton.jit
+def decode_one_pass(q, k, v, g, beta, o, pool, slots, scale, N,
+                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, LOADED: tl.constexpr,
+                    TOUCH: tl.constexpr = 0):
+    """The decode op's structure (the whole [K, BV] tile loaded, updated, stored) with nothing
+    masked (K and BV divide the shapes) and the tile's addresses built from one scalar base:
+    what the op's registers cost beyond the tile (its masks, its 64-bit offsets kept live across
+    the token loop).  LOADED: o from the state as loaded (the op's readout "loaded").
+    TOUCH > 0: an L2 prefetch of one line of sequence n + TOUCH's tile (its slot's page translated
+    before its programs start: does the slot order's cost come from address translation?)."""
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = i_nh // H
+    i_h = i_nh % H
+    tok = i_n * H + i_h
+    o_v = i_v * BV + tl.arange(0, BV)
+    slot = tl.load(slots + i_n).to(tl.int64)
+    base = pool + (slot * H + i_h) * K * V
+    if TOUCH > 0:
+        ahead = tl.load(slots + tl.minimum(i_n + TOUCH, N - 1)).to(tl.int64)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                  [pool + (ahead * H + i_h) * K * V + i_v * BV], dtype=tl.int32, is_pure=False, pack=1)
+    _one_token(q, k, v, g, beta, o, base, tok, o_v, scale, K, V, LOADED)
 
 
 @triton.jit
@@ -207,27 +215,8 @@ def decode_slot_grid(q, k, v, g, beta, o, pool, slots, scale, N, P,
         if (j < N) & ((own < 0) | (own >= P)):
             tl.store(o + (j * H + i_h) * V + o_v, tl.zeros([BV], tl.float32).to(o.dtype.element_ty))
     if i_n >= 0:
-        tok = i_n * H + i_h
-        o_k = tl.arange(0, K)
-        base = pool + (j.to(tl.int64) * H + i_h) * K * V
-        b_S = tl.load(base + o_k[:, None] * V + o_v[None, :])
-        b_q = tl.load(q + tok * K + o_k).to(tl.float32) * scale
-        b_k = tl.load(k + tok * K + o_k).to(tl.float32)
-        b_d = tl.exp(tl.load(g + tok * K + o_k).to(tl.float32))
-        b_v = tl.load(v + tok * V + o_v).to(tl.float32)
-        b_beta = tl.load(beta + tok).to(tl.float32)
-        if LOADED:
-            r_q = tl.sum(b_S * (b_q * b_d)[:, None], axis=0)
-            b_u = (b_v - tl.sum(b_S * (b_k * b_d)[:, None], axis=0)) * b_beta
-            b_S = b_S * b_d[:, None] + b_k[:, None] * b_u[None, :]
-            b_o = r_q + tl.sum(b_q * b_k) * b_u
-        else:
-            b_S = b_S * b_d[:, None]
-            b_u = (b_v - tl.sum(b_S * b_k[:, None], axis=0)) * b_beta
-            b_S += b_k[:, None] * b_u[None, :]
-            b_o = tl.sum(b_S * b_q[:, None], axis=0)
-        tl.store(o + tok * V + o_v, b_o.to(o.dtype.element_ty))
-        tl.store(base + o_k[:, None] * V + o_v[None, :], b_S)
+        _one_token(q, k, v, g, beta, o, pool + (j.to(tl.int64) * H + i_h) * K * V, i_n * H + i_h, o_v, scale, K, V,
+                   LOADED)
 
 
 @triton.jit
@@ -239,21 +228,7 @@ def _slot_item(q, k, v, g, beta, o, pool, slots, scale, N, j, i_h, i_v,
     all_slots = tl.load(slots + o_n, mask=o_n < N, other=-1)
     i_n = tl.max(tl.where(all_slots == j, o_n, -1))
     if i_n >= 0:
-        tok = i_n * H + i_h
-        o_k = tl.arange(0, K)
-        base = pool + (j.to(tl.int64) * H + i_h) * K * V
-        b_S = tl.load(base + o_k[:, None] * V + o_v[None, :])
-        b_q = tl.load(q + tok * K + o_k).to(tl.float32) * scale
-        b_k = tl.load(k + tok * K + o_k).to(tl.float32)
-        b_d = tl.exp(tl.load(g + tok * K + o_k).to(tl.float32))
-        b_v = tl.load(v + tok * V + o_v).to(tl.float32)
-        b_beta = tl.load(beta + tok).to(tl.float32)
-        r_q = tl.sum(b_S * (b_q * b_d)[:, None], axis=0)
-        b_u = (b_v - tl.sum(b_S * (b_k * b_d)[:, None], axis=0)) * b_beta
-        b_S = b_S * b_d[:, None] + b_k[:, None] * b_u[None, :]
-        b_o = r_q + tl.sum(b_q * b_k) * b_u
-        tl.store(o + tok * V + o_v, b_o.to(o.dtype.element_ty))
-        tl.store(base + o_k[:, None] * V + o_v[None, :], b_S)
+        _one_token(q, k, v, g, beta, o, pool + (j.to(tl.int64) * H + i_h) * K * V, i_n * H + i_h, o_v, scale, K, V, 1)
 
 
 @triton.jit
@@ -514,34 +489,33 @@ def main():
         row(f"hold_rw BV={bv} warps={w} rowvecs={rv} maxnreg={cap} slots {order}",
             graph_us(lambda: hold_rw[(V // bv, B * H)](pool, s_o, vec, HV=H, K=K, V=V, BV=bv, ROWVECS=int(rv),
                                                         num_warps=int(w), **kw)))
+    def checked_row(name, step, order):
+        """step(pool, slots, out): compared with the op on a copy of the pool (the benchmark's slots), then
+        timed on the pool with the slots in ``order``."""
+        s_o = order_slots(order, B, P, pool.device)
+        d_o, d_s = vs_op(lambda p: step(p, slots, o_tp), o_tp)
+        log(f"{name} vs op: o {d_o:.1e}, pool {d_s:.1e}")
+        row(f"{name} slots {order}", graph_us(lambda: step(pool, s_o, out)))
+
     for spec in filter(None, args.one_pass.split(",")):
         parts = spec.split("/")
         bv, w, loaded, touch = map(int, (parts + ["0"])[:4])
-        order = parts[4] if len(parts) > 4 else "seven"
-        s_o = order_slots(order, B, P, pool.device)
-        d_o, d_s = vs_op(lambda p: one_pass_step(x, p, slots, o_tp, bv, w, loaded, touch), o_tp)
-        log(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch} vs op: o {d_o:.1e}, pool {d_s:.1e}")
-        row(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch} slots {order}",
-            graph_us(lambda: one_pass_step(x, pool, s_o, out, bv, w, loaded, touch)))
+        checked_row(f"decode_one_pass BV={bv} warps={w} loaded={loaded} touch={touch}",
+                    lambda p, s, o: one_pass_step(x, p, s, o, bv, w, loaded, touch),
+                    parts[4] if len(parts) > 4 else "seven")
     for spec in filter(None, args.slot_grid.split(",")):
         parts = spec.split("/")
         bv, w, loaded, pad = map(int, parts[:4])
-        order = parts[4] if len(parts) > 4 else "seven"
         pdl = int(parts[5]) if len(parts) > 5 else 0
-        s_o = order_slots(order, B, P, pool.device)
-        d_o, d_s = vs_op(lambda p: slot_grid_step(x, p, slots, o_tp, bv, w, loaded, pad, pdl), o_tp)
-        log(f"decode_slot_grid BV={bv} warps={w} loaded={loaded} pad_job={pad} pdl={pdl} vs op: o {d_o:.1e}, pool {d_s:.1e}")
-        row(f"decode_slot_grid BV={bv} warps={w} loaded={loaded} pad_job={pad} pdl={pdl} slots {order}",
-            graph_us(lambda: slot_grid_step(x, pool, s_o, out, bv, w, loaded, pad, pdl)))
+        checked_row(f"decode_slot_grid BV={bv} warps={w} loaded={loaded} pad_job={pad} pdl={pdl}",
+                    lambda p, s, o: slot_grid_step(x, p, s, o, bv, w, loaded, pad, pdl),
+                    parts[4] if len(parts) > 4 else "seven")
     for spec in filter(None, args.slot_tail.split(",")):
         parts = spec.split("/")
         bv, bvt, tail, w = map(int, parts[:4])
-        order = parts[4] if len(parts) > 4 else "seven"
-        s_o = order_slots(order, B, P, pool.device)
-        d_o, d_s = vs_op(lambda p: slot_tail_step(x, p, slots, o_tp, bv, bvt, tail, w), o_tp)
-        log(f"decode_slot_tail BV={bv} BV_T={bvt} tail={tail} warps={w} vs op: o {d_o:.1e}, pool {d_s:.1e}")
-        row(f"decode_slot_tail BV={bv} BV_T={bvt} tail={tail} warps={w} slots {order}",
-            graph_us(lambda: slot_tail_step(x, pool, s_o, out, bv, bvt, tail, w)))
+        checked_row(f"decode_slot_tail BV={bv} BV_T={bvt} tail={tail} warps={w}",
+                    lambda p, s, o: slot_tail_step(x, p, s, o, bv, bvt, tail, w),
+                    parts[4] if len(parts) > 4 else "seven")
     # the two-pass decode: agreement with the op first (p0, p_op, o_op: above)
     for i, spec in enumerate(filter(None, args.two_pass.split(","))):
         shape, w = spec.split("/")
