@@ -270,3 +270,30 @@ def test_pdl_only_on_a_gpu_that_has_it(monkeypatch):
     x, pool = _case(N=4, P=6)
     ln, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool, ssm_state_indices=torch.arange(4, dtype=torch.int32))
     assert ln.constexprs["PDL"] is False  # the interpreter's CPU tensors
+
+
+@pytest.mark.parametrize(("arch", "pdl"), ((90, True), (80, False)), ids=("sm90", "sm80"))
+def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
+    """`kdagen build`'s compile check of a recurrent candidate (kdagen.tuning.compile_pool._compile_one)
+    compiles the tuner's batch launch and the launch a serving engine runs: the pool's step over its
+    slots, with the programmatic dependent launch only on an architecture that has it."""
+    from kdagen.tuning import compile_pool as CP
+    seen = []
+
+    class _Report:
+        shared_bytes = 0
+
+    def record(fn, args, constexprs, target, num_warps, num_stages):
+        seen.append((dict(constexprs), target.arch))
+        return _Report()
+
+    monkeypatch.setattr(CP, "compile_for_target", record)
+    cfg = RecurrentConfig(block_v=32, num_warps=2, readout="loaded").to_dict()
+    why = CP._compile_one("recurrent", 32, 32, "bfloat16", (), (8, 1, 2, 2), cfg, None, arch, 232448, "gpu")
+    assert why is None
+    assert [(c["USE_INDICES"], c["SLOT_GRID"], c["PDL"]) for c, _ in seen] == [(False, False, False), (True, True, pdl)]
+    assert {a for _, a in seen} == {arch} and seen[1][0]["SCAN"] == 16
+    launch = CP.pool_launch_for(*CP._worker_plan("recurrent", 32, 32, "bfloat16", ())[2:],
+                                RecurrentConfig(block_v=32, programs_per_sm=2, num_warps=2),
+                                torch.bfloat16, (8, 1, 2, 2))
+    assert not launch.constexprs["SLOT_GRID"]  # persistent programs take their items in turn instead

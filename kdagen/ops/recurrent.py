@@ -62,14 +62,18 @@ def _on_device(cu_seqlens, dev):
 
 def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None, state_v_first=False,
-                      ab=None, reverse=False, qk_l2norm=False, beta_sigmoid=False, neg_eigval=False):
+                      ab=None, reverse=False, qk_l2norm=False, beta_sigmoid=False, neg_eigval=False,
+                      by_slot: bool | None = None, pdl: bool | None = None):
     """Describe the one launch of a validated recurrent call: ``(launch, (o, final state))``.
     General DPLR (``plan.structure == "dplr"``): ``ab`` = (a, b) replaces beta, and ``reverse``
     walks each sequence's tokens last to first (FLA's ``reverse``; only this structure takes it).
     ``qk_l2norm`` / ``beta_sigmoid`` (``neg_eigval``: twice the sigmoid): the in-kernel flags
     applied by the kernel to the raw q, k and beta it loads (the decode path; the autograd path
     passes them applied already).  A scalar decay's ``dt_bias`` may be [HV] (read per head) or
-    [HV, K] (per channel)."""
+    [HV, K] (per channel).  ``by_slot`` / ``pdl`` (None: decided here, by
+    :func:`kdagen.cache.heuristics.slot_grid` and the device): the slot grid (a pool's one-item
+    programs over its slots) and the programmatic dependent launch, forced on or off -- for compile
+    checks of the launch a GPU that is not here would run."""
     dplr = plan.structure == "dplr"
     if dplr != (ab is not None):
         raise ValueError("the general DPLR kernel takes a and b (ab=...), every other structure beta")
@@ -88,12 +92,16 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     bv = min(cfg.block_v, plan.BV)
     # a pool's programs over its slots (address order) rather than over the batch: heuristics.slot_grid
     P = args["P"]
-    by_slot = state_indices is not None and not cfg.programs_per_sm and slot_grid(N, HV, P)
+    if by_slot is None:
+        by_slot = slot_grid(N, HV, P)
+    by_slot = bool(by_slot) and state_indices is not None and not cfg.programs_per_sm
+    if pdl is None:
+        pdl = PDL and _pdl_capable(q.device)
     constexprs = dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
                       STORE_HT=ht is not None, USE_INDICES=state_indices is not None,
                       IS_VARLEN=cu_seqlens is not None, STATE_V_FIRST=bool(state_v_first),
                       SLOT_GRID=by_slot, SCAN=max(16, triton.next_power_of_2(N)) if by_slot else 1,
-                      PDL=PDL and _pdl_capable(q.device))
+                      PDL=bool(pdl))
     if dplr:
         constexprs["REVERSE"] = bool(reverse)
     constexprs["QK_L2NORM"] = bool(qk_l2norm)

@@ -97,6 +97,24 @@ def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, w
     return [M.recurrent_launch(spec, M.member_inputs(spec, x), config)]
 
 
+def pool_launch_for(plan: Plan, config, dtype: torch.dtype, shape: tuple[int, int, int, int] = COMPILE_SHAPE,
+                    state_dtype=torch.float32, pdl: bool = False):
+    """The launch KDA's decode step on a state pool runs with ``config`` (inputs of ``shape``, a pool
+    of B + 4 slots): its programs over the pool's slots (the slot grid, taken here at any size) and,
+    with ``pdl``, a programmatic dependent launch -- what a serving engine runs, beside the tuner's
+    batch launch (:func:`launches_for`)."""
+    x = _dummy_inputs(plan, dtype, shape, state_dtype)
+    B, _, _, HV = shape
+    pool = torch.zeros(B + 4, HV, plan.K, plan.V, dtype=state_dtype)
+    slots = torch.arange(B, dtype=torch.int32)
+    dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None, initial_state=pool,
+                           cu_seqlens=None, state_indices=slots)
+    launch, _ = prepare_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.1, initial_state=pool,
+                                  output_final_state=False, cu_seqlens=None, state_indices=slots, dims=dims,
+                                  plan=plan, built=build(plan, config), by_slot=True, pdl=pdl)
+    return launch
+
+
 @functools.lru_cache(maxsize=64)
 def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple):
     """(op arguments, dtype, plan) rebuilt in a worker process from plain arguments (once per
@@ -123,8 +141,12 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
         # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's), as the
         # tuner times them (families.timed_launches: with dqkw for a fold's intra stage)
         timed = timed_launches(launches, which, plan)
+        checked = list(launches if which is None else timed)
+        if family == "recurrent" and uses_kda_ops(args):  # and the decode step on a pool, as an engine runs it
+            checked.append(pool_launch_for(plan, cfg, dtype, tuple(shape), as_dtype(state_dtype).torch,
+                                           pdl=arch >= 90))
         # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
-        for ln in with_repairs(launches if which is None else timed):
+        for ln in with_repairs(checked):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
                                      ln.num_warps, ln.num_stages)
             if rep.shared_bytes > smem_limit:
