@@ -61,7 +61,7 @@ def report(launch) -> dict:
     spill = max((int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=None)
     return dict(regs=regs, spill_bytes=spill,
                 smem=out.metadata.shared, wgmma=ptx.count("wgmma.mma_async"), mma_sync=ptx.count("mma.sync"),
-                cp_async=ptx.count("cp.async"))
+                cp_async=ptx.count("cp.async"), griddepcontrol=ptx.count("griddepcontrol."))
 
 
 MIX = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "LDL", "STL", "MUFU", "HMMA")

@@ -157,7 +157,7 @@ def test_shared_slots_give_nan_not_stale_output(slot_grid_on):
         kdagen.fused_recurrent_kda(**x, initial_state=pool.clone(), ssm_state_indices=slots, check_inputs=True)
 
 
-def test_when_the_slot_grid_is_taken():
+def test_when_the_slot_grid_is_taken(monkeypatch):
     """Many pairs, a pool of at most twice the sequences, sequences the scan covers; never for
     persistent programs or without a pool."""
     assert heuristics.slot_grid(256, 32, 260)
@@ -168,33 +168,27 @@ def test_when_the_slot_grid_is_taken():
     x, pool = _case(N=4, P=6)
     slots = torch.tensor([1, 0, 3, 2], dtype=torch.int32)
     big = dict(initial_state=pool.clone(), ssm_state_indices=slots)
-    heur = heuristics.SLOT_GRID_MIN_PAIRS
-    try:
-        heuristics.SLOT_GRID_MIN_PAIRS = 1
-        grid, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16))
-        pers, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16, programs_per_sm=2,
-                                                                                   num_warps=2))
-        none, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool[:4].clone(), config=RecurrentConfig(block_v=16))
-    finally:
-        heuristics.SLOT_GRID_MIN_PAIRS = heur
+    monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1)
+    grid, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16))
+    pers, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16, programs_per_sm=2,
+                                                                               num_warps=2))
+    none, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool[:4].clone(), config=RecurrentConfig(block_v=16))
     assert grid.constexprs["SLOT_GRID"] and grid.constexprs["SCAN"] == 16
     assert not pers.constexprs["SLOT_GRID"] and not none.constexprs["SLOT_GRID"]
     assert none.grid[1] == 4 * 2
 
 
 _COMPILE = r"""
-import json, os, re, subprocess, tempfile
-import torch, triton
-from triton.backends.compiler import GPUTarget
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+import dataclasses, json, sys
+import torch
+sys.path.insert(0, "bench")
+from static_report import report  # compiled for sm_90, then ptxas's own report (the Triton wheel's ptxas)
 from kdagen.cache.lookup import resolve
 from kdagen.codegen.lower import lower
 from kdagen.config import RecurrentConfig
-from kdagen.kernels import build, jit_source
+from kdagen.kernels import build
 from kdagen.ops.inputs import check_inputs, select_spec
 from kdagen.ops.recurrent import prepare_recurrent
-from kdagen.cache import heuristics
-heuristics.SLOT_GRID_MIN_PAIRS = 1  # the slot grid's kernel at the two smaller shapes too
 out = {}
 for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
         "serving": (256, 128, 64, 2, "loaded", torch.float32, True),
@@ -212,20 +206,14 @@ for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
     built = build(plan, resolve("recurrent", plan, RecurrentConfig(block_v=bv, num_warps=warps, readout=readout),
                                 {"T": dims.T, "B": dims.B, "N": dims.N}))
+    # the serving shape takes the slot grid by the heuristic; the two smaller ones are forced to it
     launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
-                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built)
+                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built,
+                                  by_slot=None if name == "serving" else True)
     assert launch.constexprs["PDL"] is False  # CPU tensors: no griddepcontrol
-    constexprs = {**launch.constexprs, "PDL": name == "serving"}  # as on an H200
-    src, options = jit_source(launch.fn, launch.args, constexprs, GPUTarget("cuda", 90, 32), launch.num_warps,
-                              launch.num_stages)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    with tempfile.TemporaryDirectory() as d:  # ptxas's own report (the Triton wheel's ptxas)
-        open(os.path.join(d, "k.ptx"), "w").write(ptx)
-        r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"), "-o",
-                            os.path.join(d, "k.cubin")], capture_output=True, text=True, check=True)
+    r = report(dataclasses.replace(launch, constexprs={**launch.constexprs, "PDL": name == "serving"}))  # as on an H200
     out[name] = dict(slot_grid=launch.constexprs["SLOT_GRID"], scan=launch.constexprs["SCAN"], rows=launch.grid[1],
-                     griddepcontrol=ptx.count("griddepcontrol."), regs=int(re.search(r"Used (\d+) registers", r.stderr).group(1)),
-                     spills=sum(int(m) for m in re.findall(r"(\d+) bytes spill (?:stores|loads)", r.stderr)))
+                     griddepcontrol=r["griddepcontrol"], regs=r["regs"], spills=r["spill_bytes"])
 print("@@" + json.dumps(out))
 """
 
@@ -233,8 +221,8 @@ print("@@" + json.dumps(out))
 def test_slot_grid_compiles_for_sm90_without_spills():
     """Compile-only, for the H200's sm_90 (no GPU, no interpreter: a subprocess): the serving shape's
     kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps, with PDL as on the H200) takes the slot
-    grid, and neither it nor a
-    half-width pool's or K=64's slot-grid kernel (forced at their fewer pairs) spills registers."""
+    grid, and neither it nor a half-width pool's or K=64's slot-grid kernel (forced at their fewer
+    pairs) spills registers."""
     import json
     import os
     import subprocess

@@ -68,13 +68,19 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
         fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
                                              with_rerun=with_forward, **op_args(spec_args))
         return list(fwd) + list(bwd) if with_forward else bwd
-    built = build(plan, config)
-    dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,
-                           initial_state=x["initial_state"], cu_seqlens=None)
-    launch, _ = prepare_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.1,
-                                  initial_state=x["initial_state"], output_final_state=True,
-                                  cu_seqlens=None, state_indices=None, dims=dims, plan=plan, built=built)
-    return [launch]
+    return [_recurrent_launch(plan, config, x, x["initial_state"], None)]
+
+
+def _recurrent_launch(plan: Plan, config, x: dict, initial_state, state_indices, **force):
+    """KDA's recurrent launch on the CPU inputs ``x`` (a state pool when ``state_indices`` are
+    given); ``force``: prepare_recurrent's by_slot / pdl."""
+    dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None, initial_state=initial_state,
+                           cu_seqlens=None, state_indices=state_indices)
+    launch, _ = prepare_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.1, initial_state=initial_state,
+                                  output_final_state=state_indices is None, cu_seqlens=None,
+                                  state_indices=state_indices, dims=dims, plan=plan, built=build(plan, config),
+                                  **force)
+    return launch
 
 
 def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, with_forward: bool):
@@ -103,16 +109,10 @@ def pool_launch_for(plan: Plan, config, dtype: torch.dtype, shape: tuple[int, in
     of B + 4 slots): its programs over the pool's slots (the slot grid, taken here at any size) and,
     with ``pdl``, a programmatic dependent launch -- what a serving engine runs, beside the tuner's
     batch launch (:func:`launches_for`)."""
-    x = _dummy_inputs(plan, dtype, shape, state_dtype)
     B, _, _, HV = shape
     pool = torch.zeros(B + 4, HV, plan.K, plan.V, dtype=state_dtype)
-    slots = torch.arange(B, dtype=torch.int32)
-    dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None, initial_state=pool,
-                           cu_seqlens=None, state_indices=slots)
-    launch, _ = prepare_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.1, initial_state=pool,
-                                  output_final_state=False, cu_seqlens=None, state_indices=slots, dims=dims,
-                                  plan=plan, built=build(plan, config), by_slot=True, pdl=pdl)
-    return launch
+    return _recurrent_launch(plan, config, _dummy_inputs(plan, dtype, shape, state_dtype), pool,
+                             torch.arange(B, dtype=torch.int32), by_slot=True, pdl=pdl)
 
 
 @functools.lru_cache(maxsize=64)
