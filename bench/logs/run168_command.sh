@@ -1,14 +1,23 @@
-# run 168 (session 30): the final code at 5d65241 on the GPU: the serving proofs; the slot grid with and without PDL
-#   beside the batch grid at B = 256 and 512 (each row checked against float64); the probe after its refactor (one
-#   helper for the step of one item) -- its slot-grid rows should read as in runs 162-164 (265-267 us).
-#   (carry [".whl", ".tcache"], timeout_s 400)
+# run 168 (planned in session 30, not lent then or in session 31): the final code on the GPU, and session 31's change
+#   A-B-A-B on one machine.  A = .ab/base (006f207, session 30's final; `bash bench/ab_snapshot.sh 006f207 base`),
+#   B = main (the slot grid's scan loads every sequence's token range beside the slot indices, so a program's state
+#   load waits for one round trip to L2 instead of two).  (carry [".whl", ".tcache", ".ab"], timeout_s 590)
+#   Predicted: B=256 packed fp32 267.7 -> ~267.0 us (the batch form's figure: its programs have no offsets' load);
+#   the batch form unchanged (the same SASS: 199 registers, 2,288 instructions); B=1 and B=16 unchanged (no slot
+#   grid below 4,096 pairs).  Then the serving proofs and the slot grid against the batch grid on B.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:. KDAGEN_CACHE_DIR=/tmp/kdc TRITON_CACHE_DIR=/tmp/tc PYTHONUNBUFFERED=1
-mkdir -p /tmp/tc $OUT/g; [ -f .tcache/autotune.tgz ] && tar xzf .tcache/autotune.tgz -C /tmp/tc
-timeout -k 5 -s INT 150 python3 -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py -rA > $OUT/run168_serving_gpu.log 2>&1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc
+mkdir -p /tmp/tc $OUT/a1 $OUT/b1 $OUT/a2 $OUT/b2 $OUT/g; [ -f .tcache/autotune.tgz ] && tar xzf .tcache/autotune.tgz -C /tmp/tc
+summ() { grep '"kind": "decode' $1 | python3 -c "
+import sys, json
+for l in sys.stdin:
+    r = json.loads(l); print(r['B'], r['op'], r['form'], r['pool'], r.get('l2norm', ''), r.get('slots', ''), '%.2f' % r.get('graph_us', -1), '%.1f' % r.get('eager_us', -1), r.get('error', ''))"; }
+for s in a1 b1 a2 b2; do
+  case $s in a*) root=.ab/base;; b*) root=.;; esac
+  env PYTHONPATH=$root KDAGEN_CACHE_DIR=/tmp/kdc_${s:0:1} timeout -k 5 -s INT 75 python3 $root/bench/serving.py --out $OUT/$s --suite timing > $OUT/run168_$s.log 2>&1
+done
+for s in a1 b1 a2 b2; do echo "== $s"; summ $OUT/run168_$s.log; grep "copy ceiling" $OUT/run168_$s.log; done
+env PYTHONPATH=/tmp/site:. KDAGEN_CACHE_DIR=/tmp/kdc_b timeout -k 5 -s INT 150 python3 -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py -rA > $OUT/run168_serving_gpu.log 2>&1
 tail -11 $OUT/run168_serving_gpu.log
-timeout -k 5 -s INT 100 python3 bench/slot_grid_gpu.py --out $OUT/g --batches 256,512 --pdl-ab > $OUT/run168_slot_grid.log 2>&1
+env PYTHONPATH=. KDAGEN_CACHE_DIR=/tmp/kdc_b timeout -k 5 -s INT 100 python3 bench/slot_grid_gpu.py --out $OUT/g --batches 256,512 --pdl-ab > $OUT/run168_slot_grid.log 2>&1
 grep "^[0-9]* |\|checks" $OUT/run168_slot_grid.log
-timeout -k 5 -s INT 80 python3 bench/decode_structure_probe.py --out $OUT --flat "" --blocks "" --chunks "" --two-pass "" \
-  --hold "" --op-caps "" --one-pass "64/2/1" --slot-grid "64/2/1/1,64/4/1/0/seven/1" --slot-tail "64/32/16/4" > $OUT/run168_probe.log 2>&1
-grep -v "vs op" $OUT/run168_probe.log | tail -7; grep "vs op" $OUT/run168_probe.log
