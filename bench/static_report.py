@@ -12,6 +12,8 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
                                                         # (the --dplr rows: unbounded, g >= -5 trusted, checked)
     python bench/static_report.py --mix                 # KDA's training step, the SASS instruction mix per warp
     python bench/static_report.py --mix --layer '{"diag_precision": "tf32"}'   # the layer's call; backward fields
+    python bench/static_report.py --decode              # the serving decode step (B=256, slot grid, PDL), batch
+                                                        # and packed forms: registers and SASS opcode counts
 
 --mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
 intra, state, output; backward: re-run, reverse pass, dqkw, wy, pass 2): these launches run straight-line
@@ -172,7 +174,46 @@ def gate_rows():
     return rows
 
 
+def decode_launch(form: str):
+    """The serving decode step's launch (issue 13's shape: B=256, H=32, K=V=128, bf16 inputs, an fp32 pool of
+    B+4 slots in the benchmarks' scrambled order, BV=64 on 2 warps, loaded readout) as the H200 runs it:
+    the slot grid by the heuristic, PDL on.  ``form``: "batch" ([B, 1, H, K]) or "packed" (cu_seqlens)."""
+    import dataclasses
+
+    from kdagen.cache.lookup import resolve
+    from kdagen.codegen.lower import lower
+    from kdagen.config import RecurrentConfig
+    from kdagen.kernels import build
+    from kdagen.ops.inputs import check_inputs
+    from kdagen.ops.recurrent import prepare_recurrent
+
+    N, HV, K = 256, 32, 128
+    P = N + 4
+    shape = (1, N) if form == "packed" else (N, 1)
+    q, k, v = (torch.zeros(*shape, HV, K, dtype=torch.bfloat16) for _ in range(3))
+    g, beta = torch.zeros(*shape, HV, K), torch.zeros(*shape, HV, dtype=torch.bfloat16)
+    cu = torch.arange(N + 1) if form == "packed" else None
+    slots = ((torch.arange(N) * 7) % P).to(torch.int32)
+    h0 = torch.zeros(P, HV, K, K)
+    dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu, state_indices=slots)
+    plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
+    built = build(plan, resolve("recurrent", plan, RecurrentConfig(block_v=64, num_warps=2, readout="loaded"),
+                                {"T": dims.T, "B": dims.B, "N": dims.N}))
+    launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
+                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built)
+    return dataclasses.replace(launch, constexprs={**launch.constexprs, "PDL": True})
+
+
 def main(argv):
+    if argv[:1] == ["--decode"]:
+        cols = ("BAR", "SHFL", "REDUX", "LDS", "STS", "LDG", "STG")
+        print(f"{'form':<7} {'slot grid':>9} {'regs':>4} {'spill':>5} {'total':>6} " + " ".join(f"{c:>5}" for c in cols))
+        for form in ("batch", "packed"):
+            ln = decode_launch(form)
+            r = sass_mix(ln)
+            print(f"{form:<7} {str(ln.constexprs['SLOT_GRID']):>9} {r['regs']:>4} {r['spill_bytes'] or 0:>5} "
+                  f"{r['total']:>6} " + " ".join(f"{r.get(c, 0):>5}" for c in cols))
+        return
     if argv[:1] == ["--mix"]:
         import json
 
