@@ -179,10 +179,10 @@ def test_when_the_slot_grid_is_taken(monkeypatch):
 
 
 _COMPILE = r"""
-import dataclasses, json, sys
+import json, sys
 import torch
 sys.path.insert(0, "bench")
-from static_report import report  # compiled for sm_90, then ptxas's own report (the Triton wheel's ptxas)
+from static_report import decode_launch, report  # compiled for sm_90, then ptxas's own report (Triton's wheel)
 from kdagen.cache.lookup import resolve
 from kdagen.codegen.lower import lower
 from kdagen.config import RecurrentConfig
@@ -190,8 +190,12 @@ from kdagen.kernels import build
 from kdagen.ops.inputs import check_inputs, select_spec
 from kdagen.ops.recurrent import prepare_recurrent
 out = {}
+# the serving shape's packed step as the H200 runs it (the slot grid by the heuristic, PDL on)
+serving = decode_launch("packed")
+r = report(serving)
+out["serving"] = dict(slot_grid=serving.constexprs["SLOT_GRID"], scan=serving.constexprs["SCAN"],
+                      rows=serving.grid[1], griddepcontrol=r["griddepcontrol"], regs=r["regs"], spills=r["spill_bytes"])
 for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
-        "serving": (256, 128, 64, 2, "loaded", torch.float32, True),
         "updated-bf16-pool": (64, 128, 32, 1, "updated", torch.bfloat16, False),
         "k64": (32, 64, 64, 2, "loaded", torch.float32, True)}.items():
     HV, P = 32, N + 4
@@ -206,12 +210,11 @@ for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
     built = build(plan, resolve("recurrent", plan, RecurrentConfig(block_v=bv, num_warps=warps, readout=readout),
                                 {"T": dims.T, "B": dims.B, "N": dims.N}))
-    # the serving shape takes the slot grid by the heuristic; the two smaller ones are forced to it
+    # forced to the slot grid at their fewer pairs
     launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
-                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built,
-                                  by_slot=None if name == "serving" else True)
+                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built, by_slot=True)
     assert launch.constexprs["PDL"] is False  # CPU tensors: no griddepcontrol
-    r = report(dataclasses.replace(launch, constexprs={**launch.constexprs, "PDL": name == "serving"}))  # as on an H200
+    r = report(launch)
     out[name] = dict(slot_grid=launch.constexprs["SLOT_GRID"], scan=launch.constexprs["SCAN"], rows=launch.grid[1],
                      griddepcontrol=r["griddepcontrol"], regs=r["regs"], spills=r["spill_bytes"])
 print("@@" + json.dumps(out))
