@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TOL, assert_close
+from random_draws import integer as _int, pick as _pick, uniform as _u
 
 import kdagen
 from kdagen.cache import heuristics
@@ -43,19 +44,6 @@ from kdagen.spec.reference import naive_recurrent_kda
 F32, F16, F64 = torch.float32, torch.float16, torch.float64
 SEEDS = range(64)  # x 3 paths = 192 cases, ~25-30 s in the interpreter on 2 CPUs
 PATHS = ("slot", "batch", "persistent")
-
-
-def _pick(gen, choices):
-    return choices[int(torch.randint(len(choices), (1,), generator=gen))]
-
-
-def _int(gen, lo, hi):
-    """A uniform integer in [lo, hi]."""
-    return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-
-
-def _u(gen):
-    return float(torch.rand((), generator=gen))
 
 
 def draw(seed: int) -> dict:
