@@ -178,30 +178,15 @@ def decode_launch(form: str):
     """The serving decode step's launch (issue 13's shape: B=256, H=32, K=V=128, bf16 inputs, an fp32 pool of
     B+4 slots in the benchmarks' scrambled order, BV=64 on 2 warps, loaded readout) as the H200 runs it:
     the slot grid by the heuristic, PDL on.  ``form``: "batch" ([B, 1, H, K]) or "packed" (cu_seqlens)."""
-    import dataclasses
-
-    from kdagen.cache.lookup import resolve
     from kdagen.codegen.lower import lower
     from kdagen.config import RecurrentConfig
-    from kdagen.kernels import build
-    from kdagen.ops.inputs import check_inputs
-    from kdagen.ops.recurrent import prepare_recurrent
+    from kdagen.tuning.compile_pool import pool_launch_for
 
     N, HV, K = 256, 32, 128
-    P = N + 4
-    shape = (1, N) if form == "packed" else (N, 1)
-    q, k, v = (torch.zeros(*shape, HV, K, dtype=torch.bfloat16) for _ in range(3))
-    g, beta = torch.zeros(*shape, HV, K), torch.zeros(*shape, HV, dtype=torch.bfloat16)
-    cu = torch.arange(N + 1) if form == "packed" else None
-    slots = ((torch.arange(N) * 7) % P).to(torch.int32)
-    h0 = torch.zeros(P, HV, K, K)
-    dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu, state_indices=slots)
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
-    built = build(plan, resolve("recurrent", plan, RecurrentConfig(block_v=64, num_warps=2, readout="loaded"),
-                                {"T": dims.T, "B": dims.B, "N": dims.N}))
-    launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
-                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built)
-    return dataclasses.replace(launch, constexprs={**launch.constexprs, "PDL": True})
+    return pool_launch_for(plan, RecurrentConfig(block_v=64, num_warps=2, readout="loaded"), torch.bfloat16,
+                           (N, 1, HV, HV), pdl=True, slots=((torch.arange(N) * 7) % (N + 4)).to(torch.int32),
+                           packed=form == "packed", by_slot=None)
 
 
 def main(argv):

@@ -183,37 +183,21 @@ import json, sys
 import torch
 sys.path.insert(0, "bench")
 from static_report import decode_launch, report  # compiled for sm_90, then ptxas's own report (Triton's wheel)
-from kdagen.cache.lookup import resolve
 from kdagen.codegen.lower import lower
 from kdagen.config import RecurrentConfig
-from kdagen.kernels import build
-from kdagen.ops.inputs import check_inputs, select_spec
-from kdagen.ops.recurrent import prepare_recurrent
+from kdagen.ops.inputs import select_spec
+from kdagen.tuning.compile_pool import pool_launch_for
 out = {}
-# the serving shape's packed step as the H200 runs it (the slot grid by the heuristic, PDL on)
-serving = decode_launch("packed")
-r = report(serving)
-out["serving"] = dict(slot_grid=serving.constexprs["SLOT_GRID"], scan=serving.constexprs["SCAN"],
-                      rows=serving.grid[1], griddepcontrol=r["griddepcontrol"], regs=r["regs"], spills=r["spill_bytes"])
-for name, (N, K, bv, warps, readout, pool_dtype, varlen) in {
+launches = {"serving": decode_launch("packed")}  # the serving shape's packed step as the H200 runs it (PDL on)
+for name, (N, K, bv, warps, readout, pool_dtype, packed) in {
         "updated-bf16-pool": (64, 128, 32, 1, "updated", torch.bfloat16, False),
         "k64": (32, 64, 64, 2, "loaded", torch.float32, True)}.items():
-    HV, P = 32, N + 4
-    shape = (1, N) if varlen else (N, 1)
-    q, k = torch.randn(*shape, HV, K, dtype=torch.bfloat16), torch.randn(*shape, HV, K, dtype=torch.bfloat16)
-    v, g, beta = (torch.randn(*shape, HV, K, dtype=torch.bfloat16), -torch.rand(*shape, HV, K),
-                  torch.rand(*shape, HV, dtype=torch.bfloat16))
-    cu = torch.arange(N + 1) if varlen else None
-    slots = ((torch.arange(N) * 7) % P).to(torch.int32)
-    h0 = torch.zeros(P, HV, K, K, dtype=pool_dtype)
-    dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu, state_indices=slots)
+    # forced to the slot grid at their fewer pairs, PDL off (as on a GPU before sm_90)
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
-    built = build(plan, resolve("recurrent", plan, RecurrentConfig(block_v=bv, num_warps=warps, readout=readout),
-                                {"T": dims.T, "B": dims.B, "N": dims.N}))
-    # forced to the slot grid at their fewer pairs
-    launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0, output_final_state=True,
-                                  cu_seqlens=cu, state_indices=slots, dims=dims, plan=plan, built=built, by_slot=True)
-    assert launch.constexprs["PDL"] is False  # CPU tensors: no griddepcontrol
+    launches[name] = pool_launch_for(plan, RecurrentConfig(block_v=bv, num_warps=warps, readout=readout),
+                                     torch.bfloat16, (N, 1, 32, 32), pool_dtype,
+                                     slots=((torch.arange(N) * 7) % (N + 4)).to(torch.int32), packed=packed)
+for name, launch in launches.items():
     r = report(launch)
     out[name] = dict(slot_grid=launch.constexprs["SLOT_GRID"], scan=launch.constexprs["SCAN"], rows=launch.grid[1],
                      griddepcontrol=r["griddepcontrol"], regs=r["regs"], spills=r["spill_bytes"])
