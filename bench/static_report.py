@@ -14,6 +14,8 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
     python bench/static_report.py --mix --layer '{"diag_precision": "tf32"}'   # the layer's call; backward fields
     python bench/static_report.py --decode              # the serving decode step (B=256, slot grid, PDL), batch
                                                         # and packed forms: registers and SASS opcode counts
+    python bench/static_report.py --decode --v-first 8/4 16/4   # the same on a [V, K] pool (state_v_first),
+                                                        # at each BV/warps given (default: 64/2, today's)
 
 --mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
 intra, state, output; backward: re-run, reverse pass, dqkw, wy, pass 2): these launches run straight-line
@@ -174,30 +176,37 @@ def gate_rows():
     return rows
 
 
-def decode_launch(form: str):
+def decode_launch(form: str, block_v: int = 64, num_warps: int = 2, state_v_first: bool = False):
     """The serving decode step's launch (issue 13's shape: B=256, H=32, K=V=128, bf16 inputs, an fp32 pool of
-    B+4 slots in the benchmarks' scrambled order, BV=64 on 2 warps, loaded readout) as the H200 runs it:
-    the slot grid by the heuristic, PDL on.  ``form``: "batch" ([B, 1, H, K]) or "packed" (cu_seqlens)."""
+    B+4 slots in the benchmarks' scrambled order, BV=64 on 2 warps unless given, loaded readout) as the H200
+    runs it: the slot grid by the heuristic, PDL on.  ``form``: "batch" ([B, 1, H, K]) or "packed"
+    (cu_seqlens); ``state_v_first``: the pool laid out [P, HV, V, K]."""
     from kdagen.codegen.lower import lower
     from kdagen.config import RecurrentConfig
     from kdagen.tuning.compile_pool import pool_launch_for
 
     N, HV, K = 256, 32, 128
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
-    return pool_launch_for(plan, RecurrentConfig(block_v=64, num_warps=2, readout="loaded"), torch.bfloat16,
-                           (N, 1, HV, HV), pdl=True, slots=((torch.arange(N) * 7) % (N + 4)).to(torch.int32),
-                           packed=form == "packed", by_slot=None)
+    return pool_launch_for(plan, RecurrentConfig(block_v=block_v, num_warps=num_warps, readout="loaded"),
+                           torch.bfloat16, (N, 1, HV, HV), pdl=True,
+                           slots=((torch.arange(N) * 7) % (N + 4)).to(torch.int32), packed=form == "packed",
+                           by_slot=None, state_v_first=state_v_first)
 
 
 def main(argv):
     if argv[:1] == ["--decode"]:
         cols = ("BAR", "SHFL", "REDUX", "LDS", "STS", "LDG", "STG")
-        print(f"{'form':<7} {'slot grid':>9} {'regs':>4} {'spill':>5} {'total':>6} " + " ".join(f"{c:>5}" for c in cols))
-        for form in ("batch", "packed"):
-            ln = decode_launch(form)
-            r = sass_mix(ln)
-            print(f"{form:<7} {str(ln.constexprs['SLOT_GRID']):>9} {r['regs']:>4} {r['spill_bytes'] or 0:>5} "
-                  f"{r['total']:>6} " + " ".join(f"{r.get(c, 0):>5}" for c in cols))
+        v_first = argv[1:2] == ["--v-first"]
+        tiles = [tuple(map(int, a.split("/"))) for a in argv[2 if v_first else 1:]] or [(64, 2)]
+        print(f"{'pool':<6} {'BV/warps':>8} {'form':<7} {'slot grid':>9} {'regs':>4} {'spill':>5} {'total':>6} "
+              + " ".join(f"{c:>5}" for c in cols))
+        for bv, w in tiles:
+            for form in ("batch", "packed"):
+                ln = decode_launch(form, bv, w, v_first)
+                r = sass_mix(ln)
+                print(f"{'[V,K]' if v_first else '[K,V]':<6} {f'{bv}/{w}':>8} {form:<7} "
+                      f"{str(ln.constexprs['SLOT_GRID']):>9} {r['regs']:>4} {r['spill_bytes'] or 0:>5} "
+                      f"{r['total']:>6} " + " ".join(f"{r.get(c, 0):>5}" for c in cols))
         return
     if argv[:1] == ["--mix"]:
         import json

@@ -71,15 +71,17 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
     return [_recurrent_launch(plan, config, x, x["initial_state"], None)]
 
 
-def _recurrent_launch(plan: Plan, config, x: dict, initial_state, state_indices, cu_seqlens=None, **force):
+def _recurrent_launch(plan: Plan, config, x: dict, initial_state, state_indices, cu_seqlens=None,
+                      state_v_first: bool = False, **force):
     """KDA's recurrent launch on the CPU inputs ``x`` (a state pool when ``state_indices`` are
-    given; packed sequences with ``cu_seqlens``); ``force``: prepare_recurrent's by_slot / pdl."""
+    given, laid out [.., V, K] with ``state_v_first``; packed sequences with ``cu_seqlens``);
+    ``force``: prepare_recurrent's by_slot / pdl."""
     dims, _ = check_inputs(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None, initial_state=initial_state,
-                           cu_seqlens=cu_seqlens, state_indices=state_indices)
+                           cu_seqlens=cu_seqlens, state_indices=state_indices, state_v_first=state_v_first)
     launch, _ = prepare_recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.1, initial_state=initial_state,
                                   output_final_state=state_indices is None, cu_seqlens=cu_seqlens,
                                   state_indices=state_indices, dims=dims, plan=plan, built=build(plan, config),
-                                  **force)
+                                  state_v_first=state_v_first, **force)
     return launch
 
 
@@ -105,18 +107,20 @@ def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, w
 
 def pool_launch_for(plan: Plan, config, dtype: torch.dtype, shape: tuple[int, int, int, int] = COMPILE_SHAPE,
                     state_dtype=torch.float32, pdl: bool = False, *, slots: torch.Tensor | None = None,
-                    packed: bool = False, by_slot: bool | None = True):
+                    packed: bool = False, by_slot: bool | None = True, state_v_first: bool = False):
     """The launch KDA's decode step on a state pool runs with ``config`` (inputs of ``shape``, a pool
     of B + 4 slots): its programs over the pool's slots (the slot grid, taken here at any size unless
     ``by_slot`` is None -- the heuristic's choice -- or False) and, with ``pdl``, a programmatic
     dependent launch -- what a serving engine runs, beside the tuner's batch launch
     (:func:`launches_for`).  ``slots``: sequence n's slot (default n); ``packed``: the B sequences
-    of T tokens packed into one row with cu_seqlens, as engines call it."""
+    of T tokens packed into one row with cu_seqlens, as engines call it; ``state_v_first``: the pool
+    laid out [B + 4, HV, V, K]."""
     B, T, H, HV = shape
-    pool = torch.zeros(B + 4, HV, plan.K, plan.V, dtype=state_dtype)
+    pool = torch.zeros((B + 4, HV) + ((plan.V, plan.K) if state_v_first else (plan.K, plan.V)), dtype=state_dtype)
     x = _dummy_inputs(plan, dtype, (1, B * T, H, HV) if packed else shape, state_dtype)
     return _recurrent_launch(plan, config, x, pool, torch.arange(B, dtype=torch.int32) if slots is None else slots,
-                             cu_seqlens=torch.arange(B + 1) * T if packed else None, by_slot=by_slot, pdl=pdl)
+                             cu_seqlens=torch.arange(B + 1) * T if packed else None, by_slot=by_slot, pdl=pdl,
+                             state_v_first=state_v_first)
 
 
 @functools.lru_cache(maxsize=64)
