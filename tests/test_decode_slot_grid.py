@@ -188,7 +188,8 @@ from kdagen.config import RecurrentConfig
 from kdagen.ops.inputs import select_spec
 from kdagen.tuning.compile_pool import pool_launch_for
 out = {}
-launches = {"serving": decode_launch("packed")}  # the serving shape's packed step as the H200 runs it (PDL on)
+launches = {"serving": decode_launch("packed"),  # the serving shape's packed step as the H200 runs it (PDL on)
+            "serving-vk-8/4": decode_launch("packed", 8, 4, state_v_first=True)}  # on a [V, K] pool, 4 KB tiles
 for name, (N, K, bv, warps, readout, pool_dtype, packed) in {
         "updated-bf16-pool": (64, 128, 32, 1, "updated", torch.bfloat16, False),
         "k64": (32, 64, 64, 2, "loaded", torch.float32, True)}.items():
@@ -208,7 +209,8 @@ print("@@" + json.dumps(out))
 def test_slot_grid_compiles_for_sm90_without_spills():
     """Compile-only, for the H200's sm_90 (no GPU, no interpreter: a subprocess): the serving shape's
     kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps, with PDL as on the H200) takes the slot
-    grid, and neither it nor a half-width pool's or K=64's slot-grid kernel (forced at their fewer
+    grid, and neither it, nor the same step on a [V, K] pool with 8-wide tiles on 4 warps (each a
+    contiguous 4 KB block), nor a half-width pool's or K=64's slot-grid kernel (forced at their fewer
     pairs) spills registers."""
     import json
     import os
@@ -221,6 +223,9 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     assert proc.returncode == 0 and "@@" in proc.stdout, proc.stderr[-3000:]
     res = json.loads(proc.stdout.rsplit("@@", 1)[1])
     assert res["serving"]["slot_grid"] and res["serving"]["scan"] == 256 and res["serving"]["rows"] == 261 * 32
+    assert res["serving-vk-8/4"]["slot_grid"] and res["serving-vk-8/4"]["rows"] == 261 * 32
+    # (64 registers at 32 B of state a thread: the narrow tile is there for many programs per SM)
+    assert res["serving-vk-8/4"]["griddepcontrol"] == 2 and res["serving-vk-8/4"]["regs"] <= 96
     assert res["updated-bf16-pool"]["slot_grid"] and res["k64"]["slot_grid"]
     # the programmatic dependent launch's wait and trigger, only where PDL is on
     assert res["serving"]["griddepcontrol"] == 2 and res["k64"]["griddepcontrol"] == 0
