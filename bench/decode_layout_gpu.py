@@ -19,7 +19,8 @@ bytes as issue 13 counts them): B sequences over P = B + 3..4 slots, sequence n 
 
 * ``kdagen`` [K, V] and [V, K]: the heuristic's config ("default") and each BV/warps of --kv / --vk (the
   loaded readout, one stage), the grid the heuristic takes (the slot grid at >= 4,096 pairs) and, for
-  --batch-grid's configs, the batch grid forced;
+  --batch-grid's configs, the batch grid forced; a config BV/warps/programs-per-SM/stages is persistent
+  programs (no slot grid: their items follow the batch), stage 2 being Triton's pipelined item loop;
 * ``FLA`` 0.6.0's fused_recurrent_kda_fwd (BV = 32 on 4 warps, its own choice) in both layouts;
 * ``traffic`` (--traffic; fp32, B >= 64): decode_ceiling.tile_rw, the tiles only loaded, scaled and stored, in batch
   order ("seven") and with the slots in address order ("identity") -- what each tile can reach;
@@ -52,8 +53,16 @@ TOL = 5e-3
 
 
 def pairs(spec: str):
-    """"64/2,8/4" -> [(64, 2), (8, 4)] (BV / warps); "" -> []."""
+    """"64/2,8/4" -> [(64, 2), (8, 4)] (BV / warps); "" -> [].  A third and fourth field, "8/4/16/2":
+    persistent programs (RecurrentConfig.programs_per_sm) and their stages (2: Triton's pipelined item loop,
+    the next items' tiles loaded asynchronously into shared memory)."""
     return [tuple(map(int, p.split("/"))) for p in spec.split(",") if p]
+
+
+def config_of(c) -> RecurrentConfig:
+    """The RecurrentConfig of a pairs() entry (the loaded readout)."""
+    return RecurrentConfig(block_v=c[0], num_warps=c[1], num_stages=c[3] if len(c) > 3 else 1,
+                           programs_per_sm=c[2] if len(c) > 2 else 0, readout="loaded")
 
 
 def case(B, H, pool_dtype, seed=0, K=128, V=128):
@@ -118,8 +127,8 @@ def main():
     ap.add_argument("--batches", default="256")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv", default="64/2", help="BV/warps on the [K, V] pool, beside its default")
-    ap.add_argument("--vk", default="64/2,32/2,32/4,16/2,16/4,8/2,8/4,8/8,4/4",
-                    help="BV/warps on the [V, K] pool, beside its default")
+    ap.add_argument("--vk", default="64/2,32/2,32/4,16/2,16/4,8/2,8/4,8/8,4/4,8/4/4/2,8/4/6/2,8/2/8/2,16/4/4/2",
+                    help="BV/warps[/programs per SM/stages] on the [V, K] pool, beside its default")
     ap.add_argument("--batch-grid", default="8/4,16/4", help="[V, K] configs also timed with the batch grid")
     ap.add_argument("--pools", default="fp32", help="fp32 and/or bf16")
     ap.add_argument("--traffic", default="8/4,16/4,64/2", help="[V, K] tiles (BV/warps) also moved without math")
@@ -154,59 +163,61 @@ def main():
     rows = []
     H = args.heads
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    for B in map(int, args.batches.split(",")):
-        for pname in args.pools.split(","):
-            x, pool_kv, slots, cu = case(B, H, dtypes[pname])
-            nbytes = 2 * B * H * 128 * 128 * pool_kv.element_size()
-            plan = [("kdagen", "kv", None, "auto")] + [("kdagen", "kv", c, "auto") for c in pairs(args.kv)]
-            plan += [("kdagen", "vk", None, "auto")] + [("kdagen", "vk", c, "auto") for c in pairs(args.vk)]
-            plan += [("kdagen", "vk", c, "batch") for c in pairs(args.batch_grid)]
-            if fla is not None:
-                plan += [("FLA", "kv", None, "auto"), ("FLA", "vk", None, "auto")]
-            plan += [("kdagen", "kv", None, "auto")]  # the first row again: the drift over the sweep
-            for op, layout, c, grid in plan:
-                cfg = None if c is None else RecurrentConfig(block_v=c[0], num_warps=c[1], num_stages=1,
-                                                             readout="loaded")
-                force_grid(grid)
-                row = dict(B=B, H=H, pool=pname, op=op, layout=layout,
-                           config="default" if c is None else f"{c[0]}/{c[1]}", grid=grid)
-                try:
-                    make = lambda p, o: step_fn(op, layout, x, p, slots, cu, o, cfg, fla)  # noqa: E731
-                    row["rel_err_vs_float64"] = check(make, x, pool_kv, layout, slots)
-                    if op == "kdagen":
-                        d = R.fused_recurrent_kda_launch(**x, initial_state=as_layout(pool_kv, layout),
-                                                         ssm_state_indices=slots, cu_seqlens=cu, config=cfg,
-                                                         state_v_first=layout == "vk")[0]
-                        row.update(slot_grid=bool(d.constexprs["SLOT_GRID"]), BV=d.constexprs["BV"],
-                                   warps=d.num_warps)
-                    if not args.check_only:
-                        pool = as_layout(pool_kv, layout)
-                        out = torch.empty_like(x["v"])
-                        us = graph_us(make(pool, out))
-                        row.update(us=round(us, 2), pct_copy=round(100 * nbytes / (us * 1e-6) / 1e9 / copy, 2))
-                        del pool
-                except Exception as e:  # noqa: BLE001
-                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                rows.append(row)
-                log(json.dumps(row))
-            force_grid("auto")
-            if args.check_only or pname != "fp32" or B < 64:  # (the tiles' own traffic: at many pairs only)
-                continue
-            import triton
-            from decode_ceiling import tile_rw
-            for bv, w in pairs(args.traffic):
-                for order in ("seven", "identity"):
-                    pool = as_layout(pool_kv, "vk")
-                    s = slots if order == "seven" else torch.arange(B, device=DEV, dtype=torch.int32)
-                    nv = triton.cdiv(128, bv)
-                    run = lambda: tile_rw[(B * H * nv,)](pool, s, HV=H, K=128, V=128, BV=bv, NV=nv,  # noqa: E731
-                                                         V_FIRST=True, num_warps=w)
-                    us = graph_us(run)
-                    row = dict(B=B, H=H, pool=pname, op="traffic", layout="vk", config=f"{bv}/{w}", grid=order,
-                               us=round(us, 2), pct_copy=round(100 * nbytes / (us * 1e-6) / 1e9 / copy, 2))
+    try:  # (a timeout's SIGINT ends the sweep; the rows so far are still summarised)
+        for B in map(int, args.batches.split(",")):
+            for pname in args.pools.split(","):
+                x, pool_kv, slots, cu = case(B, H, dtypes[pname])
+                nbytes = 2 * B * H * 128 * 128 * pool_kv.element_size()
+                plan = [("kdagen", "kv", None, "auto")] + [("kdagen", "kv", c, "auto") for c in pairs(args.kv)]
+                plan += [("kdagen", "vk", None, "auto")] + [("kdagen", "vk", c, "auto") for c in pairs(args.vk)]
+                plan += [("kdagen", "vk", c, "batch") for c in pairs(args.batch_grid)]
+                if fla is not None:
+                    plan += [("FLA", "kv", None, "auto"), ("FLA", "vk", None, "auto")]
+                plan += [("kdagen", "kv", None, "auto")]  # the first row again: the drift over the sweep
+                for op, layout, c, grid in plan:
+                    cfg = None if c is None else config_of(c)
+                    force_grid(grid)
+                    row = dict(B=B, H=H, pool=pname, op=op, layout=layout,
+                               config="default" if c is None else "/".join(map(str, c)), grid=grid)
+                    try:
+                        make = lambda p, o: step_fn(op, layout, x, p, slots, cu, o, cfg, fla)  # noqa: E731
+                        row["rel_err_vs_float64"] = check(make, x, pool_kv, layout, slots)
+                        if op == "kdagen":
+                            d = R.fused_recurrent_kda_launch(**x, initial_state=as_layout(pool_kv, layout),
+                                                             ssm_state_indices=slots, cu_seqlens=cu, config=cfg,
+                                                             state_v_first=layout == "vk")[0]
+                            row.update(slot_grid=bool(d.constexprs["SLOT_GRID"]), BV=d.constexprs["BV"],
+                                       warps=d.num_warps)
+                        if not args.check_only:
+                            pool = as_layout(pool_kv, layout)
+                            out = torch.empty_like(x["v"])
+                            us = graph_us(make(pool, out))
+                            row.update(us=round(us, 2), pct_copy=round(100 * nbytes / (us * 1e-6) / 1e9 / copy, 2))
+                            del pool
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                     rows.append(row)
                     log(json.dumps(row))
-                    del pool
+                force_grid("auto")
+                if args.check_only or pname != "fp32" or B < 64:  # (the tiles' own traffic: at many pairs only)
+                    continue
+                import triton
+                from decode_ceiling import tile_rw
+                for bv, w in pairs(args.traffic):
+                    for order in ("seven", "identity"):
+                        pool = as_layout(pool_kv, "vk")
+                        s = slots if order == "seven" else torch.arange(B, device=DEV, dtype=torch.int32)
+                        nv = triton.cdiv(128, bv)
+                        run = lambda: tile_rw[(B * H * nv,)](pool, s, HV=H, K=128, V=128, BV=bv, NV=nv,  # noqa: E731
+                                                             V_FIRST=True, num_warps=w)
+                        us = graph_us(run)
+                        row = dict(B=B, H=H, pool=pname, op="traffic", layout="vk", config=f"{bv}/{w}", grid=order,
+                                   us=round(us, 2), pct_copy=round(100 * nbytes / (us * 1e-6) / 1e9 / copy, 2))
+                        rows.append(row)
+                        log(json.dumps(row))
+                        del pool
+    except KeyboardInterrupt:
+        log("interrupted: the rows so far")
     heuristics.SLOT_GRID_MIN_PAIRS = BASE_MIN_PAIRS
     R._FAST.clear()
     log("B | pool | op | layout | BV/warps | grid | µs (% of copy) | rel. err. vs float64")
