@@ -22,7 +22,9 @@ Sections (``--suite``, comma-separated; each runs even if an earlier one failed)
 - ``timing``: decode, H=32, K=V=128, B = 1, 16, 256: kdagen batch and packed forms with the
               fp32 pool, the packed form with a bf16 pool, FLA's batch and packed forms (fp32
               pool): CUDA-graph replay (10 steps per graph) and eager per call (``out=`` given);
-              the B=1 eager cost split into the op's Python and its launch.
+              the B=1 eager cost split into the op's Python and its launch.  With ``--layouts
+              kv,vk`` (the default) also the packed forms on a pool laid out [P, HV, V, K]
+              (``state_v_first=True``, FLA's keyword): kdagen's fp32 and bf16 pools, FLA's fp32.
 - ``drift``:  a bf16 pool against the fp32 pool over 1,000 decode steps at B=256, on the same
               tokens: o and state relative errors at steps 1, 10, 100, 1000.
 
@@ -434,38 +436,44 @@ def fla_decode():
         return None, "not run"
 
 
-def decode_case(B, packed, pool_dtype, fla=None, l2norm=False, ordered=False):
+def decode_case(B, packed, pool_dtype, fla=None, l2norm=False, ordered=False, v_first=False):
     """(step function, bytes of state moved) of one decode configuration on fresh inputs.
     ``l2norm``: the serving engines' call, raw k (3x its unit length) with use_qk_l2norm_in_kernel.
     ``ordered``: sequence n in slot n (the slots in batch order, as a fresh engine hands them out)
-    instead of the scrambled (7 n) mod P."""
+    instead of the scrambled (7 n) mod P.  ``v_first``: the pool laid out [P, HV, V, K]
+    (``state_v_first=True``; the same states)."""
     geo = Geometry(B, 32, 128, 128)
     gen = generator(10 + B)
     x = geo.tokens(gen, packed)
     if l2norm:
         x["k"] = 3 * x["k"]
     pool, slots = geo.pool(gen, pool_dtype)
+    if v_first:
+        pool = pool.transpose(-1, -2).contiguous()
+    kv = (lambda p: p.transpose(-1, -2)) if v_first else (lambda p: p)  # noqa: E731  (the states as [.., K, V])
     if ordered:
         slots = torch.arange(B, device=pool.device, dtype=slots.dtype)
     cu = geo.cu() if packed else None
     out = torch.empty_like(x["v"])
     if fla is None:
         fn = lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,  # noqa: E731
-                                                cu_seqlens=cu, out=out, use_qk_l2norm_in_kernel=l2norm)
+                                                cu_seqlens=cu, out=out, use_qk_l2norm_in_kernel=l2norm,
+                                                state_v_first=v_first)
     else:
         idx = slots.long()
+        vf = dict(state_v_first=True) if v_first else {}  # (FLA's keyword, left out where it is not needed)
         fn = lambda: fla(**x, initial_state=pool, scale=128 ** -0.5, inplace_final_state=True,  # noqa: E731
-                         ssm_state_indices=idx, cu_seqlens=cu, out=out, use_qk_l2norm_in_kernel=l2norm)
+                         ssm_state_indices=idx, cu_seqlens=cu, out=out, use_qk_l2norm_in_kernel=l2norm, **vf)
     p0 = pool.clone()
-    o_ref, s_ref = reference_step(x, pool, slots, packed, l2norm=l2norm)
+    o_ref, s_ref = reference_step(x, kv(pool), slots, packed, l2norm=l2norm)
     fn()
     torch.cuda.synchronize()
-    err = max(rel_err(picked(out, packed).float(), o_ref), rel_err(pool[slots[:8].long()].float(), s_ref))
+    err = max(rel_err(picked(out, packed).float(), o_ref), rel_err(kv(pool[slots[:8].long()]).float(), s_ref))
     pool.copy_(p0)
     return fn, 2 * B * 32 * 128 * 128 * pool.element_size(), err, (x, pool, slots, cu, out)
 
 
-def timing(batches=(1, 16, 256)):
+def timing(batches=(1, 16, 256), layouts=("kv", "vk")):
     if not GPU:
         claim("decode timings", None, "need a GPU")
         return
@@ -474,12 +482,17 @@ def timing(batches=(1, 16, 256)):
     log(f"device copy ceiling: {copy:.0f} GB/s")
     fla, fla_ver = fla_decode()
     OUT["env"]["fla"] = fla_ver
-    # (op, packed, pool dtype, use_qk_l2norm_in_kernel): the last of each library's forms is the engines' call
-    forms = [("kdagen", False, torch.float32, False), ("kdagen", True, torch.float32, False),
-             ("kdagen", True, torch.bfloat16, False), ("kdagen", True, torch.float32, True)]
+    # (op, packed, pool dtype, use_qk_l2norm_in_kernel, layout): the fourth of each library's [K, V] forms is
+    # the engines' call
+    forms = [("kdagen", False, torch.float32, False, "kv"), ("kdagen", True, torch.float32, False, "kv"),
+             ("kdagen", True, torch.bfloat16, False, "kv"), ("kdagen", True, torch.float32, True, "kv")]
+    if "vk" in layouts:
+        forms += [("kdagen", True, torch.float32, False, "vk"), ("kdagen", True, torch.bfloat16, False, "vk")]
     if fla is not None:
-        forms += [("fla", False, torch.float32, False), ("fla", True, torch.float32, False),
-                  ("fla", True, torch.float32, True)]
+        forms += [("fla", False, torch.float32, False, "kv"), ("fla", True, torch.float32, False, "kv"),
+                  ("fla", True, torch.float32, True, "kv")]
+        if "vk" in layouts:
+            forms += [("fla", True, torch.float32, False, "vk")]
 
     def measure(row, eager=True, **case):
         """One decode case (decode_case's keywords) timed into ``row``: graph replay, and eager per call
@@ -497,10 +510,13 @@ def timing(batches=(1, 16, 256)):
         OUT["rows"].append(row)
 
     for B in batches:
-        for who, packed, pool_dtype, l2norm in forms:
-            measure(dict(kind="decode", B=B, op=who, form="packed" if packed else "batch", pool=str(pool_dtype)[6:],
-                         l2norm=l2norm),
-                    B=B, packed=packed, pool_dtype=pool_dtype, fla=fla if who == "fla" else None, l2norm=l2norm)
+        for who, packed, pool_dtype, l2norm, layout in forms:
+            row = dict(kind="decode", B=B, op=who, form="packed" if packed else "batch", pool=str(pool_dtype)[6:],
+                       l2norm=l2norm)
+            if layout == "vk":  # (a [K, V] row has no key: the rows of earlier runs read the same)
+                row["layout"] = "vk"
+            measure(row, B=B, packed=packed, pool_dtype=pool_dtype, fla=fla if who == "fla" else None, l2norm=l2norm,
+                    v_first=layout == "vk")
     if 256 in batches:  # what the slots' order costs (bench/decode_structure_probe.py): the same step, slots in batch order
         for who in ("kdagen", "fla") if fla is not None else ("kdagen",):
             measure(dict(kind="decode_slot_order", B=256, op=who, form="packed", pool="float32", slots="batch order"),
@@ -509,20 +525,23 @@ def timing(batches=(1, 16, 256)):
     eager_split()
     rows = [r for r in OUT["rows"] if r.get("kind") == "decode"]
 
-    def find(B, op, form, pool):
-        return next((r for r in rows if (r["B"], r["op"], r["form"], r["pool"], r["l2norm"]) == (B, op, form, pool, False)
-                     and "graph_us" in r), None)
+    def find(B, op, form, pool, layout="kv"):
+        return next((r for r in rows if (r["B"], r["op"], r["form"], r["pool"], r["l2norm"], r.get("layout", "kv"))
+                     == (B, op, form, pool, False, layout) and "graph_us" in r), None)
 
-    big = find(256, "kdagen", "packed", "float32") or find(256, "kdagen", "batch", "float32")
-    if big:
-        claim("decode B=256 fp32 pool >= 96% of the copy ceiling", big["pct_copy"] >= 96,
-              f"{big['graph_us']:.1f} us, {big['pct_copy']:.1f}% of copy", proof=False)
-    bf, fl = find(256, "kdagen", "packed", "bfloat16"), find(256, "fla", "batch", "float32")
-    if bf and fl:
-        claim("bf16 pool at B=256 >= 1.8x FLA's fp32-pool step", fl["graph_us"] / bf["graph_us"] >= 1.8,
-              f"{bf['graph_us']:.1f} us vs FLA {fl['graph_us']:.1f} us: {fl['graph_us'] / bf['graph_us']:.2f}x",
-              proof=False)
-    one = [r for r in rows if r["B"] == 1 and r["op"] == "kdagen" and r["pool"] == "float32" and "eager_us" in r]
+    for layout, name in (("kv", ""), ("vk", ", [V, K] pool (state_v_first)")):
+        big = (find(256, "kdagen", "packed", "float32", layout)
+               or (find(256, "kdagen", "batch", "float32") if layout == "kv" else None))
+        if big:
+            claim(f"decode B=256 fp32 pool >= 96% of the copy ceiling{name}", big["pct_copy"] >= 96,
+                  f"{big['graph_us']:.1f} us, {big['pct_copy']:.1f}% of copy", proof=False)
+        bf, fl = find(256, "kdagen", "packed", "bfloat16", layout), find(256, "fla", "batch", "float32")
+        if bf and fl:
+            claim(f"bf16 pool at B=256 >= 1.8x FLA's fp32-pool step{name}", fl["graph_us"] / bf["graph_us"] >= 1.8,
+                  f"{bf['graph_us']:.1f} us vs FLA {fl['graph_us']:.1f} us: {fl['graph_us'] / bf['graph_us']:.2f}x",
+                  proof=False)
+    one = [r for r in rows if r["B"] == 1 and r["op"] == "kdagen" and r["pool"] == "float32" and "eager_us" in r
+           and "layout" not in r]
     for r in one:  # each form on its own: the batch form (a fresh final state per call) and the packed pool
         claim(f"eager decode at B=1 <= 15 us per call ({r['form']} form{', l2norm' if r['l2norm'] else ''})",
               r["eager_us"] <= 15, f"{r['eager_us']:.1f} us", proof=False)
@@ -603,7 +622,8 @@ def table():
         log("\n| B | op | form | pool | graph replay / step | TB/s | % copy | eager / call | rel. err |")
         log("|---|---|---|---|---|---|---|---|---|")
         for r in rows:
-            log(f"| {r['B']} | {r['op']} | {r['form']} | {r['pool']} | {r['graph_us']:.1f} us | {r['tbs']:.2f} | "
+            pool = r["pool"] + (" [V, K]" if r.get("layout") == "vk" else "")
+            log(f"| {r['B']} | {r['op']} | {r['form']} | {pool} | {r['graph_us']:.1f} us | {r['tbs']:.2f} | "
                 f"{r['pct_copy']:.0f}% | {r['eager_us']:.1f} us | {r['rel_err_vs_float64']:.1e} |")
     split = [r for r in OUT["rows"] if r.get("kind") == "eager_split"]
     for r in split:
@@ -615,6 +635,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--suite", default="sync,graph,prefill_graph,gates,timing,drift")
+    ap.add_argument("--layouts", default="kv,vk", help="timing's pool layouts: kv ([P, HV, K, V]) and/or vk "
+                    "([P, HV, V, K], state_v_first)")
     ap.add_argument("--drift-steps", type=int, default=None, help="default: 1000 on a GPU, 100 in a dry run")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -627,7 +649,8 @@ def main(argv=None):
     except ImportError:
         pass
     log(json.dumps(OUT["env"]))
-    sections = dict(sync=sync_free, graph=graph_replay, prefill_graph=prefill_graph, gates=gates, timing=timing,
+    sections = dict(sync=sync_free, graph=graph_replay, prefill_graph=prefill_graph, gates=gates,
+                    timing=lambda: timing(layouts=tuple(args.layouts.split(","))),
                     drift=lambda: drift(args.drift_steps))
     for name in args.suite.split(","):
         log(f"\n== {name} [t={time.time() - T0:.0f}s] ==")

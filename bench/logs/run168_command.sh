@@ -14,7 +14,8 @@ for l in sys.stdin:
     r = json.loads(l); print(r['B'], r['op'], r['form'], r['pool'], r.get('l2norm', ''), r.get('slots', ''), '%.2f' % r.get('graph_us', -1), '%.1f' % r.get('eager_us', -1), r.get('error', ''))"; }
 for s in a1 b1 a2 b2; do
   case $s in a*) root=.ab/base;; b*) root=.;; esac
-  env PYTHONPATH=$root KDAGEN_CACHE_DIR=/tmp/kdc_${s:0:1} timeout -k 5 -s INT 75 python3 $root/bench/serving.py --out $OUT/$s --suite timing > $OUT/run168_$s.log 2>&1
+  case $s in a*) lay="";; b*) lay="--layouts kv";; esac  # (main's [V, K] rows are run 169's; .ab/base has no --layouts)
+  env PYTHONPATH=$root KDAGEN_CACHE_DIR=/tmp/kdc_${s:0:1} timeout -k 5 -s INT 75 python3 $root/bench/serving.py --out $OUT/$s --suite timing $lay > $OUT/run168_$s.log 2>&1
 done
 for s in a1 b1 a2 b2; do echo "== $s"; summ $OUT/run168_$s.log; grep "copy ceiling" $OUT/run168_$s.log; done
 env PYTHONPATH=/tmp/site:. KDAGEN_CACHE_DIR=/tmp/kdc_b timeout -k 5 -s INT 150 python3 -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py -rA > $OUT/run168_serving_gpu.log 2>&1
