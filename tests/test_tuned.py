@@ -110,6 +110,30 @@ def test_recurrent_winner_and_fallback(h200):
                                  make_entry(config=won.to_dict(), kernel="recurrent", time_ms=0.01, error=0.0))
     tuned._MEMO.clear()
     assert recurrent_kernels(plan, None, {"T": 1, "B": 8, "N": 8}) == won
+    assert recurrent_kernels(plan, None, {"T": 1, "B": 8, "N": 8, "state_v_first": False}) == won
+    # the tuner times [K, V] states: a call on a [V, K] pool takes the heuristic, not that winner
+    assert recurrent_kernels(plan, None, {"T": 1, "B": 8, "N": 8, "state_v_first": True}) == default_recurrent_config(plan)
+
+
+def test_a_v_first_decode_call_does_not_take_a_winner_timed_on_k_v_states(h200):
+    """End to end through fused_recurrent_kda's launch description: the stored winner for the call's key
+    runs on a [N, HV, K, V] state and not on a [N, HV, V, K] one (shape's state_v_first reaches resolve)."""
+    import torch
+
+    from kdagen.ops.recurrent import fused_recurrent_kda_launch
+
+    N, H, K = 2, 2, 64
+    plan = lower(select_spec(False, False, None, False, False), K, K, "float32", "recurrent", False)
+    won = RecurrentConfig(block_v=16, num_warps=4, readout="updated")
+    assert won != default_recurrent_config(plan, "float32", {"N": N, "HV": H})
+    TuningCache(h200.name).store(keys.cache_key(plan, "recurrent", {"T": 1, "B": N, "N": N}, h200),
+                                 make_entry(config=won.to_dict(), kernel="recurrent", time_ms=0.01, error=0.0))
+    tuned._MEMO.clear()
+    x = dict(q=torch.randn(N, 1, H, K), k=torch.randn(N, 1, H, K), v=torch.randn(N, 1, H, K),
+             g=-torch.rand(N, 1, H, K), beta=torch.rand(N, 1, H))
+    for v_first, want in ((False, won), (True, default_recurrent_config(plan, "float32", {"N": N, "HV": H}))):
+        desc = fused_recurrent_kda_launch(**x, initial_state=torch.zeros(N, H, K, K), state_v_first=v_first)[0]
+        assert (desc.constexprs["BV"], desc.num_warps) == (min(want.block_v, K), want.num_warps), v_first
 
 
 def test_corrupt_cache_warns_and_falls_back(h200, tmp_path):

@@ -62,8 +62,10 @@ def resolve(family: str, plan: Plan, explicit, shape: dict, state_dtype: str = "
     """The config a call of ``family`` runs: ``explicit`` if given, else the tuned winner for
     this plan, ``shape`` ({"T", "B", "N", "HV"}) and ``state_dtype`` (of the state the call
     reads and writes: its initial state or decode pool; float32 without one) on the current
-    GPU, else the heuristic."""
+    GPU, else the heuristic.  A decode call on states laid out [.., V, K] (``shape``'s
+    "state_v_first") takes the heuristic: the tuner times the recurrent form on [.., K, V]
+    states, and which tile moves a state fastest depends on its layout."""
     if explicit is not None:
         return explicit
-    return (lookup_winner(plan, family, shape, state_dtype)
+    return ((None if (shape or {}).get("state_v_first") else lookup_winner(plan, family, shape, state_dtype))
             or default_config(family, plan, shape, state_dtype=state_dtype))
