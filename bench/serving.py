@@ -12,7 +12,8 @@ Sections (``--suite``, comma-separated; each runs even if an earlier one failed)
               synchronisation raises.
 - ``graph``:  the packed decode (cu_seqlens and slots on the device) captured in a CUDA graph and
               replayed step after step with new tokens copied into its inputs: every step's o and
-              the pool against the same steps run eagerly, and against float64.
+              the pool against the same steps run eagerly, and against float64; on a [K, V] pool
+              and on a [V, K] one (``state_v_first``).
 - ``prefill_graph``: chunk_kda with packed sequences (device cu_seqlens, ``use_graph=True``)
               captured once and replayed with new lengths of the same total, against eager calls.
 - ``gates``:  bf16, g at the bound (-5), below it (-8, -20) and -inf, against float64: decode,
@@ -213,17 +214,26 @@ def capture(fn, warm=None) -> "torch.cuda.CUDAGraph":
 
 
 def graph_replay(steps=12):
-    """Capture one packed decode step; replay it with new tokens copied into its static inputs."""
-    name = "packed decode captured in a CUDA graph and replayed"
+    """Capture one packed decode step; replay it with new tokens copied into its static inputs: on a
+    [P, HV, K, V] pool, and on a [P, HV, V, K] one (``state_v_first=True``)."""
+    for v_first in (False, True):
+        graph_replay_on(steps, v_first)
+
+
+def graph_replay_on(steps, v_first):
+    name = "packed decode captured in a CUDA graph and replayed" + (", [V, K] pool" if v_first else "")
     geo = Geometry(16, 32, 128, 128) if GPU else Geometry(3, 1, 16, 16, torch.float32)
     gen = generator(2)
     pool, slots = geo.pool(gen)
+    if v_first:
+        pool = pool.transpose(-1, -2).contiguous()
+    kv = (lambda p: p.transpose(-1, -2)) if v_first else (lambda p: p)  # noqa: E731  (the states as [.., K, V])
     pool_eager = pool.clone()
     static = geo.tokens(gen, True)
     cu = geo.cu()
     out = torch.empty_like(static["v"])
     call = lambda p, o, x: kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots,  # noqa: E731
-                                                      cu_seqlens=cu, out=o)
+                                                      cu_seqlens=cu, out=o, state_v_first=v_first)
     try:
         if GPU:
             scratch = pool.clone()  # the warm-up calls (compiled, validated, on the fast path) step it instead
@@ -236,15 +246,17 @@ def graph_replay(steps=12):
             x = geo.tokens(gen, True)
             for n, t in x.items():
                 static[n].copy_(t)
-            o_ref, s_ref = reference_step(x, pool_eager, slots, True)
+            o_ref, s_ref = reference_step(x, kv(pool_eager), slots, True)
             replay()
             call(pool_eager, out_eager, x)
             if GPU:
                 torch.cuda.synchronize()
             worst_eager = max(worst_eager, rel_err(out, out_eager), rel_err(pool, pool_eager))
-            worst_ref = max(worst_ref, rel_err(picked(out, True).float(), o_ref), rel_err(pool[slots[:8].long()], s_ref))
+            worst_ref = max(worst_ref, rel_err(picked(out, True).float(), o_ref),
+                            rel_err(kv(pool[slots[:8].long()]), s_ref))
         ok = worst_eager == 0.0 and worst_ref < 1e-2 and torch.isfinite(pool).all().item()
-        OUT["graph"] = dict(steps=steps, max_rel_vs_eager=worst_eager, max_rel_vs_float64=worst_ref)
+        OUT["graph_v_first" if v_first else "graph"] = dict(steps=steps, max_rel_vs_eager=worst_eager,
+                                                            max_rel_vs_float64=worst_ref)
         claim(name if GPU else name + " (dry run: no graph on the CPU)", ok if GPU else None,
               f"{steps} replays: max rel. error vs the eager op {worst_eager:.1e}, vs float64 {worst_ref:.1e}")
     except Exception as e:  # noqa: BLE001
