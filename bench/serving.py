@@ -152,14 +152,16 @@ def sync_free():
         calls = []
         for form in ("batch", "packed", "packed, cu_seqlens on the host"):
             packed = form != "batch"
-            for pool_dtype in (torch.float32, torch.bfloat16):
+            for pool_dtype, v_first in ((torch.float32, False), (torch.bfloat16, False), (torch.float32, True)):
                 pool, slots = geo.pool(gen, pool_dtype)
+                if v_first:
+                    pool = pool.transpose(-1, -2).contiguous()
                 out = torch.empty_like(geo.tokens(gen, packed)["v"])
                 for call in range(3):  # the first call of a geometry, then the fast path
                     cu = None if not packed else (host_cu if "host" in form else geo.cu())
-                    calls.append((f"{form}/{str(pool_dtype)[6:]}/call{call}",
+                    calls.append((f"{form}/{str(pool_dtype)[6:]}{'/[V, K]' if v_first else ''}/call{call}",
                                   dict(**geo.tokens(gen, packed), initial_state=pool, ssm_state_indices=slots,
-                                       cu_seqlens=cu, out=out)))
+                                       cu_seqlens=cu, out=out, state_v_first=v_first)))
         torch.cuda.synchronize()
         for name, kw in calls:
             torch.cuda.set_sync_debug_mode("error")
@@ -169,7 +171,7 @@ def sync_free():
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", True,
               f"{len(done)} calls: first and later calls of the batch and packed forms (cu_seqlens on the device "
-              "and on the host), fp32 and bf16 pools")
+              "and on the host), fp32 and bf16 pools, an fp32 pool laid out [V, K]")
     except Exception as e:  # noqa: BLE001
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", False,
