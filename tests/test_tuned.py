@@ -131,7 +131,8 @@ def test_a_v_first_decode_call_does_not_take_a_winner_timed_on_k_v_states(h200):
     tuned._MEMO.clear()
     x = dict(q=torch.randn(N, 1, H, K), k=torch.randn(N, 1, H, K), v=torch.randn(N, 1, H, K),
              g=-torch.rand(N, 1, H, K), beta=torch.rand(N, 1, H))
-    for v_first, want in ((False, won), (True, default_recurrent_config(plan, "float32", {"N": N, "HV": H}))):
+    for v_first, want in ((False, won),
+                          (True, default_recurrent_config(plan, "float32", {"N": N, "HV": H, "state_v_first": True}))):
         desc = fused_recurrent_kda_launch(**x, initial_state=torch.zeros(N, H, K, K), state_v_first=v_first)[0]
         assert (desc.constexprs["BV"], desc.num_warps) == (min(want.block_v, K), want.num_warps), v_first
 
@@ -518,3 +519,21 @@ def test_the_32_row_inference_forward_matches_the_recurrence(layer):
                                  output_final_state=True, cu_seqlens=cu)
     rel = lambda a, b: ((a.double() - b).norm() / b.norm()).item()  # noqa: E731
     assert rel(o, ro) < 1e-5 and rel(ht, rs) < 1e-5
+
+
+def test_a_v_first_fp32_state_takes_narrower_tiles_with_few_pairs():
+    """KDA on a [V, K] float32 state (bench/RESULTS.md, run 169): 4-wide tiles on one warp at B=1 (32 pairs),
+    8-wide at B=16 (512 pairs), and the [K, V] choice (64 / 2) with many pairs; other structures, and
+    [K, V] states, as before."""
+    kda = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "recurrent", False)
+    got = lambda plan, n, vf: default_recurrent_config(plan, "float32", {"N": n, "HV": 32, "state_v_first": vf})  # noqa: E731
+    pick = lambda c: (c.block_v, c.num_warps, c.readout, c.programs_per_sm)  # noqa: E731
+    assert pick(got(kda, 1, True)) == (4, 1, "loaded", 0) and pick(got(kda, 1, False)) == (16, 1, "loaded", 0)
+    assert pick(got(kda, 16, True)) == (8, 1, "loaded", 0) and pick(got(kda, 16, False)) == (32, 1, "loaded", 0)
+    assert got(kda, 256, True) == got(kda, 256, False) and pick(got(kda, 256, True)) == (64, 2, "loaded", 0)
+    # a half-width pool keeps its own choice in either layout
+    assert (default_recurrent_config(kda, "bfloat16", {"N": 256, "HV": 32, "state_v_first": True})
+            == default_recurrent_config(kda, "bfloat16", {"N": 256, "HV": 32}))
+    for member in ("dplr", "gdn"):  # (unmeasured on [V, K]: their [K, V] choices)
+        plan = lower(MEMBERS[member](), 128, 128, "bfloat16", "recurrent")
+        assert got(plan, 1, True) == got(plan, 1, False) and got(plan, 16, True) == got(plan, 16, False)

@@ -283,8 +283,9 @@ PERSISTENT_ITEMS = 4096
 
 def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: dict | None = None) -> RecurrentConfig:
     """``state_dtype``: of the state the call reads and writes (its decode pool); ``shape``:
-    optional {"N": sequences, "HV": value heads}.  K=V=128 on the H200 (bench/RESULTS.md, runs 30,
-    44-46 and 64-65, a packed decode step from graph replay): a float32 pool moves fastest with
+    optional {"N": sequences, "HV": value heads, "state_v_first": the state laid out [.., V, K]}.
+    K=V=128 on the H200 (bench/RESULTS.md, runs 30, 44-46 and 64-65, a packed decode step from
+    graph replay): a float32 pool moves fastest with
     BV=64 on 2 warps; a half-width pool, half the bytes per program, with BV=32 on one warp and
     the loaded-state readout for a few items, and pipelined persistent programs (above) for many;
     a float32 state with few (sequence, head) pairs, narrower tiles on one warp (below; runs 93-94).
@@ -304,6 +305,15 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
     # 15.3 on 32 / 1 warp; general DPLR (a fresh final state) at B=1 4.12 against 3.41 us on 16 / 1 warp
     # (FLA 3.73), at B=256 295.5 against 275.0 on 32 / 2 warps (FLA 479.9).  KDA at B=256 keeps 64 / 2.
     pairs = (shape or {}).get("N", 0) * (shape or {}).get("HV", 0)
+    kda_like = plan.decay == "channel" and plan.has_rank1 and plan.structure != "dplr"
+    if kda_like and (shape or {}).get("state_v_first") and pairs and pairs <= SOME_PAIRS:
+        # a [V, K] state (state_v_first), where a V tile of BV rows is one contiguous block: narrower tiles
+        # than on [K, V] (bench/RESULTS.md, run 169, KDA, H=32, K=V=128, packed, graph replay): B=1 2.59 us
+        # on 4 / 1 warp against 2.94 on the [K, V] choice 16 / 1 (and [K, V]'s own 2.87); B=16 13.91 on 8 / 1
+        # against 15.05-15.34 on 32 / 1 ([K, V]: 13.54-13.74).  Many pairs keep 64 / 2 below (270.8 us at
+        # B=256; every narrower [V, K] tile was slower there, 283.8-573.7: issue-bound, run 169).
+        return RecurrentConfig(block_v=min(4 if pairs <= FEW_PAIRS else 8, plan.BV), num_warps=1, num_stages=1,
+                               readout="loaded")
     if pairs and pairs <= FEW_PAIRS:  # (DPLR measured with the updated readout)
         return RecurrentConfig(block_v=min(16, plan.BV), num_warps=1, num_stages=1,
                                readout="updated" if plan.structure == "dplr" else "loaded")
@@ -315,7 +325,6 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
     # updated readout's 275.3 us at B=256 with the slots scrambled, 268.7 against 274.9 with them in order (an
     # fp32 pool; bench/RESULTS.md, run 161, one process); the other structures keep the updated readout they
     # were measured with.
-    kda_like = plan.decay == "channel" and plan.has_rank1 and plan.structure != "dplr"
     return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=1,
                            readout="loaded" if kda_like else "updated")
 
