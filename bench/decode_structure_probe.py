@@ -29,7 +29,8 @@ under register caps and other warps/readouts (--op-caps), and every row under ot
 ``decode_slot_grid`` (programs over the pool's slots, each finding its sequence by a scan of the slot
 indices: the slots visited in address order whatever the batch's order; optionally a programmatic
 dependent launch, PDL) and ``decode_slot_tail`` (its last slot rows on narrower V tiles: the grid's
-drain).
+drain).  Session 32: ``decode_vk_loop`` (a [V, K] pool, each program looping over G contiguous tiles of BV
+rows with its token's inputs loaded once; run 169 had found one-tile [V, K] programs issue-bound).
 """
 from __future__ import annotations
 
@@ -252,6 +253,54 @@ def decode_slot_tail(q, k, v, g, beta, o, pool, slots, scale, N, P, TAIL,
 
 
 @triton.jit
+def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, G: tl.constexpr,
+                   BN: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = 0):
+    """The step on a pool laid out [P, H, V, K] (``state_v_first``: a V tile of BV rows is one contiguous
+    block of BV * K * 4 bytes): a program per (group of G V tiles, slot or sequence, head) loads its token's
+    inputs once and loops over its G tiles, each [BV, K] loaded, updated (loaded readout) and stored.  So
+    the tiles are small and contiguous (the 4 KB programs that reach 99% of copy as pure traffic, run 169)
+    while a program's fixed work -- the scan, q, k, g, their layout -- is paid once per G tiles (run 169:
+    one-tile programs at BV = 8 were issue-bound).  STAGES > 1: the tile loop software-pipelined by Triton
+    (the next tiles' loads issued asynchronously into shared memory).  BN > 0: rows over the pool's slots
+    (a scan of the BN >= N slot indices, as decode_slot_grid: address order whatever the batch's); 0: rows
+    over the batch (slot = slots[n]).  PDL as decode_slot_grid's."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    i_g = tl.program_id(0)
+    row = tl.program_id(1)
+    i_h = row % H
+    if BN > 0:
+        o_n = tl.arange(0, BN)
+        all_slots = tl.load(slots + o_n, mask=o_n < N, other=-1)
+        i_n = tl.max(tl.where(all_slots == row // H, o_n, -1))
+        slot = (row // H).to(tl.int64)
+    else:
+        i_n = row // H
+        slot = tl.load(slots + i_n).to(tl.int64)
+    if i_n >= 0:
+        tok = i_n * H + i_h
+        o_k = tl.arange(0, K)
+        b_q = tl.load(q + tok * K + o_k).to(tl.float32) * scale
+        b_k = tl.load(k + tok * K + o_k).to(tl.float32)
+        b_d = tl.exp(tl.load(g + tok * K + o_k).to(tl.float32))
+        b_beta = tl.load(beta + tok).to(tl.float32)
+        b_dq = b_q * b_d
+        b_dk = b_k * b_d
+        b_qk = tl.sum(b_q * b_k)
+        base = pool + (slot * H + i_h) * V * K
+        for t in tl.range(0, G, num_stages=STAGES):
+            o_v = (i_g * G + t) * BV + tl.arange(0, BV)
+            p = base + o_v[:, None] * K + o_k[None, :]
+            b_S = tl.load(p)
+            r_q = tl.sum(b_S * b_dq[None, :], axis=1)
+            b_u = (tl.load(v + tok * V + o_v).to(tl.float32) - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
+            tl.store(o + tok * V + o_v, (r_q + b_qk * b_u).to(o.dtype.element_ty))
+            tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+
+
+@triton.jit
 def hold_rw(pool, slots, vec, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
             ROWVECS: tl.constexpr):
     """The decode's tile held whole (a K reduction before the store, as the recurrence needs),
@@ -310,6 +359,17 @@ def slot_tail_step(x, pool, slots, out, BV, BV_T, tail, warps):
                            H=H, K=K, V=V, BV=BV, BV_T=BV_T, BN=triton.next_power_of_2(B), num_warps=warps)
 
 
+def vk_loop_step(x, pool_vk, slots, out, BV, G, warps, stages, by_slot, pdl=0):
+    """One decode step through decode_vk_loop on a [P, H, V, K] pool; x: packed [1, B, H, *] inputs."""
+    B, H, K = x["q"].shape[1], x["q"].shape[2], x["q"].shape[3]
+    V = x["v"].shape[-1]
+    P = pool_vk.shape[0]
+    decode_vk_loop[(V // (BV * G), (P if by_slot else B) * H)](
+        x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool_vk, slots, K ** -0.5, B, H=H, K=K, V=V, BV=BV, G=G,
+        BN=triton.next_power_of_2(B) if by_slot else 0, STAGES=stages, PDL=pdl, num_warps=warps,
+        **({"launch_pdl": True} if pdl else {}))
+
+
 def two_pass_step(x, pool, slots, out, KC, BV, warps, policy):
     """One decode step through decode_two_pass; x: packed [1, B, H, *] inputs."""
     B, H, K = x["q"].shape[1], x["q"].shape[2], x["q"].shape[3]
@@ -360,6 +420,13 @@ def smoke():
     for KC, BV, policy in ((8, 16, 1), (16, 32, 0), (32, 32, 1)):
         check(f"decode_two_pass KC={KC} BV={BV} policy={policy}",
               lambda p, out: two_pass_step(x, p, slots, out, KC, BV, 1, policy))
+    for BV, G, warps, stages, by_slot in ((8, 4, 4, 2, 1), (4, 2, 1, 1, 0), (16, 1, 2, 3, 1), (8, 1, 4, 1, 0)):
+        # (the [V, K] pool: stepped transposed, checked as [K, V])
+        def vk(p, out):
+            p_vk = p.transpose(-1, -2).contiguous()
+            vk_loop_step(x, p_vk, slots, out, BV, G, warps, stages, by_slot)
+            p.copy_(p_vk.transpose(-1, -2))
+        check(f"decode_vk_loop BV={BV} G={G} stages={stages} by_slot={by_slot}", vk)
     for BV, loaded in ((16, 0), (32, 1)):
         check(f"decode_one_pass BV={BV} loaded={loaded}", lambda p, out: one_pass_step(x, p, slots, out, BV, 1, loaded))
         check(f"decode_slot_tail BV={BV} tail 2 at BV 16", lambda p, out: slot_tail_step(x, p, slots, out, BV, 16, 2, 1))
@@ -388,6 +455,9 @@ def main():
                     help="BV/warps/loaded/pad_job[/order[/pdl]] of decode_slot_grid (programs over the pool's slots; order as "
                     "--slot-orders)")
     ap.add_argument("--slot-tail", default="", help="BV/BV_T/tail_rows/warps[/order] of decode_slot_tail")
+    ap.add_argument("--vk-loop", default="8/16/4/2/1/1,8/16/4/3/1/1,8/4/4/2/1/1,8/16/2/2/1/1,8/16/4/1/1/1,"
+                    "16/8/4/2/1/1,8/16/4/2/0/1", help="BV/G/warps/stages/by_slot[/pdl] of decode_vk_loop (a [V, K] "
+                    "pool, G tiles of BV rows per program; by_slot: rows over the pool's slots)")
     ap.add_argument("--op-caps", default="64/2/updated/0,64/2/updated/192,64/2/updated/168,64/2/loaded/168,"
                     "64/4/updated/96,64/4/loaded/96,64/4/loaded/80", help="BV/warps/readout/maxnreg[/order]: the op's "
                     "own launch compiled with a register cap (0: none), slots in the order given (as --slot-orders)")
@@ -516,6 +586,20 @@ def main():
         checked_row(f"decode_slot_tail BV={bv} BV_T={bvt} tail={tail} warps={w}",
                     lambda p, s, o: slot_tail_step(x, p, s, o, bv, bvt, tail, w),
                     parts[4] if len(parts) > 4 else "seven")
+    if args.vk_loop:
+        pool_vk = p0.transpose(-1, -2).contiguous()  # the same states laid out [P, H, V, K]
+        p_vk = torch.empty_like(pool_vk)
+    for spec in filter(None, args.vk_loop.split(",")):
+        bv, G, w, st, by_slot, *rest = map(int, spec.split("/"))
+        pdl = rest[0] if rest else 0
+        name = f"decode_vk_loop BV={bv} G={G} warps={w} stages={st} by_slot={by_slot} pdl={pdl}"
+        p_vk.copy_(p0.transpose(-1, -2))
+        vk_loop_step(x, p_vk, slots, o_tp, bv, G, w, st, by_slot, pdl)
+        torch.cuda.synchronize()
+        d_o = ((o_tp.float() - o_op.float()).norm() / o_op.float().norm()).item()
+        d_s = ((p_vk.transpose(-1, -2) - p_op).norm() / p_op.norm()).item()
+        log(f"{name} vs op: o {d_o:.1e}, pool {d_s:.1e}")
+        row(f"{name} slots seven", graph_us(lambda: vk_loop_step(x, pool_vk, slots, out, bv, G, w, st, by_slot, pdl)))
     # the two-pass decode: agreement with the op first (p0, p_op, o_op: above)
     for i, spec in enumerate(filter(None, args.two_pass.split(","))):
         shape, w = spec.split("/")
