@@ -10,7 +10,7 @@ summ() { grep '"kind": "decode' $1 | python3 -c "
 import sys, json
 for l in sys.stdin:
     r = json.loads(l); print(r['B'], r['op'], r['form'], r['pool'], r.get('layout', 'kv'), r.get('l2norm', ''), r.get('slots', ''), '%.2f' % r.get('graph_us', -1), '%.1f' % r.get('eager_us', -1), '%.1e' % r.get('rel_err_vs_float64', -1), r.get('error', ''))"; }
-timeout -k 5 -s INT 200 python3 bench/serving.py --out $OUT/t --suite timing > $OUT/run170_timing.log 2>&1
+timeout -k 5 -s INT 180 python3 bench/serving.py --out $OUT/t --suite timing > $OUT/run170_timing.log 2>&1
 summ $OUT/run170_timing.log; grep "copy ceiling\|eager B=1" $OUT/run170_timing.log; grep "PASS\|MISS\|FAIL" $OUT/run170_timing.log | sort -u
-timeout -k 5 -s INT 240 python3 -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py -rA > $OUT/run170_serving_gpu.log 2>&1
+timeout -k 5 -s INT 200 python3 -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py -rA > $OUT/run170_serving_gpu.log 2>&1
 tail -12 $OUT/run170_serving_gpu.log
