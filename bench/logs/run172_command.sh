@@ -7,8 +7,8 @@
 #   at G=4 below the slot grid's G=4.  None >= 96% (263.7 us).
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=. KDAGEN_CACHE_DIR=/tmp/kdc
 mkdir -p /tmp/tc $OUT/p; [ -f .tcache/autotune.tgz ] && tar xzf .tcache/autotune.tgz -C /tmp/tc
-timeout -k 5 -s INT 150 python3 bench/decode_structure_probe.py --out $OUT/p --flat "" --blocks "" --chunks "" \
+timeout -k 5 -s INT 170 python3 bench/decode_structure_probe.py --out $OUT/p --flat "" --blocks "" --chunks "" \
   --two-pass "" --hold "" --one-pass "" --op-caps "" --slot-grid 64/4/1/0/seven/1 \
-  --vk-loop 8/1/4/1/1/1,8/2/4/2/1/1,8/4/4/2/1/1,8/16/4/2/1/1,8/16/4/3/1/1,8/4/4/2/0/1,8/16/2/2/1/1,16/4/4/2/1/1,16/8/4/2/1/1 \
+  --vk-loop 8/1/4/1/1/1,8/2/4/2/1/1,8/4/4/2/1/1,8/16/4/2/1/1,8/16/4/3/1/1,8/4/4/2/0/1,8/16/2/2/1/1,16/4/4/2/1/1,16/8/4/2/1/1,8/4/4/1/1/1,8/8/4/2/1/1,16/2/4/2/1/1 \
   > $OUT/run172_probe.log 2>&1
 grep -v "^ *$" $OUT/run172_probe.log | grep -v "Warn\|warn" | tail -30
