@@ -55,14 +55,16 @@ TOL = 5e-3
 def pairs(spec: str):
     """"64/2,8/4" -> [(64, 2), (8, 4)] (BV / warps); "" -> [].  A third and fourth field, "8/4/16/2":
     persistent programs (RecurrentConfig.programs_per_sm) and their stages (2: Triton's pipelined item loop,
-    the next items' tiles loaded asynchronously into shared memory)."""
-    return [tuple(map(int, p.split("/"))) for p in spec.split(",") if p]
+    the next items' tiles loaded asynchronously into shared memory).  A last field "s": the state's loads
+    evict-first and its stores streaming (RecurrentConfig.stream_state): "64/2/s" -> (64, 2, "s")."""
+    return [tuple(f if f == "s" else int(f) for f in p.split("/")) for p in spec.split(",") if p]
 
 
 def config_of(c) -> RecurrentConfig:
     """The RecurrentConfig of a pairs() entry (the loaded readout)."""
-    return RecurrentConfig(block_v=c[0], num_warps=c[1], num_stages=c[3] if len(c) > 3 else 1,
-                           programs_per_sm=c[2] if len(c) > 2 else 0, readout="loaded")
+    n = [f for f in c if f != "s"]
+    return RecurrentConfig(block_v=n[0], num_warps=n[1], num_stages=n[3] if len(n) > 3 else 1,
+                           programs_per_sm=n[2] if len(n) > 2 else 0, readout="loaded", stream_state="s" in c)
 
 
 def case(B, H, pool_dtype, seed=0, K=128, V=128):

@@ -255,7 +255,7 @@ def decode_slot_tail(q, k, v, g, beta, o, pool, slots, scale, N, P, TAIL,
 @triton.jit
 def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, G: tl.constexpr,
-                   BN: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = 0):
+                   BN: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = 0, PREFETCH: tl.constexpr = 0):
     """The step on a pool laid out [P, H, V, K] (``state_v_first``: a V tile of BV rows is one contiguous
     block of BV * K * 4 bytes): a program per (group of G V tiles, slot or sequence, head) loads its token's
     inputs once and loops over its G tiles, each [BV, K] loaded, updated (loaded readout) and stored.  So
@@ -264,7 +264,9 @@ def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
     one-tile programs at BV = 8 were issue-bound).  STAGES > 1: the tile loop software-pipelined by Triton
     (the next tiles' loads issued asynchronously into shared memory).  BN > 0: rows over the pool's slots
     (a scan of the BN >= N slot indices, as decode_slot_grid: address order whatever the batch's); 0: rows
-    over the batch (slot = slots[n]).  PDL as decode_slot_grid's."""
+    over the batch (slot = slots[n]).  PDL as decode_slot_grid's.  PREFETCH (session 34): the tile loop
+    unrolled with the next tile (and its v) loaded into registers before the current one is updated and
+    stored, so a program keeps two tiles' loads in flight instead of one (STAGES is then unused)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -290,14 +292,33 @@ def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
         b_dk = b_k * b_d
         b_qk = tl.sum(b_q * b_k)
         base = pool + (slot * H + i_h) * V * K
-        for t in tl.range(0, G, num_stages=STAGES):
-            o_v = (i_g * G + t) * BV + tl.arange(0, BV)
+        if PREFETCH:
+            o_v = i_g * G * BV + tl.arange(0, BV)
             p = base + o_v[:, None] * K + o_k[None, :]
             b_S = tl.load(p)
-            r_q = tl.sum(b_S * b_dq[None, :], axis=1)
-            b_u = (tl.load(v + tok * V + o_v).to(tl.float32) - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
-            tl.store(o + tok * V + o_v, (r_q + b_qk * b_u).to(o.dtype.element_ty))
-            tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+            b_v = tl.load(v + tok * V + o_v).to(tl.float32)
+            for t in tl.static_range(G):
+                if t + 1 < G:  # (t is a constant here: the last tile loads nothing ahead)
+                    b_S_next = tl.load(p + BV * K)
+                    b_v_next = tl.load(v + tok * V + o_v + BV).to(tl.float32)
+                r_q = tl.sum(b_S * b_dq[None, :], axis=1)
+                b_u = (b_v - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
+                tl.store(o + tok * V + o_v, (r_q + b_qk * b_u).to(o.dtype.element_ty))
+                tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+                if t + 1 < G:
+                    b_S = b_S_next
+                    b_v = b_v_next
+                    o_v = o_v + BV
+                    p = p + BV * K
+        else:
+            for t in tl.range(0, G, num_stages=STAGES):
+                o_v = (i_g * G + t) * BV + tl.arange(0, BV)
+                p = base + o_v[:, None] * K + o_k[None, :]
+                b_S = tl.load(p)
+                r_q = tl.sum(b_S * b_dq[None, :], axis=1)
+                b_u = (tl.load(v + tok * V + o_v).to(tl.float32) - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
+                tl.store(o + tok * V + o_v, (r_q + b_qk * b_u).to(o.dtype.element_ty))
+                tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
 
 
 @triton.jit
@@ -359,14 +380,14 @@ def slot_tail_step(x, pool, slots, out, BV, BV_T, tail, warps):
                            H=H, K=K, V=V, BV=BV, BV_T=BV_T, BN=triton.next_power_of_2(B), num_warps=warps)
 
 
-def vk_loop_step(x, pool_vk, slots, out, BV, G, warps, stages, by_slot, pdl=0):
+def vk_loop_step(x, pool_vk, slots, out, BV, G, warps, stages, by_slot, pdl=0, prefetch=0):
     """One decode step through decode_vk_loop on a [P, H, V, K] pool; x: packed [1, B, H, *] inputs."""
     B, H, K = x["q"].shape[1], x["q"].shape[2], x["q"].shape[3]
     V = x["v"].shape[-1]
     P = pool_vk.shape[0]
     decode_vk_loop[(V // (BV * G), (P if by_slot else B) * H)](
         x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool_vk, slots, K ** -0.5, B, H=H, K=K, V=V, BV=BV, G=G,
-        BN=triton.next_power_of_2(B) if by_slot else 0, STAGES=stages, PDL=pdl, num_warps=warps,
+        BN=triton.next_power_of_2(B) if by_slot else 0, STAGES=stages, PDL=pdl, PREFETCH=prefetch, num_warps=warps,
         **({"launch_pdl": True} if pdl else {}))
 
 
@@ -420,13 +441,15 @@ def smoke():
     for KC, BV, policy in ((8, 16, 1), (16, 32, 0), (32, 32, 1)):
         check(f"decode_two_pass KC={KC} BV={BV} policy={policy}",
               lambda p, out: two_pass_step(x, p, slots, out, KC, BV, 1, policy))
-    for BV, G, warps, stages, by_slot in ((8, 4, 4, 2, 1), (4, 2, 1, 1, 0), (16, 1, 2, 3, 1), (8, 1, 4, 1, 0)):
+    for BV, G, warps, stages, by_slot, pf in ((8, 4, 4, 2, 1, 0), (4, 2, 1, 1, 0, 0), (16, 1, 2, 3, 1, 0),
+                                              (8, 1, 4, 1, 0, 0), (8, 4, 4, 1, 1, 1), (4, 4, 1, 1, 0, 1),
+                                              (16, 1, 2, 1, 1, 1)):
         # (the [V, K] pool: stepped transposed, checked as [K, V])
         def vk(p, out):
             p_vk = p.transpose(-1, -2).contiguous()
-            vk_loop_step(x, p_vk, slots, out, BV, G, warps, stages, by_slot)
+            vk_loop_step(x, p_vk, slots, out, BV, G, warps, stages, by_slot, prefetch=pf)
             p.copy_(p_vk.transpose(-1, -2))
-        check(f"decode_vk_loop BV={BV} G={G} stages={stages} by_slot={by_slot}", vk)
+        check(f"decode_vk_loop BV={BV} G={G} stages={stages} by_slot={by_slot} prefetch={pf}", vk)
     for BV, loaded in ((16, 0), (32, 1)):
         check(f"decode_one_pass BV={BV} loaded={loaded}", lambda p, out: one_pass_step(x, p, slots, out, BV, 1, loaded))
         check(f"decode_slot_tail BV={BV} tail 2 at BV 16", lambda p, out: slot_tail_step(x, p, slots, out, BV, 16, 2, 1))
@@ -456,8 +479,9 @@ def main():
                     "--slot-orders)")
     ap.add_argument("--slot-tail", default="", help="BV/BV_T/tail_rows/warps[/order] of decode_slot_tail")
     ap.add_argument("--vk-loop", default="8/16/4/2/1/1,8/16/4/3/1/1,8/4/4/2/1/1,8/16/2/2/1/1,8/16/4/1/1/1,"
-                    "16/8/4/2/1/1,8/16/4/2/0/1", help="BV/G/warps/stages/by_slot[/pdl] of decode_vk_loop (a [V, K] "
-                    "pool, G tiles of BV rows per program; by_slot: rows over the pool's slots)")
+                    "16/8/4/2/1/1,8/16/4/2/0/1", help="BV/G/warps/stages/by_slot[/pdl[/prefetch]] of decode_vk_loop (a [V, K] "
+                    "pool, G tiles of BV rows per program; by_slot: rows over the pool's slots; prefetch: the next "
+                    "tile loaded into registers ahead)")
     ap.add_argument("--op-caps", default="64/2/updated/0,64/2/updated/192,64/2/updated/168,64/2/loaded/168,"
                     "64/4/updated/96,64/4/loaded/96,64/4/loaded/80", help="BV/warps/readout/maxnreg[/order]: the op's "
                     "own launch compiled with a register cap (0: none), slots in the order given (as --slot-orders)")
@@ -592,14 +616,16 @@ def main():
     for spec in filter(None, args.vk_loop.split(",")):
         bv, G, w, st, by_slot, *rest = map(int, spec.split("/"))
         pdl = rest[0] if rest else 0
-        name = f"decode_vk_loop BV={bv} G={G} warps={w} stages={st} by_slot={by_slot} pdl={pdl}"
+        pf = rest[1] if len(rest) > 1 else 0
+        name = f"decode_vk_loop BV={bv} G={G} warps={w} stages={st} by_slot={by_slot} pdl={pdl} prefetch={pf}"
         p_vk.copy_(p0.transpose(-1, -2))
-        vk_loop_step(x, p_vk, slots, o_tp, bv, G, w, st, by_slot, pdl)
+        vk_loop_step(x, p_vk, slots, o_tp, bv, G, w, st, by_slot, pdl, pf)
         torch.cuda.synchronize()
         d_o = ((o_tp.float() - o_op.float()).norm() / o_op.float().norm()).item()
         d_s = ((p_vk.transpose(-1, -2) - p_op).norm() / p_op.norm()).item()
         log(f"{name} vs op: o {d_o:.1e}, pool {d_s:.1e}")
-        row(f"{name} slots seven", graph_us(lambda: vk_loop_step(x, pool_vk, slots, out, bv, G, w, st, by_slot, pdl)))
+        row(f"{name} slots seven", graph_us(lambda: vk_loop_step(x, pool_vk, slots, out, bv, G, w, st, by_slot, pdl,
+                                                                 pf)))
     # the two-pass decode: agreement with the op first (p0, p_op, o_op: above)
     for i, spec in enumerate(filter(None, args.two_pass.split(","))):
         shape, w = spec.split("/")

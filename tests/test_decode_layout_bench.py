@@ -20,7 +20,7 @@ def bench():
 
 @pytest.mark.parametrize("layout,c,grid", [
     ("kv", (64, 2), "auto"), ("vk", (8, 4), "auto"), ("vk", (4, 1), "auto"), ("vk", (8, 4), "batch"),
-    ("vk", (16, 4, 2, 2), "auto"), ("vk", (8, 2, 1, 1), "auto")])
+    ("vk", (16, 4, 2, 2), "auto"), ("vk", (8, 2, 1, 1), "auto"), ("kv", (16, 2, "s"), "auto")])
 def test_rows_check_against_float64(bench, monkeypatch, layout, c, grid):
     monkeypatch.setattr(bench, "BASE_MIN_PAIRS", 1)  # the slot grid at the interpreter's few pairs
     monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", heuristics.SLOT_GRID_MIN_PAIRS)  # (restored after)
@@ -30,7 +30,7 @@ def test_rows_check_against_float64(bench, monkeypatch, layout, c, grid):
     bench.force_grid(grid)
     desc = R.fused_recurrent_kda_launch(**x, initial_state=bench.as_layout(pool_kv, layout), ssm_state_indices=slots,
                                         cu_seqlens=cu, config=cfg, state_v_first=layout == "vk")[0]
-    assert desc.constexprs["SLOT_GRID"] == (grid == "auto" and len(c) == 2)  # (persistent programs never take it)
+    assert desc.constexprs["SLOT_GRID"] == (grid == "auto" and cfg.programs_per_sm == 0)  # (persistent: never)
     make = lambda p, o: bench.step_fn("kdagen", layout, x, p, slots, cu, o, cfg)  # noqa: E731
     assert bench.check(make, x, pool_kv, layout, slots) < 1e-5
     wrong = lambda p, o: bench.step_fn("kdagen", "kv" if layout == "vk" else "vk", x, p, slots, cu, o, cfg)  # noqa: E731
@@ -42,4 +42,7 @@ def test_config_strings(bench):
     c = bench.config_of((8, 4, 6, 2))
     assert (c.block_v, c.num_warps, c.programs_per_sm, c.num_stages, c.readout) == (8, 4, 6, 2, "loaded")
     c = bench.config_of((16, 2))
-    assert (c.block_v, c.num_warps, c.programs_per_sm, c.num_stages) == (16, 2, 0, 1)
+    assert (c.block_v, c.num_warps, c.programs_per_sm, c.num_stages, c.stream_state) == (16, 2, 0, 1, False)
+    assert bench.pairs("64/2/s,8/4/6/2/s") == [(64, 2, "s"), (8, 4, 6, 2, "s")]
+    c = bench.config_of((8, 4, 6, 2, "s"))
+    assert (c.block_v, c.num_warps, c.programs_per_sm, c.num_stages, c.stream_state) == (8, 4, 6, 2, True)
