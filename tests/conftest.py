@@ -30,6 +30,12 @@ NAN = float("nan")
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
+# Under pytest-xdist (the README's `-n auto`) each worker is a process of its own: torch's
+# intra-op threads are shared out among them rather than each taking every core.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 

@@ -31,6 +31,11 @@ class Dims:
     V: int
     N: int  # number of sequences
 
+    def decode_shape(self, state_v_first: bool) -> dict:
+        """The shape a recurrent-form call's config is resolved for (kdagen.cache.lookup.resolve):
+        tokens, batch, sequences, value heads and the state's layout."""
+        return {"T": self.T, "B": self.B, "N": self.N, "HV": self.HV, "state_v_first": state_v_first}
+
 
 def _tensor(name, x):
     if not isinstance(x, torch.Tensor):

@@ -348,8 +348,7 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)  # (the kernel applies the flags itself)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name  # a pool may be bf16
-    built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N, "HV": dims.HV,
-                                                 "state_v_first": state_v_first}, state))
+    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
     if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device
                             or not out.is_contiguous()):
         raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}, "
@@ -426,8 +425,7 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    built = build(plan, resolve("recurrent", plan, config, {"T": dims.T, "B": dims.B, "N": dims.N, "HV": dims.HV,
-                                                 "state_v_first": state_v_first}, state))
+    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
     meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(),
                                           state_v_first)
     x = [t if t is None or t.is_contiguous() else t.contiguous()
