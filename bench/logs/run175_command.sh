@@ -12,3 +12,6 @@ grep -v "^ *$" $OUT/run175_probe.log | grep -v "Warn\|warn" | tail -24
 timeout -k 5 -s INT 150 python3 bench/decode_layout_gpu.py --out $OUT/l --batches 256 --pools fp32 --no-fla \
   --kv 64/2/s,64/4,64/4/s,32/1,32/2,128/4,128/8 --vk "" --batch-grid "" --traffic "" > $OUT/run175_layout.log 2>&1
 tail -14 $OUT/run175_layout.log
+# (3) the serving proofs on this commit (the op's Python path gained Dims.decode_shape: same shape dict)
+timeout -k 5 -s INT 200 python3 -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py -rA > $OUT/run175_serving_gpu.log 2>&1
+tail -12 $OUT/run175_serving_gpu.log
