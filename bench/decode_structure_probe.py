@@ -264,9 +264,9 @@ def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
     one-tile programs at BV = 8 were issue-bound).  STAGES > 1: the tile loop software-pipelined by Triton
     (the next tiles' loads issued asynchronously into shared memory).  BN > 0: rows over the pool's slots
     (a scan of the BN >= N slot indices, as decode_slot_grid: address order whatever the batch's); 0: rows
-    over the batch (slot = slots[n]).  PDL as decode_slot_grid's.  PREFETCH (session 34): the tile loop
-    unrolled with the next tile (and its v) loaded into registers before the current one is updated and
-    stored, so a program keeps two tiles' loads in flight instead of one (STAGES is then unused)."""
+    over the batch (slot = slots[n]).  PDL as decode_slot_grid's.  PREFETCH = D > 0 (session 34): the tile
+    loop unrolled with tile t + D (and its v) loaded into registers before tile t is updated and stored, so
+    a program keeps D + 1 tiles' loads in flight instead of one (D = 1 or 2; STAGES is then unused)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -297,17 +297,28 @@ def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
             p = base + o_v[:, None] * K + o_k[None, :]
             b_S = tl.load(p)
             b_v = tl.load(v + tok * V + o_v).to(tl.float32)
+            if PREFETCH > 1 and G > 1:  # depth 2: tile 1 in flight beside tile 0 from the start
+                b_S1 = tl.load(p + BV * K)
+                b_v1 = tl.load(v + tok * V + o_v + BV).to(tl.float32)
             for t in tl.static_range(G):
-                if t + 1 < G:  # (t is a constant here: the last tile loads nothing ahead)
-                    b_S_next = tl.load(p + BV * K)
-                    b_v_next = tl.load(v + tok * V + o_v + BV).to(tl.float32)
+                # (t and PREFETCH are constants here: each branch is decided when the loop is unrolled)
+                if t + PREFETCH < G:  # tile t + PREFETCH's loads go out before tile t's work
+                    b_S_ahead = tl.load(p + PREFETCH * BV * K)
+                    b_v_ahead = tl.load(v + tok * V + o_v + PREFETCH * BV).to(tl.float32)
                 r_q = tl.sum(b_S * b_dq[None, :], axis=1)
                 b_u = (b_v - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
                 tl.store(o + tok * V + o_v, (r_q + b_qk * b_u).to(o.dtype.element_ty))
                 tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
                 if t + 1 < G:
-                    b_S = b_S_next
-                    b_v = b_v_next
+                    if PREFETCH > 1:
+                        b_S = b_S1
+                        b_v = b_v1
+                        if t + PREFETCH < G:
+                            b_S1 = b_S_ahead
+                            b_v1 = b_v_ahead
+                    else:
+                        b_S = b_S_ahead
+                        b_v = b_v_ahead
                     o_v = o_v + BV
                     p = p + BV * K
         else:
@@ -443,7 +454,7 @@ def smoke():
               lambda p, out: two_pass_step(x, p, slots, out, KC, BV, 1, policy))
     for BV, G, warps, stages, by_slot, pf in ((8, 4, 4, 2, 1, 0), (4, 2, 1, 1, 0, 0), (16, 1, 2, 3, 1, 0),
                                               (8, 1, 4, 1, 0, 0), (8, 4, 4, 1, 1, 1), (4, 4, 1, 1, 0, 1),
-                                              (16, 1, 2, 1, 1, 1)):
+                                              (16, 1, 2, 1, 1, 1), (4, 4, 2, 1, 1, 2), (16, 2, 2, 1, 0, 2)):
         # (the [V, K] pool: stepped transposed, checked as [K, V])
         def vk(p, out):
             p_vk = p.transpose(-1, -2).contiguous()
@@ -481,7 +492,7 @@ def main():
     ap.add_argument("--vk-loop", default="8/16/4/2/1/1,8/16/4/3/1/1,8/4/4/2/1/1,8/16/2/2/1/1,8/16/4/1/1/1,"
                     "16/8/4/2/1/1,8/16/4/2/0/1", help="BV/G/warps/stages/by_slot[/pdl[/prefetch]] of decode_vk_loop (a [V, K] "
                     "pool, G tiles of BV rows per program; by_slot: rows over the pool's slots; prefetch: the next "
-                    "tile loaded into registers ahead)")
+                    "tile(s) loaded into registers ahead: 1 or 2)")
     ap.add_argument("--op-caps", default="64/2/updated/0,64/2/updated/192,64/2/updated/168,64/2/loaded/168,"
                     "64/4/updated/96,64/4/loaded/96,64/4/loaded/80", help="BV/warps/readout/maxnreg[/order]: the op's "
                     "own launch compiled with a register cap (0: none), slots in the order given (as --slot-orders)")

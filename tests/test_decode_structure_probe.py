@@ -20,8 +20,8 @@ def test_probe_decode_kernels_match_float64(probe, capsys):
     out = capsys.readouterr().out
     assert out.count("decode_two_pass") == 3 and out.count("decode_one_pass") == 2 and "smoke: ok" in out
     assert out.count("decode_slot_grid") == 2 and out.count("decode_slot_tail") == 2  # (session 30's kernels)
-    assert out.count("decode_vk_loop") == 7  # (session 32's: a [V, K] pool, G tiles per program; 34: prefetched)
-    assert out.count("prefetch=1") == 3
+    assert out.count("decode_vk_loop") == 9  # (session 32's: a [V, K] pool, G tiles per program; 34: prefetched)
+    assert out.count("prefetch=1") == 3 and out.count("prefetch=2") == 2
 
 
 def test_pure_traffic_kernels_touch_the_used_slots_once(probe):

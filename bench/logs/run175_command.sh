@@ -4,9 +4,9 @@
 #   (carry [".whl"], timeout_s <= budget)
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=/tmp/tc PYTHONPATH=. KDAGEN_CACHE_DIR=/tmp/kdc
 mkdir -p /tmp/tc $OUT/p $OUT/l
-timeout -k 5 -s INT 150 python3 bench/decode_structure_probe.py --out $OUT/p --flat "" --blocks "" --chunks "" \
+timeout -k 5 -s INT 180 python3 bench/decode_structure_probe.py --out $OUT/p --flat "" --blocks "" --chunks "" \
   --two-pass "" --hold "" --one-pass "" --op-caps "" --slot-grid "" \
-  --vk-loop 8/4/4/1/1/1/0,8/4/4/1/1/1/1,8/8/4/1/1/1/1,8/16/4/1/1/1/1,16/4/4/1/1/1/1,16/8/4/1/1/1/1,8/8/2/1/1/1/1,8/16/4/1/0/1/1 \
+  --vk-loop 8/4/4/1/1/1/0,8/4/4/1/1/1/1,8/8/4/1/1/1/1,8/16/4/1/1/1/1,16/4/4/1/1/1/1,16/8/4/1/1/1/1,8/8/2/1/1/1/1,8/16/4/1/0/1/1,8/8/4/1/1/1/2,8/16/4/1/1/1/2 \
   > $OUT/run175_probe.log 2>&1
 grep -v "^ *$" $OUT/run175_probe.log | grep -v "Warn\|warn" | tail -24
 timeout -k 5 -s INT 150 python3 bench/decode_layout_gpu.py --out $OUT/l --batches 256 --pools fp32 --no-fla \
