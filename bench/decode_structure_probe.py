@@ -253,6 +253,16 @@ def decode_slot_tail(q, k, v, g, beta, o, pool, slots, scale, N, P, TAIL,
 
 
 @triton.jit
+def _vk_tile(b_S, b_v, p, o_p, b_dq, b_dk, b_d, b_k, b_beta, b_qk):
+    """decode_vk_loop's step of one [BV, K] tile (loaded readout) from its loaded state b_S and v b_v:
+    o written at o_p, the new tile at p."""
+    r_q = tl.sum(b_S * b_dq[None, :], axis=1)
+    b_u = (b_v - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
+    tl.store(o_p, (r_q + b_qk * b_u).to(o_p.dtype.element_ty))
+    tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+
+
+@triton.jit
 def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, G: tl.constexpr,
                    BN: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = 0, PREFETCH: tl.constexpr = 0):
@@ -305,10 +315,7 @@ def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
                 if t + PREFETCH < G:  # tile t + PREFETCH's loads go out before tile t's work
                     b_S_ahead = tl.load(p + PREFETCH * BV * K)
                     b_v_ahead = tl.load(v + tok * V + o_v + PREFETCH * BV).to(tl.float32)
-                r_q = tl.sum(b_S * b_dq[None, :], axis=1)
-                b_u = (b_v - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
-                tl.store(o + tok * V + o_v, (r_q + b_qk * b_u).to(o.dtype.element_ty))
-                tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+                _vk_tile(b_S, b_v, p, o + tok * V + o_v, b_dq, b_dk, b_d, b_k, b_beta, b_qk)
                 if t + 1 < G:
                     if PREFETCH > 1:
                         b_S = b_S1
@@ -325,11 +332,8 @@ def decode_vk_loop(q, k, v, g, beta, o, pool, slots, scale, N,
             for t in tl.range(0, G, num_stages=STAGES):
                 o_v = (i_g * G + t) * BV + tl.arange(0, BV)
                 p = base + o_v[:, None] * K + o_k[None, :]
-                b_S = tl.load(p)
-                r_q = tl.sum(b_S * b_dq[None, :], axis=1)
-                b_u = (tl.load(v + tok * V + o_v).to(tl.float32) - tl.sum(b_S * b_dk[None, :], axis=1)) * b_beta
-                tl.store(o + tok * V + o_v, (r_q + b_qk * b_u).to(o.dtype.element_ty))
-                tl.store(p, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+                _vk_tile(tl.load(p), tl.load(v + tok * V + o_v).to(tl.float32), p, o + tok * V + o_v,
+                         b_dq, b_dk, b_d, b_k, b_beta, b_qk)
 
 
 @triton.jit
