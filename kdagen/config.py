@@ -378,15 +378,25 @@ class RecurrentConfig(_Config):
     # the state's loads marked evict-first and its stores streaming (.cs): it is read and written
     # once per step, so it need not stay in L2
     stream_state: bool = False
+    # one-item programs (programs_per_sm 0) only: G > 1 V tiles per program, G consecutive tiles of one
+    # (sequence, value head); a decode step's token inputs are loaded once and each tile's state is
+    # loaded into registers while the tile before it is computed, so a program keeps two tiles' loads in
+    # flight (templates/recurrent.py.j2's tile group); items of other lengths take their tiles in turn
+    tiles_per_program: int = 1
 
     def __post_init__(self):
-        self._check_pow2("block_v", "num_warps")
+        self._check_pow2("block_v", "num_warps", "tiles_per_program")
         self._check_stages("num_stages")
         self._check_choice("readout", READOUTS)
         pps = self.programs_per_sm
         if isinstance(pps, bool) or not isinstance(pps, int) or not 0 <= pps <= 32:
             raise ConfigError(f"recurrent: programs_per_sm must be an int in 0..32, got {pps!r}")
         self._check_bool("stream_state")
+        if self.tiles_per_program > 32:
+            raise ConfigError(f"recurrent: tiles_per_program must be at most 32, got {self.tiles_per_program}")
+        if self.tiles_per_program > 1 and pps:
+            raise ConfigError("recurrent: tiles_per_program > 1 is for one-item programs (programs_per_sm 0); "
+                              f"got programs_per_sm={pps}")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

@@ -46,3 +46,7 @@ def test_config_strings(bench):
     assert bench.pairs("64/2/s,8/4/6/2/s") == [(64, 2, "s"), (8, 4, 6, 2, "s")]
     c = bench.config_of((8, 4, 6, 2, "s"))
     assert (c.block_v, c.num_warps, c.programs_per_sm, c.num_stages, c.stream_state) == (8, 4, 6, 2, True)
+    assert bench.pairs("8/4/t8,8/4/s/t4") == [(8, 4, "t8"), (8, 4, "s", "t4")]
+    c = bench.config_of((8, 4, "s", "t4"))
+    assert (c.block_v, c.num_warps, c.programs_per_sm, c.stream_state, c.tiles_per_program) == (8, 4, 0, True, 4)
+    assert bench.config_of((16, 2)).tiles_per_program == 1

@@ -222,3 +222,72 @@ def test_only_persistent_programs_with_stages_pipeline_their_item_loop():
     assert "tl.range(it0, n_items, step, num_stages=3)" in piped and "item_n" not in piped
     assert "tl.range" not in hand and "item_n = it + step" in hand
     assert "tl.range" not in grid and "n_items" not in grid
+
+
+@pytest.mark.parametrize("tiles", (2, 4))
+@pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
+@pytest.mark.parametrize("member", MEMBERS)
+def test_tile_groups_are_the_recurrence(member, dt, tiles):
+    """RecurrentConfig.tiles_per_program: a program over 2 or 4 V tiles of 8 (V = 40: the last group
+    partly past V) -- decode steps (one token per sequence: the group's loop with the next tile loaded
+    ahead) and the packed sequences of 5, 0 and 4 tokens (each tile whole, in turn) -- in both readouts."""
+    x, h0, cu = _inputs(member, dt, seed=4)
+    step = {n: t[:, [0, 2, 5]].contiguous() for n, t in x.items()}  # token 2 has the -inf channels
+    for inputs, offsets in ((step, torch.tensor([0, 1, 2, 3])), (x, cu)):
+        ro, rh = _ref(member, inputs, h0, offsets)
+        for readout in READOUTS:
+            cfg = RecurrentConfig(block_v=8, num_warps=1, readout=readout, tiles_per_program=tiles)
+            o, ht = _op(member, inputs, h0, offsets, cfg)
+            what = f"{member} {readout} {tiles} tiles, {offsets.tolist()}"
+            assert_close(o, ro, TOL[dt], what + " o")
+            assert_close(ht, rh, TOL[dt], what + " final state")
+
+
+@pytest.mark.parametrize("slot_grid", (False, True), ids=("batch-grid", "slot-grid"))
+@pytest.mark.parametrize("v_first", (False, True), ids=("k-first", "v-first"))
+def test_tile_groups_in_a_state_pool(v_first, slot_grid, monkeypatch):
+    """A decode step on a pool with tiles_per_program = 4 (BV = 4, V = 24: two groups, the second
+    half past V), slots permuted and two padding sequences: o and the new slots against the float64
+    recurrence, padding's o exactly 0, the unused slots untouched; over the batch and the slot grid."""
+    from kdagen.cache import heuristics
+    monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1 if slot_grid else 10 ** 9)
+    monkeypatch.setattr(heuristics, "SLOT_GRID_MAX_RATIO", 10 ** 9)
+    gen = torch.Generator().manual_seed(21)
+    N, HV, K, V, P = 5, 2, 16, 24, 8
+    q, k = torch.randn(N, 1, HV, K, generator=gen), F.normalize(torch.randn(N, 1, HV, K, generator=gen), dim=-1)
+    v, beta = torch.randn(N, 1, HV, V, generator=gen), torch.rand(N, 1, HV, generator=gen)
+    g = -torch.rand(N, 1, HV, K, generator=gen)
+    pool_kv = torch.randn(P, HV, K, V, generator=gen)
+    pool = pool_kv.transpose(-1, -2).contiguous() if v_first else pool_kv.clone()
+    slots = torch.tensor([6, -1, 1, 3, P], dtype=torch.int32)
+    keep = (slots >= 0) & (slots < P)
+    ro, rh = naive_recurrent_kda(q[keep], k[keep], v[keep], g[keep], beta[keep],
+                                 initial_state=pool_kv[slots[keep].long()], output_final_state=True)
+    cfg = RecurrentConfig(block_v=4, num_warps=1, readout="loaded", tiles_per_program=4)
+    launch, *_ = kdagen.ops.recurrent.fused_recurrent_kda_launch(
+        q, k, v, g, beta, initial_state=pool.clone(), ssm_state_indices=slots, state_v_first=v_first, config=cfg)
+    assert launch.constexprs["SLOT_GRID"] is slot_grid and launch.grid[0] == 2  # 6 tiles of 4: two groups
+    o, _ = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
+                                      state_v_first=v_first, config=cfg)
+    want = pool_kv.clone()
+    want[slots[keep].long()] = rh.float()
+    assert_close(o[keep], ro, TOL[F32], "o")
+    assert torch.equal(o[~keep], torch.zeros_like(o[~keep]))
+    got = pool.transpose(-1, -2) if v_first else pool
+    assert_close(got, want, TOL[F32], "pool")
+    unused = [s for s in range(P) if s not in slots.tolist()]
+    assert torch.equal(got[unused], pool_kv[unused])
+
+
+def test_tile_groups_are_validated_and_in_the_source():
+    assert RecurrentConfig(tiles_per_program=8).tiles_per_program == 8
+    for bad in (3, 0, 64, True):
+        with pytest.raises(ConfigError, match="tiles_per_program"):
+            RecurrentConfig(tiles_per_program=bad)
+    with pytest.raises(ConfigError, match="one-item programs"):
+        RecurrentConfig(tiles_per_program=2, programs_per_sm=4)
+    plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
+    grouped = render("recurrent", plan, RecurrentConfig(tiles_per_program=4)).text
+    plain = render("recurrent", plan, RecurrentConfig()).text
+    assert "for j in tl.static_range(4):" in grouped and "BVG: tl.constexpr = BV * 4" in grouped
+    assert "static_range" not in plain and "BVG" not in plain

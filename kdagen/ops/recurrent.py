@@ -112,7 +112,8 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
         constexprs["BIAS_PER_HEAD"] = dt_bias.numel() != HV * K
     args["NS"] = N
     # rows: the sequences, or (slot grid) a row for the padding sequences' o and one per slot
-    grid = (triton.cdiv(V, bv), ((P + 1) if by_slot else N) * HV)
+    # columns: the V tiles, or (tiles_per_program G > 1) groups of G of them
+    grid = (triton.cdiv(triton.cdiv(V, bv), cfg.tiles_per_program), ((P + 1) if by_slot else N) * HV)
     if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
     launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
