@@ -138,6 +138,12 @@ REC_CASES = [
     ("bf16-gate-in-kernel-lowerbound-BV64", "bfloat16", 128, 128, "gik_lb", 64, {}),
     ("fp16-gate-in-kernel-softplus-BV16", "float16", 128, 128, "gik_sp", 16, {}),
     ("bf16-K128V128-BV64-pool-v-first", "bfloat16", 128, 128, "direct", 64, dict(pool="float32", v_first=True)),
+    # tile groups (tiles_per_program): a program over 8 V tiles of a [V, K] pool, the next one loaded ahead;
+    # and over 2 tiles of a [K, V] state in a packed call (items of several tokens: each tile whole)
+    ("bf16-K128V128-BV8-pool-v-first-tile-group-8", "bfloat16", 128, 128, "direct", 8,
+     dict(pool="float32", v_first=True, rc=dict(num_warps=4, readout="loaded", tiles_per_program=8))),
+    ("bf16-K96V192-varlen-gate-in-kernel-tile-group-2", "bfloat16", 96, 192, "gik_lb", 32,
+     dict(varlen=True, rc=dict(tiles_per_program=2))),
     # persistent programs prefetching their next item, the readout from the loaded state
     ("bf16-K128V128-BV32-bf16-pool-persistent-loaded-streamed", "bfloat16", 128, 128, "direct", 32,
      dict(pool="bfloat16", rc=dict(num_warps=1, readout="loaded", programs_per_sm=3, stream_state=True))),
