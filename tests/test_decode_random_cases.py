@@ -16,7 +16,8 @@ HV = H or 2H value heads (GVA), K, V in {16, 32}, a pool of N..N+3 float32 slots
 sequence through cu_seqlens, q of shape [1, T, H, K]) or the batch form ([N, T, H, K], T in 1..2),
 fp32 or fp16 inputs, g in (-2, 0] with some channels of some tokens at -inf (a reset, which the docstring
 promises), l2-normalised k, beta in (0, 1), the default or a random scale, either readout, block_v in
-{4, 8, 16, 32} up to V (the narrow tiles of a [V, K] pool, each a contiguous block, among them).
+{4, 8, 16, 32} up to V (the narrow tiles of a [V, K] pool, each a contiguous block, among them); the slot and
+batch paths' programs take one V tile or a group of 2 or 4 (RecurrentConfig.tiles_per_program).
 
 Each case is called twice (the second call goes through the fast path's entry), the pool reset and
 ``out=`` filled with NaN before each call, and checked: every valid sequence's o and its slot's new state
@@ -111,7 +112,9 @@ def config_for(case: dict, path: str) -> RecurrentConfig:
     if path == "persistent":
         return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=_pick(gen, (2, 4)),
                                programs_per_sm=_pick(gen, (1, 2, 4)), num_stages=_pick(gen, (1, 2)))
-    return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=_pick(gen, (1, 2, 4)))
+    # one-item programs: a V tile each, or a group of 2 or 4 (tiles_per_program; past V where the group is wider)
+    return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=_pick(gen, (1, 2, 4)),
+                           tiles_per_program=_pick(gen, (1, 1, 2, 4)))
 
 
 def describe(case: dict, path: str | None = None) -> str:
@@ -177,10 +180,11 @@ def test_random_decode_case(path_heuristics, seed, path):
     # the launch this path describes (nothing runs)
     launch, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool0.clone(), **kw)
     nv = -(-V // min(case["block_v"], V))
+    ng = -(-nv // cfg.tiles_per_program)  # the programs' columns: groups of tiles_per_program V tiles
     if path == "slot":
-        assert launch.constexprs["SLOT_GRID"] and launch.grid == (nv, (P + 1) * HV), what
+        assert launch.constexprs["SLOT_GRID"] and launch.grid == (ng, (P + 1) * HV), what
     elif path == "batch":
-        assert not launch.constexprs["SLOT_GRID"] and launch.grid == (nv, case["N"] * HV), what
+        assert not launch.constexprs["SLOT_GRID"] and launch.grid == (ng, case["N"] * HV), what
     else:
         assert not launch.constexprs["SLOT_GRID"], what
         assert launch.grid == (min(nv * case["N"] * HV, cfg.programs_per_sm),), what  # (one "SM" on the CPU)
