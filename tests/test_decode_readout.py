@@ -6,7 +6,8 @@ registers from one token's update to the next readout), varlen with an empty seq
 initial state, a state pool, and g = -inf (a reset); each also as persistent programs
 (RecurrentConfig.programs_per_sm: fewer programs than items, each prefetching its next item), and
 as persistent programs whose item loop Triton's pipeliner runs (num_stages > 1: one-token items in
-the pipelined loop, longer ones in a second loop)."""
+the pipelined loop, longer ones in a second loop); and as one-item programs over groups of V tiles
+(RecurrentConfig.tiles_per_program: a decode step's tiles with the next one loaded ahead)."""
 from __future__ import annotations
 
 import pytest
