@@ -381,7 +381,9 @@ class RecurrentConfig(_Config):
     # one-item programs (programs_per_sm 0) only: G > 1 V tiles per program, G consecutive tiles of one
     # (sequence, value head); a decode step's token inputs are loaded once and each tile's state is
     # loaded into registers while the tile before it is computed, so a program keeps two tiles' loads in
-    # flight (templates/recurrent.py.j2's tile group); items of other lengths take their tiles in turn
+    # flight (templates/recurrent.py.j2's tile group); items of other lengths take their tiles in turn.
+    # Not taken by any heuristic: on an H100 (bench/RESULTS.md, run 176; fp32 [V, K] pool, B=256) every G
+    # was slower than the 64-wide defaults (96.8% of copy at G=4 down to 94.2% at G=16, against 97.2-98.2%).
     tiles_per_program: int = 1
 
     def __post_init__(self):
