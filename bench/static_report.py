@@ -176,18 +176,21 @@ def gate_rows():
     return rows
 
 
-def decode_launch(form: str, block_v: int = 64, num_warps: int = 2, state_v_first: bool = False):
+def decode_launch(form: str, block_v: int = 64, num_warps: int = 2, state_v_first: bool = False,
+                  tiles_per_program: int = 1):
     """The serving decode step's launch (issue 13's shape: B=256, H=32, K=V=128, bf16 inputs, an fp32 pool of
     B+4 slots in the benchmarks' scrambled order, BV=64 on 2 warps unless given, loaded readout) as the H200
     runs it: the slot grid by the heuristic, PDL on.  ``form``: "batch" ([B, 1, H, K]) or "packed"
-    (cu_seqlens); ``state_v_first``: the pool laid out [P, HV, V, K]."""
+    (cu_seqlens); ``state_v_first``: the pool laid out [P, HV, V, K]; ``tiles_per_program``: the
+    config's tile groups (G V tiles a program)."""
     from kdagen.codegen.lower import lower
     from kdagen.config import RecurrentConfig
     from kdagen.tuning.compile_pool import pool_launch_for
 
     N, HV, K = 256, 32, 128
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
-    return pool_launch_for(plan, RecurrentConfig(block_v=block_v, num_warps=num_warps, readout="loaded"),
+    return pool_launch_for(plan, RecurrentConfig(block_v=block_v, num_warps=num_warps, readout="loaded",
+                                                   tiles_per_program=tiles_per_program),
                            torch.bfloat16, (N, 1, HV, HV), pdl=True,
                            slots=((torch.arange(N) * 7) % (N + 4)).to(torch.int32), packed=form == "packed",
                            by_slot=None, state_v_first=state_v_first)
@@ -197,14 +200,16 @@ def main(argv):
     if argv[:1] == ["--decode"]:
         cols = ("BAR", "SHFL", "REDUX", "LDS", "STS", "LDG", "STG")
         v_first = argv[1:2] == ["--v-first"]
-        tiles = [tuple(map(int, a.split("/"))) for a in argv[2 if v_first else 1:]] or [(64, 2)]
+        # BV/warps, or BV/warps/G (G: tiles_per_program)
+        tiles = [tuple(map(int, a.replace("t", "").split("/"))) for a in argv[2 if v_first else 1:]] or [(64, 2)]
         print(f"{'pool':<6} {'BV/warps':>8} {'form':<7} {'slot grid':>9} {'regs':>4} {'spill':>5} {'total':>6} "
               + " ".join(f"{c:>5}" for c in cols))
-        for bv, w in tiles:
+        for bv, w, *group in tiles:
             for form in ("batch", "packed"):
-                ln = decode_launch(form, bv, w, v_first)
+                ln = decode_launch(form, bv, w, v_first, group[0] if group else 1)
                 r = sass_mix(ln)
-                print(f"{'[V,K]' if v_first else '[K,V]':<6} {f'{bv}/{w}':>8} {form:<7} "
+                tile = f"{bv}/{w}" + (f"/t{group[0]}" if group else "")
+                print(f"{'[V,K]' if v_first else '[K,V]':<6} {tile:>8} {form:<7} "
                       f"{str(ln.constexprs['SLOT_GRID']):>9} {r['regs']:>4} {r['spill_bytes'] or 0:>5} "
                       f"{r['total']:>6} " + " ".join(f"{r.get(c, 0):>5}" for c in cols))
         return
