@@ -5,6 +5,10 @@ one launch of it:
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \\
         --section MemoryWorkloadAnalysis \\
         python3 bench/decode_ncu_target.py --pool bfloat16 --block-v 32 --warps 1 --readout loaded
+
+Without --block-v the op runs its own choice (the heuristic's, or a tuned winner).  ``--mul``
+runs torch's in-place ``mul_`` over the whole pool instead (B + 3 or 4 slots) (the traffic with nothing else
+to do: profile it with ``--kernel-name regex:elementwise``), for comparison with the op.
 """
 from __future__ import annotations
 
@@ -22,19 +26,34 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--pool", default="float32", choices=("float32", "bfloat16"))
-    ap.add_argument("--block-v", type=int, default=64)
+    ap.add_argument("--block-v", type=int, default=None, help="with --warps: a config (default: the op's own)")
     ap.add_argument("--warps", type=int, default=4)
-    ap.add_argument("--readout", default="updated")
+    ap.add_argument("--readout", default="loaded")
+    ap.add_argument("--tiles-per-program", type=int, default=1)
+    ap.add_argument("--state-v-first", action="store_true", help="the pool laid out [P, HV, V, K]")
+    ap.add_argument("--mul", action="store_true", help="torch's in-place mul_ over the pool instead")
     args = ap.parse_args()
     import kdagen
     from kdagen.config import RecurrentConfig
     from serving import decode_case
 
-    _, _, _, (x, pool, slots, cu, out) = decode_case(args.batch, True, getattr(torch, args.pool))
-    cfg = RecurrentConfig(block_v=args.block_v, num_warps=args.warps, readout=args.readout)
+    _, _, err, (x, pool, slots, cu, out) = decode_case(args.batch, True, getattr(torch, args.pool),
+                                                       v_first=args.state_v_first)
+    print(f"the op against float64 before profiling: {err:.1e}", flush=True)
+    if err > 5e-3:
+        raise SystemExit("the op's step disagrees with float64")
+    cfg = None
+    if args.block_v is not None:
+        cfg = RecurrentConfig(block_v=args.block_v, num_warps=args.warps, readout=args.readout,
+                              tiles_per_program=args.tiles_per_program)
     for _ in range(4):
-        kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu, out=out, config=cfg)
-    torch.cuda.synchronize()
+        if args.mul:
+            pool.mul_(1.0)
+        else:
+            kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu, out=out,
+                                       config=cfg, state_v_first=args.state_v_first)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
