@@ -116,6 +116,8 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     grid = (triton.cdiv(triton.cdiv(V, bv), cfg.tiles_per_program), ((P + 1) if by_slot else N) * HV)
     if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
+    elif by_slot and cfg.slot_programs_per_sm:  # the slot loop: the slot grid's items taken in turn
+        grid = (max(1, min(grid[0] * grid[1], cfg.slot_programs_per_sm * _sm_count(q.device))),)
     launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
 
