@@ -57,19 +57,17 @@ def pairs(spec: str):
     persistent programs (RecurrentConfig.programs_per_sm) and their stages (2: Triton's pipelined item loop,
     the next items' tiles loaded asynchronously into shared memory).  A last field "s": the state's loads
     evict-first and its stores streaming (RecurrentConfig.stream_state): "64/2/s" -> (64, 2, "s").  A last
-    field "tG": G V tiles per program (RecurrentConfig.tiles_per_program): "8/4/t8" -> (8, 4, "t8").  A last
-    field "lN": the slot loop's N programs per SM (RecurrentConfig.slot_programs_per_sm): "64/2/l4" -> (64, 2, "l4")."""
-    return [tuple(f if f == "s" or f[:1] in ("t", "l") else int(f) for f in p.split("/")) for p in spec.split(",") if p]
+    field "tG": G V tiles per program (RecurrentConfig.tiles_per_program): "8/4/t8" -> (8, 4, "t8")."""
+    return [tuple(f if f == "s" or f.startswith("t") else int(f) for f in p.split("/")) for p in spec.split(",") if p]
 
 
 def config_of(c) -> RecurrentConfig:
     """The RecurrentConfig of a pairs() entry (the loaded readout)."""
     n = [f for f in c if isinstance(f, int)]
     tiles = [int(f[1:]) for f in c if isinstance(f, str) and f.startswith("t")]
-    loop = [int(f[1:]) for f in c if isinstance(f, str) and f.startswith("l")]
     return RecurrentConfig(block_v=n[0], num_warps=n[1], num_stages=n[3] if len(n) > 3 else 1,
                            programs_per_sm=n[2] if len(n) > 2 else 0, readout="loaded", stream_state="s" in c,
-                           tiles_per_program=tiles[0] if tiles else 1, slot_programs_per_sm=loop[0] if loop else 0)
+                           tiles_per_program=tiles[0] if tiles else 1)
 
 
 def case(B, H, pool_dtype, seed=0, K=128, V=128):

@@ -385,12 +385,6 @@ class RecurrentConfig(_Config):
     # Not taken by any heuristic: on an H100 (bench/RESULTS.md, runs 176 and 178; fp32 [V, K] pool, B=256) every
     # G was slower than that pool's 64-wide default (97.8% of copy at G=2 down to 94.2% at G=16, against 98.2-98.3%).
     tiles_per_program: int = 1
-    # one-item programs (programs_per_sm 0, one tile each) on the slot grid only: n > 0 launches n programs per SM,
-    # each taking the slot grid's items (slot row, V tile) it, it + n * SMs, ... in turn with no prefetch -- an
-    # item's loads go out as soon as the item before it has issued its stores, so a program neither waits for its
-    # stores to drain nor makes way for a new program between items (templates/recurrent.py.j2's slot loop).
-    # Where the call does not take the slot grid (kdagen.cache.heuristics.slot_grid), it has no effect.
-    slot_programs_per_sm: int = 0
 
     def __post_init__(self):
         self._check_pow2("block_v", "num_warps", "tiles_per_program")
@@ -405,12 +399,6 @@ class RecurrentConfig(_Config):
         if self.tiles_per_program > 1 and pps:
             raise ConfigError("recurrent: tiles_per_program > 1 is for one-item programs (programs_per_sm 0); "
                               f"got programs_per_sm={pps}")
-        spps = self.slot_programs_per_sm
-        if isinstance(spps, bool) or not isinstance(spps, int) or not 0 <= spps <= 32:
-            raise ConfigError(f"recurrent: slot_programs_per_sm must be an int in 0..32, got {spps!r}")
-        if spps and (pps or self.tiles_per_program > 1):
-            raise ConfigError("recurrent: slot_programs_per_sm > 0 loops one-item programs over the slot grid; it "
-                              f"takes programs_per_sm 0 and tiles_per_program 1, got {pps} and {self.tiles_per_program}")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

@@ -203,18 +203,6 @@ def dummy_pointer(device) -> torch.Tensor:
     return t
 
 
-_WORK: dict = {}
-
-
-def work_counter(device) -> torch.Tensor:
-    """Two int32 counters (zero between launches) for the kernels whose programs claim their items
-    at run time (the recurrent form's slot loop): each such launch leaves them at 0 when it ends."""
-    t = _WORK.get(device)
-    if t is None:
-        t = _WORK[device] = torch.zeros(2, dtype=torch.int32, device=device)
-    return t
-
-
 @dataclass
 class Launch:
     """One kernel launch, described: run it, time it, or compile it for another GPU."""

@@ -220,8 +220,6 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["persistent"] = config.programs_per_sm > 0
         # one-item programs over G V tiles each (G = tiles_per_program; 1: a tile each)
         v["tile_group"] = config.tiles_per_program
-        # one-item programs looped over the slot grid's items (slot_programs_per_sm programs per SM)
-        v["slot_loop"] = config.slot_programs_per_sm > 0
         # persistent programs with num_stages > 1: the item loop is left to Triton's software
         # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
         # ahead) in place of the hand prefetch of the next item into registers

@@ -13,7 +13,7 @@ from ..cache.lookup import resolve
 from ..codegen.lower import lower
 from ..config import RecurrentConfig
 from ..dtypes import dtype
-from ..kernels import Launch, build, dummy_pointer, launch, launch_options, work_counter
+from ..kernels import Launch, build, dummy_pointer, launch, launch_options
 from . import checks
 from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, host_seqlens,
                      preprocess, select_spec, state_layout, state_shape)
@@ -42,7 +42,7 @@ def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_st
     args.update(o=o, h0=initial_state if initial_state is not None else dummy,
                 ht=ht if ht is not None else dummy,
                 state_indices=state_indices if state_indices is not None else dummy,
-                cu_seqlens=dummy if cu_seqlens is None else _on_device(cu_seqlens, dev), work=dummy,
+                cu_seqlens=dummy if cu_seqlens is None else _on_device(cu_seqlens, dev),
                 T=dims.T, P=initial_state.shape[0] if initial_state is not None else dims.N, scale=float(scale))
     return o, ht, args
 
@@ -116,9 +116,6 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     grid = (triton.cdiv(triton.cdiv(V, bv), cfg.tiles_per_program), ((P + 1) if by_slot else N) * HV)
     if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
-    elif by_slot and cfg.slot_programs_per_sm:  # the slot loop: the slot grid's items claimed in turn
-        grid = (max(1, min(grid[0] * grid[1], cfg.slot_programs_per_sm * _sm_count(q.device))),)
-        args["work"] = work_counter(q.device)
     launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
 
@@ -287,7 +284,7 @@ def fused_recurrent_kda(
             _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages, float(scale),
                                 dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc),
                                 state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first),
-                                {n: desc.args[n] for n in ("NS", "work") if n in desc.args})
+                                {n: desc.args[n] for n in ("NS",) if n in desc.args})
         return o, ht  # the launch description already leaves out a final state nobody asked for
     if cu_seqlens is not None and cu_seqlens.is_cpu:
         host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
@@ -312,7 +309,7 @@ def fused_recurrent_kda(
         ptrs += (o.data_ptr(), d.dummy if initial_state is None else initial_state.data_ptr(),
                  d.dummy if ht is None else ht.data_ptr(),
                  d.dummy if ssm_state_indices is None else ssm_state_indices.data_ptr(),
-                 d.dummy if cu_seqlens is None else cu_seqlens.data_ptr(), d.work)
+                 d.dummy if cu_seqlens is None else cu_seqlens.data_ptr())
         if d.launch(ptrs):
             return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
     o, ht, args = _outputs_and_args(
@@ -469,7 +466,6 @@ class _Direct:
         self.tail = tuple(constexprs.values())
         self.scalars = tuple(a for a in vals if not isinstance(a, torch.Tensor))  # T, P, scale
         self.dummy = dummy_pointer(vals[0].device).data_ptr()
-        self.work = args["work"].data_ptr()  # the slot loop's counters (kernels.work_counter), or the dummy
         c_launch = getattr(run, "launch", None)
         plain = (c_launch is not None and getattr(run, "global_scratch_size", 1) == 0
                  and getattr(run, "profile_scratch_size", 1) == 0)
@@ -528,7 +524,7 @@ class _Entry:
     with_bias: bool
     direct: _Direct | None  # on a GPU
     state_shape: tuple  # of a final state the call allocates
-    extra: dict  # the launch's arguments beyond _outputs_and_args' (NS, the sequences' count; work, the counters)
+    extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (NS, the sequences' count)
 
 
 def _t(x):
