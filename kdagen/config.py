@@ -383,7 +383,8 @@ class RecurrentConfig(_Config):
     # loaded into registers while the tile before it is computed, so a program keeps two tiles' loads in
     # flight (templates/recurrent.py.j2's tile group); items of other lengths take their tiles in turn.
     # Not taken by any heuristic: on an H100 (bench/RESULTS.md, runs 176 and 178; fp32 [V, K] pool, B=256) every
-    # G was slower than that pool's 64-wide default (97.8% of copy at G=2 down to 94.2% at G=16, against 98.2-98.3%).
+    # G was slower than that pool's 64-wide default (97.8% of copy at G=2 down to 94.2% at G=16, against 98.2-98.3%),
+    # on the [K, V] pool too (run 181), and on an H200 (run 184: 92.6-92.9% against the [K, V] default's 95.3%).
     tiles_per_program: int = 1
 
     def __post_init__(self):
