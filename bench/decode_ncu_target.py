@@ -7,8 +7,9 @@ one launch of it:
         python3 bench/decode_ncu_target.py --pool bfloat16 --block-v 32 --warps 1 --readout loaded
 
 Without --block-v the op runs its own choice (the heuristic's, or a tuned winner).  ``--mul``
-runs torch's in-place ``mul_`` over the whole pool instead (B + 3 or 4 slots) (the traffic with nothing else
-to do: profile it with ``--kernel-name-base demangled --kernel-name regex:MulFunctor``), for comparison with the op.
+runs torch's in-place ``mul_`` over the whole pool of B + 3 or 4 slots instead -- the same traffic with
+nothing else to do, for comparison with the op; profile it with ``--kernel-name-base demangled
+--kernel-name regex:MulFunctor``.
 """
 from __future__ import annotations
 
