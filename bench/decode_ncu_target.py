@@ -34,10 +34,11 @@ def main():
     ap.add_argument("--state-v-first", action="store_true", help="the pool laid out [P, HV, V, K]")
     ap.add_argument("--mul", action="store_true", help="torch's in-place mul_ over the pool instead")
     args = ap.parse_args()
+    from serving import decode_case, pool_slots
+
     if args.mul:  # nothing else multiplies floats here, so --kernel-name-base demangled regex:MulFunctor finds it
         dev = "cuda" if torch.cuda.is_available() else "cpu"
-        P = args.batch + 3 + (1 if (args.batch + 3) % 7 == 0 else 0)  # serving.Geometry.pool's slots
-        pool = torch.randn(P, 32, 128, 128, device=dev, dtype=getattr(torch, args.pool))
+        pool = torch.randn(pool_slots(args.batch), 32, 128, 128, device=dev, dtype=getattr(torch, args.pool))
         for _ in range(4):
             pool.mul_(1.0)
         if dev == "cuda":
@@ -45,7 +46,6 @@ def main():
         return
     import kdagen
     from kdagen.config import RecurrentConfig
-    from serving import decode_case
 
     _, _, err, (x, pool, slots, cu, out) = decode_case(args.batch, True, getattr(torch, args.pool),
                                                        v_first=args.state_v_first)

@@ -103,13 +103,19 @@ class Geometry:
     def pool(self, gen, dtype=torch.float32, extra=3):
         """A pool with a few slots more than sequences; sequence n uses slot (7 n) mod P (a
         permutation: P is not a multiple of 7), computed on the device (no host round trip)."""
-        P = self.B + extra + (1 if (self.B + extra) % 7 == 0 else 0)
+        P = pool_slots(self.B, extra)
         pool = (0.1 * torch.randn(P, self.H, self.K, self.V, generator=gen, device=DEV)).to(dtype)
         slots = (torch.arange(self.B, device=DEV) * 7) % P
         return pool, slots.to(torch.int32)
 
     def cu(self):
         return torch.arange(self.B + 1, device=DEV, dtype=torch.int64)
+
+
+def pool_slots(B, extra=3):
+    """The slots of a benchmark pool for B sequences: B + extra, one more where that is a multiple of 7
+    (so that n -> (7 n) mod P is a permutation)."""
+    return B + extra + (1 if (B + extra) % 7 == 0 else 0)
 
 
 def generator(seed):
