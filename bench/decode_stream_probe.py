@@ -1,0 +1,208 @@
+"""Persistent, TMA-pipelined programs for the fp32 decode step (issue 13's B=256 row): does a
+program that keeps several state tiles in flight through Hopper's tensor memory accelerator,
+and stores through it asynchronously, stream the pool faster than one-tile programs?
+
+    PYTHONPATH=. python3 bench/decode_stream_probe.py [--batch 256] [--rows stream,decode]
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/decode_stream_probe.py --check-only --batch 3
+
+The design (nothing like it was measured before: session 17's TMA rows were one tile per
+program, sessions 11/34's persistent loops went through cp.async or registers): a grid of
+``programs_per_sm`` x SMs programs, each taking the items (sequence, head, V tile) it, it + G, ...
+in a ``tl.range(num_stages=S)`` loop whose state tile is a tensor-descriptor load, so that
+Triton's pipeliner issues each tile's load S - 1 items ahead into shared memory (an mbarrier,
+no registers held), and whose new state goes out as a TMA store that overlaps the next item.
+
+Rows (µs from CUDA-graph replay of 10 steps, % of the 1 GiB device copy, as serving.py counts):
+- ``stream``: the access pattern alone (each tile scaled and written back in place): one tile a
+  program (the op's pattern) against the persistent TMA loop over (S, warps, BV, programs per SM,
+  slot order: address or the benchmarks' scrambled (7 n) mod P);
+- ``decode``: the KDA decode step (packed, one token per sequence, fp32 [K, V] pool in place)
+  as a persistent TMA loop, checked against ``kdagen.fused_recurrent_kda`` on the same inputs
+  first (o and pool), beside the op itself.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@triton.jit
+def stream_one_tile(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """One program per item (sequence n, head, V tile), its [K, BV] tile of slot slots[n] scaled in place."""
+    NV: tl.constexpr = V // BV
+    item = tl.program_id(0)
+    i_v = item % NV
+    i_n = (item // NV) // HV
+    i_hv = (item // NV) % HV
+    slot = tl.load(slots + i_n).to(tl.int64)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    p = pool + (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+    tl.store(p, tl.load(p) * 0.999)
+
+
+@triton.jit
+def stream_tma(desc, slots, n_items, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+               S: tl.constexpr):
+    """Persistent: program p takes items p, p + G, ...; each tile loaded through the descriptor (the
+    pool as [P * HV * K, V]) S - 1 items ahead by Triton's pipeliner, scaled, stored through it."""
+    NV: tl.constexpr = V // BV
+    for it in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=S):
+        i_v = it % NV
+        i_n = (it // NV) // HV
+        i_hv = (it // NV) % HV
+        row = (tl.load(slots + i_n) * HV + i_hv) * K
+        b = desc.load([row, i_v * BV])
+        desc.store([row, i_v * BV], b * 0.999)
+
+
+@triton.jit
+def decode_tma(q, k, v, g, beta, o, desc, slots, cu, n_items, P, scale,
+               H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, S: tl.constexpr):
+    """The KDA decode step (one token per sequence, packed by cu_seqlens, the fp32 pool [P, H, K, V]
+    updated in place at slot slots[n]) as persistent programs over the items (n, head, V tile): the
+    state tile through the descriptor (S - 1 items ahead), the step's readout from the loaded state
+        o = S^T (D q) + (k . q) u,   u = beta (v - S^T (D k)),   S' = D S + k u^T,   D = Diag(exp g),
+    the new tile stored through the descriptor.  A padding sequence (slot outside [0, P)) reads a
+    wholly out-of-bounds tile (zeros), writes none, and gets o = 0."""
+    NV: tl.constexpr = V // BV
+    o_k = tl.arange(0, K)
+    o_bv = tl.arange(0, BV)
+    for it in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=S):
+        i_v = it % NV
+        i_n = (it // NV) // H
+        i_h = (it // NV) % H
+        slot = tl.load(slots + i_n)
+        ok = (slot >= 0) & (slot < P)
+        row = tl.where(ok, (slot * H + i_h) * K, -K)
+        b_S = desc.load([row, i_v * BV])
+        t = tl.load(cu + i_n)
+        b_q = tl.load(q + (t * H + i_h) * K + o_k).to(tl.float32) * scale
+        b_k = tl.load(k + (t * H + i_h) * K + o_k).to(tl.float32)
+        b_d = tl.exp(tl.load(g + (t * H + i_h) * K + o_k).to(tl.float32))
+        b_beta = tl.load(beta + t * H + i_h).to(tl.float32)
+        b_v = tl.load(v + (t * H + i_h) * V + i_v * BV + o_bv).to(tl.float32)
+        b_rq = tl.sum(b_S * (b_q * b_d)[:, None], axis=0)
+        b_u = (b_v - tl.sum(b_S * (b_k * b_d)[:, None], axis=0)) * b_beta
+        b_o = b_rq + tl.sum(b_k * b_q) * b_u
+        tl.store(o + (t * H + i_h) * V + i_v * BV + o_bv, tl.where(ok, b_o, 0.).to(o.dtype.element_ty))
+        desc.store([row, i_v * BV], b_S * b_d[:, None] + b_k[:, None] * b_u[None, :])
+
+
+def _allocator(size, align, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pool_desc(pool, BV):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    P, HV, K, V = pool.shape
+    return TensorDescriptor(pool, [P * HV * K, V], [V, 1], [K, BV])
+
+
+def n_programs(per_sm):
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        return per_sm * torch.cuda.get_device_properties(0).multi_processor_count
+    return per_sm * 2
+
+
+def run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
+    B, H, K, V = slots.numel(), pool.shape[1], pool.shape[2], pool.shape[3]
+    n_items = B * H * (V // BV)
+    decode_tma[(min(n_programs(per_sm), n_items),)](
+        x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool_desc(pool, BV), slots, cu, n_items, pool.shape[0],
+        K ** -0.5, H=H, K=K, V=V, BV=BV, S=S, num_warps=warps, num_stages=S)
+
+
+def check_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
+    """The probe's o and pool against the op's on the same inputs (relative max error of each)."""
+    import kdagen
+    p0 = pool.clone()
+    kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu, out=out)
+    o_ref, s_ref = out.clone(), pool.clone()
+    pool.copy_(p0)
+    out.zero_()
+    run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm)
+    rel = lambda a, b: ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()  # noqa: E731
+    err = max(rel(out, o_ref), rel(pool, s_ref))
+    pool.copy_(p0)
+    return err
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--rows", default="stream,decode")
+    ap.add_argument("--stream", default="3/4/64/1,3/4/64/2,4/4/64/1,2/4/64/2,3/8/64/1,3/8/128/1,4/8/128/1,2/4/128/1",
+                    help="persistent TMA rows S/warps/BV/programs-per-SM")
+    ap.add_argument("--decode", default="3/4/64/1,3/4/64/2,4/4/64/1,2/4/64/2,3/8/64/1,3/8/128/1,2/8/128/1",
+                    help="decode rows S/warps/BV/programs-per-SM")
+    ap.add_argument("--check-only", action="store_true", help="check the decode rows against the op, time nothing")
+    args = ap.parse_args()
+    import serving
+    from serving import decode_case
+
+    triton.set_allocator(_allocator)
+    gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+    B, H, K, V = args.batch, 32, 128, 128
+    op, nbytes, err, (x, pool, slots, cu, out) = decode_case(B, True, torch.float32)
+    print(f"B={B}: the op against float64 {err:.2e}; pool {tuple(pool.shape)}", flush=True)
+    decode_rows = [tuple(map(int, r.split("/"))) for r in args.decode.split(",") if r]
+    for S, w, bv, per_sm in decode_rows:
+        e = check_decode(x, pool, slots, cu, out, bv, S, w, per_sm)
+        print(f"decode_tma S={S} warps={w} BV={bv} per_sm={per_sm}: against the op {e:.2e}"
+              f" {'ok' if e < 1e-5 else 'WRONG'}", flush=True)
+    if args.check_only or not gpu:
+        return
+    ceil = serving.copy_ceiling_gbs()
+    print(f"copy ceiling {ceil:.0f} GB/s (1 GiB copy_); {torch.cuda.get_device_name()}", flush=True)
+    pct = lambda us: 100 * nbytes / (us * 1e-6) / 1e9 / ceil  # noqa: E731
+    graph_us = serving.graph_us
+    whole = pool[: B]
+    us = graph_us(lambda: whole.mul_(0.999))
+    print(f"torch mul_ in place, the first B slots         {us:8.2f} us {pct(us):5.1f}%", flush=True)
+    if "stream" in args.rows:
+        orders = {"address": torch.arange(B, device=pool.device, dtype=slots.dtype), "scrambled": slots}
+        for name, sl in orders.items():
+            us = graph_us(lambda: stream_one_tile[(B * H * 2,)](pool, sl, HV=H, K=K, V=V, BV=64, num_warps=2))
+            print(f"one tile a program, BV=64, 2 warps, {name:9s}  {us:8.2f} us {pct(us):5.1f}%", flush=True)
+            for r in args.stream.split(","):
+                S, w, bv, per_sm = map(int, r.split("/"))
+                n_items = B * H * (V // bv)
+                desc = pool_desc(pool, bv)
+                try:
+                    us = graph_us(lambda: stream_tma[(n_programs(per_sm),)](
+                        desc, sl, n_items, HV=H, K=K, V=V, BV=bv, S=S, num_warps=w, num_stages=S))
+                    print(f"TMA loop S={S} warps={w} BV={bv:3d} {per_sm}/SM, {name:9s} {us:8.2f} us {pct(us):5.1f}%",
+                          flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"TMA loop S={S} warps={w} BV={bv} {per_sm}/SM: {type(e).__name__}: {str(e)[:160]}", flush=True)
+    if "decode" in args.rows:
+        us = graph_us(op)
+        print(f"the op (default config)                        {us:8.2f} us {pct(us):5.1f}%", flush=True)
+        for S, w, bv, per_sm in decode_rows:
+            try:
+                us = graph_us(lambda: run_decode(x, pool, slots, cu, out, bv, S, w, per_sm))
+                print(f"decode_tma S={S} warps={w} BV={bv:3d} {per_sm}/SM        {us:8.2f} us {pct(us):5.1f}%", flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"decode_tma S={S} warps={w} BV={bv} {per_sm}/SM: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        import kdagen
+        from kdagen.config import RecurrentConfig
+        for stream in (False, True):  # the default's tile with its loads evict-first and stores streaming
+            cfg = RecurrentConfig(block_v=64, num_warps=2, num_stages=1, readout="loaded", stream_state=stream)
+            us = graph_us(lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,
+                                                             cu_seqlens=cu, out=out, config=cfg))
+            print(f"the op, 64 / 2 loaded, stream_state={stream!s:5}     {us:8.2f} us {pct(us):5.1f}%", flush=True)
+        us = graph_us(op)
+        print(f"the op again                                   {us:8.2f} us {pct(us):5.1f}%", flush=True)
+
+
+if __name__ == "__main__":
+    main()
