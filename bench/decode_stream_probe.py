@@ -122,7 +122,9 @@ def run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
 
 
 def check_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
-    """The probe's o and pool against the op's on the same inputs (relative max error of each)."""
+    """The probe's o and pool against the op's on the same inputs: (o's, the pool's) largest difference over
+    the largest value.  o is bf16, so a different order of the K sums may flip its rounding (up to 2^-8 of
+    max|o|); the pool is float32."""
     import kdagen
     p0 = pool.clone()
     kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu, out=out)
@@ -131,7 +133,7 @@ def check_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
     out.zero_()
     run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm)
     rel = lambda a, b: ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()  # noqa: E731
-    err = max(rel(out, o_ref), rel(pool, s_ref))
+    err = (rel(out, o_ref), rel(pool, s_ref))
     pool.copy_(p0)
     return err
 
@@ -156,9 +158,9 @@ def main():
     print(f"B={B}: the op against float64 {err:.2e}; pool {tuple(pool.shape)}", flush=True)
     decode_rows = [tuple(map(int, r.split("/"))) for r in args.decode.split(",") if r]
     for S, w, bv, per_sm in decode_rows:
-        e = check_decode(x, pool, slots, cu, out, bv, S, w, per_sm)
-        print(f"decode_tma S={S} warps={w} BV={bv} per_sm={per_sm}: against the op {e:.2e}"
-              f" {'ok' if e < 1e-5 else 'WRONG'}", flush=True)
+        e_o, e_s = check_decode(x, pool, slots, cu, out, bv, S, w, per_sm)
+        print(f"decode_tma S={S} warps={w} BV={bv} per_sm={per_sm}: against the op o {e_o:.2e}, pool {e_s:.2e}"
+              f" {'ok' if e_o < 4e-3 and e_s < 1e-5 else 'WRONG'}", flush=True)
     if args.check_only or not gpu:
         return
     ceil = serving.copy_ceiling_gbs()
