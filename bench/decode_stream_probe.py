@@ -1,9 +1,17 @@
-"""Persistent, TMA-pipelined programs for the fp32 decode step (issue 13's B=256 row): does a
-program that keeps several state tiles in flight through Hopper's tensor memory accelerator,
-and stores through it asynchronously, stream the pool faster than one-tile programs?
+"""Two structures for the fp32 decode step (issue 13's B=256 row) that one-tile programs do not
+have: persistent programs whose state tiles stream through Hopper's tensor memory accelerator
+(TMA), and a (sequence, head)'s state split over K across programs that exchange their K sums.
 
     PYTHONPATH=. python3 bench/decode_stream_probe.py [--batch 256] [--rows stream,decode]
-    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/decode_stream_probe.py --check-only --batch 3
+    PYTHONPATH=. python3 bench/decode_stream_probe.py --stream "" --decode "" --ksplit 4/4,8/2
+    TRITON_INTERPRET=1 PYTHONPATH=. python3 bench/decode_stream_probe.py --check-only --batch 3 --ksplit 1/4
+
+The K-split (``decode_ksplit``): KS consecutive programs take K / KS whole rows each of one
+(sequence, head)'s state (a contiguous block: 16 KB at KS = 4), write their partial K sums to a
+scratch buffer, count themselves in a per-group counter and wait for the others (a spin on an
+acquire load), then sum the KS partials in a fixed order and update their rows.  Programs that
+wait for one another cannot run in the interpreter (it runs programs one after another), so there
+it is checked at KS = 1 only; on the GPU every row is checked against the op first.
 
 The design (nothing like it was measured before: session 17's TMA rows were one tile per
 program, sessions 11/34's persistent loops went through cp.async or registers): a grid of
@@ -17,8 +25,8 @@ Rows (µs from CUDA-graph replay of 10 steps, % of the 1 GiB device copy, as ser
   program (the op's pattern) against the persistent TMA loop over (S, warps, BV, programs per SM,
   slot order: address or the benchmarks' scrambled (7 n) mod P);
 - ``decode``: the KDA decode step (packed, one token per sequence, fp32 [K, V] pool in place)
-  as a persistent TMA loop, checked against ``kdagen.fused_recurrent_kda`` on the same inputs
-  first (o and pool), beside the op itself.
+  as a persistent TMA loop and as the K-split, checked against ``kdagen.fused_recurrent_kda`` on
+  the same inputs first (o and pool), beside the op itself.
 """
 from __future__ import annotations
 
@@ -35,15 +43,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 @triton.jit
-def stream_one_tile(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """One program per item (sequence n, head, V tile), its [K, BV] tile of slot slots[n] scaled in place."""
+def stream_one_tile(pool, slots, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+                    BK: tl.constexpr = 0):
+    """One program per item (sequence n, head, K slice, V tile), its [BK, BV] tile (BK = 0: all of K) of
+    slot slots[n] scaled in place."""
     NV: tl.constexpr = V // BV
+    RK: tl.constexpr = K if BK == 0 else BK
+    NK: tl.constexpr = K // RK
     item = tl.program_id(0)
     i_v = item % NV
-    i_n = (item // NV) // HV
-    i_hv = (item // NV) % HV
+    i_k = (item // NV) % NK
+    i_n = (item // (NV * NK)) // HV
+    i_hv = (item // (NV * NK)) % HV
     slot = tl.load(slots + i_n).to(tl.int64)
-    o_k = tl.arange(0, K)
+    o_k = i_k * RK + tl.arange(0, RK)
     o_v = i_v * BV + tl.arange(0, BV)
     p = pool + (slot * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     tl.store(p, tl.load(p) * 0.999)
@@ -97,6 +110,73 @@ def decode_tma(q, k, v, g, beta, o, desc, slots, cu, n_items, P, scale,
         desc.store([row, i_v * BV], b_S * b_d[:, None] + b_k[:, None] * b_u[None, :])
 
 
+@triton.jit
+def decode_ksplit(q, k, v, g, beta, o, pool, slots, cu, part, flags, P, scale,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, KS: tl.constexpr):
+    """The KDA decode step (as decode_tma) with each (sequence, head)'s state split over KS programs of
+    [K / KS, V] rows (whole rows: one contiguous block of K / KS * V * 4 bytes each), which exchange
+    their partial K sums through global memory: each writes S_j^T (D q), S_j^T (D k) and k_j . q_j of
+    its rows to ``part``, counts itself in ``flags`` (release), waits until all KS have (acquire), and
+    sums the KS partials in the fixed order j = 0..KS-1 (so every member gets the same u, and the
+    result does not depend on arrival order).  The last member out resets the group's counters, so
+    they are 0 again for the next launch (a CUDA graph replays the same buffers).  Member 0 writes o.
+    Consecutive programs form a group and are dispatched in order, so a waiting group's members are
+    all resident; the interpreter (one program after another) cannot run KS > 1."""
+    BKS: tl.constexpr = K // KS
+    W: tl.constexpr = 2 * V + 16  # a member's partials: S^T D q [V], S^T D k [V], k . q (padded)
+    pid = tl.program_id(0)
+    j = pid % KS
+    grp = pid // KS
+    i_n = grp // H
+    i_h = grp % H
+    slot = tl.load(slots + i_n).to(tl.int64)
+    ok = (slot >= 0) & (slot < P)
+    t = tl.load(cu + i_n)
+    o_kk = j * BKS + tl.arange(0, BKS)
+    o_v = tl.arange(0, V)
+    p_s = pool + (slot * H + i_h) * K * V + o_kk[:, None] * V + o_v[None, :]
+    b_S = tl.load(p_s, mask=ok, other=0.)
+    b_q = tl.load(q + (t * H + i_h) * K + o_kk).to(tl.float32) * scale
+    b_k = tl.load(k + (t * H + i_h) * K + o_kk).to(tl.float32)
+    b_d = tl.exp(tl.load(g + (t * H + i_h) * K + o_kk).to(tl.float32))
+    b_v = tl.load(v + (t * H + i_h) * V + o_v).to(tl.float32)
+    b_beta = tl.load(beta + t * H + i_h).to(tl.float32)
+    mine = part + (grp * KS + j) * W
+    tl.store(mine + o_v, tl.sum(b_S * (b_q * b_d)[:, None], axis=0))
+    tl.store(mine + V + o_v, tl.sum(b_S * (b_k * b_d)[:, None], axis=0))
+    tl.store(mine + 2 * V, tl.sum(b_k * b_q))
+    tl.debug_barrier()  # every thread's partials written before the count that publishes them
+    n = tl.atomic_add(flags + 2 * grp, 1, sem="release") + 1
+    while n < KS:
+        n = tl.atomic_add(flags + 2 * grp, 0, sem="acquire")
+    tl.debug_barrier()
+    o_j = tl.arange(0, KS)
+    theirs = part + (grp * KS + o_j) * W
+    rq = tl.sum(tl.load(theirs[:, None] + o_v[None, :], cache_modifier=".cg"), axis=0)
+    rk = tl.sum(tl.load(theirs[:, None] + V + o_v[None, :], cache_modifier=".cg"), axis=0)
+    kq = tl.sum(tl.load(theirs + 2 * V, cache_modifier=".cg"))
+    tl.debug_barrier()
+    if tl.atomic_add(flags + 2 * grp + 1, 1) == KS - 1:  # the last out: the group's counters back to 0
+        tl.atomic_xchg(flags + 2 * grp, 0)
+        tl.atomic_xchg(flags + 2 * grp + 1, 0)
+    b_u = (b_v - rk) * b_beta
+    if j == 0:
+        tl.store(o + (t * H + i_h) * V + o_v, tl.where(ok, rq + kq * b_u, 0.).to(o.dtype.element_ty))
+    tl.store(p_s, b_S * b_d[:, None] + b_k[:, None] * b_u[None, :], mask=ok)
+
+
+def run_ksplit(x, pool, slots, cu, out, KS, warps, scratch):
+    B, H, K, V = slots.numel(), pool.shape[1], pool.shape[2], pool.shape[3]
+    part, flags = scratch
+    decode_ksplit[(B * H * KS,)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, slots, cu, part, flags,
+                                 pool.shape[0], K ** -0.5, H=H, K=K, V=V, KS=KS, num_warps=warps)
+
+
+def ksplit_scratch(B, H, V, KS, device):
+    return (torch.zeros(B * H * KS * (2 * V + 16), dtype=torch.float32, device=device),
+            torch.zeros(2 * B * H, dtype=torch.int32, device=device))
+
+
 def _allocator(size, align, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
 
@@ -121,21 +201,30 @@ def run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
         K ** -0.5, H=H, K=K, V=V, BV=BV, S=S, num_warps=warps, num_stages=S)
 
 
-def check_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
-    """The probe's o and pool against the op's on the same inputs: (o's, the pool's) largest difference over
-    the largest value.  o is bf16, so a different order of the K sums may flip its rounding (up to 2^-8 of
-    max|o|); the pool is float32."""
+def check_against_op(x, pool, slots, cu, out, step):
+    """``step()``'s o and pool against the op's on the same inputs (see check_decode)."""
     import kdagen
     p0 = pool.clone()
     kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu, out=out)
     o_ref, s_ref = out.clone(), pool.clone()
     pool.copy_(p0)
     out.zero_()
-    run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm)
+    step()
     rel = lambda a, b: ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()  # noqa: E731
     err = (rel(out, o_ref), rel(pool, s_ref))
     pool.copy_(p0)
     return err
+
+
+def check_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
+    """The TMA loop's o and pool against the op's on the same inputs: (o's, the pool's) largest difference
+    over the largest value.  o is bf16, so a different order of the K sums may flip its rounding (up to 2^-8
+    of max|o|); the pool is float32."""
+    return check_against_op(x, pool, slots, cu, out, lambda: run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm))
+
+
+def verdict(e_o, e_s):
+    return "ok" if e_o < 4e-3 and e_s < 1e-5 else "WRONG"
 
 
 def main():
@@ -146,6 +235,8 @@ def main():
                     help="persistent TMA rows S/warps/BV/programs-per-SM")
     ap.add_argument("--decode", default="3/4/64/1,3/4/64/2,4/4/64/1,2/4/64/2,3/8/64/1,3/8/128/1,2/8/128/1",
                     help="decode rows S/warps/BV/programs-per-SM")
+    ap.add_argument("--ksplit", default="4/4,4/2,8/2,8/1,2/4,2/8",
+                    help="K-split rows KS/warps (KS programs of K / KS whole rows per (sequence, head))")
     ap.add_argument("--check-only", action="store_true", help="check the decode rows against the op, time nothing")
     args = ap.parse_args()
     import serving
@@ -156,11 +247,22 @@ def main():
     B, H, K, V = args.batch, 32, 128, 128
     op, nbytes, err, (x, pool, slots, cu, out) = decode_case(B, True, torch.float32)
     print(f"B={B}: the op against float64 {err:.2e}; pool {tuple(pool.shape)}", flush=True)
-    decode_rows = [tuple(map(int, r.split("/"))) for r in args.decode.split(",") if r]
+    decode_rows = [tuple(map(int, r.split("/"))) for r in args.decode.split(",") if r]  # (empty: none)
     for S, w, bv, per_sm in decode_rows:
         e_o, e_s = check_decode(x, pool, slots, cu, out, bv, S, w, per_sm)
         print(f"decode_tma S={S} warps={w} BV={bv} per_sm={per_sm}: against the op o {e_o:.2e}, pool {e_s:.2e}"
-              f" {'ok' if e_o < 4e-3 and e_s < 1e-5 else 'WRONG'}", flush=True)
+              f" {verdict(e_o, e_s)}", flush=True)
+    ksplit_rows = [tuple(map(int, r.split("/"))) for r in args.ksplit.split(",") if r]
+    ks_scratch = {}
+    for KS, w in ksplit_rows:
+        if not gpu and KS > 1:  # its members wait for one another: programs run one after another here
+            continue
+        ks_scratch[KS] = ks_scratch.get(KS) or ksplit_scratch(B, H, V, KS, pool.device)
+        e_o, e_s = check_against_op(x, pool, slots, cu, out,
+                                    lambda: run_ksplit(x, pool, slots, cu, out, KS, w, ks_scratch[KS]))
+        left = int(ks_scratch[KS][1].abs().sum())
+        print(f"decode_ksplit KS={KS} warps={w}: against the op o {e_o:.2e}, pool {e_s:.2e}, counters left {left}"
+              f" {verdict(e_o, e_s) if left == 0 else 'WRONG'}", flush=True)
     if args.check_only or not gpu:
         return
     ceil = serving.copy_ceiling_gbs()
@@ -175,7 +277,11 @@ def main():
         for name, sl in orders.items():
             us = graph_us(lambda: stream_one_tile[(B * H * 2,)](pool, sl, HV=H, K=K, V=V, BV=64, num_warps=2))
             print(f"one tile a program, BV=64, 2 warps, {name:9s}  {us:8.2f} us {pct(us):5.1f}%", flush=True)
-            for r in args.stream.split(","):
+            for bk, bv, w in ((32, 128, 4), (16, 128, 2), (64, 128, 4)):  # the K-split's tiles alone
+                us = graph_us(lambda: stream_one_tile[(B * H * (K // bk) * (V // bv),)](
+                    pool, sl, HV=H, K=K, V=V, BV=bv, BK=bk, num_warps=w))
+                print(f"one [{bk}, {bv}] tile a program, {w} warps, {name:9s}  {us:8.2f} us {pct(us):5.1f}%", flush=True)
+            for r in filter(None, args.stream.split(",")):
                 S, w, bv, per_sm = map(int, r.split("/"))
                 n_items = B * H * (V // bv)
                 desc = pool_desc(pool, bv)
@@ -202,6 +308,17 @@ def main():
             us = graph_us(lambda: kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots,
                                                              cu_seqlens=cu, out=out, config=cfg))
             print(f"the op, 64 / 2 loaded, stream_state={stream!s:5}     {us:8.2f} us {pct(us):5.1f}%", flush=True)
+        for KS, w in ksplit_rows:
+            try:
+                us = graph_us(lambda: run_ksplit(x, pool, slots, cu, out, KS, w, ks_scratch[KS]))
+                print(f"decode_ksplit KS={KS} warps={w} ({K // KS} rows a program)   {us:8.2f} us {pct(us):5.1f}%",
+                      flush=True)
+            except Exception as e:  # noqa: BLE001
+                print(f"decode_ksplit KS={KS} warps={w}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        ident = torch.arange(B, device=pool.device, dtype=slots.dtype)
+        for KS, w in ksplit_rows[:2]:
+            us = graph_us(lambda: run_ksplit(x, pool, ident, cu, out, KS, w, ks_scratch[KS]))
+            print(f"decode_ksplit KS={KS} warps={w}, slots in address order {us:8.2f} us {pct(us):5.1f}%", flush=True)
         us = graph_us(op)
         print(f"the op again                                   {us:8.2f} us {pct(us):5.1f}%", flush=True)
 
