@@ -165,6 +165,61 @@ def decode_ksplit(q, k, v, g, beta, o, pool, slots, cu, part, flags, P, scale,
     tl.store(p_s, b_S * b_d[:, None] + b_k[:, None] * b_u[None, :], mask=ok)
 
 
+@triton.jit
+def inverse_slots(slots, inv, NS, P, BP: tl.constexpr, BS: tl.constexpr):
+    """One program: inv[slot] = the sequence whose slot it is, -1 for a slot no sequence has (the lean
+    kernel's map from its slot to its sequence; sequences sharing a slot: one of them)."""
+    o_p = tl.arange(0, BP)
+    tl.store(inv + o_p, -1, mask=o_p < P)
+    tl.debug_barrier()  # every slot cleared before any is claimed
+    o_n = tl.arange(0, BS)
+    s = tl.load(slots + o_n, mask=o_n < NS, other=-1)
+    tl.store(inv + s, o_n, mask=(o_n < NS) & (s >= 0) & (s < P))
+
+
+@triton.jit
+def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr):
+    """The KDA decode step on a [P, H, V, K] pool (``state_v_first``) with R rows a program -- one
+    contiguous block of R * K * 4 bytes holding whole K columns, so both K reductions stay in the
+    program -- and nothing else per program but one load of inv[slot]: programs over (slot, head,
+    row block) in address order, the slot's sequence from the map ``inverse_slots`` made (no scan of
+    the slot indices), no masks (K and V whole, R divides V)."""
+    NR: tl.constexpr = V // R
+    i_r = tl.program_id(0) % NR
+    i_sh = tl.program_id(0) // NR
+    slot = i_sh // H
+    i_h = i_sh % H
+    n = tl.load(inv + slot)
+    if n < 0:
+        return
+    t = tl.load(cu + n)
+    o_k = tl.arange(0, K)
+    o_r = i_r * R + tl.arange(0, R)
+    p_s = pool + i_sh.to(tl.int64) * V * K + o_r[:, None] * K + o_k[None, :]
+    b_S = tl.load(p_s)
+    b_q = tl.load(q + (t * H + i_h) * K + o_k).to(tl.float32) * scale
+    b_k = tl.load(k + (t * H + i_h) * K + o_k).to(tl.float32)
+    b_d = tl.exp(tl.load(g + (t * H + i_h) * K + o_k).to(tl.float32))
+    b_v = tl.load(v + (t * H + i_h) * V + o_r).to(tl.float32)
+    b_beta = tl.load(beta + t * H + i_h).to(tl.float32)
+    b_rq = tl.sum(b_S * (b_q * b_d)[None, :], axis=1)
+    b_u = (b_v - tl.sum(b_S * (b_k * b_d)[None, :], axis=1)) * b_beta
+    tl.store(o + (t * H + i_h) * V + o_r, (b_rq + tl.sum(b_k * b_q) * b_u).to(o.dtype.element_ty))
+    tl.store(p_s, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+
+
+def run_vk_lean(x, pool, slots, cu, out, R, warps, inv, remap=True):
+    """The lean [V, K] step: the slot map (one program; left out with remap=False, inv as it is),
+    o zeroed for padding sequences is not done here (the probe's inputs have none), then the step."""
+    B = slots.numel()
+    P, H, V, K = pool.shape
+    if remap:
+        inverse_slots[(1,)](slots, inv, B, P, BP=triton.next_power_of_2(P), BS=triton.next_power_of_2(B))
+    decode_vk_lean[(P * H * (V // R),)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, inv, cu, K ** -0.5,
+                                        H=H, K=K, V=V, R=R, num_warps=warps)
+
+
 def run_ksplit(x, pool, slots, cu, out, KS, warps, scratch):
     B, H, K, V = slots.numel(), pool.shape[1], pool.shape[2], pool.shape[3]
     part, flags = scratch
@@ -201,11 +256,12 @@ def run_decode(x, pool, slots, cu, out, BV, S, warps, per_sm):
         K ** -0.5, H=H, K=K, V=V, BV=BV, S=S, num_warps=warps, num_stages=S)
 
 
-def check_against_op(x, pool, slots, cu, out, step):
+def check_against_op(x, pool, slots, cu, out, step, v_first=False):
     """``step()``'s o and pool against the op's on the same inputs (see check_decode)."""
     import kdagen
     p0 = pool.clone()
-    kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu, out=out)
+    kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu, out=out,
+                               state_v_first=v_first)
     o_ref, s_ref = out.clone(), pool.clone()
     pool.copy_(p0)
     out.zero_()
@@ -237,6 +293,8 @@ def main():
                     help="decode rows S/warps/BV/programs-per-SM")
     ap.add_argument("--ksplit", default="4/4,4/2,8/2,8/1,2/4,2/8",
                     help="K-split rows KS/warps (KS programs of K / KS whole rows per (sequence, head))")
+    ap.add_argument("--lean", default="8/1,8/2,16/1,16/2,16/4,32/4",
+                    help="lean [V, K] rows R/warps (R rows of the [V, K] pool a program)")
     ap.add_argument("--check-only", action="store_true", help="check the decode rows against the op, time nothing")
     args = ap.parse_args()
     import serving
@@ -263,6 +321,17 @@ def main():
         left = int(ks_scratch[KS][1].abs().sum())
         print(f"decode_ksplit KS={KS} warps={w}: against the op o {e_o:.2e}, pool {e_s:.2e}, counters left {left}"
               f" {verdict(e_o, e_s) if left == 0 else 'WRONG'}", flush=True)
+    lean_rows = [tuple(map(int, r.split("/"))) for r in args.lean.split(",") if r]
+    if lean_rows:
+        _, _, err_vk, (x_vk, pool_vk, slots_vk, cu_vk, out_vk) = decode_case(B, True, torch.float32, v_first=True)
+        inv = torch.empty(pool_vk.shape[0], dtype=torch.int32, device=pool_vk.device)
+        print(f"[V, K] pool: the op against float64 {err_vk:.2e}", flush=True)
+        for R, w in lean_rows:
+            e_o, e_s = check_against_op(x_vk, pool_vk, slots_vk, cu_vk, out_vk,
+                                        lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv),
+                                        v_first=True)
+            print(f"decode_vk_lean R={R} warps={w}: against the op o {e_o:.2e}, pool {e_s:.2e} {verdict(e_o, e_s)}",
+                  flush=True)
     if args.check_only or not gpu:
         return
     ceil = serving.copy_ceiling_gbs()
@@ -315,6 +384,19 @@ def main():
                       flush=True)
             except Exception as e:  # noqa: BLE001
                 print(f"decode_ksplit KS={KS} warps={w}: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        if lean_rows:
+            us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
+                                                             cu_seqlens=cu_vk, out=out_vk, state_v_first=True))
+            print(f"the op on the [V, K] pool (default)            {us:8.2f} us {pct(us):5.1f}%", flush=True)
+            for R, w in lean_rows:
+                us = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv))
+                us2 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, remap=False))
+                us3 = graph_us(lambda: stream_one_tile[(B * H * (V // R),)](  # its blocks alone, in address order
+                    pool_vk, torch.arange(B, device=pool.device, dtype=slots.dtype), HV=H, K=V, V=K, BV=K, BK=R,
+                    num_warps=w))
+                print(f"decode_vk_lean R={R:2d} warps={w}: with the map {us:8.2f} us {pct(us):5.1f}% | without"
+                      f" {us2:8.2f} us {pct(us2):5.1f}% | its blocks alone {us3:8.2f} us {pct(us3):5.1f}%",
+                      flush=True)
         ident = torch.arange(B, device=pool.device, dtype=slots.dtype)
         for KS, w in ksplit_rows[:2]:
             us = graph_us(lambda: run_ksplit(x, pool, ident, cu, out, KS, w, ks_scratch[KS]))

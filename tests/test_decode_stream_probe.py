@@ -1,7 +1,8 @@
 """bench/decode_stream_probe.py on the CPU (Triton's interpreter): its decode kernels -- the persistent
 TMA loop and the K-split at KS = 1 (a larger group's members wait for one another, which programs run
-one after another cannot do) -- against the float64 recurrence, a padding sequence included (o = 0,
-no slot written); and its pure-traffic kernels scale exactly the used slots' tiles, once."""
+one after another cannot do), a padding sequence included (o = 0, no slot written), and the lean
+[V, K] kernel with its slot map -- against the float64 recurrence; and its pure-traffic kernels scale
+exactly the used slots' tiles, once."""
 from __future__ import annotations
 
 import pytest
@@ -56,6 +57,19 @@ def test_decode_kernels_match_float64(probe, kernel):
     torch.testing.assert_close(out.double(), o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(pool.double(), s_ref, rtol=1e-5, atol=1e-5)  # slots 1, 2, 4 untouched
     assert torch.equal(out[0, 1], torch.zeros(H, V))
+
+
+def test_lean_v_first_kernel_and_its_slot_map_match_float64(probe):
+    x, pool, slots, cu = inputs(2)
+    live = torch.tensor([3, 0, 5, 1], dtype=torch.int32)  # (the lean probe writes no padding o: none here)
+    o_ref, s_ref = reference(x, pool, live)
+    vk = pool.transpose(-1, -2).contiguous()  # the same states laid out [P, H, V, K]
+    inv = torch.full((P,), 9, dtype=torch.int32)
+    out = torch.zeros(1, B, H, V)
+    probe.run_vk_lean(x, vk, live, cu, out, R=8, warps=1, inv=inv)
+    assert inv.tolist() == [1, 3, -1, 0, -1, 2]  # slot -> its sequence, -1 for the slots nobody has
+    torch.testing.assert_close(out.double(), o_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vk.transpose(-1, -2).double(), s_ref, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("order", ["address", "scrambled"])
