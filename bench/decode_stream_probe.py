@@ -166,9 +166,13 @@ def decode_ksplit(q, k, v, g, beta, o, pool, slots, cu, part, flags, P, scale,
 
 
 @triton.jit
-def inverse_slots(slots, inv, NS, P, BP: tl.constexpr, BS: tl.constexpr):
+def inverse_slots(slots, inv, NS, P, BP: tl.constexpr, BS: tl.constexpr, PDL: tl.constexpr = False):
     """One program: inv[slot] = the sequence whose slot it is, -1 for a slot no sequence has (the lean
-    kernel's map from its slot to its sequence; sequences sharing a slot: one of them)."""
+    kernel's map from its slot to its sequence; sequences sharing a slot: one of them).  PDL: launched
+    as a programmatic dependent launch (waits for the previous grid before it touches anything)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     o_p = tl.arange(0, BP)
     tl.store(inv + o_p, -1, mask=o_p < P)
     tl.debug_barrier()  # every slot cleared before any is claimed
@@ -179,12 +183,15 @@ def inverse_slots(slots, inv, NS, P, BP: tl.constexpr, BS: tl.constexpr):
 
 @triton.jit
 def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr):
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr = False):
     """The KDA decode step on a [P, H, V, K] pool (``state_v_first``) with R rows a program -- one
     contiguous block of R * K * 4 bytes holding whole K columns, so both K reductions stay in the
     program -- and nothing else per program but one load of inv[slot]: programs over (slot, head,
     row block) in address order, the slot's sequence from the map ``inverse_slots`` made (no scan of
     the slot indices), no masks (K and V whole, R divides V)."""
+    if PDL:  # as the op: nothing read before the previous grid (the map) is done
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     NR: tl.constexpr = V // R
     i_r = tl.program_id(0) % NR
     i_sh = tl.program_id(0) // NR
@@ -209,15 +216,17 @@ def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
     tl.store(p_s, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
 
 
-def run_vk_lean(x, pool, slots, cu, out, R, warps, inv, remap=True):
+def run_vk_lean(x, pool, slots, cu, out, R, warps, inv, remap=True, pdl=False):
     """The lean [V, K] step: the slot map (one program; left out with remap=False, inv as it is),
-    o zeroed for padding sequences is not done here (the probe's inputs have none), then the step."""
+    then the step (o of padding sequences is not written: the probe's inputs have none).  pdl: both
+    launched as programmatic dependent launches (sm_90), as the op's step is."""
     B = slots.numel()
     P, H, V, K = pool.shape
+    kw = dict(launch_pdl=True, PDL=True) if pdl else {}
     if remap:
-        inverse_slots[(1,)](slots, inv, B, P, BP=triton.next_power_of_2(P), BS=triton.next_power_of_2(B))
+        inverse_slots[(1,)](slots, inv, B, P, BP=triton.next_power_of_2(P), BS=triton.next_power_of_2(B), **kw)
     decode_vk_lean[(P * H * (V // R),)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, inv, cu, K ** -0.5,
-                                        H=H, K=K, V=V, R=R, num_warps=warps)
+                                        H=H, K=K, V=V, R=R, num_warps=warps, **kw)
 
 
 def run_ksplit(x, pool, slots, cu, out, KS, warps, scratch):
@@ -391,10 +400,12 @@ def main():
             for R, w in lean_rows:
                 us = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv))
                 us2 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, remap=False))
+                us4 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, pdl=True))
                 us3 = graph_us(lambda: stream_one_tile[(B * H * (V // R),)](  # its blocks alone, in address order
                     pool_vk, torch.arange(B, device=pool.device, dtype=slots.dtype), HV=H, K=V, V=K, BV=K, BK=R,
                     num_warps=w))
-                print(f"decode_vk_lean R={R:2d} warps={w}: with the map {us:8.2f} us {pct(us):5.1f}% | without"
+                print(f"decode_vk_lean R={R:2d} warps={w}: with the map {us:8.2f} us {pct(us):5.1f}% | both PDL"
+                      f" {us4:8.2f} us {pct(us4):5.1f}% | without"
                       f" {us2:8.2f} us {pct(us2):5.1f}% | its blocks alone {us3:8.2f} us {pct(us3):5.1f}%",
                       flush=True)
         ident = torch.arange(B, device=pool.device, dtype=slots.dtype)
