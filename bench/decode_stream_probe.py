@@ -397,6 +397,12 @@ def main():
             us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
                                                              cu_seqlens=cu_vk, out=out_vk, state_v_first=True))
             print(f"the op on the [V, K] pool (default)            {us:8.2f} us {pct(us):5.1f}%", flush=True)
+            for R, w in lean_rows[:3]:  # the op's own narrow [V, K] tiles (slot grid: a scan a program)
+                cfg = RecurrentConfig(block_v=R, num_warps=w, num_stages=1, readout="loaded")
+                us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
+                                                                 cu_seqlens=cu_vk, out=out_vk, state_v_first=True,
+                                                                 config=cfg))
+                print(f"the op on the [V, K] pool, {R:2d} / {w} loaded        {us:8.2f} us {pct(us):5.1f}%", flush=True)
             for R, w in lean_rows:
                 us = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv))
                 us2 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, remap=False))
