@@ -183,7 +183,8 @@ def inverse_slots(slots, inv, NS, P, BP: tl.constexpr, BS: tl.constexpr, PDL: tl
 
 @triton.jit
 def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
-                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr = False):
+                   H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr = False,
+                   NS=0, SCAN: tl.constexpr = 0):
     """The KDA decode step on a [P, H, V, K] pool (``state_v_first``) with R rows a program -- one
     contiguous block of R * K * 4 bytes holding whole K columns, so both K reductions stay in the
     program -- and nothing else per program but one load of inv[slot]: programs over (slot, head,
@@ -197,7 +198,12 @@ def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
     i_sh = tl.program_id(0) // NR
     slot = i_sh // H
     i_h = i_sh % H
-    n = tl.load(inv + slot)
+    if SCAN:  # no map: the slot's sequence from a scan of the NS slot indices (``inv`` is the slots here)
+        o_sn = tl.arange(0, SCAN)
+        hit = tl.load(inv + o_sn, mask=o_sn < NS, other=-1) == slot
+        n = tl.max(tl.where(hit, o_sn, -1))
+    else:
+        n = tl.load(inv + slot)
     if n < 0:
         return
     t = tl.load(cu + n)
@@ -214,6 +220,16 @@ def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
     b_u = (b_v - tl.sum(b_S * (b_k * b_d)[None, :], axis=1)) * b_beta
     tl.store(o + (t * H + i_h) * V + o_r, (b_rq + tl.sum(b_k * b_q) * b_u).to(o.dtype.element_ty))
     tl.store(p_s, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
+
+
+def run_vk_lean_scan(x, pool, slots, cu, out, R, warps, pdl=False):
+    """The lean [V, K] step in one launch: each program scans the slot indices (no map)."""
+    B = slots.numel()
+    P, H, V, K = pool.shape
+    kw = dict(launch_pdl=True, PDL=True) if pdl else {}
+    decode_vk_lean[(P * H * (V // R),)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, slots, cu, K ** -0.5,
+                                        H=H, K=K, V=V, R=R, num_warps=warps, NS=B,
+                                        SCAN=max(16, triton.next_power_of_2(B)), **kw)
 
 
 def run_vk_lean(x, pool, slots, cu, out, R, warps, inv, remap=True, pdl=False):
@@ -341,6 +357,11 @@ def main():
                                         v_first=True)
             print(f"decode_vk_lean R={R} warps={w}: against the op o {e_o:.2e}, pool {e_s:.2e} {verdict(e_o, e_s)}",
                   flush=True)
+            e_o, e_s = check_against_op(x_vk, pool_vk, slots_vk, cu_vk, out_vk,
+                                        lambda: run_vk_lean_scan(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w),
+                                        v_first=True)
+            print(f"decode_vk_lean R={R} warps={w}, scan: against the op o {e_o:.2e}, pool {e_s:.2e}"
+                  f" {verdict(e_o, e_s)}", flush=True)
     if args.check_only or not gpu:
         return
     ceil = serving.copy_ceiling_gbs()
@@ -407,11 +428,12 @@ def main():
                 us = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv))
                 us2 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, remap=False))
                 us4 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, pdl=True))
+                us5 = graph_us(lambda: run_vk_lean_scan(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, pdl=True))
                 us3 = graph_us(lambda: stream_one_tile[(B * H * (V // R),)](  # its blocks alone, in address order
                     pool_vk, torch.arange(B, device=pool.device, dtype=slots.dtype), HV=H, K=V, V=K, BV=K, BK=R,
                     num_warps=w))
                 print(f"decode_vk_lean R={R:2d} warps={w}: with the map {us:8.2f} us {pct(us):5.1f}% | both PDL"
-                      f" {us4:8.2f} us {pct(us4):5.1f}% | without"
+                      f" {us4:8.2f} us {pct(us4):5.1f}% | a scan, PDL {us5:8.2f} us {pct(us5):5.1f}% | without"
                       f" {us2:8.2f} us {pct(us2):5.1f}% | its blocks alone {us3:8.2f} us {pct(us3):5.1f}%",
                       flush=True)
         ident = torch.arange(B, device=pool.device, dtype=slots.dtype)
