@@ -1,6 +1,6 @@
-# run 194 (session 38): run 193's rows again, with the map and the step both as programmatic dependent launches, the
-#   lean step with a scan of the slot indices instead of the map (one launch), the op's own narrow [V, K] tiles
-#   (as the op's step is), on whatever card the nvidia-h200 kind serves (an H200 is what decides the lean step).
+# run 194 (session 38): run 193's rows again, plus: the map and the step both as programmatic dependent launches
+#   (as the op's step is), the lean step with a scan of the slot indices instead of the map (one launch), and the
+#   op's own narrow [V, K] tiles; on whatever card the nvidia-h200 kind serves (an H200 decides the lean step).
 export PYTHONPATH=. KDAGEN_CACHE_DIR=/tmp/kdc TRITON_CACHE_DIR=/tmp/tc PYTHONUNBUFFERED=1
 mkdir -p /tmp/tc
 nvidia-smi --query-gpu=name --format=csv,noheader
