@@ -184,7 +184,7 @@ def inverse_slots(slots, inv, NS, P, BP: tl.constexpr, BS: tl.constexpr, PDL: tl
 @triton.jit
 def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
                    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr = False,
-                   NS=0, SCAN: tl.constexpr = 0):
+                   NS=0, SCAN: tl.constexpr = 0, SCAN_OFFSETS: tl.constexpr = False):
     """The KDA decode step on a [P, H, V, K] pool (``state_v_first``) with R rows a program -- one
     contiguous block of R * K * 4 bytes holding whole K columns, so both K reductions stay in the
     program -- and nothing else per program but one load of inv[slot]: programs over (slot, head,
@@ -201,12 +201,18 @@ def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
     if SCAN:  # no map: the slot's sequence from a scan of the NS slot indices (``inv`` is the slots here)
         o_sn = tl.arange(0, SCAN)
         hit = tl.load(inv + o_sn, mask=o_sn < NS, other=-1) == slot
-        n = tl.max(tl.where(hit, o_sn, -1))
+        if SCAN_OFFSETS:  # as the op's slot grid: every sequence's offset loaded beside the slots
+            all_bos = tl.load(cu + o_sn, mask=o_sn < NS, other=0)
+            n = tl.max(tl.where(hit, o_sn, -1))
+            t = tl.max(tl.where(hit, all_bos, -1))
+        else:
+            n = tl.max(tl.where(hit, o_sn, -1))
     else:
         n = tl.load(inv + slot)
     if n < 0:
         return
-    t = tl.load(cu + n)
+    if not SCAN_OFFSETS:
+        t = tl.load(cu + n)
     o_k = tl.arange(0, K)
     o_r = i_r * R + tl.arange(0, R)
     p_s = pool + i_sh.to(tl.int64) * V * K + o_r[:, None] * K + o_k[None, :]
@@ -222,14 +228,15 @@ def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
     tl.store(p_s, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
 
 
-def run_vk_lean_scan(x, pool, slots, cu, out, R, warps, pdl=False):
-    """The lean [V, K] step in one launch: each program scans the slot indices (no map)."""
+def run_vk_lean_scan(x, pool, slots, cu, out, R, warps, pdl=False, offsets=False):
+    """The lean [V, K] step in one launch: each program scans the slot indices (no map); offsets: and
+    loads every sequence's offset beside them, as the op's slot grid does."""
     B = slots.numel()
     P, H, V, K = pool.shape
     kw = dict(launch_pdl=True, PDL=True) if pdl else {}
     decode_vk_lean[(P * H * (V // R),)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, slots, cu, K ** -0.5,
                                         H=H, K=K, V=V, R=R, num_warps=warps, NS=B,
-                                        SCAN=max(16, triton.next_power_of_2(B)), **kw)
+                                        SCAN=max(16, triton.next_power_of_2(B)), SCAN_OFFSETS=offsets, **kw)
 
 
 def run_vk_lean(x, pool, slots, cu, out, R, warps, inv, remap=True, pdl=False):
@@ -362,6 +369,11 @@ def main():
                                         v_first=True)
             print(f"decode_vk_lean R={R} warps={w}, scan: against the op o {e_o:.2e}, pool {e_s:.2e}"
                   f" {verdict(e_o, e_s)}", flush=True)
+            e_o, e_s = check_against_op(x_vk, pool_vk, slots_vk, cu_vk, out_vk,
+                                        lambda: run_vk_lean_scan(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w,
+                                                                 offsets=True), v_first=True)
+            print(f"decode_vk_lean R={R} warps={w}, the op's scan: against the op o {e_o:.2e}, pool {e_s:.2e}"
+                  f" {verdict(e_o, e_s)}", flush=True)
     if args.check_only or not gpu:
         return
     ceil = serving.copy_ceiling_gbs()
@@ -429,11 +441,14 @@ def main():
                 us2 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, remap=False))
                 us4 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, pdl=True))
                 us5 = graph_us(lambda: run_vk_lean_scan(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, pdl=True))
+                us6 = graph_us(lambda: run_vk_lean_scan(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, pdl=True,
+                                                        offsets=True))
                 us3 = graph_us(lambda: stream_one_tile[(B * H * (V // R),)](  # its blocks alone, in address order
                     pool_vk, torch.arange(B, device=pool.device, dtype=slots.dtype), HV=H, K=V, V=K, BV=K, BK=R,
                     num_warps=w))
                 print(f"decode_vk_lean R={R:2d} warps={w}: with the map {us:8.2f} us {pct(us):5.1f}% | both PDL"
-                      f" {us4:8.2f} us {pct(us4):5.1f}% | a scan, PDL {us5:8.2f} us {pct(us5):5.1f}% | without"
+                      f" {us4:8.2f} us {pct(us4):5.1f}% | a scan, PDL {us5:8.2f} us {pct(us5):5.1f}%"
+                      f" | the op's scan {us6:8.2f} us {pct(us6):5.1f}% | without"
                       f" {us2:8.2f} us {pct(us2):5.1f}% | its blocks alone {us3:8.2f} us {pct(us3):5.1f}%",
                       flush=True)
         ident = torch.arange(B, device=pool.device, dtype=slots.dtype)

@@ -59,7 +59,7 @@ def test_decode_kernels_match_float64(probe, kernel):
     assert torch.equal(out[0, 1], torch.zeros(H, V))
 
 
-@pytest.mark.parametrize("find", ["map", "scan"])
+@pytest.mark.parametrize("find", ["map", "scan", "scan_offsets"])
 def test_lean_v_first_kernel_and_its_slot_map_match_float64(probe, find):
     x, pool, slots, cu = inputs(2)
     live = torch.tensor([3, 0, 5, 1], dtype=torch.int32)  # (the lean probe writes no padding o: none here)
@@ -71,7 +71,7 @@ def test_lean_v_first_kernel_and_its_slot_map_match_float64(probe, find):
         probe.run_vk_lean(x, vk, live, cu, out, R=8, warps=1, inv=inv)
         assert inv.tolist() == [1, 3, -1, 0, -1, 2]  # slot -> its sequence, -1 for the slots nobody has
     else:
-        probe.run_vk_lean_scan(x, vk, live, cu, out, R=8, warps=1)
+        probe.run_vk_lean_scan(x, vk, live, cu, out, R=8, warps=1, offsets=find == "scan_offsets")
     torch.testing.assert_close(out.double(), o_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(vk.transpose(-1, -2).double(), s_ref, rtol=1e-5, atol=1e-5)
 
