@@ -431,11 +431,17 @@ def main():
                                                              cu_seqlens=cu_vk, out=out_vk, state_v_first=True))
             print(f"the op on the [V, K] pool (default)            {us:8.2f} us {pct(us):5.1f}%", flush=True)
             for R, w in lean_rows[:3]:  # the op's own narrow [V, K] tiles (slot grid: a scan a program)
-                cfg = RecurrentConfig(block_v=R, num_warps=w, num_stages=1, readout="loaded")
-                us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
-                                                                 cu_seqlens=cu_vk, out=out_vk, state_v_first=True,
-                                                                 config=cfg))
-                print(f"the op on the [V, K] pool, {R:2d} / {w} loaded        {us:8.2f} us {pct(us):5.1f}%", flush=True)
+                for lean in (False, True):  # its general body, and the config's lean one
+                    cfg = RecurrentConfig(block_v=R, num_warps=w, num_stages=1, readout="loaded", lean=lean)
+                    e_o, e_s = check_against_op(x_vk, pool_vk, slots_vk, cu_vk, out_vk, lambda: kdagen.fused_recurrent_kda(
+                        **x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk, cu_seqlens=cu_vk, out=out_vk,
+                        state_v_first=True, config=cfg), v_first=True)
+                    us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk,
+                                                                     ssm_state_indices=slots_vk, cu_seqlens=cu_vk,
+                                                                     out=out_vk, state_v_first=True, config=cfg))
+                    print(f"the op on the [V, K] pool, {R:2d} / {w} loaded{', lean' if lean else '      '}  {us:8.2f} us"
+                          f" {pct(us):5.1f}% (against the default: o {e_o:.1e}, pool {e_s:.1e} {verdict(e_o, e_s)})",
+                          flush=True)
             for R, w in lean_rows:
                 us = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv))
                 us2 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, remap=False))

@@ -386,6 +386,12 @@ class RecurrentConfig(_Config):
     # G was slower than that pool's 64-wide default (97.8% of copy at G=2 down to 94.2% at G=16, against 98.2-98.3%),
     # on the [K, V] pool too (run 181), and on an H200 (run 184: 92.6-92.9% against the [K, V] default's 95.3%).
     tiles_per_program: int = 1
+    # one-item programs (programs_per_sm 0, tiles_per_program 1) on a tile that divides K and V: no masks (the
+    # compiler drops them) and an item's tokens in one loop, with nothing peeled beside the state's load
+    # (templates/recurrent.py.j2's lean_item): fewer registers, so more programs per SM.  Taken by the
+    # heuristic for KDA's fp32 [V, K] pool with many pairs on the slot grid, at 8 rows on one warp (on an H200,
+    # bench/RESULTS.md session 38: the step at 96.6% of copy against 94.1% for the general body's same tile).
+    lean: bool = False
 
     def __post_init__(self):
         self._check_pow2("block_v", "num_warps", "tiles_per_program")
@@ -400,6 +406,11 @@ class RecurrentConfig(_Config):
         if self.tiles_per_program > 1 and pps:
             raise ConfigError("recurrent: tiles_per_program > 1 is for one-item programs (programs_per_sm 0); "
                               f"got programs_per_sm={pps}")
+        self._check_bool("lean")
+        if self.lean and (pps or self.tiles_per_program > 1):
+            raise ConfigError("recurrent: lean is for one-item programs of one tile (programs_per_sm 0, "
+                              f"tiles_per_program 1); got programs_per_sm={pps}, "
+                              f"tiles_per_program={self.tiles_per_program}")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

@@ -17,7 +17,8 @@ sequence through cu_seqlens, q of shape [1, T, H, K]) or the batch form ([N, T, 
 fp32 or fp16 inputs, g in (-2, 0] with some channels of some tokens at -inf (a reset, which the docstring
 promises), l2-normalised k, beta in (0, 1), the default or a random scale, either readout, block_v in
 {4, 8, 16, 32} up to V (the narrow tiles of a [V, K] pool, each a contiguous block, among them); the slot and
-batch paths' programs take one V tile or a group of 2 or 4 (RecurrentConfig.tiles_per_program).
+batch paths' programs take one V tile or a group of 2 or 4 (RecurrentConfig.tiles_per_program), and a third of
+the single-tile ones the lean body (RecurrentConfig.lean: no masks, the tokens in one loop).
 
 Each case is called twice (the second call goes through the fast path's entry), the pool reset and
 ``out=`` filled with NaN before each call, and checked: every valid sequence's o and its slot's new state
@@ -112,9 +113,11 @@ def config_for(case: dict, path: str) -> RecurrentConfig:
     if path == "persistent":
         return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=_pick(gen, (2, 4)),
                                programs_per_sm=_pick(gen, (1, 2, 4)), num_stages=_pick(gen, (1, 2)))
-    # one-item programs: a V tile each, or a group of 2 or 4 (tiles_per_program; past V where the group is wider)
-    return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=_pick(gen, (1, 2, 4)),
-                           tiles_per_program=_pick(gen, (1, 1, 2, 4)))
+    # one-item programs: a V tile each, or a group of 2 or 4 (tiles_per_program; past V where the group is wider);
+    # every third single-tile case takes the lean body (decided by the seed, so the draws above are unchanged)
+    warps, tiles = _pick(gen, (1, 2, 4)), _pick(gen, (1, 1, 2, 4))
+    return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=warps, tiles_per_program=tiles,
+                           lean=tiles == 1 and (case["seed"] + PATHS.index(path)) % 3 == 0)
 
 
 def describe(case: dict, path: str | None = None) -> str:

@@ -292,3 +292,21 @@ def test_tile_groups_are_validated_and_in_the_source():
     plain = render("recurrent", plan, RecurrentConfig()).text
     assert "for j in tl.static_range(4):" in grouped and "BVG: tl.constexpr = BV * 4" in grouped
     assert "static_range" not in plain and "BVG" not in plain
+
+
+def test_the_lean_body_is_validated_and_in_the_source():
+    """RecurrentConfig.lean: one-item programs of one tile only, a tile that divides K and V (checked where the
+    plan is known, at render), constant masks and no first token peeled in the source."""
+    assert RecurrentConfig(lean=True).lean
+    for bad in (dict(programs_per_sm=4), dict(tiles_per_program=2)):
+        with pytest.raises(ConfigError, match="lean is for one-item programs"):
+            RecurrentConfig(lean=True, **bad)
+    with pytest.raises(ConfigError, match="lean"):
+        RecurrentConfig(lean=1)
+    plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
+    lean = render("recurrent", plan, RecurrentConfig(block_v=8, lean=True)).text
+    plain = render("recurrent", plan, RecurrentConfig(block_v=8)).text
+    assert "m_kv = tl.full([BK, BV], 1, tl.int1)" in lean and "for i_t in range(bos, eos):" in lean
+    assert "tl.full([BK, BV], 1, tl.int1)" not in plain and "for i_t in range(bos + 1, eos):" in plain
+    with pytest.raises(ConfigError, match="divides K and V"):
+        render("recurrent", lower(S.kda(), 128, 96, "bfloat16", "recurrent"), RecurrentConfig(block_v=64, lean=True))

@@ -139,17 +139,20 @@ def test_other_members_through_the_slot_grid(slot_grid_on, member):
     assert not torch.equal(p_grid, pool)
 
 
-@pytest.mark.parametrize("tiles", (1, 2), ids=("a-tile-each", "tile-groups"))
-def test_shared_slots_give_nan_not_stale_output(slot_grid_on, tiles):
+@pytest.mark.parametrize(("tiles", "lean"), ((1, False), (2, False), (1, True)),
+                         ids=("a-tile-each", "tile-groups", "lean"))
+def test_shared_slots_give_nan_not_stale_output(slot_grid_on, tiles, lean):
     """Two sequences on one slot is the caller's error (check_inputs=True names it); the slot grid
     applies the later one and writes NaN for the other's o rather than leaving it unwritten (with
-    tiles_per_program = 2, over every tile of the program's group)."""
+    tiles_per_program = 2, over every tile of the program's group; with the lean body, whose scan
+    finds the sequences' offsets after the slots)."""
     x, pool = _case(N=4, P=5, seed=2)
     slots = torch.tensor([3, 1, 3, 0], dtype=torch.int32)
     out = torch.zeros(x["v"].shape)
     p = pool.clone()
     kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots, out=out,
-                               config=RecurrentConfig(block_v=16 // tiles, num_warps=1, tiles_per_program=tiles))
+                               config=RecurrentConfig(block_v=16 // tiles, num_warps=1, tiles_per_program=tiles,
+                                                      lean=lean))
     assert torch.isnan(out[0]).all() and torch.isfinite(out[1:]).all()
     ro, rh = naive_recurrent_kda(*(x[n][2:3] for n in ("q", "k", "v", "g", "beta")),
                                  initial_state=pool[3][None], output_final_state=True)

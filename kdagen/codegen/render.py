@@ -220,6 +220,11 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         v["persistent"] = config.programs_per_sm > 0
         # one-item programs over G V tiles each (G = tiles_per_program; 1: a tile each)
         v["tile_group"] = config.tiles_per_program
+        # lean one-item programs (no masks: the tile must divide K and V)
+        v["lean"] = config.lean
+        if config.lean and (plan.BK != plan.K or plan.V % min(config.block_v, plan.BV)):
+            raise ConfigError(f"recurrent: lean needs a tile that divides K and V; K={plan.K} (tile {plan.BK}), "
+                              f"V={plan.V}, block_v={config.block_v}")
         # persistent programs with num_stages > 1: the item loop is left to Triton's software
         # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
         # ahead) in place of the hand prefetch of the next item into registers
