@@ -168,6 +168,16 @@ def sync_free():
                     calls.append((f"{form}/{str(pool_dtype)[6:]}{'/[V, K]' if v_first else ''}/call{call}",
                                   dict(**geo.tokens(gen, packed), initial_state=pool, ssm_state_indices=slots,
                                        cu_seqlens=cu, out=out, state_v_first=v_first)))
+        # the step the heuristic gives many pairs on a [V, K] fp32 pool (the slot grid, the lean 8-row tiles)
+        big = Geometry(256, 32, 128, 128)
+        pool, slots = big.pool(gen, torch.float32)
+        pool = pool.transpose(-1, -2).contiguous()
+        x = big.tokens(gen, True)
+        out = torch.empty_like(x["v"])
+        for call in range(3):
+            calls.append((f"packed/float32/[V, K]/B=256/call{call}",
+                          dict(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=big.cu(), out=out,
+                               state_v_first=True)))
         torch.cuda.synchronize()
         for name, kw in calls:
             torch.cuda.set_sync_debug_mode("error")
@@ -177,7 +187,7 @@ def sync_free():
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", True,
               f"{len(done)} calls: first and later calls of the batch and packed forms (cu_seqlens on the device "
-              "and on the host), fp32 and bf16 pools, an fp32 pool laid out [V, K]")
+              "and on the host), fp32 and bf16 pools, an fp32 pool laid out [V, K] (at B=16 and, packed, at B=256)")
     except Exception as e:  # noqa: BLE001
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", False,
@@ -226,11 +236,14 @@ def graph_replay(steps=12):
     [P, HV, K, V] pool, and on a [P, HV, V, K] one (``state_v_first=True``)."""
     for v_first in (False, True):
         graph_replay_on(steps, v_first)
+    if GPU:  # the step the heuristic gives many pairs on a [V, K] fp32 pool (the slot grid, the lean 8-row tiles)
+        graph_replay_on(steps, True, 256)
 
 
-def graph_replay_on(steps, v_first):
-    name = "packed decode captured in a CUDA graph and replayed" + (", [V, K] pool" if v_first else "")
-    geo = Geometry(16, 32, 128, 128) if GPU else Geometry(3, 1, 16, 16, torch.float32)
+def graph_replay_on(steps, v_first, B=16):
+    name = ("packed decode captured in a CUDA graph and replayed" + (", [V, K] pool" if v_first else "")
+            + (f", B={B}" if B != 16 else ""))
+    geo = Geometry(B, 32, 128, 128) if GPU else Geometry(3, 1, 16, 16, torch.float32)
     gen = generator(2)
     pool, slots = geo.pool(gen)
     if v_first:
@@ -263,8 +276,8 @@ def graph_replay_on(steps, v_first):
             worst_ref = max(worst_ref, rel_err(picked(out, True).float(), o_ref),
                             rel_err(kv(pool[slots[:8].long()]), s_ref))
         ok = worst_eager == 0.0 and worst_ref < 1e-2 and torch.isfinite(pool).all().item()
-        OUT["graph_v_first" if v_first else "graph"] = dict(steps=steps, max_rel_vs_eager=worst_eager,
-                                                            max_rel_vs_float64=worst_ref)
+        OUT[("graph_v_first" if v_first else "graph") + (f"_B{B}" if B != 16 else "")] = dict(
+            steps=steps, max_rel_vs_eager=worst_eager, max_rel_vs_float64=worst_ref)
         claim(name if GPU else name + " (dry run: no graph on the CPU)", ok if GPU else None,
               f"{steps} replays: max rel. error vs the eager op {worst_eager:.1e}, vs float64 {worst_ref:.1e}")
     except Exception as e:  # noqa: BLE001
