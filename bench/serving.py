@@ -168,7 +168,7 @@ def sync_free():
                     calls.append((f"{form}/{str(pool_dtype)[6:]}{'/[V, K]' if v_first else ''}/call{call}",
                                   dict(**geo.tokens(gen, packed), initial_state=pool, ssm_state_indices=slots,
                                        cu_seqlens=cu, out=out, state_v_first=v_first)))
-        # the step the heuristic gives many pairs on a [V, K] fp32 pool (the slot grid, the lean 8-row tiles)
+        # many pairs on a [V, K] fp32 pool (the slot grid's step)
         big = Geometry(256, 32, 128, 128)
         pool, slots = big.pool(gen, torch.float32)
         pool = pool.transpose(-1, -2).contiguous()
@@ -236,7 +236,7 @@ def graph_replay(steps=12):
     [P, HV, K, V] pool, and on a [P, HV, V, K] one (``state_v_first=True``)."""
     for v_first in (False, True):
         graph_replay_on(steps, v_first)
-    if GPU:  # the step the heuristic gives many pairs on a [V, K] fp32 pool (the slot grid, the lean 8-row tiles)
+    if GPU:  # many pairs on a [V, K] fp32 pool (the slot grid's step)
         graph_replay_on(steps, True, 256)
 
 
