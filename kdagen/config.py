@@ -388,8 +388,8 @@ class RecurrentConfig(_Config):
     tiles_per_program: int = 1
     # one-item programs (programs_per_sm 0, tiles_per_program 1) on a tile that divides K and V: no masks (the
     # compiler drops them), an item's tokens in one loop with nothing peeled beside the state's load, and on the
-    # slot grid a scan of the slot indices alone (templates/recurrent.py.j2's lean_item).  Not taken by any
-    # heuristic: on an H100 (bench/RESULTS.md, run 197; KDA, fp32 [V, K] pool, B=256) it runs the 8 / 1 tile at
+    # slot grid a scan of the slot indices alone (templates/recurrent.py.j2, whole_item's lean branch).  Not taken
+    # by any heuristic: on an H100 (bench/RESULTS.md, run 197; KDA, fp32 [V, K] pool, B=256) it runs the 8 / 1 tile at
     # 98.0% of copy against the general body's 97.7% and the 16 / 2 tile at 96.3% against 93.9%, but the pool's
     # 64 / 2 default is at 98.2% there; on the H200 the bench probe's lean 8-row step reached 96.6% (run 196)
     # where 64 / 2 runs at 94.1%, and the op's lean body was not timed there (session 38).
