@@ -228,12 +228,14 @@ def decode_vk_lean(q, k, v, g, beta, o, pool, inv, cu, scale,
     tl.store(p_s, b_S * b_d[None, :] + b_u[:, None] * b_k[None, :])
 
 
-def run_vk_lean_scan(x, pool, slots, cu, out, R, warps, pdl=False, offsets=False):
+def run_vk_lean_scan(x, pool, slots, cu, out, R, warps, pdl=False, offsets=False, maxnreg=0):
     """The lean [V, K] step in one launch: each program scans the slot indices (no map); offsets: and
-    loads every sequence's offset beside them, as the op's slot grid does."""
+    loads every sequence's offset beside them, as the op's slot grid does; maxnreg: a register cap."""
     B = slots.numel()
     P, H, V, K = pool.shape
     kw = dict(launch_pdl=True, PDL=True) if pdl else {}
+    if maxnreg:
+        kw["maxnreg"] = maxnreg
     decode_vk_lean[(P * H * (V // R),)](x["q"], x["k"], x["v"], x["g"], x["beta"], out, pool, slots, cu, K ** -0.5,
                                         H=H, K=K, V=V, R=R, num_warps=warps, NS=B,
                                         SCAN=max(16, triton.next_power_of_2(B)), SCAN_OFFSETS=offsets, **kw)
@@ -327,6 +329,9 @@ def main():
                     help="K-split rows KS/warps (KS programs of K / KS whole rows per (sequence, head))")
     ap.add_argument("--lean", default="8/1,8/2,16/1,16/2,16/4,32/4",
                     help="lean [V, K] rows R/warps (R rows of the [V, K] pool a program)")
+    ap.add_argument("--caps", default="0",
+                    help="register caps (RecurrentConfig.max_registers; 0: none) of the op's lean rows and the"
+                         " lean step's scan rows, comma-separated")
     ap.add_argument("--check-only", action="store_true", help="check the decode rows against the op, time nothing")
     args = ap.parse_args()
     import serving
@@ -430,19 +435,29 @@ def main():
             us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
                                                              cu_seqlens=cu_vk, out=out_vk, state_v_first=True))
             print(f"the op on the [V, K] pool (default)            {us:8.2f} us {pct(us):5.1f}%", flush=True)
+            caps = [int(c) for c in args.caps.split(",") if c]
             for R, w in lean_rows[:3]:  # the op's own narrow [V, K] tiles (slot grid: a scan a program)
-                for lean in (False, True):  # its general body, and the config's lean one
-                    cfg = RecurrentConfig(block_v=R, num_warps=w, num_stages=1, readout="loaded", lean=lean)
+                # its general body, and the config's lean one under each register cap
+                for lean, cap in [(False, 0)] + [(True, c) for c in caps]:
+                    cfg = RecurrentConfig(block_v=R, num_warps=w, num_stages=1, readout="loaded", lean=lean,
+                                          max_registers=cap)
                     e_o, e_s = check_against_op(x_vk, pool_vk, slots_vk, cu_vk, out_vk, lambda: kdagen.fused_recurrent_kda(
                         **x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk, cu_seqlens=cu_vk, out=out_vk,
                         state_v_first=True, config=cfg), v_first=True)
                     us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk,
                                                                      ssm_state_indices=slots_vk, cu_seqlens=cu_vk,
                                                                      out=out_vk, state_v_first=True, config=cfg))
-                    print(f"the op on the [V, K] pool, {R:2d} / {w} loaded{', lean' if lean else '      '}  {us:8.2f} us"
+                    print(f"the op on the [V, K] pool, {R:2d} / {w} loaded{', lean' if lean else '      '}"
+                          f"{f' cap {cap}' if cap else ''}  {us:8.2f} us"
                           f" {pct(us):5.1f}% (against the default: o {e_o:.1e}, pool {e_s:.1e} {verdict(e_o, e_s)})",
                           flush=True)
             for R, w in lean_rows:
+                for cap in caps:
+                    if cap:  # the lean step's scan rows under a register cap
+                        us = graph_us(lambda: run_vk_lean_scan(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, pdl=True,
+                                                               maxnreg=cap))
+                        print(f"decode_vk_lean R={R:2d} warps={w}: a scan, PDL, cap {cap} {us:8.2f} us {pct(us):5.1f}%",
+                              flush=True)
                 us = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv))
                 us2 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, remap=False))
                 us4 = graph_us(lambda: run_vk_lean(x_vk, pool_vk, slots_vk, cu_vk, out_vk, R, w, inv, pdl=True))

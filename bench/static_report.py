@@ -18,6 +18,7 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
                                                         # at each BV/warps given (default: 64/2, today's)
     python bench/static_report.py --decode 64/4/t2              # /tG: G V tiles a program (tiles_per_program)
     python bench/static_report.py --decode --v-first 8/1/lean   # /lean: the config's lean one-item body
+    python bench/static_report.py --decode --v-first 8/1/lean/r80   # /rN: under a register cap (max_registers)
 
 --mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
 intra, state, output; backward: re-run, reverse pass, dqkw, wy, pass 2): these launches run straight-line
@@ -54,7 +55,8 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 
 def report(launch) -> dict:
     target = GPUTarget("cuda", 90, 32)
-    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages,
+                              launch.maxnreg)
     out = triton.compile(src, target=target, options=options)
     ptx = out.asm["ptx"]
     with tempfile.TemporaryDirectory() as d:
@@ -78,7 +80,8 @@ def sass_mix(launch) -> dict:
     from collections import Counter
 
     target = GPUTarget("cuda", 90, 32)
-    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages,
+                              launch.maxnreg)
     out = triton.compile(src, target=target, options=options)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
@@ -179,12 +182,13 @@ def gate_rows():
 
 
 def decode_launch(form: str, block_v: int = 64, num_warps: int = 2, state_v_first: bool = False,
-                  tiles_per_program: int = 1, lean: bool = False):
+                  tiles_per_program: int = 1, lean: bool = False, max_registers: int = 0):
     """The serving decode step's launch (issue 13's shape: B=256, H=32, K=V=128, bf16 inputs, an fp32 pool of
     B+4 slots in the benchmarks' scrambled order, BV=64 on 2 warps unless given, loaded readout) as the H200
     runs it: the slot grid by the heuristic, PDL on.  ``form``: "batch" ([B, 1, H, K]) or "packed"
     (cu_seqlens); ``state_v_first``: the pool laid out [P, HV, V, K]; ``tiles_per_program``: the
-    config's tile groups (G V tiles a program); ``lean``: the config's lean one-item body."""
+    config's tile groups (G V tiles a program); ``lean``: the config's lean one-item body; ``max_registers``:
+    the config's register cap (0: none)."""
     from kdagen.codegen.lower import lower
     from kdagen.config import RecurrentConfig
     from kdagen.tuning.compile_pool import pool_launch_for
@@ -192,7 +196,8 @@ def decode_launch(form: str, block_v: int = 64, num_warps: int = 2, state_v_firs
     N, HV, K = 256, 32, 128
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
     return pool_launch_for(plan, RecurrentConfig(block_v=block_v, num_warps=num_warps, readout="loaded",
-                                                   tiles_per_program=tiles_per_program, lean=lean),
+                                                   tiles_per_program=tiles_per_program, lean=lean,
+                                                   max_registers=max_registers),
                            torch.bfloat16, (N, 1, HV, HV), pdl=True,
                            slots=((torch.arange(N) * 7) % (N + 4)).to(torch.int32), packed=form == "packed",
                            by_slot=None, state_v_first=state_v_first)
@@ -202,14 +207,16 @@ def main(argv):
     if argv[:1] == ["--decode"]:
         cols = ("BAR", "SHFL", "REDUX", "LDS", "STS", "LDG", "STG")
         v_first = argv[1:2] == ["--v-first"]
-        # BV/warps, then optionally /tG (tiles_per_program) and /lean
+        # BV/warps, then optionally /tG (tiles_per_program), /lean and /rN (max_registers N)
         tiles = [tuple(a.split("/")) for a in argv[2 if v_first else 1:]] or [("64", "2")]
         print(f"{'pool':<6} {'BV/warps':>8} {'form':<7} {'slot grid':>9} {'regs':>4} {'spill':>5} {'total':>6} "
               + " ".join(f"{c:>5}" for c in cols))
         for bv, w, *extra in tiles:
             group = [int(f[1:]) for f in extra if f.startswith("t")]
+            cap = [int(f[1:]) for f in extra if f.startswith("r")]
             for form in ("batch", "packed"):
-                ln = decode_launch(form, int(bv), int(w), v_first, group[0] if group else 1, "lean" in extra)
+                ln = decode_launch(form, int(bv), int(w), v_first, group[0] if group else 1, "lean" in extra,
+                                   cap[0] if cap else 0)
                 r = sass_mix(ln)
                 tile = "/".join((bv, w) + tuple(extra))
                 print(f"{'[V,K]' if v_first else '[K,V]':<6} {tile:>8} {form:<7} "

@@ -387,13 +387,18 @@ class RecurrentConfig(_Config):
     # on the [K, V] pool too (run 181), and on an H200 (run 184: 92.6-92.9% against the [K, V] default's 95.3%).
     tiles_per_program: int = 1
     # one-item programs (programs_per_sm 0, tiles_per_program 1) on a tile that divides K and V: no masks (the
-    # compiler drops them), an item's tokens in one loop with nothing peeled beside the state's load, and on the
-    # slot grid a scan of the slot indices alone (templates/recurrent.py.j2, whole_item's lean branch).  Not taken
-    # by any heuristic: on an H100 (bench/RESULTS.md, run 197; KDA, fp32 [V, K] pool, B=256) it runs the 8 / 1 tile at
-    # 98.0% of copy against the general body's 97.7% and the 16 / 2 tile at 96.3% against 93.9%, but the pool's
-    # 64 / 2 default is at 98.2% there; on the H200 the bench probe's lean 8-row step reached 96.6% (run 196)
-    # where 64 / 2 runs at 94.1%, and the op's lean body was not timed there (session 38).
+    # compiler drops them), a decode step's item as one straight-line step, an item of another length its tile's
+    # value columns two at a time (so that path adds no registers to the step), and on the slot grid a scan of the
+    # slot indices alone (templates/recurrent.py.j2, lean_item).  Not taken by any heuristic: on an H100
+    # (bench/RESULTS.md, run 197; KDA, fp32 [V, K] pool, B=256) the lean body of session 38 ran the 8 / 1 tile at
+    # 98.0% of copy against the general body's 97.7%, but the pool's 64 / 2 default is at 98.2% there; on the H200
+    # the bench probe's lean 8-row step reached 96.6% (run 196) where 64 / 2 runs at 94.1%.
     lean: bool = False
+    # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
+    # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
+    # share an SM (on sm_90 a warp's registers come in blocks of 8 a thread; 65,536 an SM).  Too low a cap
+    # spills to local memory.  Not taken by any heuristic (bench/RESULTS.md, session 39).
+    max_registers: int = 0
 
     def __post_init__(self):
         self._check_pow2("block_v", "num_warps", "tiles_per_program")
@@ -413,6 +418,9 @@ class RecurrentConfig(_Config):
             raise ConfigError("recurrent: lean is for one-item programs of one tile (programs_per_sm 0, "
                               f"tiles_per_program 1); got programs_per_sm={pps}, "
                               f"tiles_per_program={self.tiles_per_program}")
+        cap = self.max_registers
+        if isinstance(cap, bool) or not isinstance(cap, int) or not (cap == 0 or (24 <= cap <= 248 and cap % 8 == 0)):
+            raise ConfigError(f"recurrent: max_registers must be 0 (no cap) or a multiple of 8 in 24..248, got {cap!r}")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

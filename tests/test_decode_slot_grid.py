@@ -194,7 +194,9 @@ from kdagen.ops.inputs import select_spec
 from kdagen.tuning.compile_pool import pool_launch_for
 out = {}
 launches = {"serving": decode_launch("packed"),  # the serving shape's packed step as the H200 runs it (PDL on)
-            "serving-vk-8/4": decode_launch("packed", 8, 4, state_v_first=True)}  # on a [V, K] pool, 4 KB tiles
+            "serving-vk-8/4": decode_launch("packed", 8, 4, state_v_first=True),  # on a [V, K] pool, 4 KB tiles
+            # the lean body's 8-row tile on one warp under an 80-register cap (25 programs an SM, not 21)
+            "serving-vk-8/1-lean-r80": decode_launch("packed", 8, 1, state_v_first=True, lean=True, max_registers=80)}
 for name, (N, K, bv, warps, readout, pool_dtype, packed) in {
         "updated-bf16-pool": (64, 128, 32, 1, "updated", torch.bfloat16, False),
         "k64": (32, 64, 64, 2, "loaded", torch.float32, True)}.items():
@@ -216,7 +218,7 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps, with PDL as on the H200) takes the slot
     grid, and neither it, nor the same step on a [V, K] pool with 8-wide tiles on 4 warps (each a
     contiguous 4 KB block), nor a half-width pool's or K=64's slot-grid kernel (forced at their fewer
-    pairs) spills registers."""
+    pairs), nor the lean body's 8-row tile on one warp held to 80 registers, spills registers."""
     import json
     import os
     import subprocess
@@ -231,6 +233,7 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     assert res["serving-vk-8/4"]["slot_grid"] and res["serving-vk-8/4"]["rows"] == 261 * 32
     # (64 registers at 32 B of state a thread: the narrow tile is there for many programs per SM)
     assert res["serving-vk-8/4"]["griddepcontrol"] == 2 and res["serving-vk-8/4"]["regs"] <= 96
+    assert res["serving-vk-8/1-lean-r80"]["regs"] <= 80 and res["serving-vk-8/1-lean-r80"]["griddepcontrol"] == 2
     assert res["updated-bf16-pool"]["slot_grid"] and res["k64"]["slot_grid"]
     # the programmatic dependent launch's wait and trigger, only where PDL is on
     assert res["serving"]["griddepcontrol"] == 2 and res["k64"]["griddepcontrol"] == 0
@@ -268,8 +271,11 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     class _Report:
         shared_bytes = 0
 
-    def record(fn, args, constexprs, target, num_warps, num_stages):
+    caps = []
+
+    def record(fn, args, constexprs, target, num_warps, num_stages, maxnreg):
         seen.append((dict(constexprs), target.arch))
+        caps.append(maxnreg)
         return _Report()
 
     monkeypatch.setattr(CP, "compile_for_target", record)
@@ -278,6 +284,11 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     assert why is None
     assert [(c["USE_INDICES"], c["SLOT_GRID"], c["PDL"]) for c, _ in seen] == [(False, False, False), (True, True, pdl)]
     assert {a for _, a in seen} == {arch} and seen[1][0]["SCAN"] == 16
+    assert caps == [None, None]  # no register cap unless the config asks for one
+    # a config's register cap reaches both compiles (the launch carries it: Triton's maxnreg)
+    cfg = RecurrentConfig(block_v=32, num_warps=2, readout="loaded", max_registers=80).to_dict()
+    assert CP._compile_one("recurrent", 32, 32, "bfloat16", (), (8, 1, 2, 2), cfg, None, arch, 232448, "gpu") is None
+    assert caps[2:] == [80, 80]
     launch = CP.pool_launch_for(*CP._worker_plan("recurrent", 32, 32, "bfloat16", ())[2:],
                                 RecurrentConfig(block_v=32, programs_per_sm=2, num_warps=2),
                                 torch.bfloat16, (8, 1, 2, 2))

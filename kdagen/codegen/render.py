@@ -225,6 +225,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
         if config.lean and (plan.BK != plan.K or plan.V % min(config.block_v, plan.BV)):
             raise ConfigError(f"recurrent: lean needs a tile that divides K and V; K={plan.K} (tile {plan.BK}), "
                               f"V={plan.V}, block_v={config.block_v}")
+        # lean: the value columns at a time of an item that is not a decode step's (lean_item)
+        v["lean_cols"] = min(2, config.block_v, plan.BV) if config.lean else 0
         # persistent programs with num_stages > 1: the item loop is left to Triton's software
         # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
         # ahead) in place of the hand prefetch of the next item into registers

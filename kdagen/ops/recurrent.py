@@ -13,7 +13,7 @@ from ..cache.lookup import resolve
 from ..codegen.lower import lower
 from ..config import RecurrentConfig
 from ..dtypes import dtype
-from ..kernels import Launch, build, dummy_pointer, launch, launch_options
+from ..kernels import Launch, build, dummy_pointer, launch, launch_options, register_cap
 from . import checks
 from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, host_seqlens,
                      preprocess, select_spec, state_layout, state_shape)
@@ -116,7 +116,8 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     grid = (triton.cdiv(triton.cdiv(V, bv), cfg.tiles_per_program), ((P + 1) if by_slot else N) * HV)
     if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
-    launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
+    launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages,
+                    maxnreg=cfg.max_registers or None)
     return launch, (o, ht)
 
 
@@ -281,7 +282,8 @@ def fused_recurrent_kda(
         if sig is not None and all(x.is_contiguous() for x in (q, k, v, g, beta)):
             if len(_FAST) >= _FAST_MAX:
                 _FAST.clear()
-            _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages, float(scale),
+            _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages, desc.maxnreg,
+                                float(scale),
                                 dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc),
                                 state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first),
                                 {n: desc.args[n] for n in ("NS",) if n in desc.args})
@@ -318,7 +320,7 @@ def fused_recurrent_kda(
         A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None, state_v_first=state_v_first)
     args.update(hit.extra)
     if hit.direct is None or not hit.direct(args):
-        launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages)
+        launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages, hit.maxnreg)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
 
 
@@ -483,7 +485,7 @@ class _Direct:
         try:
             kernel = desc.fn.warmup(**desc.args, **desc.constexprs, grid=desc.grid, num_warps=desc.num_warps,
                                     num_stages=desc.num_stages,  # the JIT's cached binary of that launch
-                                    **launch_options(desc.constexprs))
+                                    **launch_options(desc.constexprs), **register_cap(desc.maxnreg))
             return cls(kernel, desc.args, desc.constexprs, desc.grid)
         except Exception:  # noqa: BLE001 - e.g. an asynchronous compile: the generic launcher serves instead
             return None
@@ -518,6 +520,7 @@ class _Entry:
     constexprs: dict
     num_warps: int
     num_stages: int
+    maxnreg: int | None  # the launch's register cap, if any
     scale: float
     dims: Dims
     with_A: bool  # the kernel takes A_log / dt_bias (the plan's in-kernel gate reads them)
