@@ -435,6 +435,10 @@ def main():
             us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
                                                              cu_seqlens=cu_vk, out=out_vk, state_v_first=True))
             print(f"the op on the [V, K] pool (default)            {us:8.2f} us {pct(us):5.1f}%", flush=True)
+            cfg = RecurrentConfig(block_v=64, num_warps=2, num_stages=1, readout="loaded")  # the former default
+            us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
+                                                             cu_seqlens=cu_vk, out=out_vk, state_v_first=True, config=cfg))
+            print(f"the op on the [V, K] pool, 64 / 2 loaded        {us:8.2f} us {pct(us):5.1f}%", flush=True)
             caps = [int(c) for c in args.caps.split(",") if c]
             for R, w in lean_rows[:3]:  # the op's own narrow [V, K] tiles (slot grid: a scan a program)
                 # its general body, and the config's lean one under each register cap
