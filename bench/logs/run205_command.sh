@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader
 nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200: stopped"; exit 0; }
 timeout -k 5 -s INT 120 python3 bench/decode_stream_probe.py --batch 256 --rows decode --decode "" --ksplit "" \
   --lean 8/1 --caps 0,80 > $OUT/run205_probe.log 2>&1
-grep -v "against the op o" $OUT/run205_probe.log | tail -14
+grep -v "against the op o" $OUT/run205_probe.log | tail -16
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 timeout -k 5 -s INT 150 python3 -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py -rA > $OUT/run205_serving_gpu.log 2>&1
 tail -12 $OUT/run205_serving_gpu.log
