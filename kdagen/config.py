@@ -390,14 +390,17 @@ class RecurrentConfig(_Config):
     # compiler drops them), a decode step's item as one straight-line step, an item of another length its tile's
     # value columns two at a time (so that path adds no registers to the step), and on the slot grid a scan of the
     # slot indices alone (templates/recurrent.py.j2, lean_item).  Not taken by any heuristic: on an H100
-    # (bench/RESULTS.md, run 197; KDA, fp32 [V, K] pool, B=256) the lean body of session 38 ran the 8 / 1 tile at
-    # 98.0% of copy against the general body's 97.7%, but the pool's 64 / 2 default is at 98.2% there; on the H200
-    # the bench probe's lean 8-row step reached 96.6% (run 196) where 64 / 2 runs at 94.1%.
+    # (bench/RESULTS.md, run 206; KDA, fp32 [V, K] pool, B=256, one process) the 8 / 1 tile runs at 97.8% of copy
+    # lean (also under max_registers=80) against the general body's 97.6% and the pool's 64 / 2 default's 98.0%;
+    # on the H200 the bench probe's lean 8-row step reached 96.6% (run 196) where 64 / 2 runs at 94.1%, and the
+    # op's lean body has not been timed there (sessions 38-39: no H200 came).
     lean: bool = False
     # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
     # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
     # share an SM (on sm_90 a warp's registers come in blocks of 8 a thread; 65,536 an SM).  Too low a cap
-    # spills to local memory.  Not taken by any heuristic (bench/RESULTS.md, session 39).
+    # spills to local memory, and a spill inside a decode step is dear (bench/RESULTS.md, run 201, H100: the lean
+    # 8 / 1 tile 97.6% of copy under 80, nothing spilled, and 92.8% under 72, 84 bytes spilled).  Not taken by any
+    # heuristic.
     max_registers: int = 0
 
     def __post_init__(self):
