@@ -432,12 +432,14 @@ def main():
             except Exception as e:  # noqa: BLE001
                 print(f"decode_ksplit KS={KS} warps={w}: {type(e).__name__}: {str(e)[:160]}", flush=True)
         if lean_rows:
-            us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
-                                                             cu_seqlens=cu_vk, out=out_vk, state_v_first=True))
+            def op_vk(cfg=None):  # the op's step on the [V, K] pool (cfg None: its default config)
+                kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk, cu_seqlens=cu_vk,
+                                           out=out_vk, state_v_first=True, config=cfg)
+
+            us = graph_us(op_vk)
             print(f"the op on the [V, K] pool (default)            {us:8.2f} us {pct(us):5.1f}%", flush=True)
             cfg = RecurrentConfig(block_v=64, num_warps=2, num_stages=1, readout="loaded")  # the former default
-            us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk,
-                                                             cu_seqlens=cu_vk, out=out_vk, state_v_first=True, config=cfg))
+            us = graph_us(lambda: op_vk(cfg))
             print(f"the op on the [V, K] pool, 64 / 2 loaded        {us:8.2f} us {pct(us):5.1f}%", flush=True)
             caps = [int(c) for c in args.caps.split(",") if c]
             for R, w in lean_rows[:3]:  # the op's own narrow [V, K] tiles (slot grid: a scan a program)
@@ -445,12 +447,8 @@ def main():
                 for lean, cap in [(False, 0)] + [(True, c) for c in caps]:
                     cfg = RecurrentConfig(block_v=R, num_warps=w, num_stages=1, readout="loaded", lean=lean,
                                           max_registers=cap)
-                    e_o, e_s = check_against_op(x_vk, pool_vk, slots_vk, cu_vk, out_vk, lambda: kdagen.fused_recurrent_kda(
-                        **x_vk, initial_state=pool_vk, ssm_state_indices=slots_vk, cu_seqlens=cu_vk, out=out_vk,
-                        state_v_first=True, config=cfg), v_first=True)
-                    us = graph_us(lambda: kdagen.fused_recurrent_kda(**x_vk, initial_state=pool_vk,
-                                                                     ssm_state_indices=slots_vk, cu_seqlens=cu_vk,
-                                                                     out=out_vk, state_v_first=True, config=cfg))
+                    e_o, e_s = check_against_op(x_vk, pool_vk, slots_vk, cu_vk, out_vk, lambda: op_vk(cfg), v_first=True)
+                    us = graph_us(lambda: op_vk(cfg))
                     print(f"the op on the [V, K] pool, {R:2d} / {w} loaded{', lean' if lean else '      '}"
                           f"{f' cap {cap}' if cap else ''}  {us:8.2f} us"
                           f" {pct(us):5.1f}% (against the default: o {e_o:.1e}, pool {e_s:.1e} {verdict(e_o, e_s)})",

@@ -18,7 +18,8 @@ fp32 or fp16 inputs, g in (-2, 0] with some channels of some tokens at -inf (a r
 promises), l2-normalised k, beta in (0, 1), the default or a random scale, either readout, block_v in
 {4, 8, 16, 32} up to V (the narrow tiles of a [V, K] pool, each a contiguous block, among them); the slot and
 batch paths' programs take one V tile or a group of 2 or 4 (RecurrentConfig.tiles_per_program), and a third of
-the single-tile ones the lean body (RecurrentConfig.lean: no masks, the tokens in one loop).
+the single-tile ones the lean body (RecurrentConfig.lean: no masks, a one-token item straight-line, other
+lengths two value columns at a time).
 
 Each case is called twice (the second call goes through the fast path's entry), the pool reset and
 ``out=`` filled with NaN before each call, and checked: every valid sequence's o and its slot's new state
