@@ -480,6 +480,9 @@ def main():
             print(f"decode_ksplit KS={KS} warps={w}, slots in address order {us:8.2f} us {pct(us):5.1f}%", flush=True)
         us = graph_us(op)
         print(f"the op again                                   {us:8.2f} us {pct(us):5.1f}%", flush=True)
+        if lean_rows:
+            us = graph_us(op_vk)
+            print(f"the op on the [V, K] pool (default) again      {us:8.2f} us {pct(us):5.1f}%", flush=True)
 
 
 if __name__ == "__main__":

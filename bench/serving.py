@@ -422,6 +422,70 @@ def gates():
         OUT["rows"].append(row)
 
 
+def lean_items():
+    """The lean body (RecurrentConfig.lean: the heuristic's choice for a decode step on KDA's fp32 pool laid out
+    [V, K] with many pairs; 8-row tiles on one warp held to 72 registers) forced on a call that is not a pure
+    decode step: 40 sequences of 0-3 tokens (the slots' programs run the one-token items, row 0 the others),
+    two padding sequences and two that share a slot, on the slot grid, in bf16, both layouts.  Every sequence's
+    o and every slot against the float64 recurrence; the padding's o 0, the earlier sharer's o NaN."""
+    from kdagen.cache import heuristics
+    from kdagen.config import RecurrentConfig
+
+    H, K, V = (32, 128, 128) if GPU else (2, 16, 16)
+    dtype = torch.bfloat16 if GPU else torch.float32
+    tol = 1e-2 if GPU else 1e-5
+    gen = generator(11)
+    lens = [(0, 1, 2, 3, 1, 1, 1, 2)[n % 8] for n in range(40)]
+    N, P, T = len(lens), len(lens) + 6, sum(lens)
+    slots = [(7 * n) % P for n in range(N)]
+    slots[5], slots[9] = -1, P  # padding: below and past the pool
+    slots[30] = slots[12]  # sequences 12 and 30 share a slot (the caller's error): 30's state is kept, 12's o NaN
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device=DEV)
+    r = lambda *sh: torch.randn(1, T, *sh, generator=gen, device=DEV)  # noqa: E731
+    x = dict(q=r(H, K), k=torch.nn.functional.normalize(r(H, K), dim=-1), v=r(H, V),
+             g=LOWER * torch.sigmoid(r(H, K) + 2.0), beta=torch.sigmoid(r(H)))
+    x = {n: (t if n == "g" else t.to(dtype)) for n, t in x.items()}
+    pool_kv = 0.1 * torch.randn(P, H, K, V, generator=gen, device=DEV)
+    idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
+    saved = heuristics.SLOT_GRID_MIN_PAIRS
+    heuristics.SLOT_GRID_MIN_PAIRS = 1  # (the slot grid at these pairs, as at B=256)
+    R._FAST.clear()
+    try:
+        for v_first in (False, True):
+            pool = pool_kv.transpose(-1, -2).contiguous() if v_first else pool_kv.clone()
+            o = torch.zeros_like(x["v"])
+            kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=idx, cu_seqlens=cu, out=o,
+                                       state_v_first=v_first,
+                                       config=RecurrentConfig(block_v=8, num_warps=1, lean=True, max_registers=72))
+            got_pool = pool.transpose(-1, -2) if v_first else pool
+            want_pool = pool_kv.double().cpu().clone()
+            b, worst, bad = cu.tolist(), 0.0, []
+            for n in range(N):
+                seg = slice(b[n], b[n + 1])
+                if slots[n] < 0 or slots[n] >= P:
+                    if not (o[:, seg] == 0).all():
+                        bad.append(f"padding sequence {n}: o not 0")
+                    continue
+                if n == 12:
+                    if not torch.isnan(o[:, seg]).all():
+                        bad.append("sequence 12 (its slot shared with 30): o not NaN")
+                    continue
+                ro, rs = naive_recurrent_kda(*(x[m][:, seg].double().cpu() for m in ("q", "k", "v", "g", "beta")),
+                                             initial_state=pool_kv[slots[n]][None].double().cpu(),
+                                             output_final_state=True)
+                want_pool[slots[n]] = rs[0]
+                if lens[n]:
+                    worst = max(worst, rel_err(o[:, seg], ro))
+            worst = max(worst, rel_err(got_pool, want_pool))
+            claim(f"the lean body gives the recurrence for items of 0-3 tokens, padding and a shared slot "
+                  f"({'[V, K]' if v_first else '[K, V]'} pool, {str(dtype)[6:]})", worst < tol and not bad,
+                  f"worst rel. error {worst:.1e} over every sequence's o and the pool (tolerance {tol:.0e})"
+                  + ("; " + "; ".join(bad) if bad else ""))
+    finally:
+        heuristics.SLOT_GRID_MIN_PAIRS = saved
+        R._FAST.clear()
+
+
 # ----------------------------------------------------------------------------------- timing
 
 
@@ -668,7 +732,7 @@ def table():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--suite", default="sync,graph,prefill_graph,gates,timing,drift")
+    ap.add_argument("--suite", default="sync,graph,prefill_graph,gates,lean,timing,drift")
     ap.add_argument("--layouts", default="kv,vk", help="timing's pool layouts: kv ([P, HV, K, V]) and/or vk "
                     "([P, HV, V, K], state_v_first)")
     ap.add_argument("--drift-steps", type=int, default=None, help="default: 1000 on a GPU, 100 in a dry run")
@@ -683,7 +747,7 @@ def main(argv=None):
     except ImportError:
         pass
     log(json.dumps(OUT["env"]))
-    sections = dict(sync=sync_free, graph=graph_replay, prefill_graph=prefill_graph, gates=gates,
+    sections = dict(sync=sync_free, graph=graph_replay, prefill_graph=prefill_graph, gates=gates, lean=lean_items,
                     timing=lambda: timing(layouts=tuple(args.layouts.split(","))),
                     drift=lambda: drift(args.drift_steps))
     for name in args.suite.split(","):

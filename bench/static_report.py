@@ -98,6 +98,92 @@ def sass_mix(launch) -> dict:
     return dict(regs=regs, spill_bytes=spill, total=len(ops), **Counter(ops))
 
 
+def local_memory(launch) -> dict:
+    """The launch's sm_90 code as a control-flow graph with source lines, for where its local-memory traffic
+    (register spills: STL / LDL) lies: ptxas keeps the PTX's line table (-lineinfo, which changes no code)
+    and nvdisasm prints each instruction under its file and line, and its branch targets as labels.
+    Returns regs, spill_bytes, ``source`` (the kernel's own file, as the line table names it), ``text`` (the
+    path of its source) and ``code``: [(address, opcode, file,
+    line, successors)] in address order, successors being indices into ``code``."""
+    target = GPUTarget("cuda", 90, 32)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages,
+                              launch.maxnreg)
+    out = triton.compile(src, target=target, options=options)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(out.asm["ptx"])
+        cubin = os.path.join(d, "k.cubin")
+        r = subprocess.run([PTXAS, "-v", "-lineinfo", "--gpu-name", "sm_90a", path, "-o", cubin],
+                           capture_output=True, text=True)
+        sass = subprocess.run([os.path.join(os.path.dirname(PTXAS), "nvdisasm"), "-g", "-c", cubin],
+                              capture_output=True, text=True).stdout
+    where, rows, labels = (None, None), [], {}
+    for row in sass.splitlines():
+        m = re.search(r'//## File "([^"]+)", line (\d+)', row)
+        if m:
+            where = (m.group(1), int(m.group(2)))
+            continue
+        m = re.match(r"(\.L_x_\d+):", row)
+        if m:
+            labels[m.group(1)] = len(rows)
+            continue
+        m = re.match(r"\s+/\*([0-9a-f]{4,6})\*/\s+(@!?U?P[0-9T] )?([A-Z0-9_.]+)(.*)", row)
+        if m:
+            tgt = re.search(r"`\((\.L_x_\d+)\)", m.group(4))
+            rows.append((int(m.group(1), 16), m.group(3), where, bool(m.group(2)), tgt.group(1) if tgt else None))
+    code = []
+    for i, (addr, op, (file, line), predicated, tgt) in enumerate(rows):
+        base = op.split(".")[0]
+        succ = []
+        if not (base in ("BRA", "EXIT", "RET", "BRX", "JMP") and not predicated and op != "BRA.DIV"):
+            succ.append(i + 1)
+        if tgt and base in ("BRA", "CALL", "WARPSYNC", "BRX", "JMP"):
+            succ.append(labels[tgt])
+        code.append((addr, base, file, line, [j for j in succ if j < len(rows)]))
+    regs = max((int(m) for m in re.findall(r"Used (\d+) registers", r.stderr)), default=None)
+    spill = max((int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=None)
+    # the kernel's own file as the line table names it: the entry's (Triton's cache may hand back code compiled
+    # from the same source under another path); its text is the launch's source
+    return dict(regs=regs, spill_bytes=spill, code=code, source=code[0][2] if code else None,
+                text=launch.fn.fn.__code__.co_filename)
+
+
+def lean_step_local(launch) -> dict:
+    """For a lean launch: the local loads and stores (spills) on the decode step's path.  The step is every
+    instruction of the kernel's source from the lean item's first line (``o_v0 = ...``) on; its path is
+    what runs from the kernel's entry to the step and from the step on (the control-flow graph's
+    reachability), so a spill in row 0's code (padding, other lengths, shared slots) is not on it.
+    Returns regs, spill_bytes, ``local`` (all STL / LDL), ``on_step_path`` (those on the path) and
+    ``step_ops`` (the step's instruction count, 0 if it was not found)."""
+    r = local_memory(launch)
+    with open(r["text"]) as f:
+        first = next(i for i, t in enumerate(f.read().splitlines(), 1) if t.strip().startswith("o_v0 = i_v * BV"))
+    code = r["code"]
+    seeds = [i for i, c in enumerate(code) if c[2] == r["source"] and c[3] >= first]
+
+    def reach(starts, edges):
+        seen, todo = set(starts), list(starts)
+        while todo:
+            for j in edges[todo.pop()]:
+                if j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+        return seen
+
+    fwd = [c[4] for c in code]
+    back = [[] for _ in code]
+    for i, succ in enumerate(fwd):
+        for j in succ:
+            back[j].append(i)
+    path = reach(seeds, fwd) | (reach([0], fwd) & reach(seeds, back))
+    local = [(hex(c[0]), c[1], os.path.basename(c[2] or "?"), c[3]) for c in code if c[1] in ("STL", "LDL")]
+    on_path = [(hex(c[0]), c[1], os.path.basename(c[2] or "?"), c[3]) for i, c in enumerate(code)
+               if c[1] in ("STL", "LDL") and i in path]
+    return dict(regs=r["regs"], spill_bytes=r["spill_bytes"] or 0, local=local, on_step_path=on_path,
+                step_ops=len(seeds))
+
+
 def mix_rows(layer: bool, bwd_fields: dict):
     """KDA's training-step launches (forward and backward; B=1, T=128, H=HV=1, K=V=128, bf16, g >= -5
     promised; ``layer``: with the layer's in-kernel gate from A_log/dt_bias -- its l2-norm launches are not

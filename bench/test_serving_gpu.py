@@ -58,3 +58,7 @@ def test_packed_prefill_captures_and_replays_with_new_lengths():
 
 def test_the_device_built_packed_schedule_gives_the_host_ones_answer():
     _run(serving.prefill_graph, "device-built schedule")
+
+
+def test_the_lean_body_gives_the_recurrence_for_items_of_any_length_in_bf16():
+    _run(serving.lean_items)

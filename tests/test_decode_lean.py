@@ -2,11 +2,12 @@
 launch's register cap (RecurrentConfig.max_registers).
 
 The lean body runs a decode step's item (one token) as one straight-line step and every other item (no
-token, or several) a few value columns of its tile at a time, each through all the item's tokens -- two
-paths in one program, chosen per item.  These tests put items of 0, 1, 2 and 3 tokens in the same call,
-at tiles narrower than, equal to and wider than the columns' width, on both state layouts, with and
-without the slot grid, and check every sequence against the float64 recurrence; and the shared-slot
-NaN fill, which the lean body does after the item's step, on both paths."""
+token, or several) a few value columns of its tile at a time, each through all the item's tokens -- on the
+batch grid in the item's own program, on the slot grid in row 0's programs (which also write the padding's
+o, and the NaN o of sequences sharing a slot), so that a slot's program holds the step alone.  These tests
+put items of 0, 1, 2 and 3 tokens in the same call, at tiles narrower than, equal to and wider than the
+columns' width, on both state layouts, with and without the slot grid, and check every sequence against
+the float64 recurrence; and the shared-slot NaN fill with the kept sequence's item of either kind."""
 from __future__ import annotations
 
 import pytest
@@ -97,8 +98,8 @@ def test_items_of_every_length_in_one_call(grid, dt, block_v, v_first):
 @pytest.mark.parametrize("lens", ([1, 1, 1, 1], [2, 1, 3, 1]), ids=("decode-steps", "longer-items"))
 def test_shared_slot_nan_on_both_paths(monkeypatch, lens):
     """Sequences 0 and 2 share slot 3 (the caller's error): the later one's state is kept and its o is the
-    recurrence's, the earlier one's o is NaN -- whether the item is a decode step's (the straight-line
-    step, then the fill) or longer (the column path, then the fill)."""
+    recurrence's, the earlier one's o is NaN -- whether the kept item is a decode step's (the slot's program's
+    straight-line step) or longer (the column path: row 0's on the slot grid)."""
     monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1)
     R._FAST.clear()
     x, pool, pool_kv, cu = _packed(lens, P=5, seed=3)

@@ -187,7 +187,7 @@ _COMPILE = r"""
 import json, sys
 import torch
 sys.path.insert(0, "bench")
-from static_report import decode_launch, report  # compiled for sm_90, then ptxas's own report (Triton's wheel)
+from static_report import decode_launch, lean_step_local, report  # compiled for sm_90, then ptxas's own report
 from kdagen.codegen.lower import lower
 from kdagen.config import RecurrentConfig
 from kdagen.ops.inputs import select_spec
@@ -195,8 +195,8 @@ from kdagen.tuning.compile_pool import pool_launch_for
 out = {}
 launches = {"serving": decode_launch("packed"),  # the serving shape's packed step as the H200 runs it (PDL on)
             "serving-vk-8/4": decode_launch("packed", 8, 4, state_v_first=True),  # on a [V, K] pool, 4 KB tiles
-            # the lean body's 8-row tile on one warp under an 80-register cap (25 programs an SM, not 21)
-            "serving-vk-8/1-lean-r80": decode_launch("packed", 8, 1, state_v_first=True, lean=True, max_registers=80)}
+            # the lean body's 8-row tile on one warp under the heuristic's 72-register cap (28 programs an SM)
+            "serving-vk-8/1-lean-r72": decode_launch("packed", 8, 1, state_v_first=True, lean=True, max_registers=72)}
 for name, (N, K, bv, warps, readout, pool_dtype, packed) in {
         "updated-bf16-pool": (64, 128, 32, 1, "updated", torch.bfloat16, False),
         "k64": (32, 64, 64, 2, "loaded", torch.float32, True)}.items():
@@ -209,6 +209,10 @@ for name, launch in launches.items():
     r = report(launch)
     out[name] = dict(slot_grid=launch.constexprs["SLOT_GRID"], scan=launch.constexprs["SCAN"], rows=launch.grid[1],
                      griddepcontrol=r["griddepcontrol"], regs=r["regs"], spills=r["spill_bytes"])
+for form in ("packed", "batch"):  # where the capped lean launch's spills lie (the step's path, or row 0's code)
+    r = lean_step_local(decode_launch(form, 8, 1, state_v_first=True, lean=True, max_registers=72))
+    out["lean-r72-" + form] = dict(regs=r["regs"], spills=r["spill_bytes"], local=len(r["local"]),
+                                   on_step_path=r["on_step_path"], step_ops=r["step_ops"])
 print("@@" + json.dumps(out))
 """
 
@@ -218,7 +222,10 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps, with PDL as on the H200) takes the slot
     grid, and neither it, nor the same step on a [V, K] pool with 8-wide tiles on 4 warps (each a
     contiguous 4 KB block), nor a half-width pool's or K=64's slot-grid kernel (forced at their fewer
-    pairs), nor the lean body's 8-row tile on one warp held to 80 registers, spills registers."""
+    pairs), spills registers.  The lean body's 8-row tile on one warp, held to 72 registers (the heuristic's
+    cap), may spill only in row 0's code (padding, items of other lengths, shared slots), never on the decode
+    step's path -- read from the sm_90 code's control-flow graph and line table (bench/static_report.py,
+    lean_step_local) -- in both forms."""
     import json
     import os
     import subprocess
@@ -233,7 +240,13 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     assert res["serving-vk-8/4"]["slot_grid"] and res["serving-vk-8/4"]["rows"] == 261 * 32
     # (64 registers at 32 B of state a thread: the narrow tile is there for many programs per SM)
     assert res["serving-vk-8/4"]["griddepcontrol"] == 2 and res["serving-vk-8/4"]["regs"] <= 96
-    assert res["serving-vk-8/1-lean-r80"]["regs"] <= 80 and res["serving-vk-8/1-lean-r80"]["griddepcontrol"] == 2
+    lean = res.pop("serving-vk-8/1-lean-r72")
+    assert lean["slot_grid"] and lean["regs"] <= 72 and lean["griddepcontrol"] == 2
+    for form in ("packed", "batch"):
+        r = res.pop("lean-r72-" + form)
+        assert r["regs"] <= 72 and r["step_ops"] > 100, (form, r)  # (the step was found in the code)
+        assert r["on_step_path"] == [], f"{form}: spills on the decode step's path: {r['on_step_path']}"
+        assert (r["spills"] == 0) == (r["local"] == 0), (form, r)
     assert res["updated-bf16-pool"]["slot_grid"] and res["k64"]["slot_grid"]
     # the programmatic dependent launch's wait and trigger, only where PDL is on
     assert res["serving"]["griddepcontrol"] == 2 and res["k64"]["griddepcontrol"] == 0

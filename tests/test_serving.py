@@ -336,8 +336,9 @@ def test_bad_offsets_stay_inside_the_tensors():
 @pytest.mark.slow
 def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path):
     """bench/serving.py's proofs run their Python in the interpreter (the GPU-only parts say SKIP):
-    the graph section's replay loop matches the eager op, the gates match float64, the bf16
-    pool's drift over 300 steps stays bounded."""
+    the graph section's replay loop matches the eager op, the gates match float64, the lean body's
+    mixed items (0-3 tokens, padding, a shared slot) match float64 on both layouts, the bf16 pool's drift
+    over 300 steps stays bounded."""
     import json
     import os
     import pathlib
@@ -347,7 +348,7 @@ def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path):
     root = pathlib.Path(__file__).resolve().parent.parent
     env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(root))
     r = subprocess.run([sys.executable, str(root / "bench" / "serving.py"), "--out", str(tmp_path),
-                        "--suite", "sync,graph,gates,timing,drift", "--drift-steps", "300"],
+                        "--suite", "sync,graph,gates,lean,timing,drift", "--drift-steps", "300"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     claims = json.loads((tmp_path / "serving.json").read_text())["claims"]
@@ -356,3 +357,4 @@ def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path):
     assert sum(v == "PASS" for v in results.values()) >= 7, results
     drift = [c for c in claims if c["name"].startswith("bf16 pool drift")]
     assert drift and drift[0]["result"] == "PASS"
+    assert sum(n.startswith("the lean body gives the recurrence") and v == "PASS" for n, v in results.items()) == 2

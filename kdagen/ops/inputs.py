@@ -31,10 +31,12 @@ class Dims:
     V: int
     N: int  # number of sequences
 
-    def decode_shape(self, state_v_first: bool) -> dict:
+    def decode_shape(self, state_v_first: bool, pool_slots: int = 0) -> dict:
         """The shape a recurrent-form call's config is resolved for (kdagen.cache.lookup.resolve):
-        tokens, batch, sequences, value heads and the state's layout."""
-        return {"T": self.T, "B": self.B, "N": self.N, "HV": self.HV, "state_v_first": state_v_first}
+        tokens, batch, sequences, value heads, the state's layout and the state pool's slots (0
+        without a pool)."""
+        return {"T": self.T, "B": self.B, "N": self.N, "HV": self.HV, "state_v_first": state_v_first,
+                "P": pool_slots}
 
 
 def _tensor(name, x):

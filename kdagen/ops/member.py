@@ -360,7 +360,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
+    pool = initial_state.shape[0] if ssm_state_indices is not None else 0
+    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first, pool), state))
     g = g if g is not None else dummy_pointer(q.device)
     if training and ab is not None:  # general DPLR: its own autograd Function (a, b in place of beta)
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,

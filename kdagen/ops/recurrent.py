@@ -351,7 +351,8 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)  # (the kernel applies the flags itself)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name  # a pool may be bf16
-    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
+    pool = initial_state.shape[0] if ssm_state_indices is not None else 0
+    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first, pool), state))
     if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device
                             or not out.is_contiguous()):
         raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}, "
