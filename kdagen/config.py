@@ -388,19 +388,21 @@ class RecurrentConfig(_Config):
     tiles_per_program: int = 1
     # one-item programs (programs_per_sm 0, tiles_per_program 1) on a tile that divides K and V: no masks (the
     # compiler drops them), a decode step's item as one straight-line step, an item of another length its tile's
-    # value columns two at a time (so that path adds no registers to the step), and on the slot grid a scan of the
-    # slot indices alone (templates/recurrent.py.j2, lean_item).  Not taken by any heuristic: on an H100
-    # (bench/RESULTS.md, run 206; KDA, fp32 [V, K] pool, B=256, one process) the 8 / 1 tile runs at 97.8% of copy
-    # lean (also under max_registers=80) against the general body's 97.6% and the pool's 64 / 2 default's 98.0%;
-    # on the H200 the bench probe's lean 8-row step reached 96.6% (run 196) where 64 / 2 runs at 94.1%, and the
-    # op's lean body has not been timed there (sessions 38-39: no H200 came).
+    # value columns two at a time -- on the slot grid in row 0's programs (with the padding's o and the NaN o of
+    # sequences sharing a slot), on the batch grid in its own -- and on the slot grid a scan of the slot indices
+    # alone (templates/recurrent.py.j2, lean_item).  A slot's program then holds the step alone: 72 registers on a
+    # [V, K] pool at 8 x 128 on one warp, as the bench probe's step that reaches 96.6% of copy on the H200 (run
+    # 196).  The heuristic takes it (8 / 1, max_registers=72) for KDA's fp32 [V, K] pool on a decode step's call
+    # with many pairs on the slot grid; a call with more tokens than sequences would have row 0 run its longer
+    # items one at a time, so the heuristic leaves those to the general body (bench/RESULTS.md, sessions 38-40).
     lean: bool = False
     # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
     # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
     # share an SM (on sm_90 a warp's registers come in blocks of 8 a thread; 65,536 an SM).  Too low a cap
-    # spills to local memory, and a spill inside a decode step is dear (bench/RESULTS.md, run 201, H100: the lean
-    # 8 / 1 tile 97.6% of copy under 80, nothing spilled, and 92.8% under 72, 84 bytes spilled).  Not taken by any
-    # heuristic.
+    # spills to local memory, and a spill inside a decode step is dear (bench/RESULTS.md, run 201, H100: a lean
+    # 8 / 1 tile whose step spilled under 72 ran at 92.8% of copy against 97.6% unspilled); a spill in code the
+    # step does not run costs the step nothing (the lean body under 72: row 0's code only, tests/test_decode_slot_grid.py
+    # reads where from the sm_90 code).
     max_registers: int = 0
 
     def __post_init__(self):
