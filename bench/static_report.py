@@ -18,7 +18,9 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
                                                         # at each BV/warps given (default: 64/2, today's)
     python bench/static_report.py --decode 64/4/t2              # /tG: G V tiles a program (tiles_per_program)
     python bench/static_report.py --decode --v-first 8/1/lean   # /lean: the config's lean one-item body
-    python bench/static_report.py --decode --v-first 8/1/lean/r80   # /rN: under a register cap (max_registers)
+    python bench/static_report.py --decode --v-first 8/1/lean/r72   # /rN: under a register cap (max_registers);
+                                                        # lean rows say how many spill loads/stores lie on the
+                                                        # decode step's path (lean_step_local)
 
 --mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
 intra, state, output; backward: re-run, reverse pass, dqkw, wy, pass 2): these launches run straight-line
@@ -305,9 +307,13 @@ def main(argv):
                                    cap[0] if cap else 0)
                 r = sass_mix(ln)
                 tile = "/".join((bv, w) + tuple(extra))
+                where = ""
+                if "lean" in extra:  # where its spills lie: on the decode step's path, or in row 0's code
+                    spot = lean_step_local(ln)
+                    where = f"  local loads/stores {len(spot['local'])}, on the step's path {len(spot['on_step_path'])}"
                 print(f"{'[V,K]' if v_first else '[K,V]':<6} {tile:>8} {form:<7} "
                       f"{str(ln.constexprs['SLOT_GRID']):>9} {r['regs']:>4} {r['spill_bytes'] or 0:>5} "
-                      f"{r['total']:>6} " + " ".join(f"{r.get(c, 0):>5}" for c in cols))
+                      f"{r['total']:>6} " + " ".join(f"{r.get(c, 0):>5}" for c in cols) + where)
         return
     if argv[:1] == ["--mix"]:
         import json
