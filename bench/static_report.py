@@ -77,10 +77,10 @@ def report(launch) -> dict:
 MIX = ("FFMA", "FMUL", "FADD", "SHFL", "LDS", "STS", "LDSM", "BAR", "LDL", "STL", "MUFU", "HMMA")
 
 
-def sass_mix(launch) -> dict:
-    """The launch's registers, spill and SASS opcode counts for sm_90 (cuobjdump of ptxas's cubin)."""
-    from collections import Counter
-
+def _sm90_sass(launch, lineinfo: bool = False) -> tuple[str, int | None, int | None]:
+    """The launch compiled for sm_90 by ptxas (Triton's wheel) and disassembled: (SASS text, registers, spill
+    bytes).  ``lineinfo``: ptxas keeps the PTX's line table (no change to the code) and nvdisasm prints each
+    instruction under its file and line and branch targets as labels; otherwise cuobjdump's listing."""
     target = GPUTarget("cuda", 90, 32)
     src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages,
                               launch.maxnreg)
@@ -90,36 +90,34 @@ def sass_mix(launch) -> dict:
         with open(path, "w") as f:
             f.write(out.asm["ptx"])
         cubin = os.path.join(d, "k.cubin")
-        r = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", path, "-o", cubin], capture_output=True, text=True)
-        sass = subprocess.run([os.path.join(os.path.dirname(PTXAS), "cuobjdump"), "-sass", cubin],
+        r = subprocess.run([PTXAS, "-v"] + (["-lineinfo"] if lineinfo else []) + ["--gpu-name", "sm_90a", path,
+                                                                                  "-o", cubin],
+                           capture_output=True, text=True)
+        tool = ["nvdisasm", "-g", "-c"] if lineinfo else ["cuobjdump", "-sass"]
+        sass = subprocess.run([os.path.join(os.path.dirname(PTXAS), tool[0])] + tool[1:] + [cubin],
                               capture_output=True, text=True).stdout
-    # one instruction per line: /*offset*/ [@predicate] OPCODE.modifiers ...
-    ops = re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)", sass, re.M)
     regs = max((int(m) for m in re.findall(r"Used (\d+) registers", r.stderr)), default=None)
     spill = max((int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=None)
+    return sass, regs, spill
+
+
+def sass_mix(launch) -> dict:
+    """The launch's registers, spill and SASS opcode counts for sm_90 (cuobjdump of ptxas's cubin)."""
+    from collections import Counter
+
+    sass, regs, spill = _sm90_sass(launch)
+    # one instruction per line: /*offset*/ [@predicate] OPCODE.modifiers ...
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P[0-9T] )?([A-Z0-9_]+)", sass, re.M)
     return dict(regs=regs, spill_bytes=spill, total=len(ops), **Counter(ops))
 
 
 def local_memory(launch) -> dict:
     """The launch's sm_90 code as a control-flow graph with source lines, for where its local-memory traffic
-    (register spills: STL / LDL) lies: ptxas keeps the PTX's line table (-lineinfo, which changes no code)
-    and nvdisasm prints each instruction under its file and line, and its branch targets as labels.
-    Returns regs, spill_bytes, ``source`` (the kernel's own file, as the line table names it), ``text`` (the
-    path of its source) and ``code``: [(address, opcode, file,
-    line, successors)] in address order, successors being indices into ``code``."""
-    target = GPUTarget("cuda", 90, 32)
-    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages,
-                              launch.maxnreg)
-    out = triton.compile(src, target=target, options=options)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(out.asm["ptx"])
-        cubin = os.path.join(d, "k.cubin")
-        r = subprocess.run([PTXAS, "-v", "-lineinfo", "--gpu-name", "sm_90a", path, "-o", cubin],
-                           capture_output=True, text=True)
-        sass = subprocess.run([os.path.join(os.path.dirname(PTXAS), "nvdisasm"), "-g", "-c", cubin],
-                              capture_output=True, text=True).stdout
+    (register spills: STL / LDL) lies (``_sm90_sass`` with the line table).  Returns regs, spill_bytes,
+    ``source`` (the kernel's own file, as the line table names it), ``text`` (the path of its source) and
+    ``code``: [(address, opcode, file, line, successors)] in address order, successors being indices into
+    ``code``."""
+    sass, regs, spill = _sm90_sass(launch, lineinfo=True)
     where, rows, labels = (None, None), [], {}
     for row in sass.splitlines():
         m = re.search(r'//## File "([^"]+)", line (\d+)', row)
@@ -143,8 +141,6 @@ def local_memory(launch) -> dict:
         if tgt and base in ("BRA", "CALL", "WARPSYNC", "BRX", "JMP"):
             succ.append(labels[tgt])
         code.append((addr, base, file, line, [j for j in succ if j < len(rows)]))
-    regs = max((int(m) for m in re.findall(r"Used (\d+) registers", r.stderr)), default=None)
-    spill = max((int(m) for m in re.findall(r"(\d+) bytes spill stores", r.stderr)), default=None)
     # the kernel's own file as the line table names it: the entry's (Triton's cache may hand back code compiled
     # from the same source under another path); its text is the launch's source
     return dict(regs=regs, spill_bytes=spill, code=code, source=code[0][2] if code else None,
