@@ -392,9 +392,10 @@ class RecurrentConfig(_Config):
     # sequences sharing a slot), on the batch grid in its own -- and on the slot grid a scan of the slot indices
     # alone (templates/recurrent.py.j2, lean_item).  A slot's program then holds the step alone: 72 registers on a
     # [V, K] pool at 8 x 128 on one warp, as the bench probe's step that reaches 96.6% of copy on the H200 (run
-    # 196).  The heuristic takes it (8 / 1, max_registers=72) for KDA's fp32 [V, K] pool on a decode step's call
-    # with many pairs on the slot grid; a call with more tokens than sequences would have row 0 run its longer
-    # items one at a time, so the heuristic leaves those to the general body (bench/RESULTS.md, sessions 38-40).
+    # 196).  Not taken by any heuristic: on an H100 (bench/RESULTS.md, run 207; KDA, fp32 [V, K] pool, B=256, one
+    # process) 8 / 1 lean under max_registers=72 steps at 97.7% of copy, level with the probe's step and 0.35
+    # points behind the pool's 64 / 2 default, and no H200 came to time it (sessions 38-40).  On a call with more
+    # tokens than sequences, row 0 runs the longer items one at a time: it is a decode step's body.
     lean: bool = False
     # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
     # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
