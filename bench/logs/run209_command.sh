@@ -1,9 +1,9 @@
-# run 209 (session 40; run 207 on an H200 only): the lean body with row 0 running everything that is not a decode step (the step's program
-#   holds the step alone: 72 registers with no spill on its path) and the heuristic's lean 8 / 1 under a 72-register
-#   cap for KDA's fp32 [V, K] pool on a decode step's call.  On an H200 only (another card: stopped):
-#   the probe's rows (the op's [V, K] default = lean 8 / 1 cap 72, beside 64 / 2, the general 8 / 1, lean under
-#   caps 0 / 72 / 80, and the probe's own step), the serving proofs (with the lean body's mixed items in bf16),
-#   and the serving table (FLA 0.6.0 in the same process; cut at 150 s).  (carry [".whl"])
+# run 209 (session 40; run 207 on an H200 only): the lean body with row 0 running everything that is not a decode
+#   step (the step's program holds the step alone: 72 registers with no spill on its path).  On an H200 only (another
+#   card: stopped): the probe's rows -- the op's [V, K] default (64 / 2 as committed; the lean 8 / 1 cap 72 tile with
+#   d12f377's heuristic applied), the explicit rows 64 / 2, the general 8 / 1 and lean under caps 0 / 72 / 80 (the
+#   "lean cap 72" row decides), and the probe's own step -- then the serving proofs (with the lean body's mixed items
+#   in bf16) and the serving table (FLA 0.6.0 in the same process; cut at 150 s).  (carry [".whl"])
 export PYTHONPATH=/tmp/site:. KDAGEN_CACHE_DIR=/tmp/kdc TRITON_CACHE_DIR=/tmp/tc PYTHONUNBUFFERED=1
 mkdir -p /tmp/tc $OUT/s
 nvidia-smi --query-gpu=name --format=csv,noheader
