@@ -390,12 +390,12 @@ class RecurrentConfig(_Config):
     # compiler drops them), a decode step's item as one straight-line step, an item of another length its tile's
     # value columns two at a time -- on the slot grid in row 0's programs (with the padding's o and the NaN o of
     # sequences sharing a slot), on the batch grid in its own -- and on the slot grid a scan of the slot indices
-    # alone (templates/recurrent.py.j2, lean_item).  A slot's program then holds the step alone: 72 registers on a
-    # [V, K] pool at 8 x 128 on one warp, as the bench probe's step that reaches 96.6% of copy on the H200 (run
-    # 196).  Not taken by any heuristic: on an H100 (bench/RESULTS.md, run 207; KDA, fp32 [V, K] pool, B=256, one
-    # process) 8 / 1 lean under max_registers=72 steps at 97.7% of copy, level with the probe's step and 0.35
-    # points behind the pool's 64 / 2 default, and no H200 came to time it (sessions 38-40).  On a call with more
-    # tokens than sequences, row 0 runs the longer items one at a time: it is a decode step's body.
+    # alone (templates/recurrent.py.j2, lean_item).  A slot's program then holds the step alone (on a [V, K] pool
+    # at 8 x 128 on one warp the step fits 72 registers, as the bench probe's; the compiler gives the kernel 102,
+    # for row 0's code).  The heuristic takes it (8 / 1, no register cap) for KDA's fp32 [V, K] pool on a decode step's call
+    # with many pairs on the slot grid: on an H200 97.1-97.4% of copy at B=256 (bench/RESULTS.md, session 41, runs
+    # 211-214).  On a call with more tokens than sequences, row 0 runs the longer items one at a time: it is a
+    # decode step's body, and the heuristic leaves such calls to the general body.
     lean: bool = False
     # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
     # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
@@ -403,7 +403,8 @@ class RecurrentConfig(_Config):
     # spills to local memory, and a spill inside a decode step is dear (bench/RESULTS.md, run 201, H100: a lean
     # 8 / 1 tile whose step spilled under 72 ran at 92.8% of copy against 97.6% unspilled); a spill in code the
     # step does not run costs the step nothing (the lean body under 72: row 0's code only, tests/test_decode_slot_grid.py
-    # reads where from the sm_90 code).
+    # reads where from the sm_90 code).  Not taken by any heuristic: the lean 8 / 1 step under 72 is slower than
+    # uncapped on both cards (H200 96.4-96.5% of copy against 97.1-97.4%, run 212; H100 97.7% against 98.0%, run 207).
     max_registers: int = 0
 
     def __post_init__(self):

@@ -537,3 +537,34 @@ def test_a_v_first_fp32_state_takes_narrower_tiles_with_few_pairs():
     for member in ("dplr", "gdn"):  # (unmeasured on [V, K]: their [K, V] choices)
         plan = lower(MEMBERS[member](), 128, 128, "bfloat16", "recurrent")
         assert got(plan, 1, True) == got(plan, 1, False) and got(plan, 16, True) == got(plan, 16, False)
+
+
+def test_a_v_first_fp32_pool_on_the_slot_grid_takes_lean_eight_row_tiles():
+    """KDA's fp32 pool laid out [V, K] with many pairs, where a decode step's call (no more tokens than
+    sequences, packed or batch) runs on the slot grid (a pool of at most twice the sequences): 8-row tiles on one
+    warp with the lean body, no register cap (bench/RESULTS.md, session 41: on an H200 97.1-97.4% of copy uncapped
+    against 96.4-96.5% under 72); with more tokens than sequences (row 0 would run the longer items one at a time),
+    without a pool, with one too large for the slot grid, on a [K, V] pool or with a K the tile does not cover
+    whole, not."""
+    kda = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "recurrent", False)
+
+    def got(n, vf, P, plan=kda, B=1, T=None):  # packed by default: B=1, T = n tokens
+        return default_recurrent_config(plan, "float32", {"N": n, "HV": 32, "state_v_first": vf, "P": P,
+                                                          "B": B, "T": n if T is None else T})
+    pick = lambda c: (c.block_v, c.num_warps, c.readout, c.lean, c.max_registers)  # noqa: E731
+    lean = (8, 1, "loaded", True, 0)
+    assert pick(got(256, True, 260)) == lean and pick(got(256, True, 512)) == lean
+    assert pick(got(256, True, 260, B=256, T=1)) == lean  # the batch form's decode step
+    assert pick(got(256, True, 260, T=200)) == lean  # fewer tokens than sequences (some items empty)
+    for n, vf, P, B, T in ((256, True, 0, 1, 256), (256, True, 513, 1, 256), (256, False, 260, 1, 256),
+                           (16, True, 20, 1, 16), (256, True, 260, 1, 257), (256, True, 260, 1, 1024),
+                           (256, True, 260, 256, 2)):
+        assert not got(n, vf, P, B=B, T=T).lean, (n, vf, P, B, T)
+    assert pick(got(256, True, 0)) == (64, 2, "loaded", False, 0)
+    assert pick(got(256, True, 260, T=1024)) == (64, 2, "loaded", False, 0)  # a prefill's call: not lean
+    odd = lower(select_spec(False, False, None, False, False), 96, 128, "bfloat16", "recurrent", False)
+    assert pick(got(256, True, 260, odd)) == (8, 1, "loaded", False, 0)  # K=96 in a 128-wide tile: the general body
+    wide = lower(select_spec(False, False, None, False, False), 256, 128, "bfloat16", "recurrent", False)
+    assert got(256, True, 260, wide).max_registers == 0 and not got(256, True, 260, wide).lean
+    gdn = lower(MEMBERS["gdn"](), 128, 128, "bfloat16", "recurrent")
+    assert not got(256, True, 260, gdn).lean

@@ -283,7 +283,8 @@ PERSISTENT_ITEMS = 4096
 
 def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: dict | None = None) -> RecurrentConfig:
     """``state_dtype``: of the state the call reads and writes (its decode pool); ``shape``:
-    optional {"N": sequences, "HV": value heads, "state_v_first": the state laid out [.., V, K]}.
+    optional {"N": sequences, "HV": value heads, "state_v_first": the state laid out [.., V, K], "P": the
+    state pool's slots (0 without a pool)}.
     K=V=128 on the H200 (bench/RESULTS.md, runs 30, 44-46 and 64-65, a packed decode step from
     graph replay): a float32 pool moves fastest with
     BV=64 on 2 warps; a half-width pool, half the bytes per program, with BV=32 on one warp and
@@ -314,6 +315,22 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
         # B=256; every narrower [V, K] tile was slower there, 283.8-573.7: issue-bound, run 169).
         return RecurrentConfig(block_v=min(4 if pairs <= FEW_PAIRS else 8, plan.BV), num_warps=1, num_stages=1,
                                readout="loaded")
+    P = (shape or {}).get("P", 0)
+    decode = (shape or {}).get("B", 0) * (shape or {}).get("T", 0) <= (shape or {}).get("N", 0)
+    if (kda_like and (shape or {}).get("state_v_first") and pairs > SOME_PAIRS and P and decode
+            and slot_grid((shape or {}).get("N", 0), (shape or {}).get("HV", 0), P)):
+        # KDA's fp32 pool laid out [V, K] with many pairs, a decode step's call (no more tokens than sequences), on
+        # the slot grid: 8-row tiles (one contiguous 4 KB block of whole K columns) on one warp, with the lean body
+        # where the tile divides K and V (a slot's program holds the step alone; row 0's programs run padding,
+        # other lengths and shared slots).  A call with more tokens than sequences is not a decode step: row 0
+        # would run its longer items one at a time, so it takes the choices below.  H=32, K=V=128, B=256, packed,
+        # graph replay, one process (bench/RESULTS.md, session 41, runs 211-214): on an H200 lean 8 / 1 steps at
+        # 97.1-97.4% of copy as the compiler allocates it, against 96.4-96.5% under a 72-register cap, 93.6-94.1%
+        # for the general body's 8 / 1 and for 64 / 2, and the [K, V] pool's default 95.2-95.4%; on an H100 (run
+        # 207) uncapped 98.0%, cap 72 97.7%, 64 / 2 98.0%.
+        bv = min(8, plan.BV)
+        lean = plan.BK == plan.K and plan.V % bv == 0
+        return RecurrentConfig(block_v=bv, num_warps=1, num_stages=1, readout="loaded", lean=lean)
     if pairs and pairs <= FEW_PAIRS:  # (DPLR measured with the updated readout)
         return RecurrentConfig(block_v=min(16, plan.BV), num_warps=1, num_stages=1,
                                readout="updated" if plan.structure == "dplr" else "loaded")
