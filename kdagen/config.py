@@ -394,8 +394,8 @@ class RecurrentConfig(_Config):
     # at 8 x 128 on one warp the step fits 72 registers, as the bench probe's; the compiler gives the kernel 102,
     # for row 0's code).  The heuristic takes it (8 / 1, no register cap) for KDA's fp32 [V, K] pool on a decode
     # step's call with many pairs on the slot grid: on an H200 97.1-97.4% of copy at B=256 (bench/RESULTS.md,
-    # session 41, runs 211-214).  On a call with more tokens than sequences, row 0 runs the longer items one at a time: it is a
-    # decode step's body, and the heuristic leaves such calls to the general body.
+    # session 41, runs 211-214).  On a call with more tokens than sequences, row 0 runs the longer items one at a
+    # time: it is a decode step's body, and the heuristic leaves such calls to the general body.
     lean: bool = False
     # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
     # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
