@@ -284,17 +284,18 @@ PERSISTENT_ITEMS = 4096
 def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: dict | None = None) -> RecurrentConfig:
     """``state_dtype``: of the state the call reads and writes (its decode pool); ``shape``:
     optional {"N": sequences, "HV": value heads, "state_v_first": the state laid out [.., V, K], "P": the
-    state pool's slots (0 without a pool)}.
+    state pool's slots (0 without a pool), "B", "T": the call's batch and tokens per batch row}.
     K=V=128 on the H200 (bench/RESULTS.md, runs 30, 44-46 and 64-65, a packed decode step from
     graph replay): a float32 pool moves fastest with
     BV=64 on 2 warps; a half-width pool, half the bytes per program, with BV=32 on one warp and
     the loaded-state readout for a few items, and pipelined persistent programs (above) for many;
     a float32 state with few (sequence, head) pairs, narrower tiles on one warp (below; runs 93-94).
     One warp at BV >= 64 spills registers and collapses."""
+    shape = shape or {}
     if plan.K > 128:
         return RecurrentConfig(block_v=min(32, plan.BV), num_warps=4, num_stages=1)
     if state_dtype in ("bfloat16", "float16"):
-        items = (shape or {}).get("N", 0) * (shape or {}).get("HV", 0) * -(-plan.V // min(64, plan.BV))
+        items = shape.get("N", 0) * shape.get("HV", 0) * -(-plan.V // min(64, plan.BV))
         if items >= PERSISTENT_ITEMS:
             return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=2, readout="loaded",
                                    programs_per_sm=16 if items >= 4 * PERSISTENT_ITEMS else 4)
@@ -305,20 +306,21 @@ def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: di
     # 4.0 us on the 64-wide tile / 2 warps, 3.5 on 16 / 1 warp (loaded readout); at B=16 16.1-16.6 against
     # 15.3 on 32 / 1 warp; general DPLR (a fresh final state) at B=1 4.12 against 3.41 us on 16 / 1 warp
     # (FLA 3.73), at B=256 295.5 against 275.0 on 32 / 2 warps (FLA 479.9).  KDA at B=256 keeps 64 / 2.
-    pairs = (shape or {}).get("N", 0) * (shape or {}).get("HV", 0)
+    pairs = shape.get("N", 0) * shape.get("HV", 0)
     kda_like = plan.decay == "channel" and plan.has_rank1 and plan.structure != "dplr"
-    if kda_like and (shape or {}).get("state_v_first") and pairs and pairs <= SOME_PAIRS:
+    kda_v_first = kda_like and shape.get("state_v_first")
+    if kda_v_first and pairs and pairs <= SOME_PAIRS:
         # a [V, K] state (state_v_first), where a V tile of BV rows is one contiguous block: narrower tiles
         # than on [K, V] (bench/RESULTS.md, run 169, KDA, H=32, K=V=128, packed, graph replay): B=1 2.59 us
         # on 4 / 1 warp against 2.94 on the [K, V] choice 16 / 1 (and [K, V]'s own 2.87); B=16 13.91 on 8 / 1
-        # against 15.05-15.34 on 32 / 1 ([K, V]: 13.54-13.74).  Many pairs keep 64 / 2 below (270.8 us at
-        # B=256; every narrower [V, K] tile was slower there, 283.8-573.7: issue-bound, run 169).
+        # against 15.05-15.34 on 32 / 1 ([K, V]: 13.54-13.74).  Many pairs: below (with the general body every
+        # narrower [V, K] tile was slower than 64 / 2 at B=256, 283.8-573.7 against 270.8 us: issue-bound, run
+        # 169; the lean body's 8 / 1 step is not).
         return RecurrentConfig(block_v=min(4 if pairs <= FEW_PAIRS else 8, plan.BV), num_warps=1, num_stages=1,
                                readout="loaded")
-    P = (shape or {}).get("P", 0)
-    decode = (shape or {}).get("B", 0) * (shape or {}).get("T", 0) <= (shape or {}).get("N", 0)
-    if (kda_like and (shape or {}).get("state_v_first") and pairs > SOME_PAIRS and P and decode
-            and slot_grid((shape or {}).get("N", 0), (shape or {}).get("HV", 0), P)):
+    decode = shape.get("B", 0) * shape.get("T", 0) <= shape.get("N", 0)
+    if (kda_v_first and pairs > SOME_PAIRS and shape.get("P", 0) and decode
+            and slot_grid(shape.get("N", 0), shape.get("HV", 0), shape.get("P", 0))):
         # KDA's fp32 pool laid out [V, K] with many pairs, a decode step's call (no more tokens than sequences), on
         # the slot grid: 8-row tiles (one contiguous 4 KB block of whole K columns) on one warp, with the lean body
         # where the tile divides K and V (a slot's program holds the step alone; row 0's programs run padding,
