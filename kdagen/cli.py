@@ -803,6 +803,7 @@ def _bench_report(BM, result: dict, out_prefix: str | None, plot_path: str | Non
 GPU_LIST = _List("GPU,...", lambda f: f.strip().lower() or None, "GPU profile names separated by ','")
 DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
                    f"input dtypes among {', '.join(SHORT_NAMES)} separated by ','")
+EXPORT_GATES = ("both", "bounded", "unbounded")  # kdagen.export.contents.GATES (not imported: it loads the codegen)
 
 
 @main.command()
@@ -816,11 +817,17 @@ DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
 @click.option("--dtype", "dtypes", type=DTYPE_LIST, default="bf16", show_default=True,
               help="input dtypes of q, k, v, separated by ',' (exactly these are exported)")
 @click.option("--lower-bound", type=LOWER_BOUND, default=DEFAULT_LOWER_BOUND, show_default=True,
-              help="the gate's lower bound chunk_kda is exported for (its safe_gate=True, lower_bound), or "
-                   "'none' (safe_gate=False)")
+              help="the bound of the bounded gate (chunk_kda's safe_gate=True, lower_bound), or 'none' (only "
+                   "the unbounded gate is exported)")
+@click.option("--gates", type=click.Choice(EXPORT_GATES), default="both", show_default=True,
+              help="which gates chunk_kda is exported for: 'both' serves FLA's default call (safe_gate=False, "
+                   "g unbounded) and safe_gate=True with --lower-bound; 'unbounded' or 'bounded' only one of them "
+                   "(a call with the other raises a ValueError in the package). With --gate-in-kernel the "
+                   "in-kernel gate follows: the softplus gate (unbounded), lower_bound*sigmoid(..) (bounded)")
 @click.option("--gate-in-kernel", is_flag=True,
-              help="also export FLA's use_gate_in_kernel=True (g = lower_bound*sigmoid(exp(A_log)(z + dt_bias)), the "
-                   "softplus gate with --lower-bound none), with and without A_log and dt_bias")
+              help="also export FLA's use_gate_in_kernel=True (g = lower_bound*sigmoid(exp(A_log)(z + dt_bias)), "
+                   "g = -exp(A_log)*softplus(z + dt_bias) without a bound), at the bounds --gates exports, with and "
+                   "without A_log and dt_bias")
 @click.option("--cache", "cache_files", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="a tuning cache file (e.g. copied from the GPU machine); repeat for several GPUs; default: "
                    "each GPU's file in kdagen's cache directory")
@@ -830,18 +837,21 @@ DTYPE_LIST = _List("DTYPE,...", lambda f: f if f in SHORT_NAMES else None,
 @click.option("--date", default=None,
               help="the date recorded in the manifest (default: the newest exported winner's measurement "
                    "time), so that the same inputs give the same bytes")
-def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel, cache_files, out_dir, name, date):
+def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gates, gate_in_kernel, cache_files, out_dir, name,
+           date):
     """Export the kernels of a spec, head dims and dtypes, with each GPU's tuned configs, as a
     standalone package OUT/NAME/ that needs torch and triton only: chunk_kda and
     fused_recurrent_kda (FLA's signatures, autograd, torch.compile), the generated Triton
     sources, a manifest, a README and a test file.  The same inputs give byte-identical files.
+    chunk_kda is exported for FLA's default gate (safe_gate=False) and the one bounded by
+    --lower-bound unless --gates narrows it; a call the package was not exported for raises.
     """
     import keyword
 
     from .cache.gpus import get_profile
     from .cache.store import TuningCache
     from .export import ExportError, Request, export_package, read_cache_file
-    from .export.contents import as_dtype_names
+    from .export.contents import as_dtype_names, gate_bounds
 
     _check_head_dims(head_dims)
     spec = _resolve_spec(spec_name, lower_bound)
@@ -872,7 +882,12 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel,
             raise click.BadParameter(str(e), param_hint="--gpu") from None
     gpus = list({g.name: g for g in gpus}.values())  # a GPU named twice (or by 'auto' too) once
     by_name = {g.name: g for g in gpus}
-    _lower_all(_spec_args(lower_bound), ["chunk_fwd", "recurrent"], head_dims, "fp32")  # head dims checked
+    try:
+        bounds = gate_bounds(lower_bound, gates)
+    except ExportError as e:
+        raise click.BadParameter(str(e), param_hint="--gates") from None
+    for bound in bounds:
+        _lower_all(_spec_args(bound), ["chunk_fwd", "recurrent"], head_dims, "fp32")  # head dims checked
     caches, paths = {}, {}
     try:
         for path in cache_files:
@@ -894,7 +909,7 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel,
         raise click.BadParameter(str(e), param_hint="--cache") from None
     request = Request(name=name, gpus=tuple(gpus), head_dims=tuple(head_dims), dtypes=as_dtype_names(dtypes),
                       lower_bound=lower_bound, caches=caches, cache_paths=paths, date=date, spec_name=spec_name,
-                      gate_in_kernel=gate_in_kernel)
+                      gate_in_kernel=gate_in_kernel, gates=gates)
     try:
         root, contents = export_package(request, out_dir)
     except ExportError as e:
@@ -904,6 +919,8 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gate_in_kernel,
     click.echo(f"kdagen {__version__}: exported {name} to {root}")
     click.echo(f"  {len(contents.sources)} kernel sources for {len(contents.plans)} plans "
                f"(head dims {_dims_text(head_dims)}; dtypes {', '.join(request.dtypes)})")
+    click.echo("  chunk_kda gates: " + ", ".join("safe_gate=False" if b is None else f"safe_gate=True, lower_bound={b:g}"
+                                                 for b in bounds))
     for g in gpus:
         m = contents.winner_meta[g.name]
         what = f"{m['entries']} tuned winners from {paths[g.name]}" if m["entries"] else "heuristic configs"

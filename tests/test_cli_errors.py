@@ -102,6 +102,10 @@ BAD = [  # (arguments, what the error line must say)
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--spec", "dplr"],
      ["--spec", "'dplr' lowers", "an exported package holds chunk_kda and fused_recurrent_kda", "not implemented yet"]),
     (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--cache", "/no/such.json"], ["--cache", "does not exist"]),
+    (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--gates", "bounded", "--lower-bound", "none"],
+     ["--gates", "'bounded' exports the gate bounded by --lower-bound, which is 'none'", "'unbounded' or 'both'"]),
+    (["export", "--gpu", "h800", "--out", "x", "--name", "p", "--gates", "safe"], ["--gates", "'safe' is not one of",
+                                                                                  "'both', 'bounded', 'unbounded'"]),
 ]
 
 

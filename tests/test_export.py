@@ -1,7 +1,9 @@
 """`kdagen export`: the package it writes runs without kdagen (proved: its import is blocked in
 the subprocess), passes its own float64 test file, gives kdagen's bits (outputs and gradients,
 fp32 in the interpreter), compiles with torch.compile and passes opcheck; its selector runs the
-exported winners per GPU and bucket; the same inputs give byte-identical files."""
+exported winners per GPU and bucket; the same inputs give byte-identical files.  By default it
+serves FLA's default gate (safe_gate=False) and the bounded one; `--gates` narrows it, and the
+package refuses the gate it was not exported for."""
 import json
 import subprocess
 import sys
@@ -19,8 +21,10 @@ from kdagen.cache.store import TuningCache, make_entry
 from kdagen.cli import main
 from kdagen.codegen.lower import lower
 from kdagen.config import ChunkFwdConfig, RecurrentConfig
+from kdagen.export.contents import GATES
 from kdagen.export.vendor import vendor
 from kdagen.ops.inputs import select_spec
+from kdagen.spec.reference import naive_recurrent_kda
 
 NAME = "kda_ci"
 K = V = 32
@@ -91,12 +95,24 @@ def test_the_manifest_records_what_was_exported_and_warns_about_heuristic_gpus(e
     assert gpus["h800"]["measured_with"][0]["torch"] == torch.__version__
     assert gpus["h20"]["configs"] == "heuristic" and gpus["h20"]["winners"] == 0
     assert "warning: h20: no tuning cache" in output and "warning: h800: 1 cached winner(s) were tuned on other" in output
+    # the cache tuned the bounded chunk gate only: FLA's default gate runs the heuristic there, said once
+    assert "warning: h800: no tuned chunk winners for chunk_kda with safe_gate=False" in output
+    assert "lower_bound=-5" not in output.split("no tuned chunk winners for chunk_kda with ", 1)[1].split("\n")[0]
+    assert m["gates"] == "both" and m["chunk_gate_bounds"] == [None, -5.0]
+    assert "chunk_kda with safe_gate=False (no lower bound) or safe_gate=True, lower_bound=-5" in m["exported_for"]
+    assert "use_gate_in_kernel=True with the softplus gate" in m["exported_for"]
     spec = select_spec(False, True, -5.0, False, False)
     specs = {(sp["form"], tuple(sp["gate"])): sp for sp in m["specs"]}
     assert specs[("chunk", ("direct", -5.0, False, False))]["hash"] == spec.hash
     assert specs[("chunk", ("direct", -5.0, False, False))]["text"] == spec.describe()
     gik = select_spec(True, False, -5.0, True, False)  # --gate-in-kernel: A_log given, no dt_bias
-    assert specs[("recurrent", ("lower_bound", -5.0, True, False))]["hash"] == gik.hash and len(specs) == 10
+    assert specs[("recurrent", ("lower_bound", -5.0, True, False))]["hash"] == gik.hash
+    unbounded = select_spec(False, False, None, False, False)
+    assert specs[("chunk", ("direct", None, False, False))]["hash"] == unbounded.hash
+    assert specs[("chunk", ("softplus", None, True, True))]["hash"] == select_spec(True, False, None, True, True).hash
+    # chunk: the two direct gates, lower_bound x (A_log, dt_bias) 4, softplus (A_log required) 2;
+    # recurrent: the direct gate (it reads no bound) and the same 6 in-kernel gates
+    assert len(specs) == 15
     kernels = {p.stem for p in (root / NAME / "kernels").glob("kda_*.py")}
     assert kernels == set(m["sources"])
     # every kernel family's sources are there: inference and training forward, backward, decode
@@ -203,6 +219,14 @@ CALLS = textwrap.dedent('''
         ((o1 * x["do"]).sum() + (h1 * x["dht"]).sum()).backward()
         for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
             out["recurrent d" + n] = leaf.grad
+        with torch.no_grad():  # FLA's default call: safe_gate=False, g unbounded below
+            out["o_unbounded"], out["ht_unbounded"] = ops.chunk_kda(*args[:5], initial_state=args[5],
+                                                                    output_final_state=True)
+        leaves = [a.clone().requires_grad_() for a in args]
+        o, ht = ops.chunk_kda(*leaves[:5], initial_state=leaves[5], output_final_state=True, safe_gate=False)
+        ((o * x["do"]).sum() + (ht * x["dht"]).sum()).backward()
+        for n, leaf in zip(("q", "k", "v", "g", "beta", "h0"), leaves):
+            out["unbounded d" + n] = leaf.grad
         with torch.no_grad():  # FLA's V-first state layout
             out["o_v_first"], out["ht_v_first"] = ops.chunk_kda(
                 *args[:5], initial_state=args[5].transpose(-1, -2).contiguous(), output_final_state=True,
@@ -218,6 +242,9 @@ CALLS = textwrap.dedent('''
                                                           output_final_state=True, safe_gate=True, **layer)
             out["o1_gate"], _ = ops.fused_recurrent_kda(*(a[:, :1] for a in args[:3]), z[:, :1], args[4][:, :1],
                                                         initial_state=args[5], **layer)
+        with torch.no_grad():  # the layer's call without a bound: the softplus gate
+            out["o_gate_softplus"], out["ht_gate_softplus"] = ops.chunk_kda(
+                *args[:3], z, args[4], initial_state=args[5], output_final_state=True, **{**layer, "lower_bound": None})
         gl = [t.clone().requires_grad_() for t in (z, x["A_log"], x["dt_bias"])]
         o, _ = ops.chunk_kda(*args[:3], gl[0], args[4], safe_gate=True, **{**layer, "A_log": gl[1], "dt_bias": gl[2]})
         (o * x["do"]).sum().backward()
@@ -304,11 +331,93 @@ def test_the_package_runs_without_kdagen_and_gives_kdagens_bits(exported, tmp_pa
                         str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    assert "kdagen, jinja2, optuna: not importable" in r.stdout and "5 passed" in r.stdout and "done" in r.stdout
+    # the package's own tests: forward and gradients at both gates, the layer call with and without a bound
+    assert "kdagen, jinja2, optuna: not importable" in r.stdout and "8 passed" in r.stdout and "done" in r.stdout
     got = torch.load(tmp_path / "out.pt")
     ns = {}
     exec(CALLS, ns)
     want = ns["calls"](kdagen, x)
-    assert got.keys() == want.keys() and len(want) == 25
+    assert got.keys() == want.keys() and len(want) == 35
     for n, w in want.items():
         assert torch.equal(got[n], w), n
+
+
+def _chunk_inputs(seed, low):
+    gen = torch.Generator().manual_seed(seed)
+    B, T, H = 1, 40, 2
+    return [torch.randn(B, T, H, K, generator=gen),
+            torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
+            torch.randn(B, T, H, V, generator=gen), low * torch.rand(B, T, H, K, generator=gen),
+            torch.rand(B, T, H, generator=gen), torch.randn(B, H, K, V, generator=gen)]
+
+
+@pytest.mark.slow
+def test_the_default_export_serves_fla_s_default_gate_and_the_bounded_one(exported, monkeypatch):
+    """chunk_kda(..., safe_gate=False) (FLA's default, g below -5 too) and (..., safe_gate=True,
+    lower_bound=-5) in the package: kdagen's bits and float64's values (fp32, interpreter)."""
+    d, cache, root, _ = exported
+    monkeypatch.syspath_prepend(str(root))
+    import importlib
+
+    pkg = importlib.import_module(NAME)
+    for gate, low in ((dict(), -8.0), (dict(safe_gate=False), -8.0), (dict(safe_gate=True, lower_bound=-5.0), -5.0)):
+        q, k, v, g, beta, h0 = _chunk_inputs(5, low)
+        with torch.no_grad():
+            o, ht = pkg.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, **gate)
+            ko, kht = kdagen.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True, **gate)
+        assert torch.equal(o, ko) and torch.equal(ht, kht), gate
+        ro, rht = naive_recurrent_kda(*(x.double() for x in (q, k, v, g, beta)), initial_state=h0.double(),
+                                      output_final_state=True)
+        for a, b in ((o, ro), (ht, rht)):
+            assert ((a.double() - b).norm() / b.norm()).item() <= 1e-5, gate
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gates, refused, says", [
+    ("bounded", dict(safe_gate=False), "g given directly, no lower bound .safe_gate=False. was not exported"),
+    ("unbounded", dict(safe_gate=True, lower_bound=-5.0), "g given directly, safe_gate=True, lower_bound=-5 was not "
+                                                          "exported")], ids=["bounded", "unbounded"])
+def test_a_narrowed_export_refuses_the_other_gate(exported, tmp_path, gates, refused, says):
+    """`--gates bounded|unbounded` exports one gate: the other raises a ValueError naming the gate
+    exported and --gates (never a wrong answer), and the package's own tests pass."""
+    d, cache, root, _ = exported
+    name = f"kda_{gates}"
+    r = CliRunner().invoke(main, ["export", "--gpu", "h800", "--head-dim", str(K), "--dtype", "fp32", "--gates", gates,
+                                  "--cache", str(cache), "--out", str(tmp_path), "--name", name])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / name / name / "manifest.json").read_text())
+    assert m["gates"] == gates and m["chunk_gate_bounds"] == ([-5.0] if gates == "bounded" else [None])
+    assert "chunk_kda gates: " + ("safe_gate=True, lower_bound=-5" if gates == "bounded" else "safe_gate=False") \
+        in r.output
+    kept = "safe_gate=True, lower_bound=-5" if gates == "bounded" else "safe_gate=False (no lower bound)"
+    assert f"chunk_kda with {kept}, fused_recurrent_kda" in m["exported_for"]
+    check = textwrap.dedent(f'''
+        import sys, torch, pytest
+        import {name} as pkg
+        q, k, v, g = (torch.zeros(1, 40, 2, {K}) for _ in range(4))
+        beta = torch.rand(1, 40, 2)
+        with pytest.raises(ValueError) as e:
+            pkg.chunk_kda(q, k, v, g, beta, **{refused!r})
+        print(str(e.value))
+        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]))
+    ''')
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / name), "HOME": str(tmp_path),
+           "TRITON_INTERPRET": "1", "KDAGEN_CACHE_DIR": str(tmp_path / "nocache")}
+    run = subprocess.run([sys.executable, "-c", check, str(tmp_path / name / "tests")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    first = run.stdout.splitlines()[0]
+    assert first.startswith(f"{name}: chunk_kda with ") and "Exported for: spec kda" in first, first
+    import re
+    assert re.search(says, first) and f"this call's gates exported: g given directly, " in first, first
+    assert "--gates both" in first and "4 passed" in run.stdout, run.stdout[-2000:]
+
+
+def test_the_gates_option_is_the_exports_and_its_help_says_what_it_does():
+    """(A bad --gates is one error line: tests/test_cli_errors.py.)"""
+    from kdagen.cli import EXPORT_GATES
+
+    assert EXPORT_GATES == GATES
+    help_text = " ".join(CliRunner().invoke(main, ["export", "--help"]).output.split())
+    assert "--gates [both|bounded|unbounded]" in help_text and "FLA's default call (safe_gate=False" in help_text
+    assert "raises a ValueError in the package" in help_text

@@ -44,6 +44,7 @@ class Request:
     date: str | None = None
     spec_name: str = "kda"
     gate_in_kernel: bool = False  # also FLA's use_gate_in_kernel=True (the KDA layer's call)
+    gates: str = "both"  # which g-given gates chunk_kda is exported for (GATES; gate_bounds)
 
 
 @dataclass
@@ -72,21 +73,46 @@ def read_cache_file(path: str) -> dict:
     return data
 
 
-def variants(lower_bound: float | None, gate_in_kernel: bool = False) -> dict[str, list[tuple]]:
-    """The gate variants each form is exported for: g given directly, the chunk form with the
-    bound (chunk_kda's safe_gate=True, lower_bound), the recurrent form as fused_recurrent_kda
-    chooses it (it reads no bound); with ``gate_in_kernel`` also FLA's use_gate_in_kernel=True
-    with the bound's gate (the softplus gate without one), with and without A_log and dt_bias."""
-    out = {"chunk": [_key(gate_choice(False, lower_bound is not None, lower_bound, False, False))],
-           "recurrent": [_key(gate_choice(False, False, lower_bound, False, False))]}
+GATES = ("both", "bounded", "unbounded")  # --gates: which of chunk_kda's g-given gates are exported
+
+
+def gate_bounds(lower_bound: float | None, gates: str = "both") -> list[float | None]:
+    """The lower bounds the gates are exported for (None: unbounded, FLA's default safe_gate=False):
+    ``gates`` 'both' gives the unbounded gate and, when ``lower_bound`` is given, the bounded one;
+    'unbounded' and 'bounded' give one of them ('bounded' needs a lower bound)."""
+    if gates not in GATES:
+        raise ExportError(f"gates must be one of {', '.join(GATES)}, got {gates!r}")
+    if gates == "bounded" and lower_bound is None:
+        raise ExportError("'bounded' exports the gate bounded by --lower-bound, which is 'none': give a bound "
+                          "(e.g. --lower-bound -5) or export the unbounded gate ('unbounded' or 'both')")
+    bounds: list[float | None] = []
+    if gates in ("both", "unbounded"):
+        bounds.append(None)
+    if gates in ("both", "bounded") and lower_bound is not None:
+        bounds.append(float(lower_bound))
+    return bounds
+
+
+def variants(lower_bound: float | None, gate_in_kernel: bool = False, gates: str = "both") -> dict[str, list[tuple]]:
+    """The gate variants each form is exported for, at each of :func:`gate_bounds`: g given
+    directly, the chunk form without a bound (chunk_kda's safe_gate=False, FLA's default) and with
+    it (safe_gate=True, lower_bound), the recurrent form as fused_recurrent_kda chooses it (it
+    reads no bound); with ``gate_in_kernel`` also FLA's use_gate_in_kernel=True at each bound
+    (the softplus gate without one, lower_bound * sigmoid(..) with it), with and without A_log
+    and dt_bias.  (A layer call's training launches the in-kernel gate apart and then runs the
+    direct gate at the same bound, which is exported with it.)"""
+    bounds = gate_bounds(lower_bound, gates)
+    out = {"chunk": [_key(gate_choice(False, b is not None, b, False, False)) for b in bounds],
+           "recurrent": [_key(gate_choice(False, False, None, False, False))]}
     if gate_in_kernel:
-        for has_A in (True, False):
-            for has_bias in (True, False):
-                if lower_bound is None and not has_A:
-                    continue  # the softplus gate needs A_log (its rate)
-                key = _key(gate_choice(True, False, lower_bound, has_A, has_bias))
-                for form in out:
-                    out[form].append(key)
+        for b in bounds:
+            for has_A in (True, False):
+                for has_bias in (True, False):
+                    if b is None and not has_A:
+                        continue  # the softplus gate needs A_log (its rate)
+                    key = _key(gate_choice(True, False, b, has_A, has_bias))
+                    for form in out:
+                        out[form].append(key)
     return out
 
 
@@ -103,7 +129,7 @@ def _key(choice) -> tuple:
 
 
 def collect(req: Request) -> Contents:
-    var = variants(req.lower_bound, req.gate_in_kernel)
+    var = variants(req.lower_bound, req.gate_in_kernel, req.gates)
     specs = {(form, key): _spec(key) for form, keys in var.items() for key in keys}
     plans, gates = [], []
     for K, V in req.head_dims:
@@ -175,6 +201,15 @@ def _winners(c: Contents, gpu: GpuProfile) -> None:
         c.warnings.append(f"{gpu.name}: no tuned winners for these kernels in "
                           f"{c.request.cache_paths.get(gpu.name, 'its cache')}; the package runs the heuristic "
                           "configs there (marked in the manifest)")
+        return
+    tuned = c.winners[gpu.name].get("chunk_fwd", {})
+    for key in c.variants["chunk"]:
+        if key[0] == "direct" and not any(str(pid) in tuned for pid, gate in enumerate(c.plan_gates)
+                                          if gate == key and c.plans[pid].form == "chunk"):
+            how = "--lower-bound none" if key[1] is None else f"--lower-bound {key[1]:g}"
+            c.warnings.append(f"{gpu.name}: no tuned chunk winners for chunk_kda with {_direct_text(key[1])} "
+                              f"(`kdagen build {how}` tunes them); the package runs the heuristic chunk configs "
+                              "for that gate there")
 
 
 def _configs_of(c: Contents, pid: int, plan: Plan, family: str) -> list:
@@ -219,24 +254,33 @@ def _render(c: Contents, pid: int, plan: Plan, cfg) -> None:
         c.sources[src.name] = src
 
 
+def _direct_text(bound: float | None) -> str:
+    return "safe_gate=False (no lower bound)" if bound is None else f"safe_gate=True, lower_bound={bound:g}"
+
+
+def _in_kernel_text(bound: float | None) -> str:
+    return ("the softplus gate (lower_bound=None, A_log required)" if bound is None
+            else f"lower_bound={bound:g} (A_log optional)")
+
+
 def describe(c: Contents) -> str:
     """What the package was exported for, in one paragraph (its contract)."""
     r = c.request
-    chunk = c.variants["chunk"][0]
-    gate = ("g given directly; chunk_kda with " + (f"safe_gate=True, lower_bound={chunk[1]:g}" if chunk[1] is not None
-                                                   else "safe_gate=False (no lower bound)")
+    direct = [k for k in c.variants["chunk"] if k[0] == "direct"]
+    gate = ("g given directly; chunk_kda with " + " or ".join(_direct_text(k[1]) for k in direct)
             + ", fused_recurrent_kda with any lower_bound (it reads none); ")
     if r.gate_in_kernel:
-        gate += ("use_gate_in_kernel=True with " + (f"lower_bound={r.lower_bound:g}" if r.lower_bound is not None
-                                                     else "the softplus gate (lower_bound=None, A_log required)")
-                 + ", A_log and dt_bias each optional")
+        gate += ("use_gate_in_kernel=True with " + " or ".join(_in_kernel_text(k[1]) for k in direct)
+                 + ", dt_bias optional")
     else:
         gate += "use_gate_in_kernel=False"
     dims = ", ".join(f"K={K} V={V}" for K, V in r.head_dims)
     dts = ", ".join(r.dtypes)
     gpus = ", ".join(f"{g.name} ({'tuned' if c.winner_meta[g.name]['entries'] else 'heuristic'})" for g in r.gpus)
-    spec = c.specs[("chunk", chunk)]
-    return (f"Exported for: spec {r.spec_name} (chunk form hash {spec.hash}), {gate}; head dims "
+    hashes = ", ".join(c.specs[("chunk", k)].hash + ("" if len(direct) == 1 else " for safe_gate=False" if k[1] is None
+                                                     else f" for lower_bound={k[1]:g}") for k in direct)
+    return (f"Exported for: spec {r.spec_name} (chunk form hash{'es' if len(direct) > 1 else ''} {hashes}), "
+            f"{gate}; head dims "
             f"{dims}; dtypes {dts}; GPUs {gpus}.")
 
 
@@ -244,5 +288,5 @@ def as_dtype_names(short: list[str]) -> tuple[str, ...]:
     return tuple(as_dtype(s).name for s in short)
 
 
-__all__ = ["Request", "Contents", "ExportError", "collect", "describe", "read_cache_file", "variants",
-           "as_dtype_names", "__version__"]
+__all__ = ["GATES", "Request", "Contents", "ExportError", "collect", "describe", "gate_bounds", "read_cache_file",
+           "variants", "as_dtype_names", "__version__"]

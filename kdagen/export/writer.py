@@ -59,12 +59,17 @@ def package_files(c: Contents) -> dict[str, str]:
                              keep_trailing_newline=True, autoescape=False)
     ctx = dict(name=name, version=__version__, manifest=manifest, contract=contract, runtime=RUNTIME,
                head_dims=r.head_dims, dtypes=r.dtypes, lower_bound=r.lower_bound, gate_in_kernel=r.gate_in_kernel,
-               gpus=manifest["gpus"], date=manifest["date"])
+               bounds=_bounds(c), gpus=manifest["gpus"], date=manifest["date"])
     files[f"{name}/__init__.py"] = env.get_template("__init__.py.j2").render(**ctx)
     files["pyproject.toml"] = env.get_template("pyproject.toml.j2").render(**ctx)
     files["README.md"] = env.get_template("README.md.j2").render(**ctx)
     files[f"tests/test_{name}.py"] = env.get_template("test_package.py.j2").render(**ctx)
     return files
+
+
+def _bounds(c: Contents) -> list:
+    """The lower bounds chunk_kda's g-given gate is exported for (None: safe_gate=False)."""
+    return [key[1] for key in c.variants["chunk"] if key[0] == "direct"]
 
 
 def _families() -> dict:
@@ -98,7 +103,7 @@ def _manifest(c: Contents, contract: str, files: dict[str, str]) -> dict:
                                                               "none: no winners and no --date"),
         "exported_for": contract, "specs": specs,
         "head_dims": [list(d) for d in r.head_dims], "dtypes": list(r.dtypes), "lower_bound": r.lower_bound,
-        "gate_in_kernel": r.gate_in_kernel,
+        "gates": r.gates, "chunk_gate_bounds": _bounds(c), "gate_in_kernel": r.gate_in_kernel,
         "gpus": gpus,
         "sources": {n: c.sources[n].source_hash[:16] for n in sorted(c.sources)},
         "runtime": {p: _sha(t) for p, t in sorted(files.items()) if p.startswith(f"{r.name}/{RUNTIME}/")},

@@ -27,9 +27,8 @@ def exported_for() -> str:
     return TABLE["exported_for"]
 
 
-def _refuse(what: str):
-    raise ValueError(f"{PACKAGE}: {what} was not exported. {exported_for()} "
-                     f"(export another package with kdagen for it)")
+def _refuse(what: str, hint: str = "export another package with kdagen for it"):
+    raise ValueError(f"{PACKAGE}: {what} was not exported. {exported_for()} ({hint})")
 
 
 def _gate_text(key) -> str:
@@ -62,6 +61,13 @@ def lower(spec, K, V, dtype, form, gate_in_kernel=False):
                 and plan.dtype == dtype and plan.gate_in_kernel == gate_in_kernel):
             return plan
     op = "chunk_kda" if form == "chunk" else "fused_recurrent_kda"
+    others = sorted({tuple(TABLE["plans"][i]["gate"]) for plan, i in _PLANS.items()
+                     if plan.form == form and (plan.K, plan.V) == (K, V) and plan.dtype == dtype
+                     and plan.gate_in_kernel == gate_in_kernel}, key=str)
+    if others:  # the head dims and dtype were exported, this gate was not
+        _refuse(f"{op} with {_gate_text(spec)}",
+                "this call's gates exported: " + "; ".join(_gate_text(g) for g in others)
+                + "; `kdagen export --gates both --lower-bound L` exports the gates without and with a lower bound")
     _refuse(f"{op} with {_gate_text(spec)}, head dims K={K}, V={V}, dtype {dtype}")
 
 
