@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cache import smem
 from ..cache.heuristics import default_train_config
 from ..cache.lookup import resolve
 from ..codegen.lower import Plan, lower
@@ -27,6 +28,7 @@ from ..dtypes import dtype, storage
 from ..kernels import build
 from . import chunk_bwd as bwd
 from . import checks
+from . import fallback
 from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
 from .gate import layer_gate
@@ -134,9 +136,12 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
         if config is not None and not isinstance(config, ChunkFwdConfig):
             raise TypeError(f"chunk_kda: an inference call takes a ChunkFwdConfig, got {type(config).__name__}")
         fwd = resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype)
-        return (fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)), None
+        fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)
+        # a config the caller did not give is fitted to the GPU's shared memory (kdagen.cache.smem)
+        return (fwd if config is not None else smem.fit("chunk_fwd", call.plan, fwd)), None
     if config is not None and not isinstance(config, (ChunkFwdConfig, ChunkTrainConfig)):
         raise TypeError(f"chunk_kda: config must be a ChunkFwdConfig or ChunkTrainConfig, got {type(config).__name__}")
+    given_bwd = bwd_config
     if bwd_config is None and _BWD_OVERRIDE:
         bwd_config = _BWD_OVERRIDE[-1]
     b = resolve("chunk_bwd", call.plan, bwd_config, call.shape, call.state_dtype)
@@ -152,6 +157,10 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
         b = b.with_chunking(train.chunk_size, train.sub_chunk)
     if disable_recompute and not b.store_intermediates:
         b = b.replace(store_intermediates=True)
+    if not isinstance(config, ChunkTrainConfig):
+        train = smem.fit("chunk_train", call.plan, train)
+    if given_bwd is None:
+        b = smem.fit("chunk_bwd", call.plan, b)
     b.reverse_pass_block_v(call.plan)  # refused before anything runs: a tile too narrow for the chunks
     return train, b
 
@@ -229,9 +238,10 @@ class _ChunkKDAFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, a, b, run):
         call, config, bwd_config, output_final_state = run
         x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias, a=a, b=b)
-        launches, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
-        for launch in launches:
-            launch()
+        # a forward config that does not compile on this GPU falls back to a smaller one (kdagen.ops.fallback)
+        _, launches, ((o, ht, hs), meta) = fallback.run(
+            "chunk_train", call.plan, config,
+            lambda c: (lambda r: (r[0], (r[1], r[2])))(_training_launches(call, x, c, bwd_config, output_final_state)))
         ctx.save_for_backward(*bwd.saved_tensors(launches, initial_state, hs, call.plan, meta.config))
         ctx.meta = meta
         ctx.like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
@@ -391,9 +401,8 @@ def chunk_kda(
     config, bwd_config = _configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
         return _train(call, x, config, bwd_config, output_final_state)
-    launches, (o, ht, hs) = _forward_launches(call, x, config, output_final_state, return_intermediate_states)
-    for launch in launches:
-        launch()
+    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: _forward_launches(
+        call, x, c, output_final_state, return_intermediate_states))
     if return_intermediate_states:
         return o, ht, _fla_layout(hs, call)
     return o, ht

@@ -29,11 +29,13 @@ from functools import lru_cache
 import torch
 
 from .. import spec as S
+from ..cache import smem
 from ..cache.lookup import resolve
 from ..codegen.forms import generates
 from ..codegen.lower import lower
 from ..config import ChunkTrainConfig
 from ..dtypes import TORCH_DTYPES, dtype
+from . import fallback
 from .inputs import check_cp_context, check_inputs, check_kwargs, check_runnable, gate_choice
 from .member import fused_recurrent_member
 
@@ -104,7 +106,9 @@ def _configs(op: str, call, config, training: bool, chunk_size: int | None, disa
     if training:
         return C._configs(call, config, None, True, chunk_size, disable_recompute)
     fwd = resolve("chunk_train", call.plan, config, call.shape, call.state_dtype)
-    return (fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)), None
+    fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)
+    # a config the caller did not give is fitted to the GPU's shared memory (kdagen.cache.smem)
+    return (fwd if config is not None else smem.fit("chunk_train", call.plan, fwd)), None
 
 
 def _launches(call, x, config: ChunkTrainConfig, output_final_state: bool):
@@ -188,9 +192,8 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     if training:
         return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], None, x["initial_state"], None, None,
                                          x["a"], x["b"], (call, config, bwd_config, output_final_state))
-    launches, (o, ht, _) = _launches(call, x, config, output_final_state)
-    for launch in launches:
-        launch()
+    # a config that does not compile on this GPU falls back to a smaller one (kdagen.ops.fallback)
+    _, _, (o, ht, _) = fallback.run("chunk_train", call.plan, config, lambda c: _launches(call, x, c, output_final_state))
     return o, ht
 
 

@@ -21,7 +21,7 @@ from .. import spec as S
 from ..codegen.lower import lower
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
-from . import checks
+from . import checks, fallback
 from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_rank1_vectors, check_runnable,
                      host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
@@ -167,9 +167,8 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     if training:
         return C._train(call, x, config, bwd_config, output_final_state,
                         plain=_plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_recompute))
-    launches, (o, ht, hs) = C._forward_launches(call, x, config, output_final_state, return_intermediate_states)
-    for launch in launches:
-        launch()
+    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: C._forward_launches(
+        call, x, c, output_final_state, return_intermediate_states))
     if return_intermediate_states:
         return o, ht, C._fla_layout(hs, call)
     return o, ht
