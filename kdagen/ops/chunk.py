@@ -354,7 +354,7 @@ def chunk_kda(
     check_cp_context("chunk_kda", cp_context)
     _check_graph_flags(use_graph, max_num_seqs)
     if chunk_size is not None and chunk_size not in (32, 64):
-        raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
+        raise ValueError(f"chunk_kda: `chunk_size` must be either 32 or 64 for KDA, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
         raise ValueError(f"chunk_kda: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
     if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
