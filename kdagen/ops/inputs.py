@@ -386,10 +386,10 @@ def fla_dtypes(out_from: str, operands: tuple[str, ...] = ("q", "k", "v")):
             except (KeyError, AttributeError):  # missing or not a tensor: the op says what is wrong
                 return fn(*args, **kwargs)
             d0 = dts[0]
-            if all(d is d0 for d in dts) and d0 is not torch.bfloat16:
-                if not interpreting() or not any(isinstance(t := get(args, kwargs, n), torch.Tensor)
-                                                 and t.dtype is torch.bfloat16 for n in _OTHER_FLOATS):
-                    return fn(*args, **kwargs)
+            if all(d is d0 for d in dts) and (not interpreting() or d0 is not torch.bfloat16 and not any(
+                    isinstance(t := get(args, kwargs, n), torch.Tensor) and t.dtype is torch.bfloat16
+                    for n in _OTHER_FLOATS)):
+                return fn(*args, **kwargs)  # one dtype: the op as it is
             if not all(d in TORCH_DTYPES for d in dts):
                 return fn(*args, **kwargs)
             return _call_cast(fn, args, kwargs, xs, dts, out_at, pos)
