@@ -381,7 +381,7 @@ def test_chunk_size_keyword_as_fla(monkeypatch):
     o.sum().backward()
     assert seen and all(c == 64 for c in seen)  # training forward, re-run and backward
     for bad in (16, 48, 128):
-        with pytest.raises(ValueError, match="chunk_size must be either 32 or 64"):
+        with pytest.raises(ValueError, match=r"`chunk_size` must be either 32 or 64"):
             kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, chunk_size=bad)
     with pytest.raises(ValueError, match="disagrees"):
         kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, chunk_size=32, config=ChunkFwdConfig(chunk_size=64))

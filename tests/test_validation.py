@@ -97,8 +97,6 @@ COMMON = [
     ("g-shape-H-not-HV", _with(g=torch.zeros(B, T, H, K)), ValueError, r"\bg\b"),
     ("beta-shape", _with(beta=torch.ones(B, T, HV, 1)), ValueError, r"\bbeta\b"),
     ("beta-shape-H", _with(beta=torch.ones(B, T, H)), ValueError, r"\bbeta\b"),
-    ("k-dtype", lambda: {**_base(), "k": _base()["k"].half()}, TypeError, r"\bk\b"),
-    ("v-dtype", lambda: {**_base(), "v": _base()["v"].half()}, TypeError, r"\bv\b"),
     ("q-integer", lambda: {**_base(), "q": torch.ones(B, T, H, K, dtype=torch.int64)}, TypeError, r"\bq\b"),
     ("v-not-tensor", lambda: {**_base(), "v": _base()["v"].tolist()}, TypeError, r"\bv\b"),
     ("beta-not-tensor", lambda: {**_base(), "beta": 0.5}, TypeError, r"\bbeta\b"),

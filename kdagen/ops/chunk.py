@@ -34,7 +34,7 @@ from .chunk_train import prepare_chunk_train
 from .gate import layer_gate
 from .l2norm import qk_l2norm
 from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
-                     preprocess, select_spec, state_layout)
+                     fla_dtypes, preprocess, select_spec, state_layout)
 from .traced import chunk_kda_traced
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
@@ -254,6 +254,7 @@ class _ChunkKDAFunction(torch.autograd.Function):
         return grads + (None,) * (11 - len(grads))  # (DPLR's da, db, when not its,) and run's
 
 
+@fla_dtypes("q")
 def chunk_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -307,7 +308,7 @@ def chunk_kda(
 
     q, k: [B, T, H, K]; v: [B, T, HV, V]; g: [B, T, HV, K] (log decay, or the raw gate input
     with ``use_gate_in_kernel``); beta: [B, T, HV]; initial_state: [N, HV, K, V].
-    Returns ``(o, final_state)`` -- o [B, T, HV, V] in v's dtype, final_state float32
+    Returns ``(o, final_state)`` -- o [B, T, HV, V] in q's dtype, final_state float32
     [N, HV, K, V] or None -- and with ``return_intermediate_states=True`` (inference only) also
     the states entering each chunk in FLA's layout, ``h``: [B, NT, HV, K, V] with
     NT = ceil(T / chunk length) for a fixed-length batch, and [1, NT_total, HV, K, V] with
@@ -364,7 +365,7 @@ def chunk_kda(
     check_cp_context("chunk_kda", cp_context)
     _check_graph_flags(use_graph, max_num_seqs)
     if chunk_size is not None and chunk_size not in (32, 64):
-        raise ValueError(f"chunk_kda: chunk_size must be either 32 or 64, got {chunk_size!r}")
+        raise ValueError(f"chunk_kda: `chunk_size` must be either 32 or 64 for KDA, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
         raise ValueError(f"chunk_kda: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
     if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)

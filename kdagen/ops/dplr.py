@@ -36,7 +36,7 @@ from ..codegen.lower import lower
 from ..config import ChunkTrainConfig
 from ..dtypes import TORCH_DTYPES, dtype
 from . import fallback
-from .inputs import check_cp_context, check_inputs, check_kwargs, check_runnable, gate_choice
+from .inputs import check_cp_context, check_inputs, check_kwargs, check_runnable, fla_dtypes, gate_choice
 from .member import fused_recurrent_member
 
 CHUNK_SIZES = (16, 32, 64)  # the chunk lengths the training-path templates are run and tested at for DPLR
@@ -134,6 +134,7 @@ def _check_chunk_size(op: str, chunk_size, config) -> None:
 
 
 @torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
+@fla_dtypes("q", ("q", "k", "v", "a", "b"))
 def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                           gk: torch.Tensor, scale: float | None = None, initial_state: torch.Tensor | None = None,
                           output_final_state: bool = False, cu_seqlens: torch.LongTensor | None = None,
@@ -144,10 +145,10 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     """Chunkwise general DPLR (FLA 0.6.0's ``chunk_dplr_delta_rule`` signature):
     S_t = Diag(exp gk_t) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T, o_t = S_t^T (scale q_t).
 
-    q, k: [B, T, H, K]; v: [B, T, HV, V]; a, b: [B, T, HV, K] in q's dtype; gk: [B, T, HV, K]
+    q, k: [B, T, H, K]; v: [B, T, HV, V]; a, b: [B, T, HV, K]; gk: [B, T, HV, K]
     log decay (<= 0); initial_state: [N, HV, K, V] (N = B, or the number of sequences with
     ``cu_seqlens``, B = 1).  HV is a multiple of H (GVA: value head hv reads q/k head
-    hv // (HV // H)); FLA has HV = H.  Returns ``(o, final_state)``: o [B, T, HV, V] in v's
+    hv // (HV // H)); FLA has HV = H.  Returns ``(o, final_state)``: o [B, T, HV, V] in q's
     dtype, final_state float32 [N, HV, K, V] or None.  ``cu_seqlens_cpu``: the offsets on the
     host, so nothing is read back from the device.  float32 inputs are accepted (FLA warns).
 
@@ -256,6 +257,7 @@ def chunk_form_available() -> bool:
     return generates("dplr", "chunk")
 
 
+@fla_dtypes("v", ("q", "k", "v", "a", "b"))
 def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale: float | None = None, initial_state=None,
                                     output_final_state: bool = False, reverse: bool = False, cu_seqlens=None,
                                     **kwargs):

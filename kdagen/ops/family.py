@@ -18,7 +18,7 @@ import sympy as sp
 import torch
 
 from .. import spec as S
-from .inputs import gate_choice
+from .inputs import fla_dtypes, gate_choice
 from .member import chunk_member, fused_recurrent_member
 
 _CHUNK_IGNORED = ("chunk_indices",)  # FLA's precomputed schedule: kdagen builds its own from cu_seqlens
@@ -50,6 +50,7 @@ def _common(op: str, kwargs: dict, cp_context=None):
         kwargs.pop(name, None)
 
 
+@fla_dtypes("q")
 def chunk_gated_delta_rule(q, k, v, g, beta, scale: float | None = None, initial_state=None,
                            output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                            use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
@@ -81,6 +82,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: float | None = None, initial
                         **kwargs)
 
 
+@fla_dtypes("v")
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale: float | None = None,
                                      initial_state=None, output_final_state: bool = False,
                                      use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
@@ -128,6 +130,7 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
                                   cu_seqlens=cu_seqlens, op=op, **kwargs)
 
 
+@fla_dtypes("q")
 def chunk_delta_rule(q, k, v, beta, scale: float | None = None, initial_state=None, output_final_state: bool = False,
                      use_qk_l2norm_in_kernel: bool = False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
     """Chunkwise DeltaNet (FLA 0.6.0's signature): no decay.  q, k: [B, T, H, K]; v: [B, T, HV, V]
@@ -141,6 +144,7 @@ def chunk_delta_rule(q, k, v, beta, scale: float | None = None, initial_state=No
                         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, op=op, **kwargs)
 
 
+@fla_dtypes("q")
 def fused_recurrent_delta_rule(q, k, v, beta=None, scale: float | None = None, initial_state=None,
                                output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                                cu_seqlens=None, **kwargs):
@@ -168,6 +172,7 @@ def gla_spec(lower_bound: float | None = None) -> S.Recurrence:
     return S.gla(S.gate_direct(lower_bound))
 
 
+@fla_dtypes("v")
 def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output_final_state: bool = False,
               state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None, safe_gate: bool = False,
               lower_bound: float | None = None, **kwargs):
@@ -190,6 +195,7 @@ def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output
                         cu_seqlens_cpu=cu_seqlens_cpu, op=op, **kwargs)
 
 
+@fla_dtypes("q")
 def fused_recurrent_gla(q, k, v, gk=None, gv=None, scale: float | None = None, initial_state=None,
                         output_final_state: bool = False, reverse: bool = False, state_v_first: bool = False,
                         cu_seqlens=None, **kwargs):

@@ -317,3 +317,131 @@ def state_layout(op: str, state_v_first, kwargs: dict) -> bool:
 def state_shape(N: int, HV: int, K: int, V: int, state_v_first: bool) -> tuple[int, int, int, int]:
     """The shape of N states: [N, HV, K, V], or [N, HV, V, K] with ``state_v_first``."""
     return (N, HV, V, K) if state_v_first else (N, HV, K, V)
+
+
+# ------------------------------------------------------------------- input dtypes (FLA's mixes)
+
+# The float inputs besides q, k, v (and a, b) that an op may take, by the names of its signatures.
+_OTHER_FLOATS = ("g", "gk", "beta", "initial_state", "A_log", "dt_bias")
+
+
+def interpreting() -> bool:
+    """Whether Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def dtype_note(out_from: str, operands: tuple[str, ...]) -> str:
+    """The docstring paragraphs :func:`fla_dtypes` adds to the op it wraps."""
+    import textwrap
+
+    names = ", ".join(operands[:-1]) + " and " + operands[-1]
+    paras = (
+        f"Input dtypes, as FLA 0.6.0 takes them: {names} may mix float32, float16 and bfloat16.  They are "
+        f"cast to one compute dtype, torch.promote_types of theirs (float16 with float32 computes in float32; "
+        f"the cast is exact), before validation and planning, and o is returned in {out_from}'s dtype, as FLA "
+        f"returns it.  Gradients come back in each input's own dtype (autograd through the cast).  The gate, "
+        f"beta and the state keep their own dtypes, as the kernels read them.",
+        "Under Triton's CPU interpreter (TRITON_INTERPRET=1), whose arithmetic on bfloat16 is wrong in Triton "
+        "3.6, every bfloat16 input is replaced by a float32 copy (exact), and o is rounded to bfloat16 once, "
+        "at the end; a bfloat16 state pool is updated through a float32 copy and rounded back in place.  That "
+        "is the recurrence computed in float32, not the GPU's bf16 arithmetic: on a GPU the chunk kernels also "
+        "round their dot operands and stored intermediates to bf16, so their error is larger "
+        "(tests/bf16_interpreter.py emulates that rounding).")
+    fill = lambda p: textwrap.fill(p, 100, initial_indent="    ", subsequent_indent="    ")  # noqa: E731
+    return "".join("\n\n" + fill(p) for p in paras) + "\n"
+
+
+def fla_dtypes(out_from: str, operands: tuple[str, ...] = ("q", "k", "v")):
+    """Decorate a public op so it takes FLA's mixes of input dtypes.
+
+    ``operands`` (q, k, v; with a, b for general DPLR) are cast to one compute dtype,
+    ``torch.promote_types`` of theirs, before the op runs (validation and planning see one dtype);
+    o, the first output, is cast to the dtype of ``out_from`` ("q" or "v", as FLA 0.6.0's op of that
+    name returns it).  The casts are differentiable, so gradients reach each input in its own dtype.
+    An ``out=`` of the result's dtype receives o by a copy when o had to be cast.
+
+    Under Triton's interpreter a bfloat16 operand, g, beta, state, A_log or dt_bias is replaced by a
+    float32 copy (the interpreter's bf16 arithmetic is wrong); a bf16 state pool (with
+    ``ssm_state_indices``) is run on a float32 copy and copied back in place.  Inputs that are not
+    float tensors pass through untouched, for the op's own validation to name them."""
+    import functools
+    import inspect
+
+    def deco(fn):
+        params = list(inspect.signature(fn).parameters)
+        named = operands + _OTHER_FLOATS + ("out", "ssm_state_indices")
+        pos = {n: i for i, n in enumerate(params) if n in named}
+        ops_pos = [pos[n] for n in operands]
+        out_at = operands.index(out_from)
+
+        def get(args, kwargs, name):
+            i = pos.get(name)
+            return args[i] if i is not None and i < len(args) else kwargs.get(name)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                xs = [args[i] if i < len(args) else kwargs[n] for i, n in zip(ops_pos, operands)]
+                dts = [x.dtype for x in xs]
+            except (KeyError, AttributeError):  # missing or not a tensor: the op says what is wrong
+                return fn(*args, **kwargs)
+            d0 = dts[0]
+            if all(d is d0 for d in dts) and (not interpreting() or d0 is not torch.bfloat16 and not any(
+                    isinstance(t := get(args, kwargs, n), torch.Tensor) and t.dtype is torch.bfloat16
+                    for n in _OTHER_FLOATS)):
+                return fn(*args, **kwargs)  # one dtype: the op as it is
+            if not all(d in TORCH_DTYPES for d in dts):
+                return fn(*args, **kwargs)
+            return _call_cast(fn, args, kwargs, xs, dts, out_at, pos)
+
+        wrapper.__doc__ = (fn.__doc__ or "").rstrip() + dtype_note(out_from, operands)
+        return wrapper
+
+    def _call_cast(fn, args, kwargs, xs, dts, out_at, pos):
+        interp = interpreting()
+        cdt = dts[0]
+        for d in dts[1:]:
+            cdt = torch.promote_types(cdt, d)
+        if interp and cdt is torch.bfloat16:
+            cdt = torch.float32
+        args, kwargs = list(args), dict(kwargs)
+
+        def get(name):
+            i = pos.get(name)
+            return args[i] if i is not None and i < len(args) else kwargs.get(name)
+
+        def put(name, value):
+            i = pos.get(name)
+            if i is not None and i < len(args):
+                args[i] = value
+            else:
+                kwargs[name] = value
+
+        for n, x in zip(operands, xs):
+            put(n, x.to(cdt))
+        pool = pool32 = None
+        if interp:
+            for n in _OTHER_FLOATS:
+                t = get(n)
+                if isinstance(t, torch.Tensor) and t.dtype is torch.bfloat16:
+                    put(n, t.float())
+                    if n == "initial_state" and get("ssm_state_indices") is not None:
+                        pool, pool32 = t, get(n)  # updated in place: run on the copy, copy back
+        out_dtype = dts[out_at]
+        out = get("out")
+        if isinstance(out, torch.Tensor) and out.dtype == out_dtype != cdt:
+            put("out", None)  # o is computed in cdt, then copied there
+        else:
+            out = None
+        res = fn(*args, **kwargs)
+        o = res[0] if res[0].dtype == out_dtype else res[0].to(out_dtype)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        rest = res[1:]
+        if pool is not None:
+            pool.copy_(pool32)
+            rest = tuple(pool if r is pool32 else r for r in rest)
+        return (o, *rest)
+
+    return deco

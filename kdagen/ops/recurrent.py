@@ -15,8 +15,8 @@ from ..config import RecurrentConfig
 from ..dtypes import dtype
 from ..kernels import Launch, build, dummy_pointer, launch, launch_options, register_cap
 from . import checks
-from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, host_seqlens,
-                     preprocess, select_spec, state_layout, state_shape)
+from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, fla_dtypes,
+                     host_seqlens, preprocess, select_spec, state_layout, state_shape)
 from .inputs import check_inputs as _validate
 from .traced import fused_recurrent_kda_traced
 
@@ -153,6 +153,7 @@ def _sm_count(device) -> int:
     return n
 
 
+@fla_dtypes("v")
 def fused_recurrent_kda(
     q: torch.Tensor,
     k: torch.Tensor,
