@@ -104,7 +104,8 @@ def _configs(op: str, call, config, training: bool, chunk_size: int | None, disa
     if training:
         return C._configs(call, config, None, True, chunk_size, disable_recompute)
     fwd = resolve("chunk_train", call.plan, config, call.shape, call.state_dtype)
-    return (fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)), None
+    return (fwd if chunk_size is None else
+            fwd.replace(chunk_size=chunk_size, sub_chunk=min(fwd.sub_chunk, chunk_size))), None
 
 
 def _launches(call, x, config: ChunkTrainConfig, output_final_state: bool):

@@ -33,6 +33,9 @@ from .inputs import check_inputs as _validate
 # for the device).
 _FAST: dict = {}
 _FAST_MAX = 4096
+# chunk_member's chunk lengths (FLA's chunk_delta_rule / chunk_gated_delta_rule take these; 16 runs the
+# training forward's launches for inference too, kdagen.ops.chunk._configs)
+CHUNK_SIZES = (16, 32, 64)
 
 
 def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A_log, dt_bias,
@@ -148,8 +151,8 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
 
     state_v_first = state_layout(op, state_v_first, kwargs)
     check_kwargs(op, kwargs)
-    if chunk_size is not None and chunk_size not in (32, 64):
-        raise ValueError(f"{op}: chunk_size must be either 32 or 64, got {chunk_size!r}")
+    if chunk_size is not None and chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"{op}: chunk_size must be 16, 32 or 64, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
         raise ValueError(f"{op}: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
     if isinstance(q, torch.Tensor):
