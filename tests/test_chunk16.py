@@ -249,3 +249,33 @@ def test_offsets_read_back_once_without_host_lengths():
     ro, rh = _ref("gdn", x, cu)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
+
+
+def test_dplr_fla_multihead_safe_gate_case():
+    """FLA's test_chunk_safe_gate_multihead_gradients end to end (chunk_dplr_delta_rule, fp16, D = 16, three
+    heads, safe_gate, chunk_size=16, a zero initial state requiring grad; FLA's defaults to 16 rows): o, the
+    final state and every gradient against float64 autograd through the DPLR recurrence."""
+    from kdagen.spec.reference import naive_recurrent_dplr
+
+    B, T, H, D = 1, 16, 3, 16
+    h = torch.arange(H, dtype=torch.float32).view(1, 1, H, 1)
+    q, k, v = ((1 + c * h).expand(B, T, H, D).to(F16) for c in (0.1, 0.2, 0.3))
+    a = F.normalize((0.5 + 0.1 * h).expand(B, T, H, D).to(F16), p=2, dim=-1)
+    gk = torch.full((B, T, H, D), -0.1)
+    gk[:, :, 1], gk[:, :, 2], gk[:, :8, 0] = -0.2, -0.3, -5.0
+    xs = dict(q=q, k=k, v=v, a=a, b=-a, gk=gk, h0=torch.zeros(B, H, D, D))
+    x64 = {n: t.to(F64).requires_grad_() for n, t in xs.items()}
+    ro, rh = naive_recurrent_dplr(x64["q"], x64["k"], x64["v"], -x64["b"], x64["a"], x64["gk"], scale=1.0,
+                                  initial_state=x64["h0"], output_final_state=True)
+    ref = torch.autograd.grad(ro.square().mean() + rh.square().mean(), list(x64.values()))
+    xl = {n: t.detach().clone().requires_grad_() for n, t in xs.items()}
+    o, ht = kdagen.chunk_dplr_delta_rule(xl["q"], xl["k"], xl["v"], xl["a"], xl["b"], xl["gk"], scale=1.0,
+                                         initial_state=xl["h0"], output_final_state=True, safe_gate=True,
+                                         chunk_size=16)
+    assert_close(o, ro, TOL[F16], "o")
+    assert_close(ht, rh, TOL[F16], "final state")
+    grads = torch.autograd.grad(o.float().square().mean() + ht.square().mean(), list(xl.values()))
+    for n, g, r in zip(xs, grads, ref):
+        assert g.dtype == xs[n].dtype and torch.isfinite(g).all(), n
+        assert_close(g, r, GRAD_TOL[F16], f"d{n}")
+    assert grads[-1].abs().max() > 0
