@@ -114,6 +114,9 @@ class ChunkFwdConfig(_Config):
     :class:`ChunkTrainConfig`'s kernels instead (they also keep what the backward reads)."""
 
     kernel: ClassVar[str] = "chunk_fwd"
+    # the chunk lengths the solve and pass take; another length an op accepts (16) runs the training
+    # forward's launches for inference (kdagen.ops.chunk._configs)
+    CHUNK_SIZES: ClassVar[tuple[int, ...]] = (32, 64)
     chunk_size: int = 64  # C: tokens per chunk, 32 or 64 (one or two halves)
     sub_chunk: int = 16  # BC: rows per factorised sub-tile
     intra_num_warps: int = 4  # the solve launch
@@ -135,7 +138,7 @@ class ChunkFwdConfig(_Config):
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "intra_num_warps", "state_num_warps")
-        if self.chunk_size not in (32, 64):
+        if self.chunk_size not in self.CHUNK_SIZES:
             raise ConfigError(f"chunk_fwd: chunk_size must be 32 or 64, got {self.chunk_size}")
         if self.sub_chunk != 16:
             raise ConfigError(f"chunk_fwd: sub_chunk must be 16 (two sub-tiles per 32-row half), got {self.sub_chunk}")

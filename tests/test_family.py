@@ -297,7 +297,7 @@ def test_refusals_name_the_keyword():
         (lambda: kdagen.fused_recurrent_gated_delta_rule(q, k, v, g, gv=torch.zeros_like(v), beta=beta), "gv"),
         (lambda: kdagen.fused_recurrent_gated_delta_rule(q, k, v, g, gk=gk, beta=beta), "gk together"),
         (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, cp_context=object()), "cp_context"),
-        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=16), "chunk_size=16"),
+        (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=8), "chunk_size=8"),
         (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, use_gate_in_kernel=True), "A_log"),
         (lambda: kdagen.chunk_gated_delta_rule(q, k, v, g, beta, A_log=torch.zeros(1)), "use_gate_in_kernel"),
         (lambda: kdagen.chunk_gated_delta_rule(q, k, v, gk, beta), r"g must have shape \[B, T, HV\]"),

@@ -34,7 +34,7 @@ from .chunk_train import prepare_chunk_train
 from .gate import layer_gate
 from .l2norm import qk_l2norm
 from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
-                     fla_dtypes, preprocess, select_spec, state_layout)
+                     fla_dtypes, host_seqlens, preprocess, select_spec, state_layout)
 from .traced import chunk_kda_traced
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
@@ -131,10 +131,14 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
     training forward's :class:`ChunkTrainConfig` and the backward's, with one chunk length.
     ``chunk_size``, or a :class:`ChunkFwdConfig` given to a training call, pins that length.
     ``disable_recompute`` (FLA's keyword) makes the backward's config keep the forward's
-    intermediates instead of recomputing them (``store_intermediates=True``)."""
+    intermediates instead of recomputing them (``store_intermediates=True``).  An inference call at a
+    ``chunk_size`` the solve and pass do not take (16: the member ops') gets the training forward's
+    config instead (:func:`_inference_train_config`), which :func:`_forward_launches` runs."""
     if not training:
         if config is not None and not isinstance(config, ChunkFwdConfig):
             raise TypeError(f"chunk_kda: an inference call takes a ChunkFwdConfig, got {type(config).__name__}")
+        if chunk_size is not None and chunk_size not in ChunkFwdConfig.CHUNK_SIZES:
+            return _inference_train_config(call, chunk_size), None
         fwd = resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype)
         fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)
         # a config the caller did not give is fitted to the GPU's shared memory (kdagen.cache.smem)
@@ -151,8 +155,8 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
         train = default_train_config(call.plan, call.shape)  # not tuned: it runs at the backward's chunk length
         train = train.replace(chunk_size=config.chunk_size if config is not None else b.chunk_size,
                               sub_chunk=b.sub_chunk)
-    if chunk_size is not None:
-        train = train.replace(chunk_size=chunk_size)
+    if chunk_size is not None:  # (sub-tiles no longer than the chunk: a 64 / 32 config pinned to 16 rows)
+        train = train.replace(chunk_size=chunk_size, sub_chunk=min(train.sub_chunk, chunk_size))
     if (b.chunk_size, b.sub_chunk) != (train.chunk_size, train.sub_chunk):
         b = b.with_chunking(train.chunk_size, train.sub_chunk)
     if disable_recompute and not b.store_intermediates:
@@ -165,14 +169,48 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
     return train, b
 
 
-def _forward_launches(call: _Call, x: dict, config: ChunkFwdConfig, output_final_state: bool,
+def _inference_train_config(call: _Call, chunk_size: int) -> ChunkTrainConfig:
+    """An inference call's config at a chunk length the solve and pass do not take
+    (``ChunkFwdConfig.CHUNK_SIZES``): the training forward's (tuned or heuristic) on chunks of
+    ``chunk_size`` rows, any in-kernel gate computed by its chunk launches (``gate_launch`` off);
+    :func:`_forward_launches` runs its two launches, as general DPLR's inference does."""
+    train = resolve("chunk_train", call.plan, None, call.shape, call.state_dtype)
+    return train.replace(chunk_size=chunk_size, sub_chunk=min(train.sub_chunk, chunk_size), gate_launch=False)
+
+
+def _forward_launches(call: _Call, x: dict, config: ChunkFwdConfig | ChunkTrainConfig, output_final_state: bool,
                       return_intermediate_states: bool = False):
+    if isinstance(config, ChunkTrainConfig):  # a chunk length the inference kernels do not take (_configs)
+        return _train_forward_launches(call, x, config, output_final_state, return_intermediate_states)
     return prepare_chunk_fwd(
         x["q"], x["k"], x["v"], x["g"], x["beta"], scale=call.scale, initial_state=x["initial_state"],
         output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
         return_intermediate_states=return_intermediate_states, l2norm=call.l2norm, beta_sigmoid=call.beta_sigmoid,
         beta_scale=call.beta_scale, state_v_first=call.state_v_first)
+
+
+def _train_forward_launches(call: _Call, x: dict, config: ChunkTrainConfig, output_final_state: bool,
+                            return_intermediate_states: bool):
+    """An inference call's forward on the training forward's launches (intra, fused state pass): FLA's
+    in-kernel flags, which those kernels do not apply, as torch ops first (:func:`~.inputs.preprocess`),
+    and a device cu_seqlens read back once (the schedule is built on the host).  The per-chunk states
+    come back float32 in the call's layout (the pass writes them [K, V]: a transposed view with
+    ``state_v_first``)."""
+    q, k, beta = x["q"], x["k"], x["beta"]
+    if call.l2norm or call.beta_sigmoid:
+        q, k, beta = preprocess(q, k, beta, call.l2norm, call.beta_sigmoid, call.beta_scale == 2.0)
+    seqlens = call.seqlens
+    if call.cu_seqlens is not None and seqlens is None:
+        seqlens = host_seqlens(call.cu_seqlens, call.dims.T)
+    launches, (o, ht, hs) = prepare_chunk_train(
+        q, k, x["v"], x["g"], beta, scale=call.scale, initial_state=x["initial_state"],
+        output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=seqlens, dims=call.dims,
+        plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
+        return_intermediate_states=return_intermediate_states, state_v_first=call.state_v_first)
+    if hs is not None and call.state_v_first:
+        hs = hs.transpose(-1, -2)
+    return launches, (o, ht, hs)
 
 
 def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig,

@@ -106,7 +106,7 @@ def _configs(op: str, call, config, training: bool, chunk_size: int | None, disa
     if training:
         return C._configs(call, config, None, True, chunk_size, disable_recompute)
     fwd = resolve("chunk_train", call.plan, config, call.shape, call.state_dtype)
-    fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)
+    fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size, sub_chunk=min(fwd.sub_chunk, chunk_size))
     # a config the caller did not give is fitted to the GPU's shared memory (kdagen.cache.smem)
     return (fwd if config is not None else smem.fit("chunk_train", call.plan, fwd)), None
 

@@ -7,8 +7,9 @@ layouts and return values: thin wrappers over :mod:`kdagen.ops.member` with the 
 
 Beyond FLA: float32 inputs, GVA for DeltaNet (HV a multiple of H, as GDN), gradients through
 the recurrent ops, the decode state pool (``ssm_state_indices``) and ``out=`` on the recurrent
-ops, ``check_inputs``.  Refused with a ValueError naming the keyword: ``cp_context`` (context
-parallelism), ``chunk_size=16``, ``gv`` (and ``gk`` together with ``g``), ``head_first``.
+ops, ``check_inputs``, ``chunk_size`` on ``chunk_gla``.  ``chunk_size`` 16, 32 or 64, as FLA's
+(16: the training forward's launches for inference too).  Refused with a ValueError naming the
+keyword: ``cp_context`` (context parallelism), ``gv`` (and ``gk`` together with ``g``), ``head_first``.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 from .. import spec as S
 from .inputs import fla_dtypes, gate_choice
-from .member import chunk_member, fused_recurrent_member
+from .member import CHUNK_SIZES, chunk_member, fused_recurrent_member
 
 _CHUNK_IGNORED = ("chunk_indices",)  # FLA's precomputed schedule: kdagen builds its own from cu_seqlens
 
@@ -44,8 +45,8 @@ def _common(op: str, kwargs: dict, cp_context=None):
         raise ValueError(f"{op}: cp_context (FLA's context parallelism across devices) is not supported by kdagen; "
                          "only cp_context=None is accepted")
     cs = kwargs.get("chunk_size")
-    if cs is not None and cs not in (32, 64):
-        raise ValueError(f"{op}: chunk_size={cs!r} is not supported; kdagen's chunk kernels take 32 or 64")
+    if cs is not None and cs not in CHUNK_SIZES:
+        raise ValueError(f"{op}: chunk_size={cs!r} is not supported; kdagen's chunk kernels take 16, 32 or 64")
     for name in _CHUNK_IGNORED:
         kwargs.pop(name, None)
 
@@ -66,7 +67,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: float | None = None, initial
     Differentiable in q, k, v, g, beta, initial_state (and A_log, dt_bias).  FLA's
     ``chunk_indices`` is accepted and not read (kdagen builds the schedule from cu_seqlens);
     other keywords as :func:`kdagen.ops.member.chunk_member` (``config``, ``check_inputs``,
-    ``return_intermediate_states``, ``disable_recompute``, ``chunk_size`` 32/64)."""
+    ``return_intermediate_states``, ``disable_recompute``, ``chunk_size`` 16/32/64)."""
     op = "chunk_gated_delta_rule"
     _common(op, kwargs, cp_context)
     use_gate = bool(kwargs.pop("use_gate_in_kernel", False))

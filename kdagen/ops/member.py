@@ -33,6 +33,9 @@ from .inputs import check_inputs as _validate
 # for the device).
 _FAST: dict = {}
 _FAST_MAX = 4096
+# chunk_member's chunk lengths (FLA's chunk_delta_rule / chunk_gated_delta_rule take these; 16 runs the
+# training forward's launches for inference too, kdagen.ops.chunk._configs)
+CHUNK_SIZES = (16, 32, 64)
 
 
 def _gate_args(op: str, spec: S.Recurrence, q, v, g, use_gate_in_kernel: bool, A_log, dt_bias,
@@ -148,8 +151,8 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
 
     state_v_first = state_layout(op, state_v_first, kwargs)
     check_kwargs(op, kwargs)
-    if chunk_size is not None and chunk_size not in (32, 64):
-        raise ValueError(f"{op}: chunk_size must be either 32 or 64, got {chunk_size!r}")
+    if chunk_size is not None and chunk_size not in CHUNK_SIZES:
+        raise ValueError(f"{op}: chunk_size must be 16, 32 or 64, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
         raise ValueError(f"{op}: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
     if isinstance(q, torch.Tensor):
@@ -243,19 +246,20 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
 
 def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, training: bool = False, config=None,
                           bwd_config=None, output_final_state: bool = False, do=None, dht=None,
-                          with_rerun: bool = False, **kw):
+                          with_rerun: bool = False, chunk_size: int | None = None, **kw):
     """Describe, without running, the launches a chunk call of ``spec`` makes (for compile-only
     checks, benchmarks of single kernels and the tuner): inference ``(fwd_launches, outputs)``;
     ``training=True``: ``(fwd_launches, bwd_launches, bwd_outputs)`` -- the backward reads what
     the forward launches write (run those first); ``do``/``dht`` default to zeros.  In recompute
     mode the backward's launches begin with chunk_bwd_rerun; ``with_rerun`` adds the forward intra
-    launch's re-run where the backward takes one instead (:func:`~.chunk_bwd.saved_names`).  ``kw``: the
+    launch's re-run where the backward takes one instead (:func:`~.chunk_bwd.saved_names`).  ``chunk_size``:
+    :func:`chunk_member`'s (16: an inference call's launches are the training forward's).  ``kw``: the
     validation keywords of :func:`chunk_member` (scale, initial_state, cu_seqlens, gate ...)."""
     from . import chunk as C
     from . import chunk_bwd as bwd
 
     call, x, _ = _prepare_chunk(spec, q, k, v, g, beta, training=training, **kw)
-    config, bwd_config = C._configs(call, config, bwd_config, training)
+    config, bwd_config = C._configs(call, config, bwd_config, training, chunk_size)
     if not training:
         return C._forward_launches(call, x, config, output_final_state)
     fwd, (o, ht, hs), meta = C._training_launches(call, x, config, bwd_config, output_final_state)
