@@ -367,13 +367,13 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     g = g if g is not None else dummy_pointer(q.device)
     if training and ab is not None:  # general DPLR: its own autograd Function (a, b in place of beta)
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
-                                              recurrent_bwd.current_config(), state_v_first)
+                                              recurrent_bwd.current_config(plan), state_v_first)
         x = [t if t.is_contiguous() else t.contiguous() for t in (q, k, v, g) + ab]
         o, ht = _RecurrentDPLRFunction.apply(*x, initial_state, (op, meta, built, output_final_state, reverse))
         return o, (ht if output_final_state else None)
     if training:
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
-                                              recurrent_bwd.current_config(), state_v_first)
+                                              recurrent_bwd.current_config(plan), state_v_first)
         x = [t if t is None or t.is_contiguous() else t.contiguous()
              for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
         o, ht = R._RecurrentKDAFunction.apply(*x, (meta, plan, built, output_final_state))

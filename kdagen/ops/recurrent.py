@@ -433,7 +433,7 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
     built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
-    meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(),
+    meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(plan),
                                           state_v_first)
     x = [t if t is None or t.is_contiguous() else t.contiguous()
          for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
