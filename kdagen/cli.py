@@ -201,20 +201,26 @@ def _spec_bound(spec, lower_bound):
 
 
 def _check_head_dims(head_dims, param_hint: str = "--head-dim") -> None:
-    from .codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM
+    from .codegen.lower import WIDEST_HEAD_DIM, head_dim_error
 
+    # the widest any structure takes; a spec's own limit is checked when it is lowered (_check_lowerable)
     for K, V in head_dims:
-        for name, d in (("K", K), ("V", V)):
-            if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-                raise click.BadParameter(f"head dim {name}={d!r} is outside the supported range "
-                                         f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]", param_hint=param_hint)
+        why = head_dim_error(K, V, WIDEST_HEAD_DIM)
+        if why:
+            raise click.BadParameter(why, param_hint=param_hint)
 
 
 def _check_lowerable(spec, ref: str, head_dims, dtype, forms=("chunk", "recurrent"), gate_in_kernel=False) -> dict:
     """Lower ``spec`` at every head dim (:func:`kdagen.spec.check_lowerable`): the plans, or a usage
     error on --spec that says why kdagen's templates cannot generate its kernels."""
+    from .codegen.lower import head_dim_error, spec_max_head_dim
     from .spec.validate import NotLowerable, check_lowerable
 
+    limit = spec_max_head_dim(spec)  # the spec's own (its structure's): GLA's 512, the others' 256
+    for K, V in head_dims:
+        why = head_dim_error(K, V, limit, f"spec {spec.name!r}")
+        if why:
+            raise click.BadParameter(why, param_hint="--head-dim")
     plans = {}
     for K, V in head_dims:
         try:

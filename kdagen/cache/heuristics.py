@@ -33,6 +33,14 @@ def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfi
 
     The sequence-parallel pass (few long sequences, :func:`_segments`) takes 64-wide V tiles
     without the prefetch: (1, 65536, 8) 1.474 against 1.573 ms with 32-wide ones (run 58)."""
+    if plan.BK > WIDE_STATE_BK:
+        # GLA's heads past 256 (K up to 512: a state row of 512): the pass's [512, BV] float32 state on 16-wide
+        # V tiles over 8 warps, its loop not pipelined (sm_90 compile at K=V=512, bf16: 168 registers, no spill,
+        # 86 KB shared; two stages 255 registers and 16 B of spill, 32-wide tiles 176 B, 4 warps 296 B).  The
+        # solve holds its rows whole ([32, 512] tiles) on 8 warps: 216-308 B of spill a thread (16 warps: as much
+        # at 128 registers); a solve that loops over K tiles would not
+        return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(16, plan.BV), state_num_warps=8,
+                              state_num_stages=1, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
     if plan.BK > 128:
         return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
                               state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
@@ -63,6 +71,11 @@ def infers_on_32_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
     4.226.  KDA (a per-channel decay), DeltaNet, fp16 and fp32: unmeasured, 64 rows."""
     return (plan.decay == "scalar" and plan.dtype == "bfloat16" and plan.BK <= 128 and bool(shape)
             and {"N", "HV"} <= set(shape) and _state_programs(plan, shape, 32) >= SCALAR_DECAY_C32_PROGRAMS)
+
+
+# A state row wider than this (K > 256: GLA's heads, up to 512) does not fit the state passes' registers on the
+# tiles chosen for narrower ones: their [BK, BV] float32 state takes 16-wide V tiles over 8 warps
+WIDE_STATE_BK = 256
 
 
 # infers_on_32_row_chunks: state-pass programs at BV=32 from which 32-row chunks are taken (between 128,
@@ -229,6 +242,11 @@ def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainCon
     # its sum's order).  Half precision (fp32 unmeasured).
     if half and ChunkTrainConfig.gate_launchable(plan):
         out["gate_launch"] = True
+    if plan.BK > WIDE_STATE_BK:
+        # the [512, BV] state on 16-wide V tiles over 8 warps, its loop not pipelined (sm_90 compile at K=V=512,
+        # bf16: 175 registers, no spill, 86 KB shared; two stages 255 registers, and 24 B of spill in fp16, whose
+        # per-chunk states are float32; 4 warps spill 252 B)
+        bv, warps, stages = min(16, plan.BV), 8, 1
     chunk = 32
     if trains_on_64_row_chunks(plan, shape):
         chunk, sub = 64, 32
@@ -445,6 +463,11 @@ def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tu
                 intra.update(intra_fold=True, intra_block_k=min(64, plan.BK))
             # the re-run on one warp: 0.657 -> 0.584 / 0.433 -> 0.410 ms (run 78; run 73: 0.659 -> 0.588)
             rerun_warps = 1
+    if plan.BK > WIDE_STATE_BK:
+        # dS [512, BV] on 16-wide V tiles over 8 warps, its loop not pipelined (sm_90 compile at K=V=512, bf16: 174
+        # registers, no spill, 86 KB shared; two stages 255 registers, and 48 B of spill in fp16, whose per-chunk
+        # states are float32; 32-wide tiles on 4 warps spill 872 B)
+        state_bv, state_warps, state["state_num_stages"] = min(16, plan.BV), 8, 1
     # 64-row chunks: the reverse pass's 16-wide tile gave wrong gradients on the H200 (min_state_block_v)
     state_bv = max(state_bv, min_state_block_v(chunking[0]))
     return ChunkBwdConfig(

@@ -18,7 +18,12 @@ from ..spec import Recurrence
 from ..spec.structure import EXP_BUDGET_BY_DTYPE, analyze_structure, safe_sub_chunk
 from .triton_printer import to_triton
 
-MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256  # MAX_HEAD_DIM: every structure's limit but those in HEAD_DIM_LIMITS
+# structures whose kernels take wider heads, as flash-linear-attention 0.6.0 does: GLA (no rank-1 part) to 512,
+# its state passes on narrow V tiles (kdagen.cache.heuristics); FLA's KDA, Gated DeltaNet, DeltaNet and general
+# DPLR chunk kernels refuse K > 256, and so does kdagen
+HEAD_DIM_LIMITS = {"gla": 512}
+WIDEST_HEAD_DIM = max(MAX_HEAD_DIM, *HEAD_DIM_LIMITS.values())  # the widest any structure takes
 
 # kernel variable names the templates use for the gate's symbols
 GATE_NAMES = {S.z: "b_z", S.A_log: "b_A", S.dt_bias: "b_bias", S.g: "b_z"}
@@ -88,11 +93,31 @@ class Plan:
         return asdict(self)
 
 
-def _check_dims(K: int, V: int):
+def max_head_dim(structure: str) -> int:
+    """The widest head dim (K and V) the kernels of ``structure`` ('kda', 'gla', 'dplr', ...) take."""
+    return HEAD_DIM_LIMITS.get(structure, MAX_HEAD_DIM)
+
+
+def spec_max_head_dim(spec: Recurrence) -> int:
+    """The widest head dim the kernels of ``spec`` take (its structure's, :func:`max_head_dim`)."""
+    return max_head_dim(analyze_structure(spec).kind)
+
+
+def head_dim_error(K, V, limit: int = MAX_HEAD_DIM, what: str = "") -> str | None:
+    """Why head dims K, V are refused at most ``limit`` wide (``what``: whose limit it is, for the
+    message), or None when both are in range."""
     for name, d in (("K", K), ("V", V)):
-        if not isinstance(d, int) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-            raise LoweringError(f"head dim {name}={d!r} is outside the supported range "
-                                f"[{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+        if isinstance(d, bool) or not isinstance(d, int) or not MIN_HEAD_DIM <= d <= limit:
+            whose = f" of {what}" if what else ""
+            wider = "; only GLA's kernels take up to 512" if limit < WIDEST_HEAD_DIM else ""
+            return f"head dim {name}={d!r} is outside the supported range [{MIN_HEAD_DIM}, {limit}]{whose}{wider}"
+    return None
+
+
+def _check_dims(K: int, V: int, limit: int = WIDEST_HEAD_DIM, what: str = ""):
+    why = head_dim_error(K, V, limit, what)
+    if why:
+        raise LoweringError(why)
 
 
 def tuning_spec(spec: Recurrence, form: str) -> Recurrence:
@@ -114,12 +139,12 @@ def tuning_spec(spec: Recurrence, form: str) -> Recurrence:
 def lower(spec: Recurrence, K: int, V: int, dtype: str, form: str, gate_in_kernel: bool = False) -> Plan:
     """The plan of ``spec`` at head dims K, V for inputs of ``dtype`` (a canonical name) in
     ``form`` ('chunk' or 'recurrent'); memoised (the ops lower on every call)."""
-    _check_dims(K, V)
     if dtype not in DTYPES:
         raise LoweringError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     if form not in ("chunk", "recurrent"):
         raise LoweringError(f"form must be 'chunk' or 'recurrent', got {form!r}")
     st = analyze_structure(spec)
+    _check_dims(K, V, max_head_dim(st.kind), f"spec {spec.name!r}")
     if st.kind == "gla":
         if spec.decay != "channel" or sp.simplify(spec.write_key - S.k) != 0:
             raise LoweringError(f"spec {spec.name!r} has no rank-1 part, a {spec.decay} decay and the write key "

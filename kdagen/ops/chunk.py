@@ -106,7 +106,8 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                                  A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
                                  cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
-                                 sync_seqlens=not in_kernel if sync_seqlens is None else sync_seqlens)
+                                 sync_seqlens=not in_kernel if sync_seqlens is None else sync_seqlens,
+                                 member="chunk_kda")
     spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
     flags = {}
     if in_kernel:

@@ -85,7 +85,7 @@ def _prepare(op: str, q, k, v, a, b, gk, *, scale=None, initial_state=None, cu_s
         training = torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, a, b, gk, initial_state))
     dims, seqlens = check_inputs(q, k, v, gk, None, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                 cu_seqlens_cpu=cu_seqlens_cpu, decay="channel", rank1=False)
+                                 cu_seqlens_cpu=cu_seqlens_cpu, decay="channel", rank1=False, member=op)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk")
     x = dict(q=q, k=k, v=v, g=gk, beta=None, initial_state=initial_state, A_log=None, dt_bias=None, a=a, b=b)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}

@@ -12,7 +12,7 @@ import sympy as sp
 import torch
 
 from .. import spec as S
-from ..codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM
+from ..codegen.lower import MAX_HEAD_DIM, head_dim_error
 from ..dtypes import TORCH_DTYPES
 
 # Keywords fused_recurrent_kda takes through **kwargs for drop-in use (FLA 0.6.0's recurrent op
@@ -53,7 +53,8 @@ def _float(name, x):
 def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_indices=None,
                  A_log=None, dt_bias=None, gate_in_kernel=False, cu_seqlens_cpu=None,
                  sync_seqlens: bool = True, state_v_first: bool = False,
-                 decay: str = "channel", rank1: bool = True) -> tuple[Dims, list[int] | None]:
+                 decay: str = "channel", rank1: bool = True, max_head_dim: int = MAX_HEAD_DIM,
+                 member: str = "") -> tuple[Dims, list[int] | None]:
     """Validate the arguments of chunk_kda / fused_recurrent_kda from their shapes, dtypes and
     devices (no values are read from the device, except as ``sync_seqlens`` says).
 
@@ -63,7 +64,9 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     the initial state (or pool) is [.., HV, V, K] instead of [.., HV, K, V].  ``decay``: the
     spec's decay kind, which sets g's layout: [B, T, HV, K] ('channel'), [B, T, HV] ('scalar'),
     no g at all ('identity': g must be None).  ``rank1`` False: the recurrence has no rank-1 part
-    (GLA's), so it takes no beta (beta must be None)."""
+    (GLA's), so it takes no beta (beta must be None).  ``max_head_dim``: the widest K and V the
+    recurrence's kernels take (:func:`kdagen.codegen.lower.spec_max_head_dim`), named in the error
+    as ``member``'s limit."""
     if not rank1 and beta is not None:
         raise ValueError("this recurrence has no rank-1 (delta) part, so it takes no beta; pass beta=None")
     if decay == "identity" and g is not None:
@@ -92,9 +95,9 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
         raise ValueError(f"beta must have shape [B, T, HV] = {(B, T, HV)}, got {tuple(beta.shape)}")
     if not (k.dtype == q.dtype and v.dtype == q.dtype):
         raise TypeError(f"q, k and v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
-    for name, d in (("K", K), ("V", V)):
-        if not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-            raise ValueError(f"head dim {name}={d} is outside the supported range [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+    why = head_dim_error(K, V, max_head_dim, member)
+    if why:
+        raise ValueError(why)
     dev = q.device
     for name, x in tensors[1:]:
         if x.device != dev:

@@ -18,7 +18,7 @@ from functools import lru_cache
 import torch
 
 from .. import spec as S
-from ..codegen.lower import lower
+from ..codegen.lower import lower, spec_max_head_dim
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
 from . import checks, fallback
@@ -221,7 +221,8 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                               A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
                               cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, decay=spec.decay,
-                              rank1=spec.has_rank1, sync_seqlens=training if sync_seqlens is None else sync_seqlens)
+                              rank1=spec.has_rank1, sync_seqlens=training if sync_seqlens is None else sync_seqlens,
+                              max_head_dim=spec_max_head_dim(spec), member=f"{op} (spec {spec.name!r})")
     if beta is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
         beta = dummy_pointer(q.device)
     if checks.wanted(check_inputs):
@@ -349,7 +350,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                               state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                               gate_in_kernel=use_gate_in_kernel, cu_seqlens_cpu=cu_seqlens_cpu,
                               sync_seqlens=training, state_v_first=state_v_first, decay=spec.decay,
-                              rank1=spec.has_rank1 and ab is None)
+                              rank1=spec.has_rank1 and ab is None, max_head_dim=spec_max_head_dim(spec),
+                              member=f"{op} (spec {spec.name!r})")
     if ab is not None:
         check_rank1_vectors(q, v, *ab)
     check_runnable(q)
@@ -368,13 +370,13 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     g = g if g is not None else dummy_pointer(q.device)
     if training and ab is not None:  # general DPLR: its own autograd Function (a, b in place of beta)
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
-                                              recurrent_bwd.current_config(), state_v_first)
+                                              recurrent_bwd.current_config(plan), state_v_first)
         x = [t if t.is_contiguous() else t.contiguous() for t in (q, k, v, g) + ab]
         o, ht = _RecurrentDPLRFunction.apply(*x, initial_state, (op, meta, built, output_final_state, reverse))
         return o, (ht if output_final_state else None)
     if training:
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
-                                              recurrent_bwd.current_config(), state_v_first)
+                                              recurrent_bwd.current_config(plan), state_v_first)
         x = [t if t is None or t.is_contiguous() else t.contiguous()
              for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
         o, ht = R._RecurrentKDAFunction.apply(*x, (meta, plan, built, output_final_state))

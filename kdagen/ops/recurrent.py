@@ -344,7 +344,8 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     work, and under CUDA-graph replay as a decode loop runs it."""
     dims, _ = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
-                        gate_in_kernel=use_gate_in_kernel, sync_seqlens=False, state_v_first=state_v_first)
+                        gate_in_kernel=use_gate_in_kernel, sync_seqlens=False, state_v_first=state_v_first,
+                        member="fused_recurrent_kda")
     check_runnable(q)
     if not isinstance(state_v_first, bool):
         raise TypeError(f"fused_recurrent_kda: state_v_first must be a bool, got {type(state_v_first).__name__}")
@@ -424,7 +425,7 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     check_runnable(q)
     dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                               A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
-                              cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first)
+                              cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, member="fused_recurrent_kda")
     if checks.wanted(check_inputs):
         _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, None, use_gate_in_kernel)
     spec = select_spec(use_gate_in_kernel, False, lower_bound, A_log is not None, dt_bias is not None)
@@ -433,7 +434,7 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
     built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
-    meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(),
+    meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(plan),
                                           state_v_first)
     x = [t if t is None or t.is_contiguous() else t.contiguous()
          for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]

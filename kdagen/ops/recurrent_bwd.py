@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from ..cache.heuristics import WIDE_STATE_BK
 from ..codegen.lower import Plan
 from ..config import RecurrentBwdConfig
 from ..kernels import Launch, build, dummy_pointer
@@ -66,10 +67,17 @@ def recurrent_bwd_config(config: RecurrentBwdConfig):
         _OVERRIDE.pop()
 
 
-def current_config() -> RecurrentBwdConfig:
+def current_config(plan: Plan | None = None) -> RecurrentBwdConfig:
     """The backward config of a call made now: the innermost :func:`recurrent_bwd_config`, or
-    the default (not tuned)."""
-    return _OVERRIDE[-1] if _OVERRIDE else RecurrentBwdConfig()
+    the default (not tuned) for ``plan``: RecurrentBwdConfig's, or for a state row wider than 256
+    (GLA's heads up to 512) 16-wide V tiles over 8 warps -- the program holds S [BK, BV] and dS
+    [BK, BV] in float32 (sm_90 compile at K=V=512, bf16: 217 registers, no spill; the default 32
+    over 4 warps spills 13.5 KB, 16 over 4 272 B, 32 over 8 268 B)."""
+    if _OVERRIDE:
+        return _OVERRIDE[-1]
+    if plan is not None and plan.BK > WIDE_STATE_BK:
+        return RecurrentBwdConfig(block_v=16, num_warps=8)
+    return RecurrentBwdConfig()
 
 
 @dataclass(frozen=True)

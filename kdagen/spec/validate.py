@@ -104,13 +104,13 @@ def check_lowerable(spec: Recurrence, K: int = 64, V: int | None = None, dtype: 
     analysis and the lowering's reason.  ``gate_in_kernel``: None lowers g given (always) and,
     for a gate expression (not the direct gate), the in-kernel gate too."""
     from ..codegen.forms import generates
-    from ..codegen.lower import MAX_HEAD_DIM, MIN_HEAD_DIM, LoweringError, lower
+    from ..codegen.lower import LoweringError, head_dim_error, lower, spec_max_head_dim
 
     validate_spec(spec)
     V = K if V is None else V
-    for name, d in (("K", K), ("V", V)):
-        if not isinstance(d, int) or not MIN_HEAD_DIM <= d <= MAX_HEAD_DIM:
-            raise NotLowerable(f"head dim {name}={d!r} is outside the supported range [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]")
+    why = head_dim_error(K, V, spec_max_head_dim(spec), f"spec {spec.name!r}")
+    if why:
+        raise NotLowerable(why)
     why = _template_assumptions(spec)
     if why:
         raise NotLowerable(f"spec {spec.name!r} cannot be lowered: {why}", why)
