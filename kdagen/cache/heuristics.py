@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..codegen.lower import Plan
 from ..config import (SEGMENT_MAX_BK, ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,
                       min_state_block_v)
+from .miscompiles import avoid_miscompiles
 
 
 def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
@@ -488,10 +489,10 @@ def default_config(family: str, plan: Plan, shape: dict | None = None,
     if family == "chunk_fwd":
         return default_chunk_config(plan, shape)
     if family == "chunk_train":
-        return default_train_config(plan, shape)
+        return avoid_miscompiles(family, plan, default_train_config(plan, shape))
     if family == "chunk_bwd":
         fwd = train_config or default_train_config(plan, shape)
-        return default_chunk_bwd_config(plan, shape, (fwd.chunk_size, fwd.sub_chunk))
+        return avoid_miscompiles(family, plan, default_chunk_bwd_config(plan, shape, (fwd.chunk_size, fwd.sub_chunk)))
     if family == "recurrent":
         return default_recurrent_config(plan, state_dtype, shape)
     raise ValueError(f"unknown kernel family {family!r}")

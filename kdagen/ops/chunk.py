@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cache import smem
+from ..cache.miscompiles import legal
 from ..cache.heuristics import default_train_config
 from ..cache.lookup import resolve
 from ..codegen.lower import Plan, lower
@@ -142,8 +142,8 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
             return _inference_train_config(call, chunk_size), None
         fwd = resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype)
         fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)
-        # a config the caller did not give is fitted to the GPU's shared memory (kdagen.cache.smem)
-        return (fwd if config is not None else smem.fit("chunk_fwd", call.plan, fwd)), None
+        # a config the caller did not give is made legal for the GPU (kdagen.cache.miscompiles.legal)
+        return (fwd if config is not None else legal("chunk_fwd", call.plan, fwd)), None
     if config is not None and not isinstance(config, (ChunkFwdConfig, ChunkTrainConfig)):
         raise TypeError(f"chunk_kda: config must be a ChunkFwdConfig or ChunkTrainConfig, got {type(config).__name__}")
     given_bwd = bwd_config
@@ -163,9 +163,9 @@ def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: b
     if disable_recompute and not b.store_intermediates:
         b = b.replace(store_intermediates=True)
     if not isinstance(config, ChunkTrainConfig):
-        train = smem.fit("chunk_train", call.plan, train)
+        train = legal("chunk_train", call.plan, train)
     if given_bwd is None:
-        b = smem.fit("chunk_bwd", call.plan, b)
+        b = legal("chunk_bwd", call.plan, b)
     b.reverse_pass_block_v(call.plan)  # refused before anything runs: a tile too narrow for the chunks
     return train, b
 
@@ -176,7 +176,8 @@ def _inference_train_config(call: _Call, chunk_size: int) -> ChunkTrainConfig:
     ``chunk_size`` rows, any in-kernel gate computed by its chunk launches (``gate_launch`` off);
     :func:`_forward_launches` runs its two launches, as general DPLR's inference does."""
     train = resolve("chunk_train", call.plan, None, call.shape, call.state_dtype)
-    return train.replace(chunk_size=chunk_size, sub_chunk=min(train.sub_chunk, chunk_size), gate_launch=False)
+    return legal("chunk_train", call.plan,
+                 train.replace(chunk_size=chunk_size, sub_chunk=min(train.sub_chunk, chunk_size), gate_launch=False))
 
 
 def _forward_launches(call: _Call, x: dict, config: ChunkFwdConfig | ChunkTrainConfig, output_final_state: bool,

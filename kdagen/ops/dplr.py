@@ -29,7 +29,7 @@ from functools import lru_cache
 import torch
 
 from .. import spec as S
-from ..cache import smem
+from ..cache.miscompiles import legal
 from ..cache.lookup import resolve
 from ..codegen.forms import generates
 from ..codegen.lower import lower
@@ -107,8 +107,8 @@ def _configs(op: str, call, config, training: bool, chunk_size: int | None, disa
         return C._configs(call, config, None, True, chunk_size, disable_recompute)
     fwd = resolve("chunk_train", call.plan, config, call.shape, call.state_dtype)
     fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size, sub_chunk=min(fwd.sub_chunk, chunk_size))
-    # a config the caller did not give is fitted to the GPU's shared memory (kdagen.cache.smem)
-    return (fwd if config is not None else smem.fit("chunk_train", call.plan, fwd)), None
+    # a config the caller did not give is made legal for the GPU (kdagen.cache.miscompiles.legal)
+    return (fwd if config is not None else legal("chunk_train", call.plan, fwd)), None
 
 
 def _launches(call, x, config: ChunkTrainConfig, output_final_state: bool):

@@ -5,7 +5,7 @@ and a copy of FLA's ``tests/`` folder (its ``conftest.py`` and ``ops/test_*.py``
 repository::
 
     FLA_DISABLE_BACKEND_DISPATCH=1 python tests/gpu/run_fla_op_tests.py --fla-tests PATH/tests \\
-        --out DIR [--files kda,gdn,delta,gla,dplr_delta] [-n 8] [--timeout 300]
+        --out DIR [--files kda,gdn,delta,gla,dplr_delta] [-n 8] [--timeout 300] [--parallel]
 
 For each file it prints passed / failed / skipped, split into the tests that called a kdagen op
 and those that ran FLA's internals only (kernels called by name, its gates, vendor backends),
@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -52,12 +53,15 @@ def main():
     ap.add_argument("--files", default="kda,gdn,delta,gla,dplr_delta")
     ap.add_argument("-n", "--workers", type=int, default=8)
     ap.add_argument("--timeout", type=int, default=300, help="seconds per file")
+    ap.add_argument("--parallel", action="store_true", help="run the files at the same time")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     everything, tails = [], []
     raw = Path(tempfile.mkdtemp(prefix="fla-swap-"))
-    for name in a.files.split(","):
-        recs, tail = run_file(a.fla_tests.resolve(), name, raw, a.workers, a.timeout)
+    names = a.files.split(",")
+    with ThreadPoolExecutor(len(names) if a.parallel else 1) as ex:  # files side by side on one GPU: --parallel
+        runs = list(ex.map(lambda n: run_file(a.fla_tests.resolve(), n, raw, a.workers, a.timeout), names))
+    for name, (recs, tail) in zip(names, runs):
         tails.append(f"===== test_{name}.py\n{tail}")
         everything += recs
         ours = [r for r in recs if r["kdagen_called"]]
