@@ -78,12 +78,9 @@ class _Config:
 
 def min_state_block_v(chunk_size: int) -> int:
     """The narrowest V tile the backward's reverse state pass takes on chunks of ``chunk_size``
-    rows.  Measured on the H200 (bf16, K=V=128; bench/RESULTS.md, runs 93-95): 64-row chunks on
-    16-wide tiles gave wrong dk, dv, dbeta and dh0 (and an illegal memory access at (2, 16384, 16)),
-    while their forward, dq, and 32- and 64-wide tiles were right; 32-row chunks on 16-wide tiles are
-    checked against float64 on every GPU run (bench.py's bwd_check).  The interpreter is exact for
-    all of them (the fault is in the compiled code).  C/2 is the guard: 16 for C=32, 32 for C=64 and,
-    unmeasured, 64 for C=128."""
+    rows: 64-row chunks on 16-wide tiles gave wrong dk, dv, dbeta and dh0 on the GPU (exact in the
+    interpreter: the fault is in the compiled code; docs/decisions/0028-reverse-pass-min-tile.md).
+    C/2 is the guard: 16 for C=32, 32 for C=64 and, unmeasured, 64 for C=128."""
     return max(16, chunk_size // 2)
 
 
@@ -183,8 +180,8 @@ class ChunkTrainConfig(_Config):
     intra_load_ahead: bool = False
     # a gate bound the caller promises (g given, safe_gate) checked, so g below it (or -inf) still gets the
     # recurrence's answer: KDA's and GLA's kernels flag the chunks with a sub-tile over the span limit and
-    # re-run those in repair launches (0.2-0.8% of the bf16 KDA step on the H200, bench/RESULTS.md runs
-    # 91-92); general DPLR checks each sub-tile in its kernels (5-7%, run 86), so its heuristic config trusts
+    # re-run those in repair launches; general DPLR checks each sub-tile in its kernels, dearer, so its heuristic
+    # config trusts (docs/decisions/0013-gate-bound-checked-by-repair-launches.md)
     # the promise.  False: unchecked factorised tiles, wrong values or NaN where g breaks it
     check_gate_bound: bool = True
     # the output out of the state pass (FLA's split): the pass writes the per-chunk states and V' only
@@ -267,7 +264,8 @@ class ChunkBwdConfig(_Config):
     state_precision: str = "input"
     # qg as two operands in the reverse state pass, its input-dtype rounding and what that left out (hi + lo:
     # one more dot per chunk), read from an fp32 qg the re-run (or, keeping intermediates, the forward) writes;
-    # dh0's error is qg's rounding (bench/RESULTS.md, session 21).  Half-precision plans; fp32 ones are exact
+    # dh0's error is qg's rounding (docs/decisions/0029-dh0-rounding-of-qg.md).  Half-precision plans;
+    # fp32 ones are exact
     qg_split: bool = False
     # no decay or a scalar one given as g (DeltaNet, Gated DeltaNet), a split intra backward folded into the
     # launches beside it: dqkw finishes dq and dk's A_qk part, chunk_bwd_wy adds dk's rank-1 part (and with
@@ -288,8 +286,8 @@ class ChunkBwdConfig(_Config):
             raise ConfigError(
                 f"chunk_bwd: state_block_v must be >= chunk_size / 2 = {min_state_block_v(self.chunk_size)} "
                 f"(got {self.state_block_v} with chunk_size={self.chunk_size}): the reverse state pass on 64-row "
-                f"chunks and 16-wide V tiles gave wrong dk, dv, dbeta and dh0 on the H200 (exact in the "
-                f"interpreter; bench/RESULTS.md, runs 93-95)")
+                f"chunks and 16-wide V tiles gave wrong dk, dv, dbeta and dh0 on the GPU (exact in the "
+                f"interpreter; docs/decisions/0028-reverse-pass-min-tile.md)")
         self._check_stages("state_num_stages", "dqkw_num_stages", "intra_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
@@ -311,7 +309,8 @@ class ChunkBwdConfig(_Config):
     def reverse_pass_block_v(self, plan) -> int:
         """The reverse state pass's V tile on ``plan``: this config's, or V when narrower.  Below
         :func:`min_state_block_v` of the chunk length (a head dim V < 32 on 64-row chunks) the pass
-        is refused (ValueError): that tile gave wrong gradients on the H200."""
+        is refused (ValueError): that tile gave wrong gradients on the GPU
+        (docs/decisions/0028-reverse-pass-min-tile.md)."""
         bv = min(self.state_block_v, plan.BV)
         if bv < min_state_block_v(self.chunk_size):
             raise ValueError(
@@ -325,9 +324,10 @@ class ChunkBwdConfig(_Config):
         chunk_bwd_intra): when this config asks, the chunk holds two sub-tiles, and ``plan`` has
         the rank-1 part the first launch differentiates (general DPLR has an intra template of its
         own, never split).  Two sub-tiles only: with four (C=64, BC=16) the split gave non-finite
-        gradients on the H200 (bench/RESULTS.md, runs 73-75; exact in the interpreter, cause not
-        found), so there the fused launch runs whatever the field says.  The field is read only
-        when the plan could split, so other plans' sources do not name it."""
+        gradients on the GPU (exact in the interpreter, cause not found;
+        docs/decisions/0017-recompute-mode-split-intra.md), so there the fused launch runs whatever the
+        field says.  The field is read only when the plan could split, so other plans' sources do not
+        name it."""
         return (plan.has_rank1 and plan.structure != "dplr" and self.chunk_size == 2 * self.sub_chunk
                 and self.intra_split)
 
@@ -385,9 +385,8 @@ class RecurrentConfig(_Config):
     # (sequence, value head); a decode step's token inputs are loaded once and each tile's state is
     # loaded into registers while the tile before it is computed, so a program keeps two tiles' loads in
     # flight (templates/recurrent.py.j2's tile group); items of other lengths take their tiles in turn.
-    # Not taken by any heuristic: on an H100 (bench/RESULTS.md, runs 176 and 178; fp32 [V, K] pool, B=256) every
-    # G was slower than that pool's 64-wide default (97.8% of copy at G=2 down to 94.2% at G=16, against 98.2-98.3%),
-    # on the [K, V] pool too (run 181), and on an H200 (run 184: 92.6-92.9% against the [K, V] default's 95.3%).
+    # Not taken by any heuristic: slower than the one-tile default on both layouts and on both cards measured
+    # (docs/decisions/0027-decode-tile-groups-not-taken.md).
     tiles_per_program: int = 1
     # one-item programs (programs_per_sm 0, tiles_per_program 1) on a tile that divides K and V: no masks (the
     # compiler drops them), a decode step's item as one straight-line step, an item of another length its tile's
@@ -396,18 +395,17 @@ class RecurrentConfig(_Config):
     # alone (templates/recurrent.py.j2, lean_item).  A slot's program then holds the step alone (on a [V, K] pool
     # at 8 x 128 on one warp the step fits 72 registers, as the bench probe's; the compiler gives the kernel 102,
     # for row 0's code).  The heuristic takes it (8 / 1, no register cap) for KDA's fp32 [V, K] pool on a decode
-    # step's call with many pairs on the slot grid: on an H200 97.1-97.4% of copy at B=256 (bench/RESULTS.md,
-    # session 41, runs 211-214).  On a call with more tokens than sequences, row 0 runs the longer items one at a
-    # time: it is a decode step's body, and the heuristic leaves such calls to the general body.
+    # step's call with many pairs on the slot grid (docs/decisions/0026-lean-decode-step-vk-fp32.md).  On a call
+    # with more tokens than sequences, row 0 runs the longer items one at a time: it is a decode step's body,
+    # and the heuristic leaves such calls to the general body.
     lean: bool = False
     # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
     # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
     # share an SM (on sm_90 a warp's registers come in blocks of 8 a thread; 65,536 an SM).  Too low a cap
-    # spills to local memory, and a spill inside a decode step is dear (bench/RESULTS.md, run 201, H100: a lean
-    # 8 / 1 tile whose step spilled under 72 ran at 92.8% of copy against 97.6% unspilled); a spill in code the
+    # spills to local memory, and a spill inside a decode step is dear; a spill in code the
     # step does not run costs the step nothing (the lean body under 72: row 0's code only, tests/test_decode_slot_grid.py
     # reads where from the sm_90 code).  Not taken by any heuristic: the lean 8 / 1 step under 72 is slower than
-    # uncapped on both cards (H200 96.4-96.5% of copy against 97.1-97.4%, run 212; H100 97.7% against 98.0%, run 207).
+    # uncapped (docs/decisions/0026-lean-decode-step-vk-fp32.md).
     max_registers: int = 0
 
     def __post_init__(self):

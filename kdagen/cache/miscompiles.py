@@ -2,7 +2,7 @@
 resolved config legal for the GPU it runs on (:func:`legal`: fitted to its shared memory, then clear
 of the miscompiles below).
 
-The interpreter cannot see either: it runs no software pipeline.  Both were found on an H100 by the
+The interpreter cannot see either: it runs no software pipeline.  Both were found on an sm_90 GPU by the
 GPU sweep (``tests/gpu/sweep.py``) and FLA's own op tests run with kdagen's ops
 (``tests/gpu/run_fla_op_tests.py``); docs/decisions/0001-unpipelined-loops.md has the measurements.
 

@@ -181,8 +181,8 @@ def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
             v["ds_kw"] = ', input_precision="tf32"' if wide else v["dot_kw"]
             v["qg_split"] = config.qg_split and plan.dtype != "float32"
             # qg from chunk_bwd_rerun is q exp(G): the scale multiplies the dot's fp32 result (FLA's order;
-            # rounding q exp(G) scale instead put dh0's bf16 error 14% above FLA's over 13 input draws,
-            # bench/RESULTS.md run 120).  qg from the forward's intra launch carries the scale.
+            # rounding q exp(G) scale instead put dh0's bf16 error above FLA's;
+            # docs/decisions/0029-dh0-rounding-of-qg.md).  qg from the forward's intra launch carries the scale.
             # no decay (raw_qk): q itself, the scale after the product, whichever launch would have written qg
             v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.qk_from_inputs
             # (q is exact in its dtype; a row-scaled qg is formed in the pass, from q, not split)
@@ -288,7 +288,7 @@ def _diag_vars(kernel: str, plan: Plan, config: _Config, v: dict) -> dict:
     errors over dq's.  diag_split ("split"): the dq/dk/dg pass (chunk_bwd_intra, fused or its
     second launch) adds to each diagonal product the upstream tile's rounding error as a second
     operand in the dot dtype -- in the emulation that alone takes dg's error from 3.57e-3 to 2.98e-3
-    (fp32 operands everywhere: 2.81e-3), without the fp32 factor tiles (bench/RESULTS.md, session 14).
+    (fp32 operands everywhere: 2.81e-3), without the fp32 factor tiles (docs/decisions/0015-diag-precision-tf32.md).
 
     diag_checked: a per-channel gate checks each diagonal sub-tile's decay span in the kernel and
     takes the factorised products when exp(span) <= exp(SPAN_LIMIT), the element-wise ones (one

@@ -12,9 +12,8 @@ SOFTPLUS_CUTOFF = 20.0  # softplus(x) == x to fp32 precision above this
 
 def _sigmoid(x: str) -> str:
     """1 / (1 + exp(-x)) with the fast division (div.full.f32, within 2 ulp): tl.sigmoid's IEEE
-    division is a multi-instruction sequence per element, which made the in-kernel gate cost 20%
-    of the forward's solve (bench/RESULTS.md, run 33).  The templates' beta sigmoid is the same
-    expression (the ``sigmoid`` macro of _macros.py.j2)."""
+    division is a multi-instruction sequence per element (docs/decisions/0030-fast-sigmoid.md).  The
+    templates' beta sigmoid is the same expression (the ``sigmoid`` macro of _macros.py.j2)."""
     return f"tl.fdiv(1.0, 1.0 + tl.exp(-({x})))"
 
 

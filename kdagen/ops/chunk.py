@@ -396,7 +396,8 @@ def chunk_kda(
     over exp(81); a repair launch after each re-runs only the flagged ones, each sub-tile checked
     (factorised within the limit, element-wise one column at a time else).  So any g <= 0 (below a
     promised bound, -inf) gets the recurrence's answer, with or without ``safe_gate``, at under 1%
-    of the bf16 step on realistic gates (bench/RESULTS.md, runs 91-92).  ``check_gate_bound=False`` in the
+    of the bf16 step on realistic gates (docs/decisions/0013-gate-bound-checked-by-repair-launches.md).
+    ``check_gate_bound=False`` in the
     training and backward configs trusts a promised bound instead (no repair launches: wrong values
     or NaN where g breaks it).  fp16 operands keep the element-wise diagonal throughout.
     """

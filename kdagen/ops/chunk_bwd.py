@@ -176,8 +176,8 @@ def prepare_chunk_bwd(meta: BwdMeta, inputs: dict[str, torch.Tensor], inter: dic
     # a dot operand only, like dU; without a rank-1 part there is no W
     dw = torch.empty(B, T, HV, K, dtype=q.dtype, device=dev) if plan.has_rank1 else dummy
     # dq, dk and dbeta in the inputs' dtypes: the kernel rounds its fp32 values on store as
-    # .to() would, so the result is bit-identical without a conversion pass (three copy kernels,
-    # 0.28 ms of fwd+bwd at (1, 8192, 96, 128) on the H200; bench/RESULTS.md, run 11).  With GVA,
+    # .to() would, so the result is bit-identical without a conversion pass (three copy kernels;
+    # docs/decisions/0016-backward-tiles.md).  With GVA,
     # dq and dk stay fp32 until the sum over a q/k head's value heads.
     dqk_dtype = q.dtype if HV == H else f32
     dq = torch.empty(B, T, HV, K, dtype=dqk_dtype, device=dev)

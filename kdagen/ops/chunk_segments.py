@@ -27,7 +27,7 @@ A. ``chunk_seg_state``, grid (cdiv(V, BV) + cdiv(K, BV), segments x HV): the pas
    transition tiled over its columns like V.
 B. ``chunk_seg_combine``, grid (cdiv(V, BV), N x HV): the chain above, one step per segment,
    writing S_j to hseg [segments, HV, K, V] and the final state to ht.  One small kernel, not a
-   host loop (a launch costs 5-13 us of host time on the H200 machine: bench/logs/run4[4-6]_launch_floor.log).
+   host loop (a launch costs several us of host time: docs/decisions/0004-sequence-parallel-segment-pass.md).
 C. ``chunk_seg_pass``, grid (cdiv(V, BV), segments x HV): chunk_pass per segment, from hseg[j]
    (the ``segmented`` branch of its template): o and, when asked, the per-chunk states.
 
@@ -36,7 +36,7 @@ Precision.  M_j and E_j are accumulated in float32 in registers, with the pass's
 the one pass applies to S.  B's product M_j S_j takes float32 operands: exact (ieee) for fp32 inputs,
 tf32 otherwise (10 mantissa bits, finer than the bf16 operands every chunk's dots already take;
 M_j is a product of contractions for beta in [0, 2] and unit-norm k, so its error does not grow
-along the chain).  A tf32 product costs a few us per segment step on the H200 where an ieee one
+along the chain).  A tf32 product costs a few us per segment step where an ieee one
 would cost ~tens of us (the 128 x 128 x BV dot off the tensor cores).
 
 The segment schedule: fixed length -- NS = ceil(ceil(T / C) / L) segments per sequence, segment s

@@ -159,7 +159,7 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     the flags; ``lower_bound`` without ``safe_gate`` changes nothing) promises gk >= L and the
     diagonal tiles become unchecked factorised dots (the heuristic configs trust the promise), which
     give wrong values where gk breaks it; ``check_gate_bound=True`` in the training and backward
-    configs checks it per sub-tile in the kernels (run 86: 5-7% of the step).
+    configs checks it per sub-tile in the kernels (docs/decisions/0013-gate-bound-checked-by-repair-launches.md).
 
     ``chunk_size``: 16, 32 or 64 (None: the tuned winner's or the heuristic's); other lengths
     are refused (ValueError).  ``cp_context`` (context parallelism) is refused unless None;

@@ -3,8 +3,7 @@ templates/gate.py.j2): the forward computes g = gate(z, A_log, dt_bias) once, in
 launches then run the plan without an in-kernel gate on it; the backward turns that plan's dg into dz (in
 z's dtype) and the gate parameters' gradients (per-program partial sums, summed here).  Otherwise every
 launch that reads the gate recomputes it from z, and the backward's intra launch also forms dz and the
-parameters' partial sums (bench/RESULTS.md, session 23: about 0.6 ms of the layer call's step at
-(2, 16384, 16, 128) on the H200 against the plain call's)."""
+parameters' partial sums (docs/decisions/0010-gate-launched-apart.md)."""
 from __future__ import annotations
 
 import torch

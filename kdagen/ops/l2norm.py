@@ -15,9 +15,7 @@ import triton
 from ..kernels import Launch
 
 # rows per program: ELEMENTS_PER_PROGRAM // BK (16 rows of K = 128), on NUM_WARPS warps.  Both launches run
-# at the copy bandwidth on the H200 with these tiles (bench/l2norm_variants.py, run 116: forward 96-98%,
-# backward 100-101% of copy at the layer shapes); 32- to 128-row tiles on 4-16 warps were no faster
-# (forward 93-97%, backward 85-102%).
+# at the copy bandwidth with these tiles (docs/decisions/0031-l2norm-tiles.md).
 ELEMENTS_PER_PROGRAM = 2048
 NUM_WARPS = 4
 

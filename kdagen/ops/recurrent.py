@@ -123,9 +123,8 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
 
 # Programmatic dependent launch on GPUs that have it (sm_90 on): the kernel waits for the previous grid
 # (griddepcontrol.wait) before it reads anything and lets the next launch begin at once, so a step's
-# programs become resident while the previous grid drains (templates/recurrent.py.j2's PDL).  H200, CUDA graph
-# of 10 steps, H=32, K=V=128 (bench/RESULTS.md, runs 165-166, A-B-A on one machine): B=1 fp32 pool 3.27 / 3.48
-# -> 2.76 / 2.95 us (batch / packed), B=16 packed 15.1 -> 14.6, B=256 packed (slot grid) 268.7 -> 267.6.
+# programs become resident while the previous grid drains (templates/recurrent.py.j2's PDL;
+# docs/decisions/0024-decode-slot-grid-and-pdl.md).
 # (A switch for A/B timing: the fast path's entries hold the choice made.)
 PDL = True
 _PDL: dict = {}
@@ -219,9 +218,8 @@ def fused_recurrent_kda(
     ``state_v_first=True`` (FLA's keyword; its deprecated name ``transpose_state_layout`` works
     as in FLA): every state -- initial_state, the pool, the final state, and the initial state's
     gradient -- is [.., HV, V, K] instead of [.., HV, K, V]; the kernel addresses that layout
-    (nothing is transposed).  For a serving pool it is the faster layout: on an H200 (H=32,
-    K=V=128, B=256, graph replay) an fp32 pool steps at 97.4% of the copy ceiling [V, K]
-    against 95.4% [K, V], a bf16 pool 8% faster (bench/RESULTS.md, session 41).
+    (nothing is transposed).  For a serving pool it is the faster layout
+    (docs/decisions/0025-decode-vk-pool.md).
 
     Gradients.  When autograd is on and some input requires grad, the call runs an autograd
     Function (the decode path above is not involved): the forward is the same kernel, storing
@@ -459,7 +457,7 @@ class _Direct:
     only the 16-byte alignment the kernel was specialised on is re-checked), the stream read
     raw, pointers passed as integers (Triton's launcher then skips a driver query per pointer),
     and -- when the kernel needs no scratch memory -- the launcher's C entry point called
-    directly.  On the H200's host (bench/launch_floor.py) the C launch is 4.8 us of a decode step."""
+    directly (docs/decisions/0032-decode-direct-launch.md)."""
 
     def __init__(self, kernel, args: dict, constexprs: dict, grid):
         run = kernel.run
