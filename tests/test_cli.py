@@ -350,11 +350,16 @@ def test_in_kernel_gate_calls_use_the_winners_build_stores(build_on_h200):
     assert [type(c).__name__ for c in used] == ["ChunkFwdConfig"] and not _tuned(used[0])
 
 
-def test_winners_are_keyed_by_the_state_dtype(build_on_h200):
+def test_winners_are_keyed_by_the_state_dtype(build_on_h200, monkeypatch):
     """A decode call with a bf16 state pool does not run winners measured with float32 states;
-    `kdagen build --state-dtype bf16` tunes for it, and then it does."""
+    `kdagen build --state-dtype bf16` tunes for it, and then it does.  (The call takes the GPU's path:
+    under the interpreter the ops otherwise run a bf16 pool on a float32 copy, kdagen.ops.inputs.fla_dtypes;
+    only the config a call resolves is looked at here, not its values.)"""
     import kdagen
+    from kdagen.ops import inputs as inputs_mod
     from kdagen.ops import recurrent as recurrent_op
+
+    monkeypatch.setattr(inputs_mod, "interpreting", lambda: False)
 
     build, used = build_on_h200
     build()

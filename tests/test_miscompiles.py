@@ -60,3 +60,16 @@ def test_a_tuned_winner_is_made_legal_and_a_given_config_is_not(monkeypatch):
     assert legal("chunk_bwd", plan, lookup.resolve("chunk_bwd", plan, None, {})).dqkw_num_stages == 1
     given = winner.replace(dqkw_num_stages=3)
     assert lookup.resolve("chunk_bwd", plan, given, {}) is given
+
+
+@pytest.mark.parametrize("member", ["gdn", "delta"])
+def test_bf16_training_at_v16_keeps_32_row_chunks(member):
+    """64-row chunks need a reverse-pass V tile of 32: a bf16 Gated DeltaNet / DeltaNet at V=16 (which FLA
+    takes) trains on 32-row chunks instead of being refused (found by the GPU sweep)."""
+    for V, rows in ((16, 32), (32, 64)):
+        plan = lower(SPECS[member](), 16, V, "bfloat16", "chunk")
+        t = Hs.default_config("chunk_train", plan, {"N": 1, "HV": 2})
+        b = Hs.default_config("chunk_bwd", plan, {"N": 1, "HV": 2}, t)
+        if member == "gdn" or rows == 32:
+            assert t.chunk_size == b.chunk_size == rows
+        b.reverse_pass_block_v(plan)  # refuses a tile too narrow for the chunks

@@ -127,9 +127,10 @@ def trains_on_64_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
     DeltaNet (no decay) with few state programs.  The state passes take half the steps and read and write
     half the per-chunk states; the intra launches cost about the same per row
     (docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md).  Other plans keep 32 (a layer call whose
-    gate is launched apart runs the g-given plan's chunks)."""
+    gate is launched apart runs the g-given plan's chunks), and so do value heads narrower than the reverse
+    state pass's tile on 64-row chunks (:func:`~kdagen.config.min_state_block_v`: V <= 16)."""
     if not (plan.dtype == "bfloat16" and plan.K <= 128 and plan.has_rank1 and plan.structure != "dplr"
-            and ChunkBwdConfig.fold_candidate(plan)):
+            and ChunkBwdConfig.fold_candidate(plan) and plan.BV >= min_state_block_v(64)):
         return False
     return plan.decay == "scalar" or _few_state_programs(plan, shape) is True
 

@@ -34,7 +34,7 @@ REPLACED = {
     "kdagen.cache.lookup": ("lookup_winner",),
 }
 DROPPED = {
-    "kdagen.codegen.lower": ("tuning_spec", "GATE_NAMES"),
+    "kdagen.codegen.lower": ("tuning_spec", "GATE_NAMES", "spec_max_head_dim"),
     "kdagen.kernels": ("load", "write_source", "_write_into", "_LOADED"),
     "kdagen.cache.lookup": ("_cache_for", "_MEMO"),
     "kdagen.cache.keys": ("source_hash", "cache_key"),

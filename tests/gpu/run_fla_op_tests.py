@@ -9,7 +9,8 @@ repository::
 
 For each file it prints passed / failed / skipped, split into the tests that called a kdagen op
 and those that ran FLA's internals only (kernels called by name, its gates, vendor backends),
-and the failures with their first error line; ``DIR/fla_tests.json`` holds every test's record.
+and the failures with their first error line; ``DIR/fla_tests.json`` holds every test's record, and
+``DIR/fla_<file>.jsonl`` each test's line as it ends (a run cut short keeps what it ran).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,10 +41,27 @@ def run_file(tests: Path, name: str, raw: Path, workers: int, timeout: int) -> t
     except subprocess.TimeoutExpired as e:
         tail = f"TIMEOUT after {timeout}s\n" + ((e.stdout or b"")[-2000:].decode(errors="replace")
                                               if isinstance(e.stdout, bytes) else str(e.stdout or "")[-2000:])
-    recs = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+    recs: dict[str, dict] = {}
+    for ln in (log.read_text().splitlines() if log.exists() else []):
+        r = json.loads(ln)
+        recs.setdefault(r["test"], {**r, "file": name})  # one record a test: its first report
+    return list(recs.values()), tail
+
+
+def _count(rs: list[dict]) -> str:
+    c: dict[str, int] = {}
+    for r in rs:
+        c[r["outcome"]] = c.get(r["outcome"], 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none"
+
+
+def report(name: str, recs: list[dict]) -> None:
+    ours = [r for r in recs if r["kdagen_called"]]
+    theirs = [r for r in recs if not r["kdagen_called"]]
+    print(f"test_{name}.py: kdagen ops: {_count(ours)} | FLA internals only: {_count(theirs)}", flush=True)
     for r in recs:
-        r["file"] = name
-    return recs, tail
+        if r["outcome"] == "failed":
+            print(f"   FAIL {'kdagen' if r['kdagen_called'] else 'fla   '} {r['test']}: {r['error'][:230]}", flush=True)
 
 
 def main():
@@ -55,30 +73,24 @@ def main():
     ap.add_argument("--timeout", type=int, default=300, help="seconds per file")
     ap.add_argument("--parallel", action="store_true", help="run the files at the same time")
     a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
-    everything, tails = [], []
-    raw = Path(tempfile.mkdtemp(prefix="fla-swap-"))
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
     names = a.files.split(",")
+    lock = threading.Lock()
+    done: dict[str, tuple[list[dict], str]] = {}
+
+    def one(name: str) -> None:
+        # each test's line lands in out/fla_<name>.jsonl as it ends: a run cut short keeps what it ran
+        recs, tail = run_file(a.fla_tests.resolve(), name, out, a.workers, a.timeout)
+        with lock:
+            done[name] = (recs, tail)
+            report(name, recs)
+            (out / "fla_tests.json").write_text(json.dumps([r for n in names if n in done for r in done[n][0]], indent=1))
+            (out / "fla_tests_tails.txt").write_text(
+                "\n".join(f"===== test_{n}.py\n{done[n][1]}" for n in names if n in done))
+
     with ThreadPoolExecutor(len(names) if a.parallel else 1) as ex:  # files side by side on one GPU: --parallel
-        runs = list(ex.map(lambda n: run_file(a.fla_tests.resolve(), n, raw, a.workers, a.timeout), names))
-    for name, (recs, tail) in zip(names, runs):
-        tails.append(f"===== test_{name}.py\n{tail}")
-        everything += recs
-        ours = [r for r in recs if r["kdagen_called"]]
-        theirs = [r for r in recs if not r["kdagen_called"]]
-
-        def count(rs):
-            c = {}
-            for r in rs:
-                c[r["outcome"]] = c.get(r["outcome"], 0) + 1
-            return ", ".join(f"{v} {k}" for k, v in sorted(c.items())) or "none"
-
-        print(f"test_{name}.py: kdagen ops: {count(ours)} | FLA internals only: {count(theirs)}", flush=True)
-        for r in recs:
-            if r["outcome"] == "failed":
-                print(f"   FAIL {'kdagen' if r['kdagen_called'] else 'fla   '} {r['test']}: {r['error'][:230]}")
-    (a.out / "fla_tests.json").write_text(json.dumps(everything, indent=1))
-    (a.out / "fla_tests_tails.txt").write_text("\n".join(tails))
+        list(ex.map(one, names))
 
 
 if __name__ == "__main__":
