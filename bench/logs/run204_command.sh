@@ -1,3 +1,0 @@
-# run 204 (session 39): run 203 found an H100 and stopped; on that warm card, the probe's rows alone for the lean item
-#   that loads its state before it branches (commit after run 202): the op's [V, K] default is lean 8 / 1 under cap 80.
-export PYTHONPATH=. KDAGEN_CACHE_DIR=/tmp/kdc TRITON_CACHE_DIR=/tmp/tc PYTHONUNBUFFERED=1; mkdir -p /tmp/tc; nvidia-smi --query-gpu=name --format=csv,noheader; timeout -k 5 -s INT 100 python3 bench/decode_stream_probe.py --batch 256 --rows decode --decode "" --ksplit "" --lean 8/1 --caps 0,80 > $OUT/run204_probe.log 2>&1; grep -v "against the op o" $OUT/run204_probe.log | tail -13

@@ -1,3 +1,0 @@
-# run 206 (session 39): run 205 found an H100 and stopped; on that warm card, the probe's rows alone with the [V, K]
-#   pool's former default (64 / 2) beside the new one (lean 8 / 1 under cap 80) in the same process.
-export PYTHONPATH=. KDAGEN_CACHE_DIR=/tmp/kdc TRITON_CACHE_DIR=/tmp/tc PYTHONUNBUFFERED=1; mkdir -p /tmp/tc; nvidia-smi --query-gpu=name --format=csv,noheader; timeout -k 5 -s INT 100 python3 bench/decode_stream_probe.py --batch 256 --rows decode --decode "" --ksplit "" --lean 8/1 --caps 0,80 > $OUT/run206_probe.log 2>&1; grep -v "against the op o" $OUT/run206_probe.log | tail -16

@@ -1,9 +1,0 @@
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:. KDAGEN_CACHE_DIR=/tmp/kdc TRITON_CACHE_DIR=/tmp/tc PYTHONUNBUFFERED=1
-mkdir -p /tmp/tc; tar xzf .tcache/autotune.tgz -C /tmp/tc
-timeout -k 10 -s INT 130 python3 bench/member_train_variants.py --out $OUT/mt --member deltanet --variants default,fused16,fused32 --shapes "2,16384,16,128;1,8192,96,128" --error-shape 1,512,2,128 --budget 110 > $OUT/run98_dn_train.log 2>&1
-grep -v "^      \|Warn\|warn" $OUT/run98_dn_train.log | grep -v "^    " | tail -30
-timeout -k 10 -s INT 90 python3 bench/fla_warm.py --workers 14 > $OUT/run98_warm.log 2>&1
-timeout -k 10 -s INT 250 python3 bench/bench.py --out $OUT/b --suite fwdbwd,layer --shapes "1,8192,96,128;2,16384,16,128" > $OUT/run98_bench.log 2>&1
-grep -iv "warn" $OUT/run98_bench.log | grep -v "^    " | tail -40
-(cd /tmp/tc && find . -name '*.autotune.json' | tar czf "$OUT/autotune.tgz" -T -)
