@@ -95,7 +95,8 @@ def install() -> None:
 def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", state="input", as_bench=False,
            chunk_size=None, qg_split=False) -> dict[str, float]:
     """Relative Frobenius error of o, the final state and every gradient against float64
-    autograd through the token-by-token recurrence; inputs as bench/bench.py draws them.
+    autograd through the token-by-token recurrence; inputs as the former GPU check script bench.py drew
+    them (removed from the tree; git history keeps it).
     ``diag``: the training forward's and the backward's ``diag_precision``; ``state``: the
     backward's ``state_precision``; ``qg_split``: its ``qg_split``.  ``as_bench``: q, k, v, beta and
     dO rounded to bf16 before the call (the reference takes the rounded values, as bench.py's check on

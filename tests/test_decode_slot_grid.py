@@ -186,8 +186,8 @@ def test_when_the_slot_grid_is_taken(monkeypatch):
 _COMPILE = r"""
 import json, sys
 import torch
-sys.path.insert(0, "bench")
-from static_report import decode_launch, lean_step_local, report  # compiled for sm_90, then ptxas's own report
+sys.path.insert(0, "tests")
+from sm90_report import decode_launch, lean_step_local, report  # compiled for sm_90, then ptxas's own report
 from kdagen.codegen.lower import lower
 from kdagen.config import RecurrentConfig
 from kdagen.ops.inputs import select_spec
@@ -224,7 +224,7 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     contiguous 4 KB block), nor a half-width pool's or K=64's slot-grid kernel (forced at their fewer
     pairs), spills registers.  The lean body's 8-row tile on one warp, held to 72 registers (the heuristic's
     cap), may spill only in row 0's code (padding, items of other lengths, shared slots), never on the decode
-    step's path -- read from the sm_90 code's control-flow graph and line table (bench/static_report.py,
+    step's path -- read from the sm_90 code's control-flow graph and line table (tests/sm90_report.py,
     lean_step_local) -- in both forms."""
     import json
     import os

@@ -121,17 +121,28 @@ def test_the_training_call_takes_the_launches_and_matches_the_torch_ops(member, 
         assert torch.allclose(a[n].grad, b[n].grad, rtol=1e-4, atol=1e-4), f"d{n}: {(a[n].grad - b[n].grad).abs().max()}"
 
 
-def test_every_tile_geometry_of_the_bench_gives_the_same_bits():
-    """bench/l2norm_variants.py (run 116) times the launches under other rows-per-program and warps; the
-    math is per row, so every geometry it tries must give the committed geometry's outputs exactly (forward
-    and backward, a row count that leaves partial programs), and the module's constants are restored."""
-    from bench_script import load_bench
-
+@pytest.mark.parametrize("geometry", [(4096, 4), (8192, 8)])
+def test_every_tile_geometry_gives_the_same_bits(monkeypatch, geometry):
+    """Other rows-per-program and warps than the committed geometry (decision 0031 timed them): the math
+    is per row, so each must give the committed geometry's outputs exactly (forward and backward, a row
+    count that leaves partial programs)."""
     import kdagen.ops.l2norm as L
 
-    mod = load_bench("l2norm_variants")
-    before = (L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS)
-    rows = mod.run([(1, 37, 2, 40)], torch.float32, "cpu", smoke=True)
-    assert len(rows) == 2 and rows[0]["rows_per_program"] != rows[1]["rows_per_program"]
-    assert all(r["max_diff_vs_committed"] == 0.0 and r["vs_torch"] <= 1e-6 for r in rows), rows
-    assert (L.ELEMENTS_PER_PROGRAM, L.NUM_WARPS) == before
+    plan = lower(S.kda(), 128, 128, "float32", "chunk")
+    fwd_fn = build(plan, ChunkTrainConfig()).fn("qk_l2norm")
+    bwd_fn = build(plan, ChunkBwdConfig()).fn("qk_l2norm_bwd")
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 37, 2, 40, generator=gen) for _ in range(2))
+    dqn, dkn = torch.randn_like(q), torch.randn_like(k)
+
+    def outputs():
+        qn, kn, rq, rk = L.normalise(q, k, fwd_fn)
+        return (qn, kn, rq, rk) + tuple(L.normalise_bwd(q, k, rq, rk, dqn, dkn, bwd_fn))
+
+    committed, rows = outputs(), L._geometry(q)[3]
+    monkeypatch.setattr(L, "ELEMENTS_PER_PROGRAM", geometry[0])
+    monkeypatch.setattr(L, "NUM_WARPS", geometry[1])
+    assert L._geometry(q)[3] != rows
+    for name, a, b in zip(("qn", "kn", "rq", "rk", "dq", "dk"), outputs(), committed):
+        assert torch.equal(a, b), f"{name}: {(a - b).abs().max()}"
+    assert (committed[0] - F.normalize(q, dim=-1)).abs().max() <= 1e-6

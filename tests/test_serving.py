@@ -3,7 +3,7 @@ from the device (so it never waits for the GPU and the packed form can be captur
 graph), repeated calls of one geometry do no validation work and allocate nothing with
 ``out=`` and a pool, and the packed form computes what the batch form does.
 
-The device itself is proven by ``bench/serving.py`` on a GPU (sync-debug mode "error" around
+The device itself is proven by ``tests/gpu/serving.py`` on a GPU (sync-debug mode "error" around
 the calls, graph capture and replay of the packed form)."""
 from __future__ import annotations
 
@@ -335,7 +335,7 @@ def test_bad_offsets_stay_inside_the_tensors():
 
 @pytest.mark.slow
 def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path):
-    """bench/serving.py's proofs run their Python in the interpreter (the GPU-only parts say SKIP):
+    """tests/gpu/serving.py's proofs run their Python in the interpreter (the GPU-only parts say SKIP):
     the graph section's replay loop matches the eager op, the gates match float64, the lean body's
     mixed items (0-3 tokens, padding, a shared slot) match float64 on both layouts, the bf16 pool's drift
     over 300 steps stays bounded."""
@@ -347,7 +347,7 @@ def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path):
 
     root = pathlib.Path(__file__).resolve().parent.parent
     env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, str(root / "bench" / "serving.py"), "--out", str(tmp_path),
+    r = subprocess.run([sys.executable, str(root / "tests" / "gpu" / "serving.py"), "--out", str(tmp_path),
                         "--suite", "sync,graph,gates,lean,timing,drift", "--drift-steps", "300"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]

@@ -12,7 +12,7 @@ Each row is one library at one shape and pass:
 
 ``error`` is the larger relative error of ``o`` and the final state against
 :func:`kdagen.spec.reference.naive_recurrent_kda` in float64 on the same inputs (the forward's;
-``fwdbwd`` rows carry none: the gradients are checked by the tests and ``bench/bench.py``).
+``fwdbwd`` rows carry none: the gradients are checked by the tests and ``tests/gpu/sweep.py``).
 ``TB/s`` is the least traffic a pass must move (every input, output, cotangent and gradient
 once; the backward reads the inputs again) over its median time, and ``% copy`` compares it
 with a device-to-device copy measured in the same process.

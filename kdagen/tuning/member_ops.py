@@ -46,7 +46,7 @@ def member_inputs(spec: Recurrence, x: dict) -> dict:
     g per channel (drawn into the gate's bound when it is above -5), one per head and token for
     a scalar decay (channel 0's draw), none without decay; beta only with a rank-1 part.
     General DPLR (free a, b, FLA's convention): the read vector a is k (a unit vector) on each
-    value head and the write vector b = -beta a, as bench/family_vs_fla.py draws them -- the
+    value head and the write vector b = -beta a, as the bench harness (kdagen.tuning.bench_cases) draws them -- the
     transition Diag(exp g) - beta a a^T stays contracting, so long checks stay finite."""
     out = dict(x)
     g = x["g"]

@@ -1,7 +1,7 @@
 """The serving path on a GPU (issue 13): proofs first, then decode timings, in about a minute.
 
-    PYTHONPATH=. python bench/serving.py --out "$OUT"            # on the GPU, FLA beside it if importable
-    TRITON_INTERPRET=1 python bench/serving.py --out /tmp/s      # a CPU dry run of the same code, tiny shapes
+    PYTHONPATH=. python tests/gpu/serving.py --out "$OUT"            # on the GPU, FLA beside it if importable
+    TRITON_INTERPRET=1 python tests/gpu/serving.py --out /tmp/s      # a CPU dry run of the same code, tiny shapes
 
 Sections (``--suite``, comma-separated; each runs even if an earlier one failed):
 
@@ -46,7 +46,7 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import kdagen  # noqa: E402
 import kdagen.ops.recurrent as R  # noqa: E402
 from kdagen.config import ChunkFwdConfig  # noqa: E402
@@ -612,7 +612,7 @@ def timing(batches=(1, 16, 256), layouts=("kv", "vk")):
                 row["layout"] = "vk"
             measure(row, B=B, packed=packed, pool_dtype=pool_dtype, fla=fla if who == "fla" else None, l2norm=l2norm,
                     v_first=layout == "vk")
-    if 256 in batches:  # what the slots' order costs (bench/decode_structure_probe.py): the same step, slots in batch order
+    if 256 in batches:  # what the slots' order costs (a probe since removed; git history keeps it): the same step, slots in batch order
         for who in ("kdagen", "fla") if fla is not None else ("kdagen",):
             measure(dict(kind="decode_slot_order", B=256, op=who, form="packed", pool="float32", slots="batch order"),
                     eager=False, B=256, packed=True, pool_dtype=torch.float32, fla=fla if who == "fla" else None,

@@ -2,30 +2,30 @@
 memory, and which matrix instructions the compiler chose (wgmma = Hopper's warpgroup MMA,
 mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
 
-    python bench/static_report.py                      # the heuristic defaults, K=V=128, bf16
-    python bench/static_report.py "d.replace(chunk_size=64)" "d.replace(state_num_warps=4)"
-    python bench/static_report.py --bwd                # the backward's three launches
-    python bench/static_report.py --bwd "d.replace(dqkw_num_warps=8)"   # d: default ChunkBwdConfig
-    python bench/static_report.py --layer "d.replace(chunk_size=32)"     # the layer's call (flags in kernel)
-    python bench/static_report.py --dplr                # general DPLR's training step (forward, re-run, backward)
-    python bench/static_report.py --gates               # KDA's training step: bound trusted / checked / none
+    python tests/sm90_report.py                      # the heuristic defaults, K=V=128, bf16
+    python tests/sm90_report.py "d.replace(chunk_size=64)" "d.replace(state_num_warps=4)"
+    python tests/sm90_report.py --bwd                # the backward's three launches
+    python tests/sm90_report.py --bwd "d.replace(dqkw_num_warps=8)"   # d: default ChunkBwdConfig
+    python tests/sm90_report.py --layer "d.replace(chunk_size=32)"     # the layer's call (flags in kernel)
+    python tests/sm90_report.py --dplr                # general DPLR's training step (forward, re-run, backward)
+    python tests/sm90_report.py --gates               # KDA's training step: bound trusted / checked / none
                                                         # (the --dplr rows: unbounded, g >= -5 trusted, checked)
-    python bench/static_report.py --mix                 # KDA's training step, the SASS instruction mix per warp
-    python bench/static_report.py --mix --layer '{"diag_precision": "tf32"}'   # the layer's call; backward fields
-    python bench/static_report.py --decode              # the serving decode step (B=256, slot grid, PDL), batch
+    python tests/sm90_report.py --mix                 # KDA's training step, the SASS instruction mix per warp
+    python tests/sm90_report.py --mix --layer '{"diag_precision": "tf32"}'   # the layer's call; backward fields
+    python tests/sm90_report.py --decode              # the serving decode step (B=256, slot grid, PDL), batch
                                                         # and packed forms: registers and SASS opcode counts
-    python bench/static_report.py --decode --v-first 8/4 16/4   # the same on a [V, K] pool (state_v_first),
+    python tests/sm90_report.py --decode --v-first 8/4 16/4   # the same on a [V, K] pool (state_v_first),
                                                         # at each BV/warps given (default: 64/2, today's)
-    python bench/static_report.py --decode 64/4/t2              # /tG: G V tiles a program (tiles_per_program)
-    python bench/static_report.py --decode --v-first 8/1/lean   # /lean: the config's lean one-item body
-    python bench/static_report.py --decode --v-first 8/1/lean/r72   # /rN: under a register cap (max_registers);
+    python tests/sm90_report.py --decode 64/4/t2              # /tG: G V tiles a program (tiles_per_program)
+    python tests/sm90_report.py --decode --v-first 8/1/lean   # /lean: the config's lean one-item body
+    python tests/sm90_report.py --decode --v-first 8/1/lean/r72   # /rN: under a register cap (max_registers);
                                                         # lean rows say how many spill loads/stores lie on the
                                                         # decode step's path (lean_step_local)
 
 --mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
 intra, state, output; backward: re-run, reverse pass, dqkw, wy, pass 2): these launches run straight-line
 code per program (their K loop runs once), so the static count is the instructions each warp issues
-(pass 2: 3,480 static against Nsight Compute's 3,517 issued per warp, bench/RESULTS.md run 104).  The
+(pass 2: 3,480 static against Nsight Compute's 3,517 issued per warp, lab journal run 104, in git history).  The
 columns: total, FP32 (FFMA / FMUL / FADD), shuffles, shared memory (LDS+STS+LDSM), barriers, spill traffic
 (LDL+STL), MUFU (exp, rcp), HMMA.
 

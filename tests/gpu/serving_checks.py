@@ -1,8 +1,9 @@
-"""The serving proofs as pytest tests, on the GPU machine (they skip elsewhere):
+"""The serving proofs as pytest tests, on the GPU machine (they skip elsewhere; not named test_*.py, so the
+CPU suite does not collect them -- name the file):
 
-    PYTHONPATH=. python -m pytest -q -p no:cacheprovider bench/test_serving_gpu.py
+    PYTHONPATH=. python -m pytest -q -p no:cacheprovider tests/gpu/serving_checks.py
 
-Each runs one section of ``bench/serving.py`` and fails on any FAIL line it prints."""
+Each runs one section of ``tests/gpu/serving.py`` and fails on any FAIL line it prints."""
 import os
 import sys
 
