@@ -5,6 +5,7 @@ code 2 and one ``Error:`` line that says what was wrong and what is accepted."""
 from __future__ import annotations
 
 import json
+import os
 import importlib.util
 import sys
 import time
@@ -14,7 +15,10 @@ from click.core import ParameterSource
 
 from .dtypes import SHORT_NAMES, dtype as as_dtype
 from .spec import GATES, MEMBERS
+from .tuning.bench_cases import MEMBERS as _BENCH_MEMBERS, SUITES as BENCH_SUITES
 from .tuning.benchmark import PASSES
+
+BENCH_MEMBERS = tuple(_BENCH_MEMBERS)
 from .tuning.families import FAMILIES
 from .version import __version__
 
@@ -124,6 +128,8 @@ BATCHES = _List("B,...", lambda f: int(f) if f.isdigit() and int(f) > 0 else Non
                 "batch sizes (positive integers) separated by ',', e.g. 1,64,256")
 PASS_LIST = _List("PASS,...", lambda f: f if f in PASSES else None,
                   f"passes among {', '.join(PASSES)} separated by ','")
+MEMBER_LIST = _List("MEMBER,...", lambda f: f if f in BENCH_MEMBERS else None,
+                    f"members among {', '.join(BENCH_MEMBERS)} separated by ','")
 
 
 def _given(name: str) -> bool:
@@ -728,8 +734,14 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
               help="B,T,H,K or B,T,H,K,V separated by ';' (decode: B sequences of one token)")
 @click.option("--passes", type=PASS_LIST, default="fwd", show_default=True,
               help="fwd (forward), fwdbwd (forward and backward), decode (one recurrent step), separated by ','")
+@click.option("--members", type=MEMBER_LIST, default="kda", show_default=True,
+              help="the family members whose ops are timed: " + ", ".join(BENCH_MEMBERS) + ", separated by ','")
+@click.option("--suite", type=click.Choice(sorted(BENCH_SUITES)), default=None,
+              help="a named set of cases (member x pass x shape) instead of --members, --shapes and --passes: "
+                   "'readme' is the README's performance table")
 @click.option("--compare", type=click.Choice(["none", "fla"]), default="none", show_default=True,
-              help="also check and time flash-linear-attention's ops in the same process")
+              help="also check and time flash-linear-attention's ops in the same process "
+                   "(FLA_DISABLE_BACKEND_DISPATCH=1 unless set: FLA's own kernels)")
 @click.option("--dtype", "dtype_name", default="bf16", show_default=True, type=click.Choice(SHORT_NAMES),
               help="dtype of q, k, v and beta (g and the state are fp32)")
 @click.option("--out", "out_prefix", default="kdagen-bench", show_default=True,
@@ -742,29 +754,47 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
 @click.option("--fla-warm-jobs", type=click.IntRange(min=0), default=None,
               help="with --compare fla: processes that compile FLA's autotuning candidates before measuring "
                    "(default: min(14, CPUs); 0: FLA compiles them itself, one after another)")
+@click.option("--perf-md", "perf_md", default=None, type=click.Path(dir_okay=False),
+              help="also write this Markdown page (docs/PERF.md) of every case from the result")
+@click.option("--readme", "readme", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="also rewrite the performance table of this README (between its perf-table markers) from "
+                   "the result")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
-def bench(shapes, passes, compare, dtype_name, out_prefix, plot_path, from_json, fla_warm_jobs, seed):
+def bench(shapes, passes, members, suite, compare, dtype_name, out_prefix, plot_path, from_json, fla_warm_jobs,
+          perf_md, readme, seed):
     """Check kdagen's ops against the float64 reference and time them on this GPU at your
     shapes; with --compare fla, flash-linear-attention's too, in the same process on the same
     inputs.  Prints a table (time, FLA's time over kdagen's, TB/s against a copy measured
-    here, error), writes JSON and CSV, and with --plot a chart.  Needs a CUDA GPU (exit 2
-    without one), except with --from."""
-    from .tuning import benchmark as BM
+    here, error), writes JSON and CSV, with --plot a chart, with --perf-md and --readme the
+    performance page and the README's table.  Needs a CUDA GPU (exit 2 without one), except
+    with --from."""
+    from .tuning import bench_cases as BC, benchmark as BM
 
     try:
         if plot_path:
             BM.check_plot_available()
         if from_json:
-            extra = [n for n in ("shapes", "passes", "compare", "dtype_name", "fla_warm_jobs", "seed") if _given(n)]
+            extra = [n for n in ("shapes", "passes", "members", "suite", "compare", "dtype_name", "fla_warm_jobs",
+                                 "seed") if _given(n)]
             if extra:
                 raise click.UsageError(f"--from prints an earlier run; {', '.join(extra)} do(es) not apply to it")
             try:
                 result = BM.read_json(from_json)
             except ValueError as e:  # not JSON, or not a bench result
                 raise click.BadParameter(str(e), param_hint="--from") from None
-            _bench_report(BM, result, out_prefix if _given("out_prefix") else None, plot_path, write_json=False)
+            _bench_report(BM, result, out_prefix if _given("out_prefix") else None, plot_path, write_json=False,
+                          perf_md=perf_md, readme=readme, source=from_json)
             return
-        bench_shapes = [BM.Shape(*s) if len(s) == 5 else BM.Shape(*s, s[3]) for s in shapes]
+        if suite:
+            extra = [n for n in ("shapes", "passes", "members") if _given(n)]
+            if extra:
+                raise click.UsageError(f"--suite names its cases; {', '.join(extra)} do(es) not apply to it")
+            cases = BENCH_SUITES[suite]
+        else:
+            cases = BC.cases(members, [s if len(s) == 5 else (*s, s[3]) for s in shapes], passes)
+        bench_shapes = list(dict.fromkeys(BM.Shape(*c.shape) for c in cases))
+        passes = list(dict.fromkeys(c.pass_ for c in cases))
+        members = list(dict.fromkeys(c.member for c in cases))
         spec_args = _spec_args(BM.LOWER)
         _lower_all(spec_args, ["chunk_fwd"], sorted({(s.K, s.V) for s in bench_shapes}), dtype_name, "--shapes")
         libraries = [BM.kdagen_library()] + ([BM.fla_library()] if compare == "fla" else [])
@@ -775,18 +805,20 @@ def bench(shapes, passes, compare, dtype_name, out_prefix, plot_path, from_json,
     try:
         if compare == "fla":
             jobs = BM.default_warm_jobs() if fla_warm_jobs is None else fla_warm_jobs
-            BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo)
-        result = BM.run(bench_shapes, libraries, passes, device=device, dtype=dt, timer=BM.median_timer,
+            BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo, members=members)
+        result = BM.run(bench_shapes, libraries, passes, cases=cases, device=device, dtype=dt, timer=BM.median_timer,
                         graph_timer=BM.graph_median_timer, seed=seed, echo=click.echo, copy_bytes=BM.COPY_BYTES,
                         on_row=lambda so_far: BM.write_json(so_far, out_prefix + ".json") if out_prefix else None)
     except KeyboardInterrupt:
         kept = f"; the rows measured so far are in {out_prefix}.json" if out_prefix else ""
         click.echo(f"\ninterrupted{kept}", err=True)
         sys.exit(130)
-    _bench_report(BM, result, out_prefix, plot_path, write_json=True)
+    _bench_report(BM, result, out_prefix, plot_path, write_json=True, perf_md=perf_md, readme=readme,
+                  source=out_prefix + ".json" if out_prefix else "")
 
 
-def _bench_report(BM, result: dict, out_prefix: str | None, plot_path: str | None, write_json: bool) -> None:
+def _bench_report(BM, result: dict, out_prefix: str | None, plot_path: str | None, write_json: bool,
+                  perf_md: str | None = None, readme: str | None = None, source: str = "") -> None:
     click.echo("")
     for line in BM.table_lines(result):
         click.echo(line)
@@ -800,6 +832,23 @@ def _bench_report(BM, result: dict, out_prefix: str | None, plot_path: str | Non
     if plot_path:
         BM.plot(result, plot_path)
         written.append(plot_path)
+    if perf_md or readme:
+        from .tuning import perf_doc
+
+        if perf_md:
+            with open(perf_md, "w") as f:
+                f.write(perf_doc.perf_markdown(result, os.path.basename(source)))
+            written.append(perf_md)
+        if readme:
+            with open(readme) as f:
+                text = f.read()
+            try:
+                text = perf_doc.update_readme(text, perf_doc.readme_table(result))
+            except ValueError as e:
+                raise click.BadParameter(str(e), param_hint="--readme") from None
+            with open(readme, "w") as f:
+                f.write(text)
+            written.append(readme)
     if written:
         click.echo("wrote " + ", ".join(written))
 

@@ -253,3 +253,104 @@ def test_an_interrupted_bench_keeps_the_rows_it_measured(cpu_bench, tmp_path, mo
     assert r.exit_code == 130 and "Traceback" not in r.output
     assert f"the rows measured so far are in {out}.json" in r.output
     assert [row["library"] for row in BM.read_json(str(out) + ".json")["rows"]] == ["kdagen"]
+
+
+# --- the family's cases, the suites, PERF.md and the README's table ---------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("member", ["gdn", "deltanet", "gla", "dplr"])
+def test_every_member_is_checked_against_its_float64_recurrence(member):
+    """Each member's chunk op and recurrent op (fp32, the interpreter) agree with the member's float64
+    recurrence on the harness's inputs, and the forward+backward pass differentiates every input."""
+    from kdagen.tuning import bench_cases as BC
+
+    seen = []
+
+    def timer(fn):
+        out = fn()
+        seen.append(out)
+        return 1.0
+
+    shape = BM.Shape(1, 40, 2, 32, 32)
+    res = BM.run([shape], [BM.kdagen_library()], ["fwd", "fwdbwd", "decode"], members=[member], device="cpu",
+                 dtype=torch.float32, timer=timer, echo=lambda s: None, copy_bytes=1 << 20)
+    rows = {r["pass"]: r for r in res["rows"]}
+    assert list(rows) == ["fwd", "fwdbwd", "decode"] and all(r["member"] == member for r in rows.values())
+    for p in ("fwd", "decode"):
+        assert rows[p]["failed"] is None and rows[p]["error"] < 1e-5, rows[p]
+    assert rows["fwdbwd"]["failed"] is None
+    x = BC.inputs(member, (1, 40, 2, 32, 32), torch.float32, "cpu", 0)
+    grads = seen[2]  # copy, fwd, fwdbwd, decode
+    assert [g.shape for g in grads] == [x[n].shape for n in BC.member(member).grads]
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_the_readme_suite_names_known_members_and_passes():
+    from kdagen.tuning import bench_cases as BC
+
+    cases = BC.SUITES["readme"]
+    assert {c.member for c in cases} == set(BC.MEMBERS) and {c.pass_ for c in cases} == set(BC.PASSES)
+    assert [c.shape[0] for c in cases if c.pass_ == "decode"] == [1, 16, 256]
+
+
+def _result():
+    rows = []
+    for member, p, shape, (k_ms, f_ms) in (("kda", "fwd", "1,8192,96,128", (1.5, 3.0)),
+                                           ("kda", "decode", "256,1,32,128", (0.05, 0.06)),
+                                           ("gdn", "fwd", "2,16384,16,128", (1.0, None))):
+        B, T, H, K = (int(n) for n in shape.split(","))
+        for lib, ms in (("kdagen", k_ms), ("fla", f_ms)):
+            rows.append(dict(member=member, shape=shape, B=B, T=T, H=H, K=K, V=K, library=lib, ms=ms,
+                             pct_copy=None if ms is None else 50.0, tbs=None if ms is None else 1.5, error=1e-3 if lib == "kdagen" else None,
+                             failed=None if ms else "RuntimeError: no", **{"pass": p}))
+    env = dict(date="2026-01-02T03:04:05", device="NVIDIA H100 80GB HBM3", torch="2.13.0", triton="3.6.0",
+               cuda="13.0", python="3.12", kdagen="0.1.0", fla="0.6.0", fla_backend_dispatch="off")
+    return {"env": env, "dtype": "bfloat16", "copy_gbs": 3000.0, "rows": rows}
+
+
+def test_perf_page_lists_every_case_with_gpu_date_and_versions():
+    from kdagen.tuning import perf_doc
+
+    page = perf_doc.perf_markdown(_result(), "perf.json")
+    assert "NVIDIA H100 80GB HBM3, 2026-01-02, kdagen 0.1.0, FLA 0.6.0" in page and "Triton 3.6.0" in page
+    assert "| kda | fwd | 1,8192,96,128 | 1.500 ms | 3.000 ms | 2.00× | 50% | 1.0e-03 |" in page
+    assert "| kda | decode | 256,1,32,128 | 50.0 µs | 60.0 µs | 1.20× |" in page
+    assert "| gdn | fwd | 2,16384,16,128 | 1.000 ms | failed | - |" in page
+    assert "- fla gdn fwd 2,16384,16,128: RuntimeError: no" in page
+
+
+def test_the_readme_table_is_rewritten_between_its_markers(tmp_path, monkeypatch):
+    from kdagen.tuning import perf_doc
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{perf_doc.BEGIN}\nold table\n{perf_doc.END}\n\nafter\n")
+    res = tmp_path / "perf.json"
+    BM.write_json(_result(), str(res))
+    monkeypatch.setattr(BM, "cuda_device", lambda: pytest.fail("--from measured"))
+    r = CliRunner().invoke(main, ["bench", "--from", str(res), "--perf-md", str(tmp_path / "PERF.md"),
+                                  "--readme", str(readme)])
+    assert r.exit_code == 0, r.output
+    text = readme.read_text()
+    assert "old table" not in text and text.startswith("# x\n") and text.endswith("\nafter\n")
+    assert "| KDA chunk forward | 1,8192,96,128 | 1.500 ms | 3.000 ms | **2.00×** |" in text
+    assert "(`perf.json`)" in (tmp_path / "PERF.md").read_text()
+    readme.write_text("no markers\n")
+    r = CliRunner().invoke(main, ["bench", "--from", str(res), "--readme", str(readme)])
+    assert r.exit_code == 2 and "perf-table:begin" in r.output
+
+
+def test_bench_members_and_suite_choose_the_cases(cpu_bench, tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(BM, "run", lambda *a, cases=None, **k: seen.append(cases) or {
+        "env": {}, "dtype": "float32", "copy_gbs": 1.0, "rows": []})
+    r = CliRunner().invoke(main, ["bench", "--members", "kda,gla", "--shapes", "1,24,2,16", "--passes", "fwd,decode",
+                                  "--out", str(tmp_path / "m")])
+    assert r.exit_code == 0, r.output
+    assert [(c.member, c.pass_, c.shape) for c in seen[0]] == [
+        (m, p, (1, 24, 2, 16, 16)) for m in ("kda", "gla") for p in ("fwd", "decode")]
+    r = CliRunner().invoke(main, ["bench", "--suite", "readme", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 0, r.output
+    from kdagen.tuning.bench_cases import SUITES
+    assert seen[1] == SUITES["readme"]
+    r = CliRunner().invoke(main, ["bench", "--suite", "readme", "--members", "gdn"])
+    assert r.exit_code == 2 and "--suite" in r.output

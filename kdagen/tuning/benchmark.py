@@ -1,17 +1,19 @@
-"""``kdagen bench``: kdagen's ops -- and, to compare, flash-linear-attention's (FLA) -- checked
-against the float64 reference and timed in one process, on the same inputs, at the user's
-shapes; then a table, JSON, CSV and (with matplotlib) a chart.
+"""``kdagen bench``, the one bench harness: kdagen's ops -- and, to compare, flash-linear-attention's
+(FLA) -- checked against the float64 reference and timed in one process, on the same inputs, at the
+user's cases (member x pass x shape x dtype, :mod:`kdagen.tuning.bench_cases`); then a table, JSON,
+CSV, (with matplotlib) a chart, and from the JSON ``docs/PERF.md`` and the README's table
+(:mod:`kdagen.tuning.perf_doc`).
 
-Each row is one library at one shape and pass:
+Each row is one library at one case (a member: kda, gdn, deltanet, gla, dplr):
 
-- ``fwd``: ``chunk_kda`` with the final state (no autograd);
-- ``fwdbwd``: ``chunk_kda`` forward and backward, gradients of q, k, v, g, beta and the initial
-  state from ``o`` and the final state;
-- ``decode``: one ``fused_recurrent_kda`` step of B sequences, replayed from a CUDA graph as
-  a decode loop runs it.
+- ``fwd``: the chunk op (``chunk_kda``, ``chunk_gated_delta_rule``, ...) with the final state (no autograd);
+- ``fwdbwd``: the chunk op forward and backward, gradients of every input (the initial state
+  included) from ``o`` and the final state;
+- ``decode``: one step of the recurrent op (``fused_recurrent_kda``, ...) of B sequences, replayed
+  from a CUDA graph as a decode loop runs it.
 
-``error`` is the larger relative error of ``o`` and the final state against
-:func:`kdagen.spec.reference.naive_recurrent_kda` in float64 on the same inputs (the forward's;
+``error`` is the larger relative error of ``o`` and the final state against the member's float64
+recurrence (:mod:`kdagen.spec.reference`) on the same inputs (the forward's;
 ``fwdbwd`` rows carry none: the gradients are checked by the tests and ``tests/gpu/sweep.py``).
 ``TB/s`` is the least traffic a pass must move (every input, output, cotangent and gradient
 once; the backward reads the inputs again) over its median time, and ``% copy`` compares it
@@ -33,13 +35,13 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .candidates import random_inputs
+from . import bench_cases as BC
 
 COPY_BYTES = 1 << 30  # the copy that measures the bandwidth ceiling (read once, written once)
-LOWER = -5.0  # the gate bound of every call (safe_gate=True): g is drawn in [-5, 0)
-PASSES = ("fwd", "fwdbwd", "decode")
-GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-CSV_FIELDS = ("shape", "B", "T", "H", "K", "V", "pass", "library", "ms", "bytes", "tbs", "pct_copy", "error",
+LOWER = BC.LOWER  # KDA's gate bound (safe_gate=True): g is drawn in [-5, 0)
+PASSES = BC.PASSES
+GRAD_NAMES = BC.MEMBERS["kda"].grads
+CSV_FIELDS = ("member", "shape", "B", "T", "H", "K", "V", "pass", "library", "ms", "bytes", "tbs", "pct_copy", "error",
               "err_o", "err_state", "timing", "failed")
 FLA_MISSING = "flash-linear-attention is not importable here ({}); install it with `pip install flash-linear-attention`"
 PLOT_MISSING = "--plot needs matplotlib, which is not installed: pip install 'kdagen[plot]' (or pip install matplotlib)"
@@ -72,6 +74,20 @@ class Library:
     version: str
     chunk: Callable  # chunk_kda, FLA's signature
     recurrent: Callable  # fused_recurrent_kda
+    module: str | None = None  # where a member's ops are: None for kdagen, "fla" for FLA (its member modules)
+
+    def ops(self, member: str) -> tuple[Callable, Callable]:
+        """(chunk op, recurrent op) of ``member``; raises when this library has none."""
+        if member == "kda":
+            return self.chunk, self.recurrent
+        m = BC.member(member)
+        if self.module is None:
+            import kdagen as mod
+        else:
+            import importlib
+
+            mod = importlib.import_module(m.fla_module)
+        return getattr(mod, m.ops[0]), getattr(mod, m.ops[1])
 
 
 def kdagen_library() -> Library:
@@ -81,13 +97,16 @@ def kdagen_library() -> Library:
 
 
 def fla_library() -> Library:
-    """FLA's KDA ops; :class:`Unavailable` when FLA cannot be imported."""
+    """FLA's ops (KDA's imported here, the other members' on first use), with FLA's backend
+    dispatch off (``FLA_DISABLE_BACKEND_DISPATCH=1``, unless set otherwise): FLA's own Triton
+    kernels are measured.  :class:`Unavailable` when FLA cannot be imported."""
+    os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
     try:
         import fla
         from fla.ops.kda import chunk_kda, fused_recurrent_kda
     except Exception as e:  # noqa: BLE001 - FLA missing, or importing it failed
         raise Unavailable(FLA_MISSING.format(f"{type(e).__name__}: {e}")) from None
-    return Library("fla", str(getattr(fla, "__version__", "?")), chunk_kda, fused_recurrent_kda)
+    return Library("fla", str(getattr(fla, "__version__", "?")), chunk_kda, fused_recurrent_kda, module="fla")
 
 
 def check_plot_available() -> None:
@@ -131,49 +150,48 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
-def inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, decode: bool = False) -> dict:
-    """The inputs of every library at ``shape`` (``decode``: one token per sequence)."""
+def inputs(shape: Shape, dtype: torch.dtype, device: str, seed: int, decode: bool = False,
+           member: str = "kda") -> dict:
+    """The inputs of every library for ``member`` at ``shape`` (``decode``: one token per sequence)."""
     s = shape
-    return random_inputs(s.B, 1 if decode else s.T, s.H, s.H, s.K, s.V, dtype, device, seed)
+    return BC.inputs(member, (s.B, s.T, s.H, s.K, s.V), dtype, device, seed, decode=decode)
 
 
-def reference(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o, final state) of the float64 recurrence on ``x``, on x's device."""
-    from ..spec.reference import naive_recurrent_kda
-
-    with torch.no_grad():
-        return naive_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                                   output_final_state=True)
+def reference(x: dict, member: str = "kda") -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, final state) of the member's float64 recurrence on ``x``, on x's device."""
+    return BC.reference(member, x)
 
 
-def pass_fn(lib: Library, pass_: str, x: dict) -> tuple[Callable[[], Any], Callable[[], tuple], int]:
+def pass_fn(lib: Library, pass_: str, x: dict, member: str = "kda") -> tuple[Callable[[], Any], Callable[[], tuple], int]:
     """``(fn, outputs, bytes)`` of one library at one pass on inputs ``x``: ``fn`` runs it once;
     ``outputs()`` runs the forward once more and returns (o, final state) to check (None for
     ``fwdbwd``); ``bytes``: the least traffic ``fn`` must move."""
     nbytes = sum(t.numel() * t.element_size() for t in x.values())
     out_bytes = x["v"].numel() * x["v"].element_size() + x["initial_state"].numel() * 4
+    if pass_ not in PASSES:
+        raise ValueError(f"unknown pass {pass_!r}; known: {', '.join(PASSES)}")
+    chunk, recurrent = lib.ops(member)
     if pass_ == "fwd":
         def fwd():
             with torch.no_grad():
-                return lib.chunk(**x, output_final_state=True, safe_gate=True, lower_bound=LOWER)
+                return BC.call(member, chunk, x, chunk=True)
 
         return fwd, fwd, nbytes + out_bytes
     if pass_ == "decode":
         def step():
             with torch.no_grad():
-                return lib.recurrent(**x, output_final_state=True)
+                return BC.call(member, recurrent, x, chunk=False)
 
         return step, step, nbytes + out_bytes
-    if pass_ != "fwdbwd":
-        raise ValueError(f"unknown pass {pass_!r}; known: {', '.join(PASSES)}")
-    leaves = {n: t.detach().requires_grad_(n in GRAD_NAMES) for n, t in x.items()}
+    grads = BC.member(member).grads
+    leaves = {n: t.detach().requires_grad_(n in grads) for n, t in x.items()}
     gen = torch.Generator(device=x["v"].device).manual_seed(7)
     do = torch.randn(x["v"].shape, generator=gen, device=x["v"].device).to(x["v"].dtype)
     dht = torch.randn(x["initial_state"].shape, generator=gen, device=x["v"].device)
 
     def fwd_bwd():
-        o, s = lib.chunk(**leaves, output_final_state=True, safe_gate=True, lower_bound=LOWER)
-        return torch.autograd.grad((o, s), [leaves[n] for n in GRAD_NAMES], (do, dht))
+        o, s = BC.call(member, chunk, leaves, chunk=True)
+        return torch.autograd.grad((o, s), [leaves[n] for n in grads], (do, dht))
 
     # forward, then the backward re-reading the inputs, the cotangents and writing the gradients
     return fwd_bwd, None, 2 * nbytes + out_bytes + out_bytes + nbytes
@@ -188,15 +206,15 @@ def copy_gbs(timer: Callable, device: str, n_bytes: int = 1 << 30) -> float:
 
 
 def measure(lib: Library, pass_: str, shape: Shape, x: dict, ref, timer: Callable, copy: float,
-            device: str, graph_timer: Callable | None = None) -> dict:
+            device: str, graph_timer: Callable | None = None, member: str = "kda") -> dict:
     """One row: check ``lib`` at ``pass_`` against ``ref`` and time it (decode with
     ``graph_timer`` when given and the call can be captured, else eagerly with ``timer``).  A
     library that fails gets a row that says why, and the benchmark goes on."""
-    row: dict[str, Any] = dict(shape=shape.label, **asdict(shape), library=lib.name, timing="eager", error=None,
+    row: dict[str, Any] = dict(member=member, shape=shape.label, **asdict(shape), library=lib.name, timing="eager", error=None,
                                err_o=None, err_state=None, ms=None, bytes=None, tbs=None, pct_copy=None, failed=None)
     row["pass"] = pass_
     try:
-        fn, outputs, nbytes = pass_fn(lib, pass_, x)
+        fn, outputs, nbytes = pass_fn(lib, pass_, x, member)
         fn()  # first use: FLA autotunes here, not inside the timing
         _sync(device)
         if outputs is not None:
@@ -234,41 +252,48 @@ def environment(libraries: Iterable[Library], device: str) -> dict:
     env = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), device=gpu, torch=torch.__version__,
                triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version())
     env.update({lib.name: lib.version for lib in libraries})
+    if any(lib.module == "fla" for lib in libraries):
+        env["fla_backend_dispatch"] = "off" if os.environ.get("FLA_DISABLE_BACKEND_DISPATCH") == "1" else "on"
     return env
 
 
 def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *, device: str, dtype=torch.bfloat16,
         timer: Callable = median_timer, graph_timer: Callable | None = None, seed: int = 0,
         echo: Callable[[str], None] = print, copy_bytes: int = 1 << 30,
-        on_row: Callable[[dict], None] | None = None) -> dict:
-    """Check and time every library at every shape and pass (decode from a CUDA graph with
-    ``graph_timer``, see :func:`measure`); returns ``{"env", "dtype",
-    "copy_gbs", "rows"}`` (what :func:`write_json` writes).  ``on_row(result so far)`` after each
-    row (the command line writes it: a run cut short keeps what it measured)."""
+        on_row: Callable[[dict], None] | None = None, members: Iterable[str] = ("kda",),
+        cases: list | None = None) -> dict:
+    """Check and time every library at every case -- ``cases`` (:class:`kdagen.tuning.bench_cases.Case`),
+    or every member at every shape and pass -- (decode from a CUDA graph with ``graph_timer``, see
+    :func:`measure`); returns ``{"env", "dtype", "copy_gbs", "rows"}`` (what :func:`write_json`
+    writes).  ``on_row(result so far)`` after each row (the command line writes it: a run cut short
+    keeps what it measured)."""
+    if cases is None:
+        cases = BC.cases(members, [(s.B, s.T, s.H, s.K, s.V) for s in shapes], passes)
+    groups: dict[tuple, list[str]] = {}  # cases on the same inputs share them (and their reference)
+    for c in cases:
+        BC.member(c.member)
+        groups.setdefault((c.member, tuple(c.shape), c.pass_ == "decode"), []).append(c.pass_)
     copy = copy_gbs(timer, device, copy_bytes)
     echo(f"device copy: {copy / 1e3:.2f} TB/s (read + write, median)")
     rows = []
     result = {"env": environment(libraries, device), "dtype": str(dtype).replace("torch.", ""), "copy_gbs": copy,
               "rows": rows}
-    for shape in shapes:
-        for decode in (False, True):
-            todo = [p for p in passes if (p == "decode") == decode]
-            if not todo:
-                continue
-            x = inputs(shape, dtype, device, seed, decode=decode)
-            ref = reference(x)
-            for pass_ in todo:
-                for lib in libraries:
-                    row = measure(lib, pass_, shape, x, ref, timer, copy, device, graph_timer)
-                    rows.append(row)
-                    if on_row is not None:
-                        on_row(result)
-                    echo(f"  {pass_:<6} {shape.label:<18} {lib.name:<7} " + (
-                        f"failed: {row['failed']}" if row["failed"] else
-                        f"{_ms(row['ms'])}  error {'-' if row['error'] is None else format(row['error'], '.1e')}"))
-            del x, ref
-            if str(device).startswith("cuda"):
-                torch.cuda.empty_cache()
+    for (member, shape, decode), todo in groups.items():
+        shape = Shape(*shape)
+        x = inputs(shape, dtype, device, seed, decode=decode, member=member)
+        ref = reference(x, member)
+        for pass_ in todo:
+            for lib in libraries:
+                row = measure(lib, pass_, shape, x, ref, timer, copy, device, graph_timer, member=member)
+                rows.append(row)
+                if on_row is not None:
+                    on_row(result)
+                echo(f"  {member:<8} {pass_:<6} {shape.label:<18} {lib.name:<7} " + (
+                    f"failed: {row['failed']}" if row["failed"] else
+                    f"{_ms(row['ms'])}  error {'-' if row['error'] is None else format(row['error'], '.1e')}"))
+        del x, ref
+        if str(device).startswith("cuda"):
+            torch.cuda.empty_cache()
     return result
 
 
@@ -277,7 +302,7 @@ def _ms(ms: float) -> str:
 
 
 def table_lines(result: dict) -> list[str]:
-    """The comparison table: one line per shape and pass, each library's time, TB/s (and the
+    """The comparison table: one line per member, shape and pass, each library's time, TB/s (and the
     share of the copy ceiling) and error, and kdagen's speed-up over the others."""
     from .report import table
 
@@ -286,14 +311,14 @@ def table_lines(result: dict) -> list[str]:
     others = [lib for lib in libs if lib != "kdagen"]
     groups: dict[tuple, dict] = {}
     for r in rows:
-        groups.setdefault((r["shape"], r["pass"]), {})[r["library"]] = r
-    headers = ["shape B,T,H,K[,V]", "pass"]
+        groups.setdefault((r.get("member", "kda"), r["shape"], r["pass"]), {})[r["library"]] = r
+    headers = ["member", "shape B,T,H,K[,V]", "pass"]
     for lib in libs:
         headers += [f"{lib} time", f"{lib} TB/s (copy %)", f"{lib} error"]
     headers += [f"{o}/kdagen" for o in others if "kdagen" in libs]
     out = []
-    for (shape, pass_), by_lib in groups.items():
-        line = [shape, pass_]
+    for (member, shape, pass_), by_lib in groups.items():
+        line = [member, shape, pass_]
         for lib in libs:
             r = by_lib.get(lib)
             if r is None or r["failed"]:
@@ -308,13 +333,15 @@ def table_lines(result: dict) -> list[str]:
             ok = a and b and not a["failed"] and not b["failed"]
             line.append(f"x{b['ms'] / a['ms']:.2f}" if ok else "-")
         out.append(line)
-    lines = [f"{result['env'].get('device', '?')}, {result.get('dtype', '?')} inputs, gate >= {LOWER:g}; device copy "
+    lines = [f"{result['env'].get('device', '?')}, {result.get('dtype', '?')} inputs, KDA's gate >= {LOWER:g}; device copy "
              f"{result['copy_gbs'] / 1e3:.2f} TB/s; times are medians"
              + (f"; {', '.join(others)}/kdagen > 1: kdagen is faster" if others and "kdagen" in libs else "")]
-    lines += table(headers, out, align="ll" + "rrr" * len(libs) + "r" * len(others))
+    lines += table(headers, out, align="lll" + "rrr" * len(libs) + "r" * len(others))
     failed = [r for r in rows if r["failed"]]
     for r in failed:
-        lines.append(f"  {r['library']} {r['pass']} {r['shape']} failed: {r['failed']}")
+        member = r.get("member", "kda")
+        lines.append(f"  {r['library']} {'' if member == 'kda' else member + ' '}{r['pass']} {r['shape']} failed: "
+                     f"{r['failed']}")
     return lines
 
 
@@ -353,25 +380,31 @@ def plot(result: dict, path: str) -> None:
     titles = {"fwd": "forward", "fwdbwd": "forward + backward", "decode": "decode step"}
     fig, axes = plt.subplots(1, max(1, len(passes)), figsize=(5.5 * max(1, len(passes)), 4.2), squeeze=False)
     for ax, pass_ in zip(axes[0], passes):
-        shapes = list(dict.fromkeys(r["shape"] for r in rows if r["pass"] == pass_))
+        shapes = list(dict.fromkeys(_case_label(r) for r in rows if r["pass"] == pass_))
         width = 0.8 / max(1, len(libs))
         for i, lib in enumerate(libs):
-            ms = {r["shape"]: r["ms"] for r in rows if r["pass"] == pass_ and r["library"] == lib}
+            ms = {_case_label(r): r["ms"] for r in rows if r["pass"] == pass_ and r["library"] == lib}
             xs = [j + (i - (len(libs) - 1) / 2) * width for j in range(len(shapes))]
             ys = [ms.get(s, 0.0) for s in shapes]
             bars = ax.bar(xs, ys, width, label=lib)
             ax.bar_label(bars, labels=[_ms(y) if y else "" for y in ys], fontsize=7, padding=2)
-        ax.set_xticks(range(len(shapes)), [f"({s})" for s in shapes], fontsize=8)
-        ax.set_xlabel("shape (B, T, H, K[, V])")
+        ax.set_xticks(range(len(shapes)), shapes, fontsize=8, rotation=20 if len(shapes) > 3 else 0)
+        ax.set_xlabel("[member] (B, T, H, K[, V])")
         ax.set_ylabel("median time (ms)")
         ax.set_title(titles.get(pass_, pass_))
         ax.legend()
     env = result.get("env", {})
-    fig.suptitle(f"KDA on {env.get('device', '?')}, {result.get('dtype', '')}: " + ", ".join(
+    members = list(dict.fromkeys(r.get("member", "kda") for r in rows))
+    fig.suptitle(f"{', '.join(m.upper() if m == 'kda' else m for m in members)} on {env.get('device', '?')}, {result.get('dtype', '')}: " + ", ".join(
         f"{lib} {env.get(lib, '')}".strip() for lib in libs), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def _case_label(r: dict) -> str:
+    member = r.get("member", "kda")
+    return ("" if member == "kda" else member + " ") + f"({r['shape']})"
 
 
 # --- FLA's autotuning, compiled ahead in parallel -------------------------------------------
@@ -402,7 +435,7 @@ class _ConfigShare:
 
 
 def fla_share_worker(index: int, count: int, shapes: list[Shape], passes: list[str], dtype_name: str,
-                     device: str = "cuda") -> str:
+                     device: str = "cuda", members: Iterable[str] = ("kda",)) -> str:
     """One warm-up process: FLA at every shape and pass, autotuning over its share of the
     candidates (the timings are thrown away; only the compiles are kept, in Triton's cache)."""
     from ..dtypes import dtype as as_dtype
@@ -410,20 +443,20 @@ def fla_share_worker(index: int, count: int, shapes: list[Shape], passes: list[s
     done, errors = 0, []
     with _ConfigShare(index, count):
         lib = fla_library()
-        for shape in shapes:
-            for pass_ in passes:
-                try:
-                    fn, _, _ = pass_fn(lib, pass_, inputs(shape, as_dtype(dtype_name).torch, device, 0,
-                                                          decode=pass_ == "decode"))
-                    fn()
-                    _sync(device)
-                    done += 1
-                except Exception as e:  # noqa: BLE001 - e.g. a share with only configs too large to run
-                    errors.append(f"{pass_} {shape.label}: {type(e).__name__}")
+        for member, shape, pass_ in ((m, s, p) for m in members for s in shapes for p in passes):
+            try:
+                fn, _, _ = pass_fn(lib, pass_, inputs(shape, as_dtype(dtype_name).torch, device, 0,
+                                                      decode=pass_ == "decode", member=member), member)
+                fn()
+                _sync(device)
+                done += 1
+            except Exception as e:  # noqa: BLE001 - e.g. a share with only configs too large to run
+                errors.append(f"{member} {pass_} {shape.label}: {type(e).__name__}")
     return f"worker {index}: {done} calls" + (f", {len(errors)} failed ({errors[0]})" if errors else "")
 
 
-def warm_fla(shapes: list[Shape], passes: list[str], dtype, jobs: int, echo: Callable[[str], None] = print) -> float:
+def warm_fla(shapes: list[Shape], passes: list[str], dtype, jobs: int, echo: Callable[[str], None] = print,
+             members: Iterable[str] = ("kda",)) -> float:
     """Compile FLA's autotuning candidates at these shapes and passes in ``jobs`` spawned
     processes (each a share, :func:`fla_share_worker`), so that the measuring process's own
     autotuning finds them compiled and only benchmarks them.  Returns the seconds it took."""
@@ -438,7 +471,8 @@ def warm_fla(shapes: list[Shape], passes: list[str], dtype, jobs: int, echo: Cal
     t0 = time.time()
     echo(f"compiling FLA's autotuning candidates in {jobs} processes ...")
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futs = [ex.submit(fla_share_worker, i, jobs, shapes, list(passes), as_dtype(dtype).short) for i in range(jobs)]
+        futs = [ex.submit(fla_share_worker, i, jobs, shapes, list(passes), as_dtype(dtype).short, "cuda", list(members))
+                for i in range(jobs)]
         failed = 0
         for f in futs:
             try:
