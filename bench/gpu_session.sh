@@ -4,19 +4,20 @@
 # it measured, and save it (logs, JSON, tuning cache and studies, FLA's autotune results) under
 # $OUT.  Run from the repository root with `.whl` and `.tcache` carried:
 #
-#   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: fwd+bwd and its variants, bwd errors, the layer call
-#   bash bench/gpu_session.sh fla [seconds]     # kdagen and FLA in one process, fwd, fwd+bwd, the layer call
-#                                               # (FLA's candidates compiled in parallel first)
+#   bash bench/gpu_session.sh bench [seconds]   # kdagen alone: the README's suite (kdagen bench --suite readme)
+#   bash bench/gpu_session.sh fla [seconds]     # the same with FLA in one process (--compare fla; FLA's
+#                                               # candidates compiled in parallel first), then docs/PERF.md and
+#                                               # the README's table written under $OUT from the JSON
 #   bash bench/gpu_session.sh build [seconds]   # kdagen build --gpu auto --head-dim 128 --jobs 16, then the
 #                                               # same command again (resumed) if 120 s are left
 #
 # `.whl` holds what the machine's image lacks: fla-core (FLA), and for `build` optuna 5.0.0 with
-# alembic, colorlog, mako and SQLAlchemy (the image has none of them; bench/RESULTS.md, run 37).
+# alembic, colorlog, mako and SQLAlchemy (the image has none of them).
 #
 # A `build` call's $OUT/*.json (the tuning cache) copied into .tcache/kdagen/ is restored into
 # KDAGEN_CACHE_DIR by later calls, so `bench`/`fla` time the tuned winners (each row names its
 # configs).  Copy $OUT/autotune.tgz back into .tcache/ after a call: FLA's first-use autotuning of its
-# backward takes minutes per shape (bench/RESULTS.md, run 7) and is then skipped.
+# backward takes minutes per shape and is then skipped.
 set -u
 OUT=${OUT:?OUT must name the folder whose files come back}
 budget=${2:-540}
@@ -29,20 +30,17 @@ if [ -f .tcache/autotune.tgz ]; then tar xzf .tcache/autotune.tgz -C /tmp/tc; fi
 if ls .tcache/kdagen/*.json >/dev/null 2>&1; then cp .tcache/kdagen/*.json /tmp/kdc/; fi
 # an earlier `build` call's Optuna studies ($OUT/studies.tgz copied into .tcache/): `build` resumes them
 if [ -f .tcache/studies.tgz ]; then tar xzf .tcache/studies.tgz -C /tmp/kdc; fi
-shapes="1,8192,96,128;2,16384,16,128"
 start=$(date +%s)
 case "${1:-}" in
   bench)
-    timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" --no-fla \
-        --suite fwdbwd,whole,bwd_variants,bwd_check,layer --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+    timeout -k 10 -s INT "$budget" python3 -m kdagen.cli bench --suite readme --out "$OUT/perf" \
+        --plot "$OUT/perf.png" > "$OUT/console.log" 2>&1 ;;
   fla)
-    # compile FLA's autotuning candidates in parallel first (bench/fla_warm.py); at most a third
-    # of the budget, the rest for the measuring process
-    timeout -k 10 -s INT $(( budget / 3 )) python3 bench/fla_warm.py --workers 14 > "$OUT/fla_warm.log" 2>&1
-    echo "fla_warm rc=$? after $(( $(date +%s) - start ))s" >> "$OUT/fla_warm.log"
-    budget=$(( budget - ($(date +%s) - start) ))
-    timeout -k 10 -s INT "$budget" python3 bench/bench.py --out "$OUT" \
-        --suite fwd,fwdbwd,whole,layer,bwd_check --shapes "$shapes" > "$OUT/console.log" 2>&1 ;;
+    timeout -k 10 -s INT "$budget" python3 -m kdagen.cli bench --suite readme --compare fla --fla-warm-jobs 14 \
+        --out "$OUT/perf" --plot "$OUT/perf.png" > "$OUT/console.log" 2>&1
+    cp README.md "$OUT/README.md"
+    python3 -m kdagen.cli bench --from "$OUT/perf.json" --perf-md "$OUT/PERF.md" --readme "$OUT/README.md" \
+        >> "$OUT/console.log" 2>&1 ;;
   build)
     timeout -k 10 -s INT "$budget" python3 -m kdagen.cli build --gpu auto --head-dim 128 --jobs 16 \
         > "$OUT/build.log" 2>&1
