@@ -18,7 +18,7 @@ from kdagen import spec as S
 from kdagen.codegen.lower import lower
 from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.kernels import Launch
-from kdagen.ops import chunk as C
+from kdagen.ops import chunk_call as C
 from kdagen.ops.member import _prepare_chunk
 from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn, naive_recurrent_gla
 
@@ -191,15 +191,15 @@ def test_bf16_configs_pinned_to_16_rows(member):
     v, beta = torch.empty(B, T, HV, K, dtype=torch.bfloat16), torch.empty(B, T, HV, dtype=torch.bfloat16)
     call, _, _ = _prepare_chunk(spec, q, q, v, g, beta, training=True)
     if member == "gdn":
-        assert (C._configs(call, None, None, True)[0].chunk_size, C._configs(call, None, None, True)[0].sub_chunk) \
+        assert (C.chunk_configs(call, None, None, True)[0].chunk_size, C.chunk_configs(call, None, None, True)[0].sub_chunk) \
             == (64, 32)
-    train, bwd = C._configs(call, None, None, True, 16)
+    train, bwd = C.chunk_configs(call, None, None, True, 16)
     assert isinstance(train, ChunkTrainConfig) and isinstance(bwd, ChunkBwdConfig)
     assert (train.chunk_size, train.sub_chunk, bwd.chunk_size, bwd.sub_chunk) == (16, 16, 16, 16)
     assert not bwd.splits_intra(call.plan) and not bwd.reruns_from_saved(call.plan)
-    assert (C._configs(call, None, None, True, 32)[0].sub_chunk, C._configs(call, None, None, True, 64)[0].sub_chunk) \
+    assert (C.chunk_configs(call, None, None, True, 32)[0].sub_chunk, C.chunk_configs(call, None, None, True, 64)[0].sub_chunk) \
         == ((32, 32) if member == "gdn" else (16, 16))  # 32 and 64 as before
-    fwd, none = C._configs(call, None, None, False, 16)
+    fwd, none = C.chunk_configs(call, None, None, False, 16)
     assert none is None and isinstance(fwd, ChunkTrainConfig) and (fwd.chunk_size, fwd.sub_chunk) == (16, 16)
     assert not fwd.gate_launch
 
@@ -226,9 +226,9 @@ def test_plan_of_a_member_at_16_rows_is_the_training_forwards():
     assert ChunkFwdConfig.CHUNK_SIZES == (32, 64)
     x = _inputs("deltanet", 1, 20, 1, 1, 32, 32, F32)
     call, _, _ = _prepare_chunk(S.deltanet(), x["q"], x["k"], x["v"], None, x["beta"], training=False)
-    assert isinstance(C._configs(call, None, None, False, 16)[0], ChunkTrainConfig)
+    assert isinstance(C.chunk_configs(call, None, None, False, 16)[0], ChunkTrainConfig)
     for c in (None, 32, 64):
-        assert isinstance(C._configs(call, None, None, False, c)[0], ChunkFwdConfig)
+        assert isinstance(C.chunk_configs(call, None, None, False, c)[0], ChunkFwdConfig)
     assert lower(S.deltanet(), 32, 32, "float32", "chunk") == call.plan
 
 
@@ -242,8 +242,8 @@ def test_offsets_read_back_once_without_host_lengths():
     call, xs, _ = _prepare_chunk(S.gdn(), x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                                  cu_seqlens=cu, training=False)
     call = dataclasses.replace(call, seqlens=None)
-    config, _ = C._configs(call, None, None, False, 16)
-    launches, (o, ht, _) = C._forward_launches(call, xs, config, True)
+    config, _ = C.chunk_configs(call, None, None, False, 16)
+    launches, (o, ht, _) = C.forward_launches(call, xs, config, True)
     for launch in launches:
         launch()
     ro, rh = _ref("gdn", x, cu)

@@ -103,7 +103,7 @@ def test_recurrent_takes_the_autograd_path_even_after_a_fast_path_entry():
     assert len(R._FAST) == 1
     qg = q.clone().requires_grad_()
     o, ht = kdagen.fused_recurrent_kda(qg, k, v, g, beta, initial_state=h0, output_final_state=True)
-    assert o.requires_grad and type(o.grad_fn).__name__.startswith("_RecurrentKDAFunction")
+    assert o.requires_grad and type(o.grad_fn).__name__.startswith("RecurrentFunction")
     do = torch.randn(o.shape, generator=gen)
     (o * do).sum().backward()
     q64 = q.to(torch.float64).requires_grad_()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kdagen
-import kdagen.ops.chunk as C
+import kdagen.ops.chunk_call as C
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import family_kernels, render
 from kdagen.config import ChunkTrainConfig, ConfigError
@@ -70,13 +70,13 @@ def test_a_layer_call_runs_the_plain_plan_on_the_launched_gate(monkeypatch):
     bound trusted: check_gate_bound off), fed a float32 g; without it the layer plan's launches run as
     before; the two give the same output and gradients to fp32 rounding."""
     seen = []
-    apply = C._ChunkKDAFunction.apply
+    apply = C.ChunkFunction.apply
 
     def spy(*args):
         seen.append((args[0 + 3], args[-1]))
         return apply(*args)
 
-    monkeypatch.setattr(C._ChunkKDAFunction, "apply", spy)
+    monkeypatch.setattr(C.ChunkFunction, "apply", spy)
     gen = torch.Generator().manual_seed(1)
     B, T, HV, K = 1, 37, 2, 32
     x0 = dict(q=torch.randn(B, T, HV, K, generator=gen), k=torch.randn(B, T, HV, K, generator=gen),
@@ -193,13 +193,13 @@ def test_gated_deltanet_layer_call_runs_the_plain_member_on_the_launched_gate(mo
     from kdagen.spec.reference import naive_recurrent_gdn
 
     seen = []
-    apply = C._ChunkKDAFunction.apply
+    apply = C.ChunkFunction.apply
 
     def spy(*args):
         seen.append((args[3], args[-1]))
         return apply(*args)
 
-    monkeypatch.setattr(C._ChunkKDAFunction, "apply", spy)
+    monkeypatch.setattr(C.ChunkFunction, "apply", spy)
     gen = torch.Generator().manual_seed(6)
     B, T, H, HV, K, V = 1, 45, 1, 2, 32, 16
     x0 = dict(q=torch.randn(B, T, H, K, generator=gen), k=F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),

@@ -273,7 +273,7 @@ def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K, ahead):
     explicit scale, against the reference fed the pre-processed inputs.  An inference call
     computes them inside the kernels: no torch pre-pass runs.  K=80: the norms of rows padded
     to 128 channels.  ahead: the solve's loads issued ahead (``solve_load_ahead``)."""
-    from kdagen.ops import chunk as chunk_op
+    from kdagen.ops import chunk_call as chunk_op
 
     def no_prepass(*a, **k):
         raise AssertionError("an inference call ran the torch pre-processing")

@@ -21,7 +21,7 @@ from kdagen.cache import smem
 from kdagen.cache.gpus import get_profile
 from kdagen.config import ChunkTrainConfig
 from kdagen.kernels import Launch
-from kdagen.ops import chunk as C
+from kdagen.ops import chunk_call as C
 from kdagen.ops import fallback
 from kdagen.ops.dplr import _configs as dplr_configs
 from kdagen.ops.dplr import _prepare as dplr_prepare
@@ -75,10 +75,10 @@ def test_heuristic_configs_that_fit_are_not_stepped_down(member, dt, K, shape):
         if member == "dplr":
             raw = dplr_configs("t", call, None, training, None)
         else:
-            raw = C._configs(call, None, None, training)
+            raw = C.chunk_configs(call, None, None, training)
         with smem.target(H100):
             fitted = dplr_configs("t", call, None, training, None) if member == "dplr" else \
-                C._configs(call, None, None, training)
+                C.chunk_configs(call, None, None, training)
         assert fitted == raw
 
 

@@ -1,106 +1,41 @@
-"""`chunk_kda`: the chunkwise form (prefill and training) -- the public op, its autograd
-Function, and the block that sets the backward's config.
+"""`chunk_kda`: the chunkwise form (prefill and training) -- the public op, an adapter with FLA's
+signature over the chunk call path (:mod:`kdagen.ops.chunk_call`: configs, launches, autograd).
 
-A call is validated once (:func:`_prepare`).  An inference call runs the two launches of
+A call is validated once (:func:`prepare_kda`).  An inference call runs the two launches of
 :mod:`kdagen.ops.chunk_fwd`, which compute the l2-norm, the gate and the beta sigmoid of
 FLA's in-kernel flags inside the kernels.  A training call (some input requires grad) runs the
 forward of :mod:`kdagen.ops.chunk_train`, which also keeps what the backward
 (:mod:`kdagen.ops.chunk_bwd`) reads; its l2-norm runs in launches of its own before the forward's
 (:mod:`kdagen.ops.l2norm`, with their backward) and its beta sigmoid as a torch op, which autograd
-differentiates.  Configs are resolved together (:func:`_configs`: the caller's, a
-``chunk_bwd_config`` block's, the tuned winner for this GPU and shape, or the heuristic).
+differentiates.  Configs are resolved together (:func:`~.chunk_call.chunk_configs`).
 None of those modules imports this one.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-from dataclasses import dataclass
-
 import torch
 
-from ..cache.miscompiles import legal
-from ..cache.heuristics import default_train_config
-from ..cache.lookup import resolve
-from ..codegen.lower import Plan, lower
+from ..codegen.lower import lower
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
-from ..dtypes import dtype, storage
-from ..kernels import build
+from ..dtypes import dtype
 from . import chunk_bwd as bwd
 from . import checks
 from . import fallback
-from .chunk_fwd import prepare_chunk_fwd
-from .chunk_train import prepare_chunk_train
-from .gate import layer_gate
-from .l2norm import qk_l2norm
-from .inputs import (Dims, check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable,
-                     fla_dtypes, host_seqlens, preprocess, select_spec, state_layout)
+from .chunk_call import (ChunkCall, bwd_override_active, chunk_bwd_config, chunk_configs, fla_layout,
+                         forward_launches, train, training_launches, training_preprocess)
+from .inputs import (check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable, fla_dtypes,
+                     select_spec, state_layout)
 from .traced import chunk_kda_traced
 
-_BWD_OVERRIDE: list[ChunkBwdConfig] = []
 
-
-@contextlib.contextmanager
-def chunk_bwd_config(config: ChunkBwdConfig):
-    """Use ``config`` for the backward of every chunk_kda called (forward) inside the block.
-
-    chunk_kda's signature has no backward config; its ``chunk_size``/``sub_chunk`` are
-    always replaced by the forward's."""
-    if not isinstance(config, ChunkBwdConfig):
-        raise TypeError(f"chunk_bwd_config takes a ChunkBwdConfig, got {type(config).__name__}")
-    _BWD_OVERRIDE.append(config)
-    try:
-        yield config
-    finally:
-        _BWD_OVERRIDE.pop()
-
-
-@dataclass(frozen=True)
-class _Call:
-    """A validated call: what it computes (the tensors are passed alongside, see :func:`_prepare`)."""
-
-    dims: Dims
-    seqlens: list[int] | None
-    plan: Plan
-    scale: float
-    cu_seqlens: torch.Tensor | None
-    state_dtype: str  # of the initial state (float32 without one): part of the tuned winners' key
-    # FLA's in-kernel flags, for the inference kernels (a training call applied them as torch ops,
-    # or with l2norm set, the l2-norm in launches of its own before the forward's: _train)
-    l2norm: bool = False
-    beta_sigmoid: bool = False
-    beta_scale: float = 1.0
-    state_v_first: bool = False  # the initial, final and intermediate states are [.., V, K]
-
-    @property
-    def shape(self) -> dict:
-        """The call's shape as the config look-up reads it."""
-        d = self.dims
-        longest = d.T if self.seqlens is None else max((b - a for a, b in zip(self.seqlens, self.seqlens[1:])), default=0)
-        return {"T": d.T, "B": d.B, "N": d.N, "HV": d.HV, "T_max": longest}
-
-
-def _training_preprocess(q, k, beta, use_qk_l2norm_in_kernel: bool, use_beta_sigmoid_in_kernel: bool,
-                         allow_neg_eigval: bool, l2norm_launch: bool):
-    """A chunk training call's :func:`~.inputs.preprocess` (this module's and the family's,
-    :mod:`.member`): ``(q, k, beta, flags)``.  With ``l2norm_launch`` the l2-norm is left to the
-    call's own launches (``flags["l2norm"]``: it is owed; :func:`_train`), else it is a torch op
-    here like the sigmoid."""
-    deferred = use_qk_l2norm_in_kernel and l2norm_launch
-    q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel and not deferred, use_beta_sigmoid_in_kernel,
-                            allow_neg_eigval)
-    return q, k, beta, dict(l2norm=deferred)
-
-
-def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
-             use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
-             allow_neg_eigval=False, safe_gate=False, lower_bound=None,
-             in_kernel: bool = True, cu_seqlens_cpu=None, state_v_first: bool = False,
-             sync_seqlens: bool | None = None, l2norm_launch: bool = False) -> tuple[_Call, dict]:
+def prepare_kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None, A_log=None, dt_bias=None,
+                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                allow_neg_eigval=False, safe_gate=False, lower_bound=None,
+                in_kernel: bool = True, cu_seqlens_cpu=None, state_v_first: bool = False,
+                sync_seqlens: bool | None = None, l2norm_launch: bool = False) -> tuple[ChunkCall, dict]:
     """Validate the arguments and choose the spec and plan: the call and its contiguous inputs by
     name.  ``in_kernel``: the l2-norm and beta sigmoid are left to the kernels (the inference
     forward); otherwise they are applied here as torch ops, which autograd differentiates --
-    except the l2-norm with ``l2norm_launch`` (a training call: its own launches, :func:`_train`).
+    except the l2-norm with ``l2norm_launch`` (a training call: its own launches, :func:`train`).
     ``sync_seqlens``: read a device cu_seqlens back to the host (default: for a training call,
     whose backward needs the lengths; an inference call builds its schedule on the device)."""
     dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -115,183 +50,15 @@ def _prepare(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=Non
         flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
                      beta_scale=2.0 if allow_neg_eigval else 1.0)
     else:
-        q, k, beta, flags = _training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+        q, k, beta, flags = training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
                                                  allow_neg_eigval, l2norm_launch)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
     x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = _Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
+    call = ChunkCall(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
                  state_v_first=state_v_first)
     return call, x
-
-
-def _configs(call: _Call, config, bwd_config: ChunkBwdConfig | None, training: bool, chunk_size: int | None = None,
-             disable_recompute: bool = False):
-    """The forward's config (a :class:`ChunkFwdConfig` for inference) or, when training, the
-    training forward's :class:`ChunkTrainConfig` and the backward's, with one chunk length.
-    ``chunk_size``, or a :class:`ChunkFwdConfig` given to a training call, pins that length.
-    ``disable_recompute`` (FLA's keyword) makes the backward's config keep the forward's
-    intermediates instead of recomputing them (``store_intermediates=True``).  An inference call at a
-    ``chunk_size`` the solve and pass do not take (16: the member ops') gets the training forward's
-    config instead (:func:`_inference_train_config`), which :func:`_forward_launches` runs."""
-    if not training:
-        if config is not None and not isinstance(config, ChunkFwdConfig):
-            raise TypeError(f"chunk_kda: an inference call takes a ChunkFwdConfig, got {type(config).__name__}")
-        if chunk_size is not None and chunk_size not in ChunkFwdConfig.CHUNK_SIZES:
-            return _inference_train_config(call, chunk_size), None
-        fwd = resolve("chunk_fwd", call.plan, config, call.shape, call.state_dtype)
-        fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size)
-        # a config the caller did not give is made legal for the GPU (kdagen.cache.miscompiles.legal)
-        return (fwd if config is not None else legal("chunk_fwd", call.plan, fwd)), None
-    if config is not None and not isinstance(config, (ChunkFwdConfig, ChunkTrainConfig)):
-        raise TypeError(f"chunk_kda: config must be a ChunkFwdConfig or ChunkTrainConfig, got {type(config).__name__}")
-    given_bwd = bwd_config
-    if bwd_config is None and _BWD_OVERRIDE:
-        bwd_config = _BWD_OVERRIDE[-1]
-    b = resolve("chunk_bwd", call.plan, bwd_config, call.shape, call.state_dtype)
-    if isinstance(config, ChunkTrainConfig):
-        train = config
-    else:
-        train = default_train_config(call.plan, call.shape)  # not tuned: it runs at the backward's chunk length
-        train = train.replace(chunk_size=config.chunk_size if config is not None else b.chunk_size,
-                              sub_chunk=b.sub_chunk)
-    if chunk_size is not None:  # (sub-tiles no longer than the chunk: a 64 / 32 config pinned to 16 rows)
-        train = train.replace(chunk_size=chunk_size, sub_chunk=min(train.sub_chunk, chunk_size))
-    if (b.chunk_size, b.sub_chunk) != (train.chunk_size, train.sub_chunk):
-        b = b.with_chunking(train.chunk_size, train.sub_chunk)
-    if disable_recompute and not b.store_intermediates:
-        b = b.replace(store_intermediates=True)
-    if not isinstance(config, ChunkTrainConfig):
-        train = legal("chunk_train", call.plan, train)
-    if given_bwd is None:
-        b = legal("chunk_bwd", call.plan, b)
-    b.reverse_pass_block_v(call.plan)  # refused before anything runs: a tile too narrow for the chunks
-    return train, b
-
-
-def _inference_train_config(call: _Call, chunk_size: int) -> ChunkTrainConfig:
-    """An inference call's config at a chunk length the solve and pass do not take
-    (``ChunkFwdConfig.CHUNK_SIZES``): the training forward's (tuned or heuristic) on chunks of
-    ``chunk_size`` rows, any in-kernel gate computed by its chunk launches (``gate_launch`` off);
-    :func:`_forward_launches` runs its two launches, as general DPLR's inference does."""
-    train = resolve("chunk_train", call.plan, None, call.shape, call.state_dtype)
-    return legal("chunk_train", call.plan,
-                 train.replace(chunk_size=chunk_size, sub_chunk=min(train.sub_chunk, chunk_size), gate_launch=False))
-
-
-def _forward_launches(call: _Call, x: dict, config: ChunkFwdConfig | ChunkTrainConfig, output_final_state: bool,
-                      return_intermediate_states: bool = False):
-    if isinstance(config, ChunkTrainConfig):  # a chunk length the inference kernels do not take (_configs)
-        return _train_forward_launches(call, x, config, output_final_state, return_intermediate_states)
-    return prepare_chunk_fwd(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], scale=call.scale, initial_state=x["initial_state"],
-        output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
-        plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
-        return_intermediate_states=return_intermediate_states, l2norm=call.l2norm, beta_sigmoid=call.beta_sigmoid,
-        beta_scale=call.beta_scale, state_v_first=call.state_v_first)
-
-
-def _train_forward_launches(call: _Call, x: dict, config: ChunkTrainConfig, output_final_state: bool,
-                            return_intermediate_states: bool):
-    """An inference call's forward on the training forward's launches (intra, fused state pass): FLA's
-    in-kernel flags, which those kernels do not apply, as torch ops first (:func:`~.inputs.preprocess`),
-    and a device cu_seqlens read back once (the schedule is built on the host).  The per-chunk states
-    come back float32 in the call's layout (the pass writes them [K, V]: a transposed view with
-    ``state_v_first``)."""
-    q, k, beta = x["q"], x["k"], x["beta"]
-    if call.l2norm or call.beta_sigmoid:
-        q, k, beta = preprocess(q, k, beta, call.l2norm, call.beta_sigmoid, call.beta_scale == 2.0)
-    seqlens = call.seqlens
-    if call.cu_seqlens is not None and seqlens is None:
-        seqlens = host_seqlens(call.cu_seqlens, call.dims.T)
-    launches, (o, ht, hs) = prepare_chunk_train(
-        q, k, x["v"], x["g"], beta, scale=call.scale, initial_state=x["initial_state"],
-        output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=seqlens, dims=call.dims,
-        plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
-        return_intermediate_states=return_intermediate_states, state_v_first=call.state_v_first)
-    if hs is not None and call.state_v_first:
-        hs = hs.transpose(-1, -2)
-    return launches, (o, ht, hs)
-
-
-def _training_launches(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig,
-                       output_final_state: bool):
-    """The forward launches of a training call -- also writing the per-chunk states (in the
-    backward config's ``state_dtype``) and V' -- and the backward's :class:`~.chunk_bwd.BwdMeta`."""
-    launches, outs = prepare_chunk_train(
-        x["q"], x["k"], x["v"], x["g"], x["beta"], scale=call.scale, initial_state=x["initial_state"],
-        output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
-        plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
-        return_intermediate_states=True, state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True,
-        state_v_first=call.state_v_first, a=x.get("a"), b=x.get("b"),
-        store_t=bwd_config.reruns_from_saved(call.plan),
-        # a backward that keeps the forward's intermediates and splits qg reads it in fp32
-        qg_dtype=bwd.qg_dtype(bwd_config, storage(config.intermediates, x["q"].dtype))
-        if bwd_config.store_intermediates else None)
-    return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
-
-
-def _train(call: _Call, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig, output_final_state: bool,
-           plain: tuple | None = None):
-    """A training call's forward with autograd: the l2-norm of q and k first when ``call.l2norm``
-    (:mod:`.l2norm`, its kernels from the training forward's and the backward's families), then
-    :class:`_ChunkKDAFunction`.  ``plain``: (call, config, bwd_config) of the chunk launches once the
-    in-kernel gate runs in launches of its own (default: KDA's, :func:`_without_gate`)."""
-    q, k, g, A_log, dt_bias = x["q"], x["k"], x["g"], x["A_log"], x["dt_bias"]
-    if call.l2norm:
-        q, k = qk_l2norm(q, k, build(call.plan, config).fn("qk_l2norm"), build(call.plan, bwd_config).fn("qk_l2norm_bwd"))
-    if config.launches_gate(call.plan):
-        # the gate in launches of its own (ChunkTrainConfig.gate_launch), then the plan without an in-kernel gate
-        built = build(call.plan, config)
-        g = layer_gate(g, A_log, dt_bias, built.fn("gate"), built.fn("gate_bwd"), call.plan.decay == "scalar")
-        A_log = dt_bias = None
-        call, config, bwd_config = plain if plain is not None else _without_gate(call, config, bwd_config)
-    return _ChunkKDAFunction.apply(q, k, x["v"], g, x["beta"], x["initial_state"], A_log, dt_bias,
-                                   None, None, (call, config, bwd_config, output_final_state))
-
-
-def with_plan(call: _Call, plan: Plan) -> _Call:
-    """The same call on another plan of the same dims (a member's plan without its in-kernel gate)."""
-    return dataclasses.replace(call, plan=plan)
-
-
-def _without_gate(call: _Call, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig):
-    """The call and configs of a layer call's chunk launches once its gate is launched apart (g given, in
-    float32): the plan of KDA with the direct gate, whose lower bound (where the gate's formula has one,
-    lower_bound * sigmoid(..) >= lower_bound) is trusted, not checked -- the formula guarantees it, as for
-    the in-kernel gate's plan.  The configs are the call's otherwise."""
-    bound = call.plan.lower_bound
-    spec = select_spec(False, bound is not None, bound, False, False)
-    plan = lower(spec, call.plan.K, call.plan.V, call.plan.dtype, "chunk", False)
-    return (with_plan(call, plan), config.replace(gate_launch=False, check_gate_bound=False),
-            bwd_config.replace(check_gate_bound=False))
-
-
-class _ChunkKDAFunction(torch.autograd.Function):
-    """chunk_kda with gradients: the forward launches also write what the backward reads.  Used
-    only when some input requires grad; the inputs are already validated and pre-processed.
-    ``a``, ``b``: general DPLR's read and write vectors (None for every other member, whose
-    ``beta`` they replace)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, A_log, dt_bias, a, b, run):
-        call, config, bwd_config, output_final_state = run
-        x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias, a=a, b=b)
-        # a forward config that does not compile on this GPU falls back to a smaller one (kdagen.ops.fallback)
-        _, launches, ((o, ht, hs), meta) = fallback.run(
-            "chunk_train", call.plan, config,
-            lambda c: (lambda r: (r[0], (r[1], r[2])))(_training_launches(call, x, c, bwd_config, output_final_state)))
-        ctx.save_for_backward(*bwd.saved_tensors(launches, initial_state, hs, call.plan, meta.config))
-        ctx.meta = meta
-        ctx.like = {n: None if t is None else (t.shape, t.dtype) for n, t in x.items()}
-        return o, ht
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do, dht):
-        grads = bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht)
-        return grads + (None,) * (11 - len(grads))  # (DPLR's da, db, when not its,) and run's
 
 
 @fla_dtypes("q")
@@ -416,7 +183,7 @@ def chunk_kda(
             use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
             safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
             cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
-            check_inputs=check_inputs, chunk_size=chunk_size, bwd_override=bool(_BWD_OVERRIDE),
+            check_inputs=check_inputs, chunk_size=chunk_size, bwd_override=bwd_override_active(),
             state_v_first=state_v_first, disable_recompute=disable_recompute)
     if isinstance(q, torch.Tensor):
         check_runnable(q)
@@ -425,7 +192,7 @@ def chunk_kda(
     if use_graph and cu_seqlens is not None:
         _check_graph_capturable(training, return_intermediate_states)
         cu_seqlens_cpu = None  # a captured graph replays the schedule the device builds, never host lengths
-    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+    call, x = prepare_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
@@ -440,23 +207,14 @@ def chunk_kda(
         raise ValueError(
             "chunk_kda: return_intermediate_states=True is inference-only (prefix caching) and has no "
             "backward; call it under torch.no_grad() / torch.inference_mode() or detach the inputs")
-    config, bwd_config = _configs(call, config, None, training, chunk_size, disable_recompute)
+    config, bwd_config = chunk_configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
-        return _train(call, x, config, bwd_config, output_final_state)
-    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: _forward_launches(
+        return train(call, x, config, bwd_config, output_final_state)
+    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: forward_launches(
         call, x, c, output_final_state, return_intermediate_states))
     if return_intermediate_states:
-        return o, ht, _fla_layout(hs, call)
+        return o, ht, fla_layout(hs, call)
     return o, ht
-
-
-def _fla_layout(hs: torch.Tensor, call: _Call) -> torch.Tensor:
-    """The per-chunk states [NT_total, HV, ., .] as FLA returns them (views, no copy):
-    [B, NT, HV, ., .] for a fixed-length batch (NT_total = B * NT, batch-major) and
-    [1, NT_total, HV, ., .] with cu_seqlens."""
-    if call.cu_seqlens is None:
-        return hs.view(call.dims.B, -1, *hs.shape[1:])
-    return hs.unsqueeze(0)
 
 
 def _check_graph_flags(use_graph, max_num_seqs) -> None:
@@ -484,13 +242,13 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
     """Validate, plan, generate and describe the forward launches of chunk_kda without running
     them (the op runs them; the tuner and the benchmark time them one by one; compile-only
     checks compile them): ``(launches, (o, final_state, per-chunk states))``."""
-    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+    call, x = prepare_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                        use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                        allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
                        state_v_first=state_v_first, sync_seqlens=return_intermediate_states)
-    config, _ = _configs(call, config, None, False)
-    return _forward_launches(call, x, config, output_final_state, return_intermediate_states)
+    config, _ = chunk_configs(call, config, None, False)
+    return forward_launches(call, x, config, output_final_state, return_intermediate_states)
 
 
 def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
@@ -509,11 +267,11 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     the backward's re-run of the intra launch where the backward takes one (it keeps nothing of the
     forward's intermediates: chunks of four sub-tiles, :func:`~.chunk_bwd.saved_names`), for
     compiling everything a training step runs."""
-    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+    call, x = prepare_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                        A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
                        lower_bound=lower_bound, in_kernel=False, state_v_first=state_v_first)
-    config, bwd_config = _configs(call, config, bwd_config, True)
-    fwd, (o, ht, hs), meta = _training_launches(call, x, config, bwd_config, output_final_state)
+    config, bwd_config = chunk_configs(call, config, bwd_config, True)
+    fwd, (o, ht, hs), meta = training_launches(call, x, config, bwd_config, output_final_state)
     inputs = {n: x[n] for n in bwd.INPUT_NAMES}
     inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES + bwd.RERUN_SAVED if n in fwd[0].args}
     if do is None:

@@ -40,6 +40,7 @@ import triton
 from ..codegen.lower import Plan
 from ..config import ChunkBwdConfig
 from ..kernels import Launch, build, dummy_pointer, has_repair
+from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, run_dplr_bwd
 from .inputs import Dims, state_shape
 
 INTERMEDIATES = ("qg", "kg", "w", "u", "aqk", "gn")  # what the forward's intra launch writes
@@ -382,8 +383,6 @@ def backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
 def _dplr_backward(meta: BwdMeta, saved, like: dict, need: tuple[bool, ...], do, dht):
     """General DPLR's grads of (q, k, v, g, beta, initial_state, A_log, dt_bias, a, b): beta,
     A_log and dt_bias are None (it has none); its kernels are :mod:`kdagen.ops.dplr_bwd`'s."""
-    from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, run_dplr_bwd
-
     q, k, v, g, _, h0, _, _, hs, vn = saved[:10]
     rest = list(saved[10:])
     kept = [rest.pop(0) for _ in KEPT_INTERMEDIATES] if meta.config.store_intermediates else None

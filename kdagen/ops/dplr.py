@@ -35,7 +35,12 @@ from ..codegen.forms import generates
 from ..codegen.lower import lower
 from ..config import ChunkTrainConfig
 from ..dtypes import TORCH_DTYPES, dtype
+from ..kernels import build
+from . import chunk_bwd as bwd
 from . import fallback
+from .chunk_call import ChunkCall, ChunkFunction, chunk_configs, training_launches
+from .chunk_train import prepare_chunk_train
+from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
 from .inputs import check_cp_context, check_inputs, check_kwargs, check_runnable, fla_dtypes, gate_choice
 from .member import fused_recurrent_member
 
@@ -76,8 +81,6 @@ def _prepare(op: str, q, k, v, a, b, gk, *, scale=None, initial_state=None, cu_s
              safe_gate: bool = False, lower_bound: float | None = None, training: bool | None = None):
     """Validate a chunk call and plan it: ``(call, inputs by name, training)``.  ``training``
     None: whether some input requires grad."""
-    from . import chunk as C
-
     _check_vectors(op, q, v, a, b, gk)
     _, bound, _, _ = gate_choice(False, safe_gate, lower_bound, False, False)  # chunk_kda's reading of the flags
     spec = dplr_spec(bound)
@@ -90,21 +93,19 @@ def _prepare(op: str, q, k, v, a, b, gk, *, scale=None, initial_state=None, cu_s
     x = dict(q=q, k=k, v=v, g=gk, beta=None, initial_state=initial_state, A_log=None, dt_bias=None, a=a, b=b)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = C._Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state)
+    call = ChunkCall(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state)
     return call, x, training
 
 
 def _configs(op: str, call, config, training: bool, chunk_size: int | None, disable_recompute: bool = False):
     """``(forward config, backward config or None)``: the caller's ChunkTrainConfig, else the tuned
     winner of the ``chunk_train`` family, else its heuristic; a training call's backward config
-    as every member's (:func:`kdagen.ops.chunk._configs`)."""
-    from . import chunk as C
-
+    as every member's (:func:`kdagen.ops.chunk_call.chunk_configs`)."""
     if config is not None and not isinstance(config, ChunkTrainConfig):
         raise TypeError(f"{op}: config must be a ChunkTrainConfig (general DPLR runs the training-path kernels, "
                         f"chunk_intra and chunk_state, for inference too), got {type(config).__name__}")
     if training:
-        return C._configs(call, config, None, True, chunk_size, disable_recompute)
+        return chunk_configs(call, config, None, True, chunk_size, disable_recompute)
     fwd = resolve("chunk_train", call.plan, config, call.shape, call.state_dtype)
     fwd = fwd if chunk_size is None else fwd.replace(chunk_size=chunk_size, sub_chunk=min(fwd.sub_chunk, chunk_size))
     # a config the caller did not give is made legal for the GPU (kdagen.cache.miscompiles.legal)
@@ -113,9 +114,6 @@ def _configs(op: str, call, config, training: bool, chunk_size: int | None, disa
 
 def _launches(call, x, config: ChunkTrainConfig, output_final_state: bool):
     """The inference forward's two launches (not run) and its outputs ``(o, final state, None)``."""
-    from ..kernels import build
-    from .chunk_train import prepare_chunk_train
-
     return prepare_chunk_train(
         x["q"], x["k"], x["v"], x["g"], None, scale=call.scale, initial_state=x["initial_state"],
         output_final_state=output_final_state, cu_seqlens=call.cu_seqlens, seqlens=call.seqlens, dims=call.dims,
@@ -172,8 +170,6 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     initial_state from o and the final state.  ``disable_recompute``
     maps to the backward config's ``store_intermediates`` (the forward's intermediates are kept
     instead of recomputed), as chunk_kda's; no effect without a gradient."""
-    from . import chunk as C
-
     op = "chunk_dplr_delta_rule"
     if "head_first" in kwargs:
         raise ValueError(f"{op}: head_first has been removed (as in FLA); inputs are [B, T, H, ...]")
@@ -191,7 +187,7 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
                                  lower_bound=lower_bound)
     config, bwd_config = _configs(op, call, config, training, chunk_size, disable_recompute)
     if training:
-        return C._ChunkKDAFunction.apply(x["q"], x["k"], x["v"], x["g"], None, x["initial_state"], None, None,
+        return ChunkFunction.apply(x["q"], x["k"], x["v"], x["g"], None, x["initial_state"], None, None,
                                          x["a"], x["b"], (call, config, bwd_config, output_final_state))
     # a config that does not compile on this GPU falls back to a smaller one (kdagen.ops.fallback)
     _, _, (o, ht, _) = fallback.run("chunk_train", call.plan, config, lambda c: _launches(call, x, c, output_final_state))
@@ -206,8 +202,6 @@ def chunk_dplr_launches(q, k, v, a, b, gk, *, training: bool = False, config: Ch
     state, per-chunk states))``.  ``training=True``: the training forward's launches, which also
     write the per-chunk states (in the backward config's ``state_dtype``) and V' (the state
     launch's ``vn``) -- what the backward reads; ``bwd_config`` as chunk_kda's."""
-    from . import chunk as C
-
     op = "chunk_dplr_launches"
     _check_chunk_size(op, None, config)
     call, x, _ = _prepare(op, q, k, v, a, b, gk, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -217,8 +211,8 @@ def chunk_dplr_launches(q, k, v, a, b, gk, *, training: bool = False, config: Ch
         return _launches(call, x, config, output_final_state)
     if config is not None and not isinstance(config, ChunkTrainConfig):
         raise TypeError(f"{op}: config must be a ChunkTrainConfig, got {type(config).__name__}")
-    config, bwd_config = C._configs(call, config, bwd_config, True)
-    launches, outs, _ = C._training_launches(call, x, config, bwd_config, output_final_state)
+    config, bwd_config = chunk_configs(call, config, bwd_config, True)
+    launches, outs, _ = training_launches(call, x, config, bwd_config, output_final_state)
     return launches, outs
 
 
@@ -231,13 +225,9 @@ def chunk_dplr_bwd_launches(q, k, v, a, b, gk, *, config=None, bwd_config=None, 
     write (run those first); ``do``/``dht`` default to zeros; ``with_rerun``: the forward launches
     end with the backward's re-run of the intra launch when the backward config recomputes the
     intermediates.  ``kw``: scale, initial_state, cu_seqlens, safe_gate, lower_bound."""
-    from . import chunk as C
-    from . import chunk_bwd as bwd
-    from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
-
     call, x, _ = _prepare("chunk_dplr_bwd_launches", q, k, v, a, b, gk, training=True, **kw)
-    config, bwd_config = C._configs(call, config, bwd_config, True)
-    fwd, (o, ht, hs), meta = C._training_launches(call, x, config, bwd_config, output_final_state)
+    config, bwd_config = chunk_configs(call, config, bwd_config, True)
+    fwd, (o, ht, hs), meta = training_launches(call, x, config, bwd_config, output_final_state)
     inputs = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], a=x["a"], b=x["b"])
     inter = {n: fwd[0].args[n] for n in DPLR_KEPT_INTERMEDIATES}
     do = torch.zeros_like(o) if do is None else do.contiguous()

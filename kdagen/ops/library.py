@@ -35,7 +35,8 @@ from torch import Tensor
 from ..cache.lookup import resolve
 from ..kernels import _DUMMY, build, dummy_pointer
 from . import chunk_bwd as B
-from .chunk import _configs, _prepare, _training_launches, chunk_kda
+from .chunk import chunk_kda, prepare_kda
+from .chunk_call import chunk_configs, training_launches
 from .l2norm import normalise, normalise_bwd
 from .inputs import state_shape
 from .recurrent import fused_recurrent_kda
@@ -99,11 +100,11 @@ def _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_g
                    lower_bound, chunk_size, state_v_first, disable_recompute):
     """The validated call and its configs, resolved as an eager training call resolves them
     (without a ``chunk_bwd_config`` block, which :func:`.traced.chunk_kda_traced` refuses)."""
-    call, x = _prepare(q, k, v, g, beta, scale=scale, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
+    call, x = prepare_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias,
                        use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate, lower_bound=lower_bound,
                        in_kernel=False, state_v_first=state_v_first)
     bwd = resolve("chunk_bwd", call.plan, None, call.shape, call.state_dtype)
-    train, bwd = _configs(call, None, bwd, True, chunk_size, disable_recompute)
+    train, bwd = chunk_configs(call, None, bwd, True, chunk_size, disable_recompute)
     return call, x, train, bwd
 
 
@@ -116,7 +117,7 @@ def _train_outputs(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, outpu
                    safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute, run: bool):
     call, x, train, bwd = _training_call(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, use_gate_in_kernel,
                                          safe_gate, lower_bound, chunk_size, state_v_first, disable_recompute)
-    launches, (o, ht, hs), _ = _training_launches(call, x, train, bwd, output_final_state)
+    launches, (o, ht, hs), _ = training_launches(call, x, train, bwd, output_final_state)
     if run:
         for launch in launches:
             launch()
@@ -179,7 +180,7 @@ def _backward_meta(call, x, train, bwd, output_final_state):
     forward's launches described on the meta device: nothing is allocated or run.  (A batch of
     equal-length sequences: the only pointers the description keeps are dummies, put back here
     on the inputs' device.)"""
-    _, _, meta = _training_launches(call, {n: None if t is None else t.to("meta") for n, t in x.items()}, train, bwd,
+    _, _, meta = training_launches(call, {n: None if t is None else t.to("meta") for n, t in x.items()}, train, bwd,
                                     output_final_state)
     dummy = dummy_pointer(x["q"].device)
 

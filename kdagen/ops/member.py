@@ -19,12 +19,17 @@ import torch
 
 from .. import spec as S
 from ..codegen.lower import lower, spec_max_head_dim
+from ..cache.lookup import resolve
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
-from . import checks, fallback
+from . import chunk_bwd as bwd
+from . import checks, fallback, recurrent_bwd
+from .chunk_call import (ChunkCall, chunk_configs, fla_layout, forward_launches, train, training_launches,
+                         training_preprocess, with_plan)
 from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_rank1_vectors, check_runnable,
                      host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
+from .recurrent import RecurrentFunction, prepare_recurrent, tensor_key
 
 
 # fused_recurrent_member's per-geometry memo (as fused_recurrent_kda's fast path): the first call of a
@@ -34,7 +39,7 @@ from .inputs import check_inputs as _validate
 _FAST: dict = {}
 _FAST_MAX = 4096
 # chunk_member's chunk lengths (FLA's chunk_delta_rule / chunk_gated_delta_rule take these; 16 runs the
-# training forward's launches for inference too, kdagen.ops.chunk._configs)
+# training forward's launches for inference too, kdagen.ops.chunk_call.chunk_configs)
 CHUNK_SIZES = (16, 32, 64)
 
 
@@ -147,8 +152,6 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     chunk_kda's).  Returns ``(o, final_state)`` (and the per-chunk states with
     ``return_intermediate_states``, inference only).  Differentiable in q, k, v, g, beta,
     initial_state (and A_log, dt_bias with an in-kernel gate) when one of them requires grad."""
-    from . import chunk as C  # the KDA op's call machinery, which every lowerable spec shares
-
     state_v_first = state_layout(op, state_v_first, kwargs)
     check_kwargs(op, kwargs)
     if chunk_size is not None and chunk_size not in CHUNK_SIZES:
@@ -166,14 +169,14 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     if training and return_intermediate_states:
         raise ValueError(f"{op}: return_intermediate_states=True is inference-only and has no backward")
     given = config
-    config, bwd_config = C._configs(call, config, None, training, chunk_size, disable_recompute)
+    config, bwd_config = chunk_configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
-        return C._train(call, x, config, bwd_config, output_final_state,
+        return train(call, x, config, bwd_config, output_final_state,
                         plain=_plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_recompute))
-    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: C._forward_launches(
+    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: forward_launches(
         call, x, c, output_final_state, return_intermediate_states))
     if return_intermediate_states:
-        return o, ht, C._fla_layout(hs, call)
+        return o, ht, fla_layout(hs, call)
     return o, ht
 
 
@@ -189,14 +192,12 @@ def _plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_rec
     the call and configs of its chunk launches, the member with g given (the gate's bound, if its formula
     has one, as the direct gate's); the configs are that plan's own unless the caller gave some (a
     training forward's config is the call's then, without gate_launch).  None otherwise."""
-    from . import chunk as C
-
     if not config.launches_gate(call.plan):
         return None
     p = call.plan
-    plain = C.with_plan(call, _direct_gate_plan(spec, p.lower_bound, p.K, p.V, p.dtype))
+    plain = with_plan(call, _direct_gate_plan(spec, p.lower_bound, p.K, p.V, p.dtype))
     if given is None:
-        config, bwd_config = C._configs(plain, None, None, True, chunk_size, disable_recompute)
+        config, bwd_config = chunk_configs(plain, None, None, True, chunk_size, disable_recompute)
     return plain, config.replace(gate_launch=False), bwd_config
 
 
@@ -209,9 +210,7 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     torch ops here, which autograd differentiates; else the inference kernels apply them).
     ``sync_seqlens``: read a device cu_seqlens back (default: when training; an inference call
     builds its chunk schedule on the device).  ``l2norm_launch``: a training call leaves the l2-norm
-    to launches of its own (``call.l2norm``, :func:`.chunk._train`)."""
-    from . import chunk as C
-
+    to launches of its own (``call.l2norm``, :func:`.chunk_call.train`)."""
     _refuse_dplr(op, spec)
     _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
@@ -229,7 +228,7 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias)
     flags = {}
     if training:
-        q, k, beta, flags = C._training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+        q, k, beta, flags = training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
                                                    allow_neg_eigval, l2norm_launch)
     else:
         check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
@@ -240,7 +239,7 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     x = dict(q=q, k=k, v=v, g=g_arg, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
     x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = C._Call(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
+    call = ChunkCall(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
                    state_v_first=state_v_first)
     return call, x, training
 
@@ -256,14 +255,11 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
     launch's re-run where the backward takes one instead (:func:`~.chunk_bwd.saved_names`).  ``chunk_size``:
     :func:`chunk_member`'s (16: an inference call's launches are the training forward's).  ``kw``: the
     validation keywords of :func:`chunk_member` (scale, initial_state, cu_seqlens, gate ...)."""
-    from . import chunk as C
-    from . import chunk_bwd as bwd
-
     call, x, _ = _prepare_chunk(spec, q, k, v, g, beta, training=training, **kw)
-    config, bwd_config = C._configs(call, config, bwd_config, training, chunk_size)
+    config, bwd_config = chunk_configs(call, config, bwd_config, training, chunk_size)
     if not training:
-        return C._forward_launches(call, x, config, output_final_state)
-    fwd, (o, ht, hs), meta = C._training_launches(call, x, config, bwd_config, output_final_state)
+        return forward_launches(call, x, config, output_final_state)
+    fwd, (o, ht, hs), meta = training_launches(call, x, config, bwd_config, output_final_state)
     inputs = {n: x[n] for n in bwd.INPUT_NAMES}
     inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES + bwd.RERUN_SAVED if n in fwd[0].args}
     do = torch.zeros_like(o) if do is None else do.contiguous()
@@ -294,10 +290,6 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     so the spec's own inputs are a' = -b, b' = a -- and no beta; ``reverse=True`` walks each
     sequence last to first (this structure only; it has no backward).  Gradients of q, k, v, g,
     a, b and the initial state come from the recurrent backward template's DPLR branch."""
-    from . import recurrent as R
-    from . import recurrent_bwd
-    from ..cache.lookup import resolve
-
     if kwargs:
         state_v_first = state_layout(op, state_v_first, kwargs)
         check_kwargs(op, kwargs, RECURRENT_IGNORED_KWARGS)
@@ -316,12 +308,12 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     sig = hit = None
     if not kwargs and not checks.wanted(check_inputs):
         try:  # a decode loop's later calls of one geometry: no validation, lowering or config look-up
-            sig = (spec, op, R._t(q), R._t(k), R._t(v), R._t(g), R._t(beta), R._t(initial_state),
-                   R._t(ssm_state_indices), R._t(out), R._t(cu_seqlens), R._t(A_log), R._t(dt_bias), scale,
+            sig = (spec, op, tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(g), tensor_key(beta), tensor_key(initial_state),
+                   tensor_key(ssm_state_indices), tensor_key(out), tensor_key(cu_seqlens), tensor_key(A_log), tensor_key(dt_bias), scale,
                    output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                    allow_neg_eigval, state_v_first, config, torch.is_grad_enabled())
             if ab is not None:
-                sig += (R._t(ab[0]), R._t(ab[1]), reverse)
+                sig += (tensor_key(ab[0]), tensor_key(ab[1]), reverse)
             hit = _FAST.get(sig)
         except (AttributeError, TypeError):  # not a tensor, or unhashable: the full path says what is wrong
             sig = hit = None
@@ -379,7 +371,7 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                                               recurrent_bwd.current_config(plan), state_v_first)
         x = [t if t is None or t.is_contiguous() else t.contiguous()
              for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
-        o, ht = R._RecurrentKDAFunction.apply(*x, (meta, plan, built, output_final_state))
+        o, ht = RecurrentFunction.apply(*x, (meta, plan, built, output_final_state))
         return o, (ht if output_final_state else None)
     if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device
                             or not out.is_contiguous()):
@@ -402,12 +394,10 @@ def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
     """Launch the recurrent kernel of a validated decode call: ``(o, final state or pool or None)``.
     ``ab``: general DPLR's (a, b), read in place of beta.  ``fused``: (use_qk_l2norm_in_kernel,
     use_beta_sigmoid_in_kernel, allow_neg_eigval), which the kernel applies to the raw inputs."""
-    from . import recurrent as R
-
     q, k, v, g, beta = (x if x.is_contiguous() else x.contiguous() for x in (q, k, v, g, beta))
     if ab is not None:
         ab = tuple(x if x.is_contiguous() else x.contiguous() for x in ab)
-    launch, (o, ht) = R.prepare_recurrent(
+    launch, (o, ht) = prepare_recurrent(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=state_indices, dims=dims, plan=plan, built=built,
         A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first, ab=ab, reverse=reverse,
@@ -437,8 +427,6 @@ class _RecurrentDPLRFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dht):
-        from . import recurrent_bwd
-
         if ctx.reverse:
             raise NotImplementedError(
                 f"{ctx.op}: reverse=True has no backward in kdagen's recurrent form; for training use "

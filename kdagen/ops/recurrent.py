@@ -14,7 +14,7 @@ from ..codegen.lower import lower
 from ..config import RecurrentConfig
 from ..dtypes import dtype
 from ..kernels import Launch, build, dummy_pointer, launch, launch_options, register_cap
-from . import checks
+from . import checks, recurrent_bwd
 from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, fla_dtypes,
                      host_seqlens, preprocess, select_spec, state_layout, state_shape)
 from .inputs import check_inputs as _validate
@@ -374,7 +374,7 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
 # --- training: the autograd path -----------------------------------------------------------
 
 
-class _RecurrentKDAFunction(torch.autograd.Function):
+class RecurrentFunction(torch.autograd.Function):
     """fused_recurrent_kda with gradients.  The forward is the decode kernel (it stores nothing
     for the backward); the backward is :mod:`kdagen.ops.recurrent_bwd`.  Used only when some
     input requires grad; the inputs are validated and pre-processed already."""
@@ -397,8 +397,6 @@ class _RecurrentKDAFunction(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dht):
-        from . import recurrent_bwd
-
         return recurrent_bwd.backward(ctx.meta, ctx.saved_tensors, ctx.like, ctx.needs_input_grad, do, dht) + (None,)
 
 
@@ -409,8 +407,6 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     """A call that some input's gradient flows through: validate (reading the sequence lengths
     on the host, for the backward's segment schedule), pre-process with torch ops and run the
     autograd Function."""
-    from . import recurrent_bwd
-
     if ssm_state_indices is not None:
         raise ValueError("fused_recurrent_kda: ssm_state_indices (an in-place state pool update) has no gradient; "
                          "call it under torch.no_grad()/inference_mode(), or pass initial_state [N, HV, K, V] "
@@ -436,7 +432,7 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
                                           state_v_first)
     x = [t if t is None or t.is_contiguous() else t.contiguous()
          for t in (q, k, v, g, beta, initial_state, A_log, dt_bias)]
-    o, ht = _RecurrentKDAFunction.apply(*x, (meta, plan, built, output_final_state))
+    o, ht = RecurrentFunction.apply(*x, (meta, plan, built, output_final_state))
     return o, (ht if output_final_state else None)
 
 
@@ -533,7 +529,7 @@ class _Entry:
     extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (NS, the sequences' count)
 
 
-def _t(x):
+def tensor_key(x):
     """One tensor's part of a fast-path signature (the family ops' decode, kdagen.ops.member)."""
     return None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous(), x.requires_grad)
 
