@@ -210,10 +210,10 @@ def test_chunk_kda_no_grad_is_fine():
 def test_a_training_call_validates_selects_and_lowers_once(monkeypatch):
     """The grad path validates the inputs, selects the spec and lowers the plan once (forward
     and backward together), as the inference path does."""
-    from kdagen.ops import chunk as op
+    from kdagen.ops import chunk, chunk_call
 
     counts = {}
-    for name in ("check_inputs", "select_spec", "lower"):
+    for op, name in ((chunk_call, "check_inputs"), (chunk, "select_spec"), (chunk_call, "lower")):
         real = getattr(op, name)
 
         def counted(*a, _real=real, _name=name, **k):

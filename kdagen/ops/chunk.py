@@ -14,16 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from ..codegen.lower import lower
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
-from ..dtypes import dtype
-from . import chunk_bwd as bwd
 from . import checks
 from . import fallback
 from .chunk_call import (ChunkCall, bwd_override_active, chunk_bwd_config, chunk_configs, fla_layout,
-                         forward_launches, train, training_launches, training_preprocess)
-from .inputs import (check_beta_flags, check_cp_context, check_inputs, check_kwargs, check_runnable, fla_dtypes,
-                     select_spec, state_layout)
+                         forward_launches, prepare_chunk, requires_grad, train, training_step_launches)
+from .inputs import check_cp_context, check_kwargs, check_runnable, fla_dtypes, select_spec, state_layout
 from .traced import chunk_kda_traced
 
 
@@ -32,33 +28,17 @@ def prepare_kda(q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=
                 allow_neg_eigval=False, safe_gate=False, lower_bound=None,
                 in_kernel: bool = True, cu_seqlens_cpu=None, state_v_first: bool = False,
                 sync_seqlens: bool | None = None, l2norm_launch: bool = False) -> tuple[ChunkCall, dict]:
-    """Validate the arguments and choose the spec and plan: the call and its contiguous inputs by
-    name.  ``in_kernel``: the l2-norm and beta sigmoid are left to the kernels (the inference
-    forward); otherwise they are applied here as torch ops, which autograd differentiates --
-    except the l2-norm with ``l2norm_launch`` (a training call: its own launches, :func:`train`).
-    ``sync_seqlens``: read a device cu_seqlens back to the host (default: for a training call,
-    whose backward needs the lengths; an inference call builds its schedule on the device)."""
-    dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                 A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
-                                 cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
-                                 sync_seqlens=not in_kernel if sync_seqlens is None else sync_seqlens,
-                                 member="chunk_kda")
-    spec = select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None)
-    flags = {}
-    if in_kernel:
-        check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
-                     beta_scale=2.0 if allow_neg_eigval else 1.0)
-    else:
-        q, k, beta, flags = training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                                                 allow_neg_eigval, l2norm_launch)
-    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
-    x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
-    x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
-    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = ChunkCall(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
-                 state_v_first=state_v_first)
-    return call, x
+    """chunk_kda's call on the chunk front end (:func:`~.chunk_call.prepare_chunk`): the spec FLA's
+    gate flags select (:func:`~.inputs.select_spec`, once the tensors are validated).  ``in_kernel``:
+    an inference call (the kernels apply the l2-norm and beta sigmoid), else a training call's torch
+    ops -- except the l2-norm with ``l2norm_launch`` (its own launches, :func:`~.chunk_call.train`)."""
+    return prepare_chunk(
+        lambda: select_spec(use_gate_in_kernel, safe_gate, lower_bound, A_log is not None, dt_bias is not None),
+        q, k, v, g, beta, member="chunk_kda", training=not in_kernel, scale=scale, initial_state=initial_state,
+        cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log, dt_bias=dt_bias,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first, sync_seqlens=sync_seqlens, l2norm_launch=l2norm_launch)
 
 
 @fla_dtypes("q")
@@ -187,17 +167,16 @@ def chunk_kda(
             state_v_first=state_v_first, disable_recompute=disable_recompute)
     if isinstance(q, torch.Tensor):
         check_runnable(q)
-    training = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
+    training = requires_grad(q, k, v, g, beta, initial_state, A_log, dt_bias)
     if use_graph and cu_seqlens is not None:
         _check_graph_capturable(training, return_intermediate_states)
         cu_seqlens_cpu = None  # a captured graph replays the schedule the device builds, never host lengths
     call, x = prepare_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                       A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                       use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                       in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
-                       sync_seqlens=training or return_intermediate_states, l2norm_launch=True)
+                          A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                          use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                          allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+                          in_kernel=not training, cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
+                          sync_seqlens=training or return_intermediate_states, l2norm_launch=True)
     if checks.wanted(check_inputs):
         checks.check_values("chunk_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                             cu_seqlens=cu_seqlens, gate_bound=checks.promised_bound(safe_gate, lower_bound,
@@ -243,10 +222,10 @@ def chunk_kda_launches(q, k, v, g, beta, *, scale=None, initial_state=None, outp
     them (the op runs them; the tuner and the benchmark time them one by one; compile-only
     checks compile them): ``(launches, (o, final_state, per-chunk states))``."""
     call, x = prepare_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                       A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                       use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
-                       allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
-                       state_v_first=state_v_first, sync_seqlens=return_intermediate_states)
+                          A_log=A_log, dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                          use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                          allow_neg_eigval=allow_neg_eigval, safe_gate=safe_gate, lower_bound=lower_bound,
+                          state_v_first=state_v_first, sync_seqlens=return_intermediate_states)
     config, _ = chunk_configs(call, config, None, False)
     return forward_launches(call, x, config, output_final_state, return_intermediate_states)
 
@@ -268,18 +247,7 @@ def chunk_kda_bwd_launches(q, k, v, g, beta, *, scale=None, initial_state=None, 
     forward's intermediates: chunks of four sub-tiles, :func:`~.chunk_bwd.saved_names`), for
     compiling everything a training step runs."""
     call, x = prepare_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                       A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
-                       lower_bound=lower_bound, in_kernel=False, state_v_first=state_v_first)
+                          A_log=A_log, dt_bias=dt_bias, use_gate_in_kernel=use_gate_in_kernel, safe_gate=safe_gate,
+                          lower_bound=lower_bound, in_kernel=False, state_v_first=state_v_first)
     config, bwd_config = chunk_configs(call, config, bwd_config, True)
-    fwd, (o, ht, hs), meta = training_launches(call, x, config, bwd_config, output_final_state)
-    inputs = {n: x[n] for n in bwd.INPUT_NAMES}
-    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES + bwd.RERUN_SAVED if n in fwd[0].args}
-    if do is None:
-        do = torch.zeros_like(o)
-    if dht is None and output_final_state:
-        dht = torch.zeros_like(ht)
-    launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do.contiguous(),
-                                           None if dht is None else dht.contiguous(), initial_state is not None)
-    if with_rerun and not bwd.saved_names(call.plan, meta.config):
-        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
-    return fwd, launches, outs
+    return training_step_launches(call, x, config, bwd_config, output_final_state, do, dht, with_rerun)

@@ -21,15 +21,16 @@ from ..cache.heuristics import default_train_config
 from ..cache.lookup import resolve
 from ..codegen.lower import Plan, lower
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
-from ..dtypes import storage
-from ..kernels import build
+from .. import spec as S
+from ..dtypes import dtype, storage
+from ..kernels import build, dummy_pointer
 from . import chunk_bwd as bwd
 from . import fallback
 from .chunk_fwd import prepare_chunk_fwd
 from .chunk_train import prepare_chunk_train
 from .gate import layer_gate
 from .l2norm import qk_l2norm
-from .inputs import Dims, host_seqlens, preprocess, select_spec
+from .inputs import Dims, check_beta_flags, check_inputs, host_seqlens, preprocess, select_spec
 
 _BWD_OVERRIDE: list[ChunkBwdConfig] = []
 
@@ -56,7 +57,7 @@ def bwd_override_active() -> bool:
 
 @dataclass(frozen=True)
 class ChunkCall:
-    """A validated call: what it computes (the tensors are passed alongside, see :func:`kdagen.ops.chunk.prepare_kda`)."""
+    """A validated call: what it computes (the tensors are passed alongside, see :func:`prepare_chunk`)."""
 
     dims: Dims
     seqlens: list[int] | None
@@ -89,6 +90,62 @@ def training_preprocess(q, k, beta, use_qk_l2norm_in_kernel: bool, use_beta_sigm
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel and not deferred, use_beta_sigmoid_in_kernel,
                             allow_neg_eigval)
     return q, k, beta, dict(l2norm=deferred)
+
+
+def requires_grad(*tensors) -> bool:
+    """Whether a call is a training call: autograd is on and some input requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+def prepare_chunk(spec, q, k, v, g, beta, *, member: str, training: bool, scale=None, initial_state=None,
+                  cu_seqlens=None, cu_seqlens_cpu=None, A_log=None, dt_bias=None, use_qk_l2norm_in_kernel=False,
+                  use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
+                  state_v_first=False, sync_seqlens: bool | None = None, l2norm_launch: bool = False,
+                  ab: tuple | None = None, tensors: dict | None = None, value_check=None) -> tuple[ChunkCall, dict]:
+    """Validate a chunk call and plan it: ``(call, its contiguous inputs by name)`` -- the one front
+    end of every chunk op (chunk_kda, the family's chunk_member, chunk_dplr_delta_rule), which
+    differ only in what they pass here:
+
+    - ``spec``: the spec, or a function of nothing selecting it once the tensors are validated
+      (chunk_kda's flags); ``tensors``: :func:`~.inputs.check_inputs`'s description of the spec's
+      tensors (``decay``, ``rank1``, ``max_head_dim``); ``member``: the name its messages give.
+    - ``beta`` None: the spec reads none (the kernels get a stand-in pointer), or with ``ab``
+      general DPLR's (a, b), read in its place; g None likewise (no decay).
+    - ``value_check``: the opt-in value check, called with the beta the kernels read once the
+      shapes are validated.
+    - ``training``: the l2-norm and beta sigmoid are torch ops here, which autograd differentiates
+      -- except the l2-norm with ``l2norm_launch`` (launches of its own, :func:`train`); else the
+      inference kernels apply them.  ``sync_seqlens``: read a device cu_seqlens back (default:
+      when training, whose backward needs the lengths; an inference call builds its chunk schedule
+      on the device)."""
+    dims, seqlens = check_inputs(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                                 A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
+                                 cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
+                                 sync_seqlens=training if sync_seqlens is None else sync_seqlens, member=member,
+                                 **(tensors or {}))
+    if not isinstance(spec, S.Recurrence):
+        spec = spec()
+    if beta is None and ab is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
+        beta = dummy_pointer(q.device)
+    if value_check is not None:
+        value_check(beta)
+    if training:
+        q, k, beta, flags = training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
+                                                allow_neg_eigval, l2norm_launch)
+    else:
+        check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
+        flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
+                     beta_scale=2.0 if allow_neg_eigval else 1.0)
+    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
+    x = dict(q=q, k=k, v=v, g=g if g is not None else dummy_pointer(q.device), beta=beta,
+             initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
+    if ab is not None:
+        x.update(a=ab[0], b=ab[1])
+    x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
+    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
+    call = ChunkCall(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
+                     state_v_first=state_v_first)
+    return call, x
 
 
 def chunk_configs(call: ChunkCall, config, bwd_config: ChunkBwdConfig | None, training: bool, chunk_size: int | None = None,
@@ -195,6 +252,26 @@ def training_launches(call: ChunkCall, x: dict, config: ChunkTrainConfig, bwd_co
         qg_dtype=bwd.qg_dtype(bwd_config, storage(config.intermediates, x["q"].dtype))
         if bwd_config.store_intermediates else None)
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
+
+
+def training_step_launches(call: ChunkCall, x: dict, config, bwd_config, output_final_state: bool, do=None, dht=None,
+                           with_rerun: bool = False):
+    """Describe (nothing runs) a training call's forward launches and the backward's
+    (:mod:`.chunk_bwd`): ``(fwd_launches, bwd_launches, bwd_outputs)`` -- the backward reads what the
+    forward launches write (run those first); ``do``/``dht`` default to zeros.  In recompute mode the
+    backward's launches begin with chunk_bwd_rerun; ``with_rerun`` adds the forward intra launch's
+    re-run where the backward takes one instead (:func:`~.chunk_bwd.saved_names`)."""
+    fwd, (o, ht, hs), meta = training_launches(call, x, config, bwd_config, output_final_state)
+    inputs = {n: x[n] for n in bwd.INPUT_NAMES}
+    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES + bwd.RERUN_SAVED if n in fwd[0].args}
+    do = torch.zeros_like(o) if do is None else do.contiguous()
+    if dht is None and output_final_state:
+        dht = torch.zeros_like(ht)
+    launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do,
+                                           None if dht is None else dht.contiguous(), x["initial_state"] is not None)
+    if with_rerun and not bwd.saved_names(call.plan, meta.config):
+        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
+    return fwd, launches, outs
 
 
 def train(call: ChunkCall, x: dict, config: ChunkTrainConfig, bwd_config: ChunkBwdConfig, output_final_state: bool,

@@ -32,13 +32,12 @@ from .. import spec as S
 from ..cache.miscompiles import legal
 from ..cache.lookup import resolve
 from ..codegen.forms import generates
-from ..codegen.lower import lower
 from ..config import ChunkTrainConfig
 from ..dtypes import TORCH_DTYPES, dtype
 from ..kernels import build
 from . import chunk_bwd as bwd
 from . import fallback
-from .chunk_call import ChunkCall, ChunkFunction, chunk_configs, training_launches
+from .chunk_call import ChunkFunction, chunk_configs, prepare_chunk, requires_grad, training_launches
 from .chunk_train import prepare_chunk_train
 from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
 from .inputs import check_cp_context, check_inputs, check_kwargs, check_runnable, fla_dtypes, gate_choice
@@ -79,21 +78,16 @@ def _check_vectors(op: str, q, v, a, b, gk) -> None:
 
 def _prepare(op: str, q, k, v, a, b, gk, *, scale=None, initial_state=None, cu_seqlens=None, cu_seqlens_cpu=None,
              safe_gate: bool = False, lower_bound: float | None = None, training: bool | None = None):
-    """Validate a chunk call and plan it: ``(call, inputs by name, training)``.  ``training``
-    None: whether some input requires grad."""
+    """A chunk call on the chunk front end (:func:`~.chunk_call.prepare_chunk`), a and b read in place of
+    beta: ``(call, inputs by name, training)``.  ``training`` None: whether some input requires grad."""
     _check_vectors(op, q, v, a, b, gk)
     _, bound, _, _ = gate_choice(False, safe_gate, lower_bound, False, False)  # chunk_kda's reading of the flags
     spec = dplr_spec(bound)
     if training is None:
-        training = torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, a, b, gk, initial_state))
-    dims, seqlens = check_inputs(q, k, v, gk, None, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                                 cu_seqlens_cpu=cu_seqlens_cpu, decay="channel", rank1=False, member=op)
-    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk")
-    x = dict(q=q, k=k, v=v, g=gk, beta=None, initial_state=initial_state, A_log=None, dt_bias=None, a=a, b=b)
-    x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
-    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = ChunkCall(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state)
+        training = requires_grad(q, k, v, a, b, gk, initial_state)
+    call, x = prepare_chunk(spec, q, k, v, gk, None, member=op, training=training, scale=scale,
+                            initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu,
+                            sync_seqlens=True, ab=(a, b), tensors=dict(decay="channel", rank1=False))
     return call, x, training
 
 

@@ -22,10 +22,9 @@ from ..codegen.lower import lower, spec_max_head_dim
 from ..cache.lookup import resolve
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
-from . import chunk_bwd as bwd
 from . import checks, fallback, recurrent_bwd
-from .chunk_call import (ChunkCall, chunk_configs, fla_layout, forward_launches, train, training_launches,
-                         training_preprocess, with_plan)
+from .chunk_call import (chunk_configs, fla_layout, forward_launches, prepare_chunk, requires_grad, train,
+                         training_step_launches, with_plan)
 from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_rank1_vectors, check_runnable,
                      host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
@@ -205,7 +204,8 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
                    use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
                    allow_neg_eigval=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
                    check_inputs=None, op="chunk_member", training=None, sync_seqlens=None, l2norm_launch=False):
-    """Validate a chunk call of ``spec`` and plan it: ``(call, inputs by name, training)``.
+    """A chunk call of ``spec`` on the chunk front end (:func:`~.chunk_call.prepare_chunk`), after the
+    checks that depend on the spec (beta, gate, general DPLR refused): ``(call, inputs by name, training)``.
     ``training`` None: whether some input requires grad (then the l2-norm and beta sigmoid are
     torch ops here, which autograd differentiates; else the inference kernels apply them).
     ``sync_seqlens``: read a device cu_seqlens back (default: when training; an inference call
@@ -215,32 +215,19 @@ def _prepare_chunk(spec, q, k, v, g, beta, *, scale=None, initial_state=None, us
     _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias)
     if training is None:
-        training = torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
-    dims, seqlens = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                              A_log=A_log, dt_bias=dt_bias, gate_in_kernel=use_gate_in_kernel,
-                              cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first, decay=spec.decay,
-                              rank1=spec.has_rank1, sync_seqlens=training if sync_seqlens is None else sync_seqlens,
-                              max_head_dim=spec_max_head_dim(spec), member=f"{op} (spec {spec.name!r})")
-    if beta is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
-        beta = dummy_pointer(q.device)
+        training = requires_grad(q, k, v, g, beta, initial_state, A_log, dt_bias)
+    check = None
     if checks.wanted(check_inputs):
-        _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log, dt_bias)
-    flags = {}
-    if training:
-        q, k, beta, flags = training_preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel,
-                                                   allow_neg_eigval, l2norm_launch)
-    else:
-        check_beta_flags(use_beta_sigmoid_in_kernel, allow_neg_eigval)
-        flags = dict(l2norm=use_qk_l2norm_in_kernel, beta_sigmoid=use_beta_sigmoid_in_kernel,
-                     beta_scale=2.0 if allow_neg_eigval else 1.0)
-    plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "chunk", use_gate_in_kernel)
-    g_arg = g if g is not None else dummy_pointer(q.device)
-    x = dict(q=q, k=k, v=v, g=g_arg, beta=beta, initial_state=initial_state, A_log=A_log, dt_bias=dt_bias)
-    x = {n: t if t is None or n == "initial_state" else t.contiguous() for n, t in x.items()}
-    state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    call = ChunkCall(dims, seqlens, plan, dims.K ** -0.5 if scale is None else scale, cu_seqlens, state, **flags,
-                   state_v_first=state_v_first)
+        def check(beta_read):
+            _value_check(op, q, k, v, g, beta_read, initial_state, cu_seqlens, None, use_gate_in_kernel, A_log,
+                         dt_bias)
+    call, x = prepare_chunk(
+        spec, q, k, v, g, beta, member=f"{op} (spec {spec.name!r})", training=training, scale=scale,
+        initial_state=initial_state, cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, A_log=A_log,
+        dt_bias=dt_bias, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+        use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+        state_v_first=state_v_first, sync_seqlens=sync_seqlens, l2norm_launch=l2norm_launch,
+        tensors=dict(decay=spec.decay, rank1=spec.has_rank1, max_head_dim=spec_max_head_dim(spec)), value_check=check)
     return call, x, training
 
 
@@ -259,17 +246,7 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
     config, bwd_config = chunk_configs(call, config, bwd_config, training, chunk_size)
     if not training:
         return forward_launches(call, x, config, output_final_state)
-    fwd, (o, ht, hs), meta = training_launches(call, x, config, bwd_config, output_final_state)
-    inputs = {n: x[n] for n in bwd.INPUT_NAMES}
-    inter = {n: fwd[0].args[n] for n in bwd.INTERMEDIATES + bwd.RERUN_SAVED if n in fwd[0].args}
-    do = torch.zeros_like(o) if do is None else do.contiguous()
-    if dht is None and output_final_state:
-        dht = torch.zeros_like(ht)
-    launches, outs = bwd.prepare_chunk_bwd(meta, inputs, inter, hs, fwd[1].args["vn"], do,
-                                           None if dht is None else dht.contiguous(), x["initial_state"] is not None)
-    if with_rerun and not bwd.saved_names(call.plan, meta.config):
-        fwd = list(fwd) + [bwd.rerun_intra_launch(meta, inputs)[0]]
-    return fwd, launches, outs
+    return training_step_launches(call, x, config, bwd_config, output_final_state, do, dht, with_rerun)
 
 
 @torch.compiler.disable  # as chunk_member
