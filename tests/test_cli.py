@@ -237,7 +237,7 @@ def build_on_h200(runner, monkeypatch):
     from kdagen import kernels
     from kdagen.cache.gpus import get_profile
     from kdagen.cache.heuristics import default_config
-    from kdagen.ops import chunk as chunk_op, chunk_bwd as chunk_bwd_op, recurrent as recurrent_op
+    from kdagen.ops import chunk_call as chunk_op, chunk_bwd as chunk_bwd_op, recurrent as recurrent_op
     from kdagen.tuning import compile_pool as CP, driver as D
 
     h200 = get_profile("h200")
