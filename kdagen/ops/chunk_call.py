@@ -21,7 +21,6 @@ from ..cache.heuristics import default_train_config
 from ..cache.lookup import resolve
 from ..codegen.lower import Plan, lower
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
-from .. import spec as S
 from ..dtypes import dtype, storage
 from ..kernels import build, dummy_pointer
 from . import chunk_bwd as bwd
@@ -123,7 +122,7 @@ def prepare_chunk(spec, q, k, v, g, beta, *, member: str, training: bool, scale=
                                  cu_seqlens_cpu=cu_seqlens_cpu, state_v_first=state_v_first,
                                  sync_seqlens=training if sync_seqlens is None else sync_seqlens, member=member,
                                  **(tensors or {}))
-    if not isinstance(spec, S.Recurrence):
+    if callable(spec):  # chunk_kda's: chosen once the tensors are validated (a Recurrence is not callable)
         spec = spec()
     if beta is None and ab is None:  # no rank-1 part: the kernels read no beta (a stand-in pointer is passed)
         beta = dummy_pointer(q.device)
