@@ -216,7 +216,7 @@ def dummy_pointer(device) -> torch.Tensor:
 class Launch:
     """One kernel launch, described: run it, time it, or compile it for another GPU."""
 
-    kernel: str  # the template kind, e.g. "chunk_intra" (codegen.render.TEMPLATES)
+    kernel: str  # the template kind, e.g. "chunk_intra" (codegen.render.KERNELS)
     fn: Any
     grid: tuple[int, ...]
     args: dict[str, Any]

@@ -9,6 +9,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Callable
 
 import jinja2
 
@@ -20,67 +21,196 @@ from ..version import __version__
 from ..spec.structure import EXP_BUDGET
 from .lower import Plan
 
-# which template renders which kernel, and the config family it takes
-TEMPLATES = {
-    "chunk_solve": ("chunk_solve.py.j2", ChunkFwdConfig),
-    "chunk_pass": ("chunk_pass.py.j2", ChunkFwdConfig),
-    # the sequence-parallel state pass (ChunkFwdConfig.state_segment_chunks > 0, kdagen/ops/chunk_segments.py)
-    "chunk_seg_state": ("chunk_seg_state.py.j2", ChunkFwdConfig),
-    "chunk_seg_combine": ("chunk_seg_combine.py.j2", ChunkFwdConfig),
-    "chunk_seg_pass": ("chunk_pass.py.j2", ChunkFwdConfig),  # chunk_pass's template, per segment
-    # a packed call's chunk or segment schedule from device-only offsets (kdagen/ops/schedule.py)
-    "chunk_schedule": ("chunk_schedule.py.j2", ChunkFwdConfig),
-    "chunk_intra": ("chunk_intra.py.j2", ChunkTrainConfig),
-    "chunk_state": ("chunk_state.py.j2", ChunkTrainConfig),
-    # a training forward's output from the stored states and V' (ChunkTrainConfig.split_output)
-    "chunk_out": ("chunk_out.py.j2", ChunkTrainConfig),
-    "recurrent": ("recurrent.py.j2", RecurrentConfig),
-    "recurrent_bwd": ("recurrent_bwd.py.j2", RecurrentBwdConfig),
-    "chunk_bwd_state": ("chunk_bwd_state.py.j2", ChunkBwdConfig),
-    "chunk_bwd_dqkw": ("chunk_bwd_dqkw.py.j2", ChunkBwdConfig),
-    "chunk_bwd_intra": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
-    # the first of the intra-chunk gradients' two launches (ChunkBwdConfig.intra_split): the same template
-    "chunk_bwd_wy": ("chunk_bwd_intra.py.j2", ChunkBwdConfig),
-    # recompute mode's stage 0: qg, kg, W and G_n from the forward's kept A_qk and T
-    "chunk_bwd_rerun": ("chunk_bwd_rerun.py.j2", ChunkBwdConfig),
-    # a training call's l2-norm of q and k (use_qk_l2norm_in_kernel) and its backward (kdagen/ops/l2norm.py)
-    "qk_l2norm": ("qk_l2norm.py.j2", ChunkTrainConfig),
-    "qk_l2norm_bwd": ("qk_l2norm.py.j2", ChunkBwdConfig),
-    # a training call's in-kernel gate as launches of its own (ChunkTrainConfig.gate_launch): g, then dz and
-    # the gate parameters' partial gradients (kdagen/ops/gate.py)
-    "gate": ("gate.py.j2", ChunkTrainConfig),
-    "gate_bwd": ("gate.py.j2", ChunkTrainConfig),
-}
-# a kernel whose template for one structure shares too little with the others' to be a branch
-# of theirs: (kernel, plan.structure) -> template (same config family)
-STRUCTURE_TEMPLATES = {
-    ("chunk_bwd_intra", "dplr"): "chunk_bwd_intra_dplr.py.j2",
-}
-# the kernels of each config family, in launch order
-FAMILY_KERNELS = {"chunk_fwd": ("chunk_solve", "chunk_pass", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass",
-                                 "chunk_schedule"),
-                  "chunk_train": ("gate", "chunk_intra", "chunk_state", "qk_l2norm", "chunk_out", "gate_bwd"),
-                  "chunk_bwd": ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "chunk_bwd_wy",
-                                "chunk_bwd_rerun", "qk_l2norm_bwd"),
-                  "recurrent": ("recurrent",),
-                  "recurrent_bwd": ("recurrent_bwd",)}
-# the launches that stand in for a kernel's launch when a config asks for them (the tuner times
-# them in its place): the sequence-parallel state pass's three for the one pass
-REPLACES = {"chunk_seg_state": "chunk_pass", "chunk_seg_combine": "chunk_pass", "chunk_seg_pass": "chunk_pass",
-            "chunk_bwd_wy": "chunk_bwd_intra"}
-# the templates with a general-DPLR branch (plan.structure == "dplr"): any other renders KDA's
-# kernel, so a DPLR plan is refused there rather than given the wrong recurrence's kernel
-DPLR_KERNELS = ("chunk_intra", "chunk_state", "chunk_out", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra", "recurrent",
-                "recurrent_bwd", "qk_l2norm", "qk_l2norm_bwd")  # (the l2-norm reads no plan field)
-_PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
-_CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
-# launches that only some (plan, config) pairs run (family_kernels leaves them out of the others)
-OPTIONAL_KERNELS = ("chunk_bwd_wy", "chunk_bwd_rerun", "chunk_out", "chunk_bwd_intra", "gate", "gate_bwd")
+# ---------------------------------------------------------------------------- the kernels
+# One entry per launched kernel: its template(s), its config family, the launch it stands in for, whether a
+# (plan, config) runs it, the variables its template is rendered with.  The families' kernels, the optional
+# launches, the DPLR-capable kernels and the launches that replace another's are all read off this table.
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """A launched kernel: ``templates`` are the files it is rendered from (the first unless ``pick``, given
+    the plan and the rendered variables, names another: an algorithm choice made per plan and config);
+    ``config``: its config class (and so its family, ``config.kernel``); ``vars``: the values its template
+    reads besides the plan (:func:`_template_vars`); ``runs``: whether a (plan, config) launches it
+    (None: always); ``replaces``: the launch it stands in for when a config asks (the tuner times it in
+    that one's place); ``dplr``: whether its template has a general-DPLR branch (any other renders KDA's
+    kernel, so a DPLR plan is refused rather than given the wrong recurrence's kernel)."""
+    kind: str
+    templates: tuple[str, ...]
+    config: type
+    vars: Callable[[str, Plan, _Config], dict]
+    runs: Callable[[Plan, _Config], bool] | None = None
+    replaces: str | None = None
+    dplr: bool = False
+    pick: Callable[[Plan, dict], str] | None = None
+
+    @property
+    def family(self) -> str:
+        return self.config.kernel
+
+    def template(self, plan: Plan, v: dict) -> str:
+        return self.pick(plan, v) if self.pick else self.templates[0]
+
+
+def _base_vars(plan: Plan) -> dict:
+    return {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
+
+
+def _raw_qk_vars(plan: Plan, row_scaled: bool) -> dict:
+    """No decay: qg = q scale and kg = k, so the launches that would write them do not, and their readers
+    take q and k from the inputs ([B, T, H, K], the scale after the product): 4 [T, HV, K] tensors fewer
+    written and read per training step.  A scalar decay given as g (half precision): the same, the readers
+    (``row_scaled``: those that read it) scaling q and k's rows by exp(G) and exp(G_n - G) from g
+    (plan.qk_row_scaled)."""
+    v = {"raw_qk": plan.qk_from_inputs}
+    if row_scaled:
+        v["row_scaled"] = plan.qk_row_scaled
+        if plan.qk_row_scaled:
+            v["g_floor"] = repr(G_FLOOR)
+    return v
+
+
+def _forward_kernel_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
+    return {**_base_vars(plan), **_forward_vars(kernel, plan, config)}
+
+
+def _k_row_vars(kernel: str, plan: Plan, config: _Config) -> dict:
+    return {**_base_vars(plan), "k_mask": plan.K != plan.BK}  # one program holds a whole K row
+
+
+def _seg_combine_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
+    # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
+    # kdagen/ops/chunk_segments.py on the error)
+    return {**_k_row_vars(kernel, plan, config),
+            "combine_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'}
+
+
+def _plain_vars(kernel: str, plan: Plan, config: _Config) -> dict:
+    return _base_vars(plan)
+
+
+def _state_vars(kernel: str, plan: Plan, config: _Config) -> dict:
+    # the next chunk's element-wise operands loaded one iteration ahead by hand: the forward pass's U (its G_n
+    # always is), the reverse pass's G_n
+    return {**_base_vars(plan), **_raw_qk_vars(plan, True), "k_mask": plan.K != plan.BK,
+            "prefetch": config.state_prefetch}
+
+
+def _bwd_state_vars(kernel: str, plan: Plan, config: ChunkBwdConfig) -> dict:
+    v = _state_vars(kernel, plan, config)
+    # the running dS and dV' as dot operands: the input dtype's rounding, or fp32 on tf32 dots
+    # (the loaded operands beside them widen exactly)
+    wide = config.state_precision == "tf32" and plan.dtype != "float32"
+    v["ds_dtype"] = "tl.float32" if wide else v["dot_dtype"]
+    v["ds_kw"] = ', input_precision="tf32"' if wide else v["dot_kw"]
+    v["qg_split"] = config.qg_split and plan.dtype != "float32"
+    # qg from chunk_bwd_rerun is q exp(G): the scale multiplies the dot's fp32 result (FLA's order;
+    # rounding q exp(G) scale instead put dh0's bf16 error above FLA's;
+    # docs/decisions/0029-dh0-rounding-of-qg.md).  qg from the forward's intra launch carries the scale.
+    # no decay (raw_qk): q itself, the scale after the product, whichever launch would have written qg
+    v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.qk_from_inputs
+    # (q is exact in its dtype; a row-scaled qg is formed in the pass, from q, not split)
+    v["qg_split"] = v["qg_split"] and not plan.qk_from_inputs
+    return v
+
+
+def _out_vars(kernel: str, plan: Plan, config: ChunkTrainConfig) -> dict:
+    return {**_base_vars(plan), **_raw_qk_vars(plan, True), "k_mask": plan.K % min(config.out_block_k, plan.BK) != 0}
+
+
+def _sub_tile_vars(kernel: str, plan: Plan, config: _Config) -> dict:
+    """What the intra launches (the training forward's, the backward's) share: sub-tiles, the gate's tile
+    shape, the inverse's precision, the diagonal's dot dtype (:func:`_diag_vars`)."""
+    sub = config.sub_chunk
+    v = _base_vars(plan)
+    v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),
+             # the gate's tiles: [rows, BK] per channel; [rows, 1] when one number per row holds
+             # for every channel (a scalar decay, or none), so exp and cumsum run once per row
+             gw="BK" if plan.decay == "channel" else "1",
+             k_mask=plan.K % min(config.intra_block_k, plan.BK) != 0,
+             inv_kw=f', input_precision="{config.inverse_precision}"',
+             # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
+             neumann_steps=max(0, (sub - 1).bit_length() - 1))
+    v.update(_diag_vars(kernel, plan, config, v))
+    return v
+
+
+def _intra_vars(kernel: str, plan: Plan, config: ChunkTrainConfig) -> dict:
+    v = {**_raw_qk_vars(plan, False), "rest_by_difference": _rest_by_difference(plan),
+         **_sub_tile_vars(kernel, plan, config)}
+    v["cumsum_dot"] = config.cumsum == "dot"
+    if plan.structure != "dplr":  # (general DPLR's branch has no such option)
+        v["load_ahead"] = config.intra_load_ahead
+    return v
+
+
+def _bwd_intra_vars(kernel: str, plan: Plan, config: ChunkBwdConfig) -> dict:
+    v = _sub_tile_vars(kernel, plan, config)
+    v["part"] = intra_part(kernel, plan, config)
+    v["k_split"] = v["part"] == "dqkg" and config.splits_k(plan)
+    v["fold"] = v["part"] == "wy" and config.folds_intra(plan)
+    v["scalar_fold"] = v["fold"] and plan.decay == "scalar"
+    return v
+
+
+def _recurrent_vars(kernel: str, plan: Plan, config: RecurrentConfig) -> dict:
+    v = _base_vars(plan)
+    v["readout_loaded"] = config.readout == "loaded"
+    v["persistent"] = config.programs_per_sm > 0
+    # one-item programs over G V tiles each (G = tiles_per_program; 1: a tile each)
+    v["tile_group"] = config.tiles_per_program
+    # lean one-item programs (no masks: the tile must divide K and V)
+    v["lean"] = config.lean
+    if config.lean and (plan.BK != plan.K or plan.V % min(config.block_v, plan.BV)):
+        raise ConfigError(f"recurrent: lean needs a tile that divides K and V; K={plan.K} (tile {plan.BK}), "
+                          f"V={plan.V}, block_v={config.block_v}")
+    # lean: the value columns at a time of an item that is not a decode step's (lean_item)
+    v["lean_cols"] = min(2, config.block_v, plan.BV) if config.lean else 0
+    # persistent programs with num_stages > 1: the item loop is left to Triton's software
+    # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
+    # ahead) in place of the hand prefetch of the next item into registers
+    v["pipeline_stages"] = config.num_stages if v["persistent"] and config.num_stages > 1 else 0
+    v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
+    v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
+    return v
+
+
+def _rerun_vars(kernel: str, plan: Plan, config: ChunkBwdConfig) -> dict:
+    v = {**_base_vars(plan), **_raw_qk_vars(plan, False)}
+    v.update(n_sub=config.chunk_size // config.sub_chunk, sub=config.sub_chunk, g_floor=repr(G_FLOOR),
+             rest_by_difference=_rest_by_difference(plan),
+             gw="BK" if plan.decay == "channel" else "1",
+             k_mask=plan.K % min(config.rerun_block_k, plan.BK) != 0)
+    return v
+
+
+def _l2norm_vars(kernel: str, plan: Plan, config: _Config) -> dict:
+    return {**_base_vars(plan), "part": "fwd" if kernel == "qk_l2norm" else "bwd"}
+
+
+def _gate_vars(kernel: str, plan: Plan, config: ChunkTrainConfig) -> dict:
+    if not config.launches_gate(plan):
+        raise ConfigError(f"{kernel} is the in-kernel gate's own launch: it needs gate_launch=True and a plan "
+                          f"whose per-channel gate is computed in the kernels (use_gate_in_kernel), got spec "
+                          f"{plan.spec_name!r}, decay {plan.decay}, gate in kernel {plan.gate_in_kernel}")
+    return {**_base_vars(plan), "part": "fwd" if kernel == "gate" else "bwd"}
+
+
+def _dqkw_vars(kernel: str, plan: Plan, config: ChunkBwdConfig) -> dict:
+    v = _base_vars(plan)
+    v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
+    v["fold"] = config.folds_intra(plan)
+    v["scalar_fold"] = v["fold"] and plan.decay == "scalar"
+    if v["scalar_fold"]:
+        v["g_floor"] = repr(G_FLOOR)
+    return v
 
 
 def intra_part(kernel: str, plan: Plan, config: _Config) -> str:
-    """The ``part`` of templates/chunk_bwd_intra.py.j2 a kernel renders: "fused", or "wy" /
-    "dqkg" for the split's two launches."""
+    """Which of the intra-chunk gradients' kernels renders: "fused" (templates/chunk_bwd_intra.py.j2), or
+    the split's two launches, "wy" (chunk_bwd_wy.py.j2) and "dqkg" (chunk_bwd_dqkg.py.j2, kernel
+    chunk_bwd_intra after it)."""
     if kernel == "chunk_bwd_wy":
         if not config.splits_intra(plan):
             raise ConfigError("chunk_bwd_wy is the first launch of a split intra backward: it needs "
@@ -92,22 +222,79 @@ def intra_part(kernel: str, plan: Plan, config: _Config) -> str:
     return "dqkg" if config.splits_intra(plan) else "fused"
 
 
+def _pick_bwd_intra(plan: Plan, v: dict) -> str:
+    # general DPLR's intra backward shares too little with the others' to be a branch of theirs
+    if plan.structure == "dplr":
+        return "chunk_bwd_intra_dplr.py.j2"
+    return "chunk_bwd_dqkg.py.j2" if v["part"] == "dqkg" else "chunk_bwd_intra.py.j2"
+
+
+def _k(kind, templates, config, vars, **kw) -> KernelSpec:
+    return KernelSpec(kind, (templates,) if isinstance(templates, str) else tuple(templates), config, vars, **kw)
+
+
+# in each family's launch order
+KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
+    # the inference forward
+    _k("chunk_solve", "chunk_solve.py.j2", ChunkFwdConfig, _forward_kernel_vars),
+    _k("chunk_pass", "chunk_pass.py.j2", ChunkFwdConfig, _forward_kernel_vars),
+    # the sequence-parallel state pass (ChunkFwdConfig.state_segment_chunks > 0, kdagen/ops/chunk_segments.py)
+    _k("chunk_seg_state", "chunk_seg_state.py.j2", ChunkFwdConfig, _k_row_vars, replaces="chunk_pass"),
+    _k("chunk_seg_combine", "chunk_seg_combine.py.j2", ChunkFwdConfig, _seg_combine_vars, replaces="chunk_pass"),
+    # chunk_pass's template, per segment
+    _k("chunk_seg_pass", "chunk_pass.py.j2", ChunkFwdConfig, _forward_kernel_vars, replaces="chunk_pass"),
+    # a packed call's chunk or segment schedule from device-only offsets (kdagen/ops/schedule.py)
+    _k("chunk_schedule", "chunk_schedule.py.j2", ChunkFwdConfig, _plain_vars),
+    # the training forward; its in-kernel gate as launches of its own (ChunkTrainConfig.gate_launch): g, then
+    # dz and the gate parameters' partial gradients (kdagen/ops/gate.py)
+    _k("gate", "gate.py.j2", ChunkTrainConfig, _gate_vars, runs=lambda p, c: c.launches_gate(p)),
+    _k("chunk_intra", "chunk_intra.py.j2", ChunkTrainConfig, _intra_vars, dplr=True),
+    _k("chunk_state", "chunk_state.py.j2", ChunkTrainConfig, _state_vars, dplr=True),
+    # a training call's l2-norm of q and k (use_qk_l2norm_in_kernel) and its backward (kdagen/ops/l2norm.py)
+    # (the l2-norm reads no plan field)
+    _k("qk_l2norm", "qk_l2norm.py.j2", ChunkTrainConfig, _l2norm_vars, dplr=True),
+    # the output from the stored states and V' (ChunkTrainConfig.split_output)
+    _k("chunk_out", "chunk_out.py.j2", ChunkTrainConfig, _out_vars, dplr=True, runs=lambda p, c: c.split_output),
+    _k("gate_bwd", "gate.py.j2", ChunkTrainConfig, _gate_vars, runs=lambda p, c: c.launches_gate(p)),
+    # the backward
+    _k("chunk_bwd_state", "chunk_bwd_state.py.j2", ChunkBwdConfig, _bwd_state_vars, dplr=True),
+    _k("chunk_bwd_dqkw", "chunk_bwd_dqkw.py.j2", ChunkBwdConfig, _dqkw_vars, dplr=True),
+    # the intra-chunk gradients: fused, or the second of the split's two launches; not run where the split
+    # is folded (ChunkBwdConfig.folds_intra)
+    _k("chunk_bwd_intra", ("chunk_bwd_intra.py.j2", "chunk_bwd_dqkg.py.j2", "chunk_bwd_intra_dplr.py.j2"),
+       ChunkBwdConfig, _bwd_intra_vars, dplr=True, pick=_pick_bwd_intra, runs=lambda p, c: not c.folds_intra(p)),
+    # the first of the split's two launches (ChunkBwdConfig.intra_split)
+    _k("chunk_bwd_wy", "chunk_bwd_wy.py.j2", ChunkBwdConfig, _bwd_intra_vars, replaces="chunk_bwd_intra",
+       runs=lambda p, c: c.splits_intra(p)),
+    # recompute mode's stage 0: qg, kg, W and G_n from the forward's kept A_qk and T
+    _k("chunk_bwd_rerun", "chunk_bwd_rerun.py.j2", ChunkBwdConfig, _rerun_vars,
+       runs=lambda p, c: c.reruns_from_saved(p)),
+    _k("qk_l2norm_bwd", "qk_l2norm.py.j2", ChunkBwdConfig, _l2norm_vars, dplr=True),
+    # the recurrent form
+    _k("recurrent", "recurrent.py.j2", RecurrentConfig, _recurrent_vars, dplr=True),
+    _k("recurrent_bwd", "recurrent_bwd.py.j2", RecurrentBwdConfig, _k_row_vars, dplr=True),
+)}
+
+# views of the table, for the modules that read them
+FAMILY_KERNELS = {}  # the kernels of each config family, in launch order
+for _s in KERNELS.values():
+    FAMILY_KERNELS.setdefault(_s.family, ())
+    FAMILY_KERNELS[_s.family] += (_s.kind,)
+REPLACES = {s.kind: s.replaces for s in KERNELS.values() if s.replaces}
+DPLR_KERNELS = tuple(s.kind for s in KERNELS.values() if s.dplr)
+# launches that only some (plan, config) pairs run (family_kernels leaves them out of the others)
+OPTIONAL_KERNELS = tuple(s.kind for s in KERNELS.values() if s.runs)
+_PLACEHOLDER = "__KDAGEN_KERNEL_NAME__"
+_CONFIG_LINE = "__KDAGEN_CONFIG_LINE__"
+
+
 def family_kernels(family: str, plan: Plan, config: _Config) -> tuple[str, ...]:
-    """The kernels of ``family`` that a (plan, config) runs, in launch order: FAMILY_KERNELS less
-    the optional launches it does not take (chunk_bwd_wy without a split, chunk_bwd_rerun where
-    the backward keeps or re-runs the forward's intermediates, chunk_bwd_intra where a split is folded:
-    ChunkBwdConfig.folds_intra; the gate's launches where the gate is not launched apart:
-    ChunkTrainConfig.launches_gate)."""
-    kinds = FAMILY_KERNELS[family]
-    if family == "chunk_bwd":
-        takes = {"chunk_bwd_wy": config.splits_intra(plan), "chunk_bwd_rerun": config.reruns_from_saved(plan),
-                 "chunk_bwd_intra": not config.folds_intra(plan)}
-        kinds = tuple(k for k in kinds if takes.get(k, True))
-    if family == "chunk_train" and not config.split_output:
-        kinds = tuple(k for k in kinds if k != "chunk_out")
-    if family == "chunk_train" and not config.launches_gate(plan):
-        kinds = tuple(k for k in kinds if k not in ("gate", "gate_bwd"))
-    return kinds
+    """The kernels of ``family`` that a (plan, config) runs, in launch order: those of the table less the
+    optional launches it does not take (KernelSpec.runs: chunk_bwd_wy without a split, chunk_bwd_rerun
+    where the backward keeps or re-runs the forward's intermediates, chunk_bwd_intra where a split is
+    folded: ChunkBwdConfig.folds_intra; chunk_out without split_output; the gate's launches where the gate
+    is not launched apart: ChunkTrainConfig.launches_gate)."""
+    return tuple(k for k in FAMILY_KERNELS[family] if KERNELS[k].runs is None or KERNELS[k].runs(plan, config))
 
 
 @dataclass(frozen=True)
@@ -146,113 +333,11 @@ def _check_config(plan: Plan, config: _Config) -> None:
             f"gate's lower bound {plan.lower_bound} makes safe for {plan.dtype} (exp would overflow)")
 
 
-RAW_QK_KERNELS = ("chunk_intra", "chunk_state", "chunk_out", "chunk_bwd_rerun", "chunk_bwd_state")
-
-
 def _template_vars(kernel: str, plan: Plan, config: _Config) -> dict:
-    """The values a kernel's template reads besides the plan, decided here: templates branch on
-    these and on plan fields, never on the config.  Each is made only for the kernels that use
+    """The values a kernel's template reads besides the plan (its KernelSpec.vars), decided here: templates
+    branch on these and on plan fields, never on the config.  Each is made only for the kernels that use
     it, since what it reads from the config is part of that kernel's source (its header line)."""
-    v = {"dot_dtype": dtype(plan.dtype).tl, "dot_kw": ', input_precision="ieee"' if plan.dtype == "float32" else ""}
-    if kernel in RAW_QK_KERNELS:
-        # no decay: qg = q scale and kg = k, so the launches that would write them do not, and their readers
-        # take q and k from the inputs ([B, T, H, K], the scale after the product): 4 [T, HV, K] tensors fewer
-        # written and read per training step
-        # a scalar decay given as g (half precision): the same, the readers scaling q and k's rows by exp(G)
-        # and exp(G_n - G) from g (plan.qk_row_scaled)
-        v["raw_qk"] = plan.qk_from_inputs
-        if kernel in ("chunk_state", "chunk_out", "chunk_bwd_state"):
-            v["row_scaled"] = plan.qk_row_scaled
-            if plan.qk_row_scaled:
-                v["g_floor"] = repr(G_FLOOR)
-    if kernel in ("chunk_solve", "chunk_pass", "chunk_seg_pass"):
-        v.update(_forward_vars(kernel, plan, config))
-    elif kernel in ("chunk_state", "chunk_bwd_state", "recurrent_bwd", "chunk_seg_state", "chunk_seg_combine"):
-        v["k_mask"] = plan.K != plan.BK  # one program holds a whole K row
-        if kernel in ("chunk_state", "chunk_bwd_state"):
-            # the next chunk's element-wise operands loaded one iteration ahead by hand: the forward
-            # pass's U (its G_n always is), the reverse pass's G_n
-            v["prefetch"] = config.state_prefetch
-        if kernel == "chunk_bwd_state":
-            # the running dS and dV' as dot operands: the input dtype's rounding, or fp32 on tf32 dots
-            # (the loaded operands beside them widen exactly)
-            wide = config.state_precision == "tf32" and plan.dtype != "float32"
-            v["ds_dtype"] = "tl.float32" if wide else v["dot_dtype"]
-            v["ds_kw"] = ', input_precision="tf32"' if wide else v["dot_kw"]
-            v["qg_split"] = config.qg_split and plan.dtype != "float32"
-            # qg from chunk_bwd_rerun is q exp(G): the scale multiplies the dot's fp32 result (FLA's order;
-            # rounding q exp(G) scale instead put dh0's bf16 error above FLA's;
-            # docs/decisions/0029-dh0-rounding-of-qg.md).  qg from the forward's intra launch carries the scale.
-            # no decay (raw_qk): q itself, the scale after the product, whichever launch would have written qg
-            v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.qk_from_inputs
-            # (q is exact in its dtype; a row-scaled qg is formed in the pass, from q, not split)
-            v["qg_split"] = v["qg_split"] and not plan.qk_from_inputs
-        if kernel == "chunk_seg_combine":
-            # the transition applied to the state: exact for fp32 inputs, tf32 otherwise (see
-            # kdagen/ops/chunk_segments.py on the error)
-            v["combine_kw"] = ', input_precision="ieee"' if plan.dtype == "float32" else ', input_precision="tf32"'
-    elif kernel == "chunk_out":
-        v["k_mask"] = plan.K % min(config.out_block_k, plan.BK) != 0
-    elif kernel in ("chunk_intra", "chunk_bwd_intra", "chunk_bwd_wy"):  # (and the DPLR intra backward's own template)
-        sub = config.sub_chunk
-        if kernel == "chunk_intra":
-            v["rest_by_difference"] = _rest_by_difference(plan)
-        v.update(n_sub=config.chunk_size // sub, sub=sub, g_floor=repr(G_FLOOR),
-                 # the gate's tiles: [rows, BK] per channel; [rows, 1] when one number per row holds
-                 # for every channel (a scalar decay, or none), so exp and cumsum run once per row
-                 gw="BK" if plan.decay == "channel" else "1",
-                 k_mask=plan.K % min(config.intra_block_k, plan.BK) != 0,
-                 inv_kw=f', input_precision="{config.inverse_precision}"',
-                 # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
-                 neumann_steps=max(0, (sub - 1).bit_length() - 1))
-        v.update(_diag_vars(kernel, plan, config, v))
-        if kernel == "chunk_intra":
-            v["cumsum_dot"] = config.cumsum == "dot"
-            if plan.structure != "dplr":  # (general DPLR's branch has no such option)
-                v["load_ahead"] = config.intra_load_ahead
-        else:
-            v["part"] = intra_part(kernel, plan, config)
-            v["k_split"] = v["part"] == "dqkg" and config.splits_k(plan)
-            v["fold"] = v["part"] == "wy" and config.folds_intra(plan)
-            v["scalar_fold"] = v["fold"] and plan.decay == "scalar"
-    elif kernel == "recurrent":
-        v["readout_loaded"] = config.readout == "loaded"
-        v["persistent"] = config.programs_per_sm > 0
-        # one-item programs over G V tiles each (G = tiles_per_program; 1: a tile each)
-        v["tile_group"] = config.tiles_per_program
-        # lean one-item programs (no masks: the tile must divide K and V)
-        v["lean"] = config.lean
-        if config.lean and (plan.BK != plan.K or plan.V % min(config.block_v, plan.BV)):
-            raise ConfigError(f"recurrent: lean needs a tile that divides K and V; K={plan.K} (tile {plan.BK}), "
-                              f"V={plan.V}, block_v={config.block_v}")
-        # lean: the value columns at a time of an item that is not a decode step's (lean_item)
-        v["lean_cols"] = min(2, config.block_v, plan.BV) if config.lean else 0
-        # persistent programs with num_stages > 1: the item loop is left to Triton's software
-        # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
-        # ahead) in place of the hand prefetch of the next item into registers
-        v["pipeline_stages"] = config.num_stages if v["persistent"] and config.num_stages > 1 else 0
-        v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
-        v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
-    elif kernel == "chunk_bwd_rerun":
-        v.update(n_sub=config.chunk_size // config.sub_chunk, sub=config.sub_chunk, g_floor=repr(G_FLOOR),
-                 rest_by_difference=_rest_by_difference(plan),
-                 gw="BK" if plan.decay == "channel" else "1",
-                 k_mask=plan.K % min(config.rerun_block_k, plan.BK) != 0)
-    elif kernel in ("qk_l2norm", "qk_l2norm_bwd"):
-        v["part"] = "fwd" if kernel == "qk_l2norm" else "bwd"
-    elif kernel in ("gate", "gate_bwd"):
-        if not config.launches_gate(plan):
-            raise ConfigError(f"{kernel} is the in-kernel gate's own launch: it needs gate_launch=True and a plan "
-                              f"whose per-channel gate is computed in the kernels (use_gate_in_kernel), got spec "
-                              f"{plan.spec_name!r}, decay {plan.decay}, gate in kernel {plan.gate_in_kernel}")
-        v["part"] = "fwd" if kernel == "gate" else "bwd"
-    elif kernel == "chunk_bwd_dqkw":
-        v["k_mask"] = plan.K % min(config.dqkw_block_k, plan.BK) != 0
-        v["fold"] = config.folds_intra(plan)
-        v["scalar_fold"] = v["fold"] and plan.decay == "scalar"
-        if v["scalar_fold"]:
-            v["g_floor"] = repr(G_FLOOR)
-    return v
+    return KERNELS[kernel].vars(kernel, plan, config)
 
 
 def _rest_by_difference(plan: Plan) -> bool:
@@ -389,18 +474,19 @@ def render(kernel: str, plan: Plan, config: _Config) -> GeneratedSource:
     Two configs that differ only there render the same kernel, under the same name, so Triton
     compiles it once."""
     try:
-        template, cfg_type = TEMPLATES[kernel]
+        spec = KERNELS[kernel]
     except KeyError:
-        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(TEMPLATES)}") from None
-    if not isinstance(config, cfg_type):
-        raise TypeError(f"kernel {kernel!r} takes a {cfg_type.__name__}, got {type(config).__name__}")
+        raise ValueError(f"unknown kernel {kernel!r}; known: {sorted(KERNELS)}") from None
+    if not isinstance(config, spec.config):
+        raise TypeError(f"kernel {kernel!r} takes a {spec.config.__name__}, got {type(config).__name__}")
     _check_structure(kernel, plan)
-    template = STRUCTURE_TEMPLATES.get((kernel, plan.structure), template)
     _check_config(plan, config)
     seen = _FieldsRead(config)
+    tvars = _template_vars(kernel, plan, seen)
+    template = spec.template(plan, tvars)
     text = _env().get_template(template).render(
         name=_PLACEHOLDER, kernel=kernel, plan=plan, config=seen, version=__version__, config_line=_CONFIG_LINE,
-        **_template_vars(kernel, plan, seen))
+        **tvars)
     text = text.replace(_CONFIG_LINE, _config_line(config, seen.read))
     digest = hashlib.sha256(text.encode()).hexdigest()
     name = f"{plan.spec_name}_{kernel}_{digest[:12]}"

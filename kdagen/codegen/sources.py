@@ -6,13 +6,15 @@ the kernels, and invalidates the winners tuned on the old ones; a change elsewhe
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from ..resources import templates_dir
-from .render import FAMILY_KERNELS, STRUCTURE_TEMPLATES, TEMPLATES
+from .render import FAMILY_KERNELS, KERNELS
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kdagen/
 RENDERING = ("kdagen.codegen.lower", "kdagen.codegen.render")  # what turns a spec into source
+_PARTIAL = re.compile(r'{%-?\s*(?:include|import|from)\s+"([^"]+)"')  # a template's partials, by name
 
 
 def module_files(root: Path | None = None) -> dict[str, Path]:
@@ -62,12 +64,17 @@ def import_graph(root: Path | None = None) -> dict[str, set[str]]:
 
 
 def render_inputs(family: str, root: Path | None = None, templates: Path | None = None) -> list[Path]:
-    """The files a ``family``'s kernels are rendered from: its templates (with the shared
-    partials, ``_*.py.j2``) and the modules :data:`RENDERING` imports, transitively."""
+    """The files a ``family``'s kernels are rendered from: its templates (with the partials,
+    ``_*.py.j2``, they include or import) and the modules :data:`RENDERING` imports, transitively."""
     templates = templates or templates_dir()
-    names = {TEMPLATES[k][0] for k in FAMILY_KERNELS[family]}
-    names |= {t for (k, _), t in STRUCTURE_TEMPLATES.items() if k in FAMILY_KERNELS[family]}
-    files = sorted(p for p in templates.glob("*.py.j2") if p.name in names or p.name.startswith("_"))
+    todo = [t for k in FAMILY_KERNELS[family] for t in KERNELS[k].templates]
+    names = set()
+    while todo:  # the kernels' templates and the partials they include or import, transitively
+        name = todo.pop()
+        if name not in names:
+            names.add(name)
+            todo.extend(_PARTIAL.findall((templates / name).read_text(encoding="utf-8")))
+    files = sorted(p for p in templates.glob("*.py.j2") if p.name in names)
     known = module_files(root)
     seen, todo = set(), list(RENDERING)
     while todo:  # only the modules on the path are read
