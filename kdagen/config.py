@@ -112,7 +112,7 @@ class ChunkFwdConfig(_Config):
 
     kernel: ClassVar[str] = "chunk_fwd"
     # the chunk lengths the solve and pass take; another length an op accepts (16) runs the training
-    # forward's launches for inference (kdagen.ops.chunk._configs)
+    # forward's launches for inference (kdagen.ops.chunk_call.chunk_configs)
     CHUNK_SIZES: ClassVar[tuple[int, ...]] = (32, 64)
     chunk_size: int = 64  # C: tokens per chunk, 32 or 64 (one or two halves)
     sub_chunk: int = 16  # BC: rows per factorised sub-tile

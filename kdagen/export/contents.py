@@ -215,7 +215,7 @@ def _winners(c: Contents, gpu: GpuProfile) -> None:
 def _configs_of(c: Contents, pid: int, plan: Plan, family: str) -> list:
     """Every config a call of ``family`` on ``plan`` may run in the package: the winners of every
     GPU and the heuristics, each also at chunk_kda's chunk sizes; for the backward, the training
-    forward's config it runs with (chosen as kdagen.ops.chunk._configs chooses it).  The recurrent
+    forward's config it runs with (chosen as kdagen.ops.chunk_call.chunk_configs chooses it).  The recurrent
     backward is not tuned: its default config (all of its fields are launch parameters)."""
     if family == "recurrent_bwd":
         return [RecurrentBwdConfig()]
