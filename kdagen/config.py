@@ -3,13 +3,6 @@
 A config is a frozen dataclass; ``to_dict``/``from_dict`` give its canonical JSON form
 (used by the tuning cache and by the generated-source header).  Heuristic defaults, used
 when no tuned winner is cached, live in :mod:`kdagen.cache.heuristics`.
-
-The field defaults below are construction defaults (what a config built with a few fields named takes),
-not what the heuristics run: a call without a config runs the heuristic table's config, which differs
-from them in many fields (for KDA in bf16 at K=V=128, e.g. ``RecurrentConfig``'s 32 / 4 warps /
-"updated" against the table's 64 / 2 / "loaded", and the training and backward configs' half-precision
-tiles).  tests/test_heuristic_rules.py lists the differences; the defaults are kept because configs
-built by hand, in tests and in the search spaces' candidates, name only the fields they change.
 """
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ def test_the_tuner_records_the_layout_and_step_it_times():
 
 # The fields where a config dataclass's default differs from the heuristic's config for KDA (g given, bound
 # -5) in bf16 at K=V=128 without a shape (an fp32 decode state): construction defaults are not what runs
-# (kdagen/config.py's docstring).  A change to either side shows here.
+# (kdagen/cache/heuristics.py's docstring).  A change to either side shows here.
 DEFAULT_MISMATCH = {
     "chunk_fwd": {"solve_load_ahead": (0, 2)},
     "chunk_train": {"intra_block_k": (64, 128), "state_block_v": (64, 32), "state_num_stages": (2, 3),

@@ -8,7 +8,14 @@ config is its dataclass's defaults overwritten by every rule that matches (the r
 rules end at the first match: each sets a whole config).  The features are computed once from the
 plan, the call's shape, its state's dtype and layout and whether it is a decode step; every
 threshold is a named constant below, next to the record that chose it.  The functions after the
-table only evaluate it (they hold no numbers)."""
+table only evaluate it (they hold no numbers).
+
+The config dataclasses' field defaults (kdagen/config.py) are construction defaults, what a config built with
+a few fields named takes, not what this table runs: for KDA in bf16 at K=V=128 they differ in many fields
+(``RecurrentConfig``'s 32 / 4 warps / "updated" against the table's 64 / 2 / "loaded", the training and
+backward configs' half-precision tiles; tests/test_heuristic_rules.py lists them).  They are kept: configs
+built by hand, in tests and as search candidates name only the fields they change, and config.py is an input
+of every family's source hash (a change to it would drop every tuned winner)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
