@@ -1,382 +1,515 @@
 """Heuristic configs: what the ops run when no tuned winner is cached, and the baseline the
-tuner measures its candidates against."""
+tuner measures its candidates against.
+
+The heuristics are one declarative table per config family (:data:`RULES`): a list of
+:class:`Rule` -- a name, the decision record (``docs/decisions/``) that chose it, a predicate
+over the call's :class:`Features` and the config fields it sets -- applied in order.  A family's
+config is its dataclass's defaults overwritten by every rule that matches (the recurrent form's
+rules end at the first match: each sets a whole config).  The features are computed once from the
+plan, the call's shape, its state's dtype and layout and whether it is a decode step; every
+threshold is a named constant below, next to the record that chose it.  The functions after the
+table only evaluate it (they hold no numbers).
+
+The config dataclasses' field defaults (kdagen/config.py) are construction defaults, what a config built with
+a few fields named takes, not what this table runs: for KDA in bf16 at K=V=128 they differ in many fields
+(``RecurrentConfig``'s 32 / 4 warps / "updated" against the table's 64 / 2 / "loaded", the training and
+backward configs' half-precision tiles; tests/test_heuristic_rules.py lists them).  They are kept: configs
+built by hand, in tests and as search candidates name only the fields they change, and config.py is an input
+of every family's source hash (a change to it would drop every tuned winner)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from ..codegen.lower import Plan
 from ..config import (SEGMENT_MAX_BK, ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,
                       min_state_block_v)
 from .miscompiles import avoid_miscompiles
 
+# --------------------------------------------------------------------------- thresholds
 
-def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
-    """The inference forward: 64-row chunks of two 32-row halves, the solve on 4 warps with its loads
-    issued ahead, a state pass on 32-wide V tiles over 4 warps pipelined 3 deep with v, beta and G_n
-    prefetched (docs/decisions/0002-inference-forward-64-row-chunks.md); above K=128 32-row chunks,
-    two stages and 8 warps in the solve.  Many short sequences take 32-row chunks without the prefetch
-    (docs/decisions/0003-packed-short-sequences-32-row-chunks.md); few long ones the sequence-parallel
-    pass on 64-wide tiles (docs/decisions/0004-sequence-parallel-segment-pass.md)."""
-    if plan.BK > WIDE_STATE_BK:
-        # GLA's heads past 256 (K up to 512: a state row of 512): the pass's [512, BV] float32 state on 16-wide
-        # V tiles over 8 warps, its loop not pipelined (sm_90 compile at K=V=512, bf16: 168 registers, no spill,
-        # 86 KB shared; two stages 255 registers and 16 B of spill, 32-wide tiles 176 B, 4 warps 296 B).  The
-        # solve holds its rows whole ([32, 512] tiles) on 8 warps: 216-308 B of spill a thread (16 warps: as much
-        # at 128 registers); a solve that loops over K tiles would not
-        return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(16, plan.BV), state_num_warps=8,
-                              state_num_stages=1, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
-    if plan.BK > 128:
-        return ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=min(32, plan.BV), state_num_warps=4,
-                              state_num_stages=2, inverse_precision="tf32" if plan.dtype == "float16" else "bf16")
-    C, bv, prefetch = 64, min(32, plan.BV), True
-    if shape and {"N", "HV", "T"} <= set(shape) and _state_programs(plan, shape, 32) >= MANY_PROGRAMS \
-            and shape.get("B", 1) * shape["T"] <= SHORT_MEAN_TOKENS * shape["N"]:
-        C, prefetch = 32, False
-    elif infers_on_32_row_chunks(plan, shape):
-        C = 32
-    segments = _segments(plan, shape, C, bv)
-    if segments:
-        bv, prefetch = min(64, plan.BV), False
-    return ChunkFwdConfig(chunk_size=C, intra_num_warps=4,
-                          state_block_v=bv, state_num_warps=4, state_num_stages=3, state_prefetch=prefetch,
-                          inverse_precision="tf32" if plan.dtype == "float16" else "bf16",
-                          state_segment_chunks=segments,
-                          solve_load_ahead=0 if plan.diag_mode == "scalar" else 2)
-
-
-def infers_on_32_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
-    """Whether a scalar decay's bf16 inference forward (Gated DeltaNet, g given or its in-kernel gate)
-    takes 32-row chunks: with many state-pass programs the pass is throughput-bound and the 32-row solve
-    is the cheaper (docs/decisions/0005-gdn-inference-32-row-chunks.md).  Other plans: 64 rows."""
-    return (plan.decay == "scalar" and plan.dtype == "bfloat16" and plan.BK <= 128 and bool(shape)
-            and {"N", "HV"} <= set(shape) and _state_programs(plan, shape, 32) >= SCALAR_DECAY_C32_PROGRAMS)
-
+# Head dims (K) up to which the half-precision tiles below were measured: the training and backward passes'
+# pipelined tiles (docs/decisions/0007-training-state-pass-three-stages.md, 0016-backward-tiles.md), the
+# inference forward's 64-row chunks (0002-inference-forward-64-row-chunks.md), the decode tiles
+# (0022-decode-fp32-tiles-by-pairs.md)
+MEASURED_MAX_K = 128
 
 # A state row wider than this (K > 256: GLA's heads, up to 512) does not fit the state passes' registers on the
-# tiles chosen for narrower ones: their [BK, BV] float32 state takes 16-wide V tiles over 8 warps
+# tiles chosen for narrower ones: their [BK, BV] float32 state takes 16-wide V tiles over 8 warps, unpipelined
+# (docs/decisions/0033-wide-state-rows.md)
 WIDE_STATE_BK = 256
 
+# State-pass programs are counted on V tiles of this width (the features' ``programs``); the training
+# forward's narrower tile for few programs is taken where V is at least this wide
+# (docs/decisions/0006-narrow-state-tiles-few-programs.md)
+COUNTING_TILE = 32
 
-# infers_on_32_row_chunks: state-pass programs at BV=32 from which 32-row chunks are taken
+# infers_on_32_row_chunks: state-pass programs (COUNTING_TILE) from which 32-row chunks are taken
 # (docs/decisions/0005-gdn-inference-32-row-chunks.md)
 SCALAR_DECAY_C32_PROGRAMS = 160
 
-
-# Many short sequences (default_chunk_config): at least this many state-pass programs at BV=32, and
-# sequences of at most this many tokens on average (docs/decisions/0003-packed-short-sequences-32-row-chunks.md)
+# Many short sequences (the inference forward): at least this many state-pass programs, and sequences of at
+# most this many tokens on average (docs/decisions/0003-packed-short-sequences-32-row-chunks.md)
 MANY_PROGRAMS = 2048
 SHORT_MEAN_TOKENS = 1024
 
-
 # The sequence-parallel state pass (kdagen/ops/chunk_segments.py): segments of SEGMENT_CHUNKS chunks below
 # SEGMENT_PROGRAMS state-pass programs, when the longest sequence holds at least SEGMENT_MIN of them
-# (docs/decisions/0004-sequence-parallel-segment-pass.md).
+# (docs/decisions/0004-sequence-parallel-segment-pass.md).  worth_timing leaves it out from
+# SEGMENT_TIMED_FACTOR times SEGMENT_PROGRAMS programs on.
 SEGMENT_PROGRAMS = 48
 SEGMENT_CHUNKS = 32
 SEGMENT_MIN = 4
-
-
-def _segments(plan: Plan, shape: dict | None, C: int, bv: int) -> int:
-    """state_segment_chunks for ``shape`` ({"N", "HV", "T", and "T_max": the longest sequence,
-    T when absent}): 0 without a shape, for K > 128 (kdagen.config.SEGMENT_MAX_BK), with
-    enough programs, or for short sequences."""
-    if not shape or not {"N", "HV", "T"} <= set(shape) or plan.BK > SEGMENT_MAX_BK:
-        return 0
-    segments_fit = _longest_chunks(shape, C) >= SEGMENT_MIN * SEGMENT_CHUNKS
-    return SEGMENT_CHUNKS if _state_programs(plan, shape, bv) < SEGMENT_PROGRAMS and segments_fit else 0
-
-
-def _state_programs(plan: Plan, shape: dict, bv: int) -> int:
-    """The state pass's programs at ``shape`` with V tiles of ``bv``: one per (sequence, value
-    head, V tile)."""
-    return shape["N"] * shape["HV"] * -(-plan.V // bv)
-
-
-def _longest_chunks(shape: dict, C: int) -> int:
-    """The chunks of ``C`` tokens of the longest sequence ("T_max", else T)."""
-    return -(-int(shape.get("T_max", shape["T"])) // C)
-
-
-def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
-    """Whether the tuner times ``config`` at ``shape`` ({"N", "HV", "T", optional "T_max"}) at all.
-    Only the sequence-parallel state pass is left out: at shapes with at least twice the
-    :data:`SEGMENT_PROGRAMS` state-pass programs (at BV=32) under which the heuristic takes it --
-    it was slower there -- or with fewer than :data:`SEGMENT_MIN` segments in the longest sequence:
-    timed everywhere it doubled a build's state stage (docs/decisions/0004-sequence-parallel-segment-pass.md)."""
-    L = getattr(config, "state_segment_chunks", 0)
-    if family != "chunk_fwd" or not L:
-        return True
-    return (_state_programs(plan, shape, 32) < 2 * SEGMENT_PROGRAMS
-            and _longest_chunks(shape, config.chunk_size) >= SEGMENT_MIN * L)
-
+SEGMENT_TIMED_FACTOR = 2
 
 # Below about two state-pass programs per SM of a 132-SM GPU the state pass is latency bound: narrower V
 # tiles give more programs (docs/decisions/0006-narrow-state-tiles-few-programs.md).
 STATE_PROGRAMS_LOW = 256
 
-
-def _few_state_programs(plan: Plan, shape: dict | None) -> bool | None:
-    """Whether a state pass at ``shape`` has fewer than STATE_PROGRAMS_LOW programs on 32-wide V tiles;
-    None when the shape does not say (no {"N", "HV"})."""
-    if not (shape and "N" in shape and "HV" in shape):
-        return None
-    return _state_programs(plan, shape, 32) < STATE_PROGRAMS_LOW
-
-
-def trains_on_64_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
-    """Whether the training step runs on 64-row chunks (two 32-row sub-tiles) instead of 32, in bf16 with
-    K <= 128 and the backward's folded split: Gated DeltaNet (a scalar decay given as g) at every shape,
-    DeltaNet (no decay) with few state programs.  The state passes take half the steps and read and write
-    half the per-chunk states; the intra launches cost about the same per row
-    (docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md).  Other plans keep 32 (a layer call whose
-    gate is launched apart runs the g-given plan's chunks), and so do value heads narrower than the reverse
-    state pass's tile on 64-row chunks (:func:`~kdagen.config.min_state_block_v`: V <= 16)."""
-    if not (plan.dtype == "bfloat16" and plan.K <= 128 and plan.has_rank1 and plan.structure != "dplr"
-            and ChunkBwdConfig.fold_candidate(plan) and plan.BV >= min_state_block_v(64)):
-        return False
-    return plan.decay == "scalar" or _few_state_programs(plan, shape) is True
-
-
-def checked_like_bounded(plan: Plan) -> bool:
-    """Whether a plan without a gate bound takes the bounded plan's tiles: its diagonal sub-tiles are
-    checked in the kernel (a per-channel decay, bf16/fp32 factors: codegen.render diag_checked) and
-    their element-wise fallback runs one column at a time on the fast path's [BC, BK] tiles, so the
-    narrower tiles the [BC, BC, BK] element-wise products needed are not.  With a rank-1 part (KDA,
-    general DPLR) only; GLA keeps its 32-wide intra tile (docs/decisions/0012-bounded-tiles-for-checked-diagonal.md)."""
-    return (plan.diag_mode == "elementwise" and plan.decay == "channel" and plan.dtype != "float16"
-            and plan.has_rank1)
-
-
-def checks_gate_bound(plan: Plan) -> bool:
-    """The heuristic configs' check_gate_bound: a promised bound checked by repair launches; general DPLR
-    checks in its kernels, dearer, so there the promise is trusted
-    (docs/decisions/0013-gate-bound-checked-by-repair-launches.md)."""
-    return plan.structure != "dplr"
-
-
-def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainConfig:
-    """The forward of a training call.  ``shape``: optional {"N": sequences, "HV": value heads}."""
-    # C=32 with the whole K row in one intra tile and a 32-wide V tile on 2 warps in the state
-    # pass: the fastest stage-by-stage combination of a tuning sweep at (1, 8192, 96, 128).
-    sub = 16
-    check = checks_gate_bound(plan)
-    if plan.diag_mode == "elementwise" and not checked_like_bounded(plan):
-        bk = 32  # the element-wise diagonal holds a [BC, BC, BK] tile
-    elif plan.diag_mode == "factorised" and check and not plan.gate_in_kernel and not plan.has_rank1:
-        # GLA with a promised bound, checked: its 32-wide tile as without a bound
-        # (docs/decisions/0013-gate-bound-checked-by-repair-launches.md)
-        bk = min(32, plan.BK)
-    else:
-        bk = min(128, plan.BK)
-    bv, warps = min(32, plan.BV), (2 if plan.K <= 128 else 4)
-    if plan.BV >= 32 and _few_state_programs(plan, shape):
-        bv, warps = 16, 4
-    # The state pass's loop pipelined three deep (half precision, K <= 128); G_n is always loaded a chunk
-    # ahead, state_prefetch is U's (docs/decisions/0007-training-state-pass-three-stages.md).
-    half = plan.dtype in ("bfloat16", "float16")
-    stages = 3 if half and plan.K <= 128 else 2
-    # General DPLR's state pass holds twice the tiles: two stages on 32-wide tiles
-    # (docs/decisions/0007-training-state-pass-three-stages.md)
-    if plan.structure == "dplr" and bv >= 32:
-        stages = 2
-    # The intra launch's row-block loads issued together at the top (intra_load_ahead), half precision
-    # (docs/decisions/0008-training-intra-loads-ahead.md).
-    # The output out of the state pass (split_output, FLA's split), half precision, K <= 128, not general
-    # DPLR; 64-wide pass tiles with many programs (docs/decisions/0009-split-output-launch.md).
-    out = {}
-    if half and plan.K <= 128 and plan.structure != "dplr":
-        many = _few_state_programs(plan, shape) is False
-        bv, warps, stages = min(64 if many else 32, plan.BV), 4, 3
-        out = dict(split_output=True, out_block_v=min(128, plan.BV), out_block_k=min(64, plan.BK), out_num_warps=4,
-                   out_num_stages=2)
-    # A per-channel in-kernel gate (KDA's layer call) in launches of its own (gate_launch), half precision
-    # (docs/decisions/0010-gate-launched-apart.md).
-    if half and ChunkTrainConfig.gate_launchable(plan):
-        out["gate_launch"] = True
-    if plan.BK > WIDE_STATE_BK:
-        # the [512, BV] state on 16-wide V tiles over 8 warps, its loop not pipelined (sm_90 compile at K=V=512,
-        # bf16: 175 registers, no spill, 86 KB shared; two stages 255 registers, and 24 B of spill in fp16, whose
-        # per-chunk states are float32; 4 warps spill 252 B)
-        bv, warps, stages = min(16, plan.BV), 8, 1
-    chunk = 32
-    if trains_on_64_row_chunks(plan, shape):
-        chunk, sub = 64, 32
-    return ChunkTrainConfig(
-        chunk_size=chunk, sub_chunk=sub, intra_block_k=bk, intra_num_warps=4, intra_num_stages=2,
-        state_block_v=bv, state_num_warps=warps, state_num_stages=stages, intra_load_ahead=half,
-        check_gate_bound=check, inverse_precision=_train_inverse_precision(plan),
-        diag_precision=_train_diag_precision(plan), **out,
-    )
-
-
-def _train_inverse_precision(plan: Plan) -> str:
-    """The training launches' triangular inverse (the forward's intra launch, the backward's wy
-    launch: (I + A_kk)^-1 and its gradient) on tf32 dots for half-precision plans, fp32 FMAs ("ieee")
-    otherwise.  Its result is used in half precision (T is kept and read as the input dtype; the
-    gradient tiles are rounded to it for the next dots), so tf32's 10-bit operands are below that
-    rounding (docs/decisions/0014-training-inverse-tf32.md).  General DPLR (its own intra templates,
-    unmeasured) keeps fp32."""
-    return "tf32" if plan.dtype in ("bfloat16", "float16") and plan.structure != "dplr" else "ieee"
-
-
-def _train_diag_precision(plan: Plan) -> str:
-    """The training launches' factorised diagonal sub-tiles (the forward's intra launch and the intra
-    gradients): fp32 operands on tf32 dots ("tf32") for bf16 plans whose diagonal is factorised (a per-channel
-    gate with a bound, promised or the in-kernel gate's) with a rank-1 part, the input dtype otherwise
-    (docs/decisions/0015-diag-precision-tf32.md)."""
-    factorised = plan.decay == "channel" and plan.diag_mode == "factorised" and plan.structure != "dplr"
-    return "tf32" if plan.dtype == "bfloat16" and factorised and plan.has_rank1 else "input"
-
+# Chunk lengths: the training forward's (and the backward's) by default, and the longer one of
+# docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md (two 32-row sub-tiles); the reverse state pass
+# takes four stages on the short ones only (docs/decisions/0018-reverse-state-pass.md)
+TRAIN_CHUNKING = (32, 16)
+LONG_CHUNKING = (64, 32)
+# the backward's intra gradients split in two launches, and recompute mode's one-warp re-run, on chunks of this
+# many sub-tiles (docs/decisions/0017-recompute-mode-split-intra.md)
+SPLIT_SUBTILES = 2
 
 # A half-width (bf16/fp16) pool: from PERSISTENT_ITEMS items on, persistent programs whose item loop Triton
-# pipelines, with the loaded-state readout (docs/decisions/0021-decode-half-pool-persistent.md).
+# pipelines (PERSISTENT_PROGRAMS per SM, MANY_PERSISTENT_PROGRAMS from MANY_ITEMS_FACTOR times as many items),
+# with the loaded-state readout (docs/decisions/0021-decode-half-pool-persistent.md).
 PERSISTENT_ITEMS = 4096
+MANY_ITEMS_FACTOR = 4
+PERSISTENT_PROGRAMS = 4
+MANY_PERSISTENT_PROGRAMS = 16
+# items are counted on V tiles of this width (the persistent programs' tile)
+ITEM_TILE = 64
 
-
-def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: dict | None = None) -> RecurrentConfig:
-    """``state_dtype``: of the state the call reads and writes (its decode pool); ``shape``:
-    optional {"N": sequences, "HV": value heads, "state_v_first": the state laid out [.., V, K], "P": the
-    state pool's slots (0 without a pool), "B", "T": the call's batch and tokens per batch row}.
-    A float32 pool moves fastest with
-    BV=64 on 2 warps; a half-width pool, half the bytes per program, with BV=32 on one warp and
-    the loaded-state readout for a few items, and pipelined persistent programs (above) for many;
-    a float32 state with few (sequence, head) pairs, narrower tiles on one warp (below;
-    docs/decisions/0021-decode-half-pool-persistent.md, 0022-decode-fp32-tiles-by-pairs.md).
-    One warp at BV >= 64 spills registers and collapses."""
-    shape = shape or {}
-    if plan.K > 128:
-        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=4, num_stages=1)
-    if state_dtype in ("bfloat16", "float16"):
-        items = shape.get("N", 0) * shape.get("HV", 0) * -(-plan.V // min(64, plan.BV))
-        if items >= PERSISTENT_ITEMS:
-            return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=2, readout="loaded",
-                                   programs_per_sm=16 if items >= 4 * PERSISTENT_ITEMS else 4)
-        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1, readout="loaded")
-    # A float32 state with few (sequence, head) pairs: a decode step is one short program per V tile,
-    # latency bound, so narrower tiles (more programs, fewer registers each) finish first
-    # (docs/decisions/0022-decode-fp32-tiles-by-pairs.md).
-    pairs = shape.get("N", 0) * shape.get("HV", 0)
-    kda_like = plan.decay == "channel" and plan.has_rank1 and plan.structure != "dplr"
-    kda_v_first = kda_like and shape.get("state_v_first")
-    if kda_v_first and pairs and pairs <= SOME_PAIRS:
-        # a [V, K] state (state_v_first), where a V tile of BV rows is one contiguous block: narrower tiles
-        # than on [K, V] (docs/decisions/0025-decode-vk-pool.md)
-        return RecurrentConfig(block_v=min(4 if pairs <= FEW_PAIRS else 8, plan.BV), num_warps=1, num_stages=1,
-                               readout="loaded")
-    decode = shape.get("B", 0) * shape.get("T", 0) <= shape.get("N", 0)
-    if (kda_v_first and pairs > SOME_PAIRS and shape.get("P", 0) and decode
-            and slot_grid(shape.get("N", 0), shape.get("HV", 0), shape.get("P", 0))):
-        # KDA's fp32 pool laid out [V, K] with many pairs, a decode step's call (no more tokens than sequences), on
-        # the slot grid: 8-row tiles (one contiguous 4 KB block of whole K columns) on one warp, with the lean body
-        # where the tile divides K and V (a slot's program holds the step alone; row 0's programs run padding,
-        # other lengths and shared slots).  A call with more tokens than sequences is not a decode step: row 0
-        # would run its longer items one at a time, so it takes the choices below
-        # (docs/decisions/0026-lean-decode-step-vk-fp32.md).
-        bv = min(8, plan.BV)
-        lean = plan.BK == plan.K and plan.V % bv == 0
-        return RecurrentConfig(block_v=bv, num_warps=1, num_stages=1, readout="loaded", lean=lean)
-    if pairs and pairs <= FEW_PAIRS:  # (DPLR measured with the updated readout)
-        return RecurrentConfig(block_v=min(16, plan.BV), num_warps=1, num_stages=1,
-                               readout="updated" if plan.structure == "dplr" else "loaded")
-    if plan.structure == "dplr" and pairs:
-        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=2, num_stages=1)
-    if pairs and pairs <= SOME_PAIRS:
-        return RecurrentConfig(block_v=min(32, plan.BV), num_warps=1, num_stages=1, readout="loaded")
-    # Many pairs: KDA's (a per-channel decay and the delta rule) with the loaded readout; the other structures
-    # keep the updated readout they were measured with (docs/decisions/0023-decode-loaded-readout.md).
-    return RecurrentConfig(block_v=min(64, plan.BV), num_warps=2, num_stages=1,
-                           readout="loaded" if kda_like else "updated")
-
-
-def slot_grid(n_seqs: int, n_heads: int, n_slots: int) -> bool:
-    """Whether a decode step on a state pool puts its programs over the pool's slots rather than over
-    the batch (templates/recurrent.py.j2's SLOT_GRID; one-item programs only): each program then
-    finds its sequence by a scan of the slot indices, and the state streams in address order
-    whatever order the batch holds its slots in.  Taken with many (sequence, value head) pairs, at
-    most SLOT_GRID_MAX_SEQS sequences (the scan's width) and a pool of at most SLOT_GRID_MAX_RATIO
-    slots per sequence (a row per slot: the unused ones are programs that only scan)."""
-    return (n_seqs * n_heads >= SLOT_GRID_MIN_PAIRS and n_seqs <= SLOT_GRID_MAX_SEQS
-            and n_slots <= SLOT_GRID_MAX_RATIO * n_seqs)
-
+# float32 decode states: (sequence, value head) pairs up to which the 16-wide tile on one warp is taken
+# (B=1 at H=32: 32 pairs), and the 32-wide one (B=16: 512) (docs/decisions/0022-decode-fp32-tiles-by-pairs.md)
+FEW_PAIRS = 64
+SOME_PAIRS = 1024
 
 # The slot grid's thresholds (docs/decisions/0024-decode-slot-grid-and-pdl.md).
 SLOT_GRID_MIN_PAIRS = 4096
 SLOT_GRID_MAX_SEQS = 1024
 SLOT_GRID_MAX_RATIO = 2
 
-
-# float32 decode states (default_recurrent_config): (sequence, value head) pairs up to which the
-# 16-wide tile on one warp is taken (B=1 at H=32: 32 pairs), and the 32-wide one (B=16: 512)
-# (docs/decisions/0022-decode-fp32-tiles-by-pairs.md)
-FEW_PAIRS = 64
-SOME_PAIRS = 1024
+HALF = ("bfloat16", "float16")
 
 
-def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tuple[int, int] = (32, 16)
+# --------------------------------------------------------------------------- features
+
+
+@dataclass(frozen=True)
+class Features:
+    """What a heuristic may branch on, computed once per call (:meth:`of`): the plan's, the call shape's
+    (None where the shape does not say), the state's dtype and layout, and whether the call is a decode
+    step (no more tokens than sequences).  The derived features are properties."""
+
+    # the plan
+    dtype: str
+    K: int
+    V: int
+    BK: int
+    BV: int
+    decay: str  # "identity", "scalar", "channel"
+    diag_mode: str  # "scalar", "factorised", "elementwise"
+    structure: str  # "kda", "gla", "dplr"
+    has_rank1: bool
+    gate_in_kernel: bool
+    # the call
+    has_shape: bool  # a non-empty shape was given
+    N: int | None  # sequences
+    HV: int | None  # value heads
+    T: int | None  # tokens per batch row
+    B: int | None  # batch rows
+    T_max: int | None  # the longest sequence's tokens
+    P: int  # the decode pool's slots (0: none)
+    state_dtype: str
+    state_v_first: bool  # states laid out [.., V, K]
+    decode_step: bool  # B * T <= N (missing entries read 0: a call without a shape is one)
+    chunking: tuple[int, int] = TRAIN_CHUNKING  # the training forward's (C, BC), for the backward
+
+    @classmethod
+    def of(cls, plan: Plan, shape: dict | None = None, state_dtype: str = "float32",
+           chunking: tuple[int, int] = TRAIN_CHUNKING) -> "Features":
+        s = shape or {}
+
+        def get(name):
+            return s[name] if name in s else None
+
+        return cls(dtype=plan.dtype, K=plan.K, V=plan.V, BK=plan.BK, BV=plan.BV, decay=plan.decay,
+                   diag_mode=plan.diag_mode, structure=plan.structure, has_rank1=plan.has_rank1,
+                   gate_in_kernel=plan.gate_in_kernel, has_shape=bool(s), N=get("N"), HV=get("HV"), T=get("T"),
+                   B=get("B"), T_max=get("T_max"), P=s.get("P", 0), state_dtype=state_dtype,
+                   state_v_first=bool(s.get("state_v_first")),
+                   decode_step=s.get("B", 0) * s.get("T", 0) <= s.get("N", 0), chunking=tuple(chunking))
+
+    # -- plan
+    @property
+    def half(self) -> bool:
+        """bf16 / fp16 inputs."""
+        return self.dtype in HALF
+
+    @property
+    def half_measured(self) -> bool:
+        """bf16 / fp16 inputs with K within the measured tiles."""
+        return self.half and self.K <= MEASURED_MAX_K
+
+    @property
+    def dplr(self) -> bool:
+        return self.structure == "dplr"
+
+    @property
+    def kda_like(self) -> bool:
+        """A per-channel decay and the delta rule's rank-1 part (KDA, not general DPLR)."""
+        return self.decay == "channel" and self.has_rank1 and not self.dplr
+
+    @property
+    def wide_state(self) -> bool:
+        return self.BK > WIDE_STATE_BK
+
+    @property
+    def fold_candidate(self) -> bool:
+        return ChunkBwdConfig.fold_candidate(self)
+
+    @property
+    def gate_launchable(self) -> bool:
+        return ChunkTrainConfig.gate_launchable(self)
+
+    @property
+    def checked_like_bounded(self) -> bool:
+        """A per-channel decay's unbounded diagonal checked in the kernel (bf16/fp32, with a rank-1 part):
+        the bounded plan's tiles (docs/decisions/0012-bounded-tiles-for-checked-diagonal.md)."""
+        return (self.diag_mode == "elementwise" and self.decay == "channel" and self.dtype != "float16"
+                and self.has_rank1)
+
+    @property
+    def checks_gate_bound(self) -> bool:
+        """A promised gate bound checked by repair launches; general DPLR trusts it
+        (docs/decisions/0013-gate-bound-checked-by-repair-launches.md)."""
+        return not self.dplr
+
+    # -- shape
+    @property
+    def has_programs(self) -> bool:
+        return self.has_shape and self.N is not None and self.HV is not None
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.has_programs and self.T is not None
+
+    @property
+    def tokens(self) -> int:
+        """The call's tokens (B * T; one batch row where B is not given)."""
+        return (1 if self.B is None else self.B) * self.T
+
+    def programs(self, bv: int) -> int:
+        """The state pass's programs with V tiles of ``bv``: one per (sequence, value head, V tile)."""
+        return self.N * self.HV * -(-self.V // bv)
+
+    @property
+    def few_programs(self) -> bool | None:
+        """Fewer than STATE_PROGRAMS_LOW state-pass programs; None when the shape does not say."""
+        return self.programs(COUNTING_TILE) < STATE_PROGRAMS_LOW if self.has_programs else None
+
+    def longest_chunks(self, C: int) -> int:
+        """Chunks of ``C`` tokens in the longest sequence (T_max, else T)."""
+        return -(-int(self.T if self.T_max is None else self.T_max) // C)
+
+    def segments(self, C: int, bv: int) -> bool:
+        """The sequence-parallel state pass pays at chunks of ``C`` and V tiles of ``bv``."""
+        return (self.has_tokens and self.BK <= SEGMENT_MAX_BK and self.programs(bv) < SEGMENT_PROGRAMS
+                and self.longest_chunks(C) >= SEGMENT_MIN * SEGMENT_CHUNKS)
+
+    def lean_fits(self, bv: int) -> bool:
+        """The lean decode body's masks drop: a tile of ``bv`` divides V and K is its own power of two."""
+        return self.BK == self.K and self.V % bv == 0
+
+    @property
+    def pairs(self) -> int:
+        """(sequence, value head) pairs (0 where the shape does not say)."""
+        return (self.N or 0) * (self.HV or 0)
+
+    @property
+    def items(self) -> int:
+        """A decode launch's items on ITEM_TILE-wide V tiles (0 where the shape does not say)."""
+        return self.pairs * -(-self.V // min(ITEM_TILE, self.BV))
+
+    # -- derived decisions other rules (and modules) read
+    @property
+    def infers_on_32_row_chunks(self) -> bool:
+        return (self.decay == "scalar" and self.dtype == "bfloat16" and self.BK <= MEASURED_MAX_K
+                and self.has_programs and self.programs(COUNTING_TILE) >= SCALAR_DECAY_C32_PROGRAMS)
+
+    @property
+    def trains_on_64_row_chunks(self) -> bool:
+        return (self.dtype == "bfloat16" and self.K <= MEASURED_MAX_K and self.has_rank1 and not self.dplr
+                and self.fold_candidate and self.BV >= min_state_block_v(LONG_CHUNKING[0])
+                and (self.decay == "scalar" or self.few_programs is True))
+
+    @property
+    def long_chunks(self) -> bool:
+        return self.chunking[0] == LONG_CHUNKING[0]
+
+    @property
+    def two_subtiles(self) -> bool:
+        """The training chunks hold two sub-tiles (C = 2 BC)."""
+        return self.chunking[0] == SPLIT_SUBTILES * self.chunking[1]
+
+
+# --------------------------------------------------------------------------- the rules
+
+Value = Any  # a field's value, or a callable (features, config so far) -> value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Where ``when(features, config so far)`` holds, set the fields of ``set`` (a value, or a callable
+    ``(features, config so far) -> value``); ``record``: the decision record's file name under docs/decisions/."""
+
+    name: str
+    record: str
+    when: Callable[[Features, dict], bool]
+    set: dict[str, Value]
+
+    def apply(self, f: Features, config: dict) -> dict:
+        out = dict(config)
+        out.update({k: (v(f, config) if callable(v) else v) for k, v in self.set.items()})
+        return out
+
+
+def _always(f, c):
+    return True
+
+
+def _inverse(f, c):
+    return "tf32" if f.dtype == "float16" else "bf16"
+
+
+CHUNK_FWD_RULES = [
+    Rule("64-row chunks, pipelined state pass", "0002-inference-forward-64-row-chunks.md", _always, dict(
+        chunk_size=64, intra_num_warps=4, state_block_v=lambda f, c: min(32, f.BV), state_num_warps=4,
+        state_num_stages=3, state_prefetch=True, inverse_precision=_inverse,
+        solve_load_ahead=lambda f, c: 0 if f.diag_mode == "scalar" else 2)),
+    Rule("many short sequences: 32-row chunks, no prefetch", "0003-packed-short-sequences-32-row-chunks.md",
+         lambda f, c: (f.has_tokens and f.programs(COUNTING_TILE) >= MANY_PROGRAMS
+                       and f.tokens <= SHORT_MEAN_TOKENS * f.N),
+         dict(chunk_size=32, state_prefetch=False)),
+    Rule("a scalar decay's bf16 forward with many programs: 32-row chunks", "0005-gdn-inference-32-row-chunks.md",
+         lambda f, c: f.infers_on_32_row_chunks, dict(chunk_size=32)),
+    Rule("few long sequences: the sequence-parallel pass on 64-wide tiles",
+         "0004-sequence-parallel-segment-pass.md",
+         lambda f, c: f.segments(c["chunk_size"], c["state_block_v"]),
+         dict(state_segment_chunks=SEGMENT_CHUNKS, state_block_v=lambda f, c: min(64, f.BV), state_prefetch=False)),
+    Rule("K > 128: 32-row chunks, 8-warp solve, two stages", "0002-inference-forward-64-row-chunks.md",
+         lambda f, c: f.BK > MEASURED_MAX_K, dict(
+             chunk_size=32, intra_num_warps=8, state_block_v=lambda f, c: min(32, f.BV), state_num_warps=4,
+             state_num_stages=2, state_prefetch=True, state_segment_chunks=0, solve_load_ahead=0)),
+    Rule("K > 256: 16-wide tiles on 8 warps, unpipelined", "0033-wide-state-rows.md",
+         lambda f, c: f.wide_state, dict(state_block_v=lambda f, c: min(16, f.BV), state_num_warps=8,
+                                          state_num_stages=1)),
+]
+
+CHUNK_TRAIN_RULES = [
+    Rule("32-row chunks, the whole K row in one intra tile, 32-wide state tiles",
+         "0007-training-state-pass-three-stages.md", _always, dict(
+             chunk_size=32, sub_chunk=16, intra_block_k=lambda f, c: min(128, f.BK), intra_num_warps=4,
+             intra_num_stages=2, state_block_v=lambda f, c: min(32, f.BV),
+             state_num_warps=lambda f, c: 2 if f.K <= MEASURED_MAX_K else 4,
+             state_num_stages=lambda f, c: 3 if f.half_measured else 2)),
+    Rule("promised gate bound checked (DPLR trusts it)", "0013-gate-bound-checked-by-repair-launches.md",
+         _always, dict(check_gate_bound=lambda f, c: f.checks_gate_bound)),
+    Rule("row-block loads ahead in half precision", "0008-training-intra-loads-ahead.md",
+         _always, dict(intra_load_ahead=lambda f, c: f.half)),
+    Rule("the inverse on tf32 dots in half precision", "0014-training-inverse-tf32.md",
+         _always, dict(inverse_precision=lambda f, c: _train_inverse_precision(f))),
+    Rule("bf16 factorised diagonal in fp32 on tf32 dots", "0015-diag-precision-tf32.md",
+         _always, dict(diag_precision=lambda f, c: _train_diag_precision(f))),
+    Rule("element-wise diagonal: a [BC, BC, BK] tile, 32-wide K", "0012-bounded-tiles-for-checked-diagonal.md",
+         lambda f, c: f.diag_mode == "elementwise" and not f.checked_like_bounded, dict(intra_block_k=32)),
+    Rule("GLA with a checked bound keeps its 32-wide intra tile", "0013-gate-bound-checked-by-repair-launches.md",
+         lambda f, c: (f.diag_mode == "factorised" and f.checks_gate_bound and not f.gate_in_kernel
+                       and not f.has_rank1),
+         dict(intra_block_k=lambda f, c: min(32, f.BK))),
+    Rule("few state programs: 16-wide tiles on 4 warps", "0006-narrow-state-tiles-few-programs.md",
+         lambda f, c: f.BV >= COUNTING_TILE and bool(f.few_programs), dict(state_block_v=16, state_num_warps=4)),
+    Rule("general DPLR's 32-wide pass: two stages", "0007-training-state-pass-three-stages.md",
+         lambda f, c: f.dplr and c["state_block_v"] >= COUNTING_TILE, dict(state_num_stages=2)),
+    Rule("the output out of the state pass; 64-wide pass tiles with many programs", "0009-split-output-launch.md",
+         lambda f, c: f.half_measured and not f.dplr, dict(
+             state_block_v=lambda f, c: min(64 if f.few_programs is False else 32, f.BV), state_num_warps=4,
+             state_num_stages=3, split_output=True, out_block_v=lambda f, c: min(128, f.BV),
+             out_block_k=lambda f, c: min(64, f.BK), out_num_warps=4, out_num_stages=2)),
+    Rule("an in-kernel gate launched apart in half precision", "0010-gate-launched-apart.md",
+         lambda f, c: f.half and f.gate_launchable, dict(gate_launch=True)),
+    Rule("K > 256: 16-wide state tiles on 8 warps, unpipelined", "0033-wide-state-rows.md",
+         lambda f, c: f.wide_state, dict(state_block_v=lambda f, c: min(16, f.BV), state_num_warps=8,
+                                          state_num_stages=1)),
+    Rule("Gated DeltaNet / few-program DeltaNet bf16: 64-row chunks",
+         "0011-64-row-chunks-gdn-deltanet-training.md",
+         lambda f, c: f.trains_on_64_row_chunks, dict(chunk_size=LONG_CHUNKING[0], sub_chunk=LONG_CHUNKING[1])),
+]
+
+CHUNK_BWD_RULES = [
+    Rule("reverse pass, dqkw and intra tiles", "0016-backward-tiles.md", _always, dict(
+        chunk_size=lambda f, c: f.chunking[0], sub_chunk=lambda f, c: f.chunking[1],
+        state_block_v=lambda f, c: min(32, f.BV), state_num_warps=4, state_num_stages=2,
+        dqkw_block_k=lambda f, c: min(64, f.BK), dqkw_block_v=lambda f, c: min(32, f.BV), dqkw_num_warps=4,
+        dqkw_num_stages=2, intra_block_k=lambda f, c: min(32, f.BK), intra_block_v=lambda f, c: min(32, f.BV),
+        intra_num_warps=4, intra_num_stages=2, rerun_block_k=lambda f, c: min(64, f.BK), rerun_num_warps=4,
+        state_dtype=lambda f, c: "fp32" if f.dtype == "float16" else "input")),
+    Rule("promised gate bound checked (DPLR trusts it)", "0013-gate-bound-checked-by-repair-launches.md",
+         _always, dict(check_gate_bound=lambda f, c: f.checks_gate_bound)),
+    Rule("the inverse's gradient on tf32 dots in half precision", "0014-training-inverse-tf32.md",
+         _always, dict(inverse_precision=lambda f, c: _train_inverse_precision(f))),
+    Rule("bf16 factorised diagonal in fp32 on tf32 dots", "0015-diag-precision-tf32.md",
+         _always, dict(diag_precision=lambda f, c: _train_diag_precision(f))),
+    Rule("half precision: dqkw on [128, 64] tiles", "0016-backward-tiles.md",
+         lambda f, c: f.half_measured, dict(dqkw_block_k=lambda f, c: min(128, f.BK),
+                                            dqkw_block_v=lambda f, c: min(64, f.BV))),
+    Rule("half precision: the reverse pass loads ahead, three stages", "0018-reverse-state-pass.md",
+         lambda f, c: f.half_measured, dict(state_num_stages=3, state_prefetch=True)),
+    Rule("reverse pass tiles by programs: 32-wide with few, 64-wide with many", "0018-reverse-state-pass.md",
+         lambda f, c: f.half_measured and f.few_programs is not None,
+         dict(state_block_v=lambda f, c: min(32 if f.few_programs else 64, f.BV))),
+    Rule("few programs on short chunks: four stages", "0018-reverse-state-pass.md",
+         lambda f, c: f.half_measured and f.few_programs is True and f.chunking[0] == TRAIN_CHUNKING[0],
+         dict(state_num_stages=4)),
+    Rule("64-row chunks with many programs: the reverse pass on 8 warps",
+         "0011-64-row-chunks-gdn-deltanet-training.md",
+         lambda f, c: f.half_measured and f.few_programs is False and f.long_chunks and f.trains_on_64_row_chunks,
+         dict(state_num_warps=8)),
+    Rule("two sub-tiles: the intra gradients split, the re-run on one warp",
+         "0017-recompute-mode-split-intra.md", lambda f, c: f.half_measured and f.two_subtiles,
+         dict(intra_split=True, intra_block_v=lambda f, c: min(64, f.BV), intra_num_warps=2, rerun_num_warps=1)),
+    Rule("element-wise diagonal: the intra gradients on 4 warps", "0019-elementwise-diagonal-backward-4-warps.md",
+         lambda f, c: (f.half_measured and f.two_subtiles and f.diag_mode == "elementwise" and f.has_rank1
+                       and not f.checked_like_bounded), dict(intra_num_warps=4)),
+    Rule("no decay / a scalar one given: the split folded", "0020-intra-backward-folded.md",
+         lambda f, c: f.half_measured and f.two_subtiles and f.fold_candidate and f.has_rank1,
+         dict(intra_fold=True, intra_block_k=lambda f, c: min(64, f.BK))),
+    Rule("K > 256: dS on 16-wide tiles over 8 warps, unpipelined", "0033-wide-state-rows.md",
+         lambda f, c: f.wide_state, dict(state_block_v=lambda f, c: min(16, f.BV), state_num_warps=8,
+                                          state_num_stages=1)),
+    Rule("the reverse pass's V tile at least C/2", "0028-reverse-pass-min-tile.md", _always,
+         dict(state_block_v=lambda f, c: max(c["state_block_v"], min_state_block_v(f.chunking[0])))),
+]
+
+# The recurrent form's rules: the first that matches sets the whole config (the other fields: defaults).
+RECURRENT_RULES = [
+    Rule("K > 128: 32-wide tiles on 4 warps", "0022-decode-fp32-tiles-by-pairs.md",
+         lambda f, c: f.K > MEASURED_MAX_K, dict(block_v=lambda f, c: min(32, f.BV), num_warps=4, num_stages=1,
+                                                   readout="updated")),
+    Rule("half-width pool, many items: pipelined persistent programs", "0021-decode-half-pool-persistent.md",
+         lambda f, c: f.state_dtype in HALF and f.items >= PERSISTENT_ITEMS, dict(
+             block_v=lambda f, c: min(64, f.BV), num_warps=2, num_stages=2, readout="loaded",
+             programs_per_sm=lambda f, c: (MANY_PERSISTENT_PROGRAMS if f.items >= MANY_ITEMS_FACTOR * PERSISTENT_ITEMS
+                                           else PERSISTENT_PROGRAMS))),
+    Rule("half-width pool: 32-wide tiles on one warp", "0021-decode-half-pool-persistent.md",
+         lambda f, c: f.state_dtype in HALF,
+         dict(block_v=lambda f, c: min(32, f.BV), num_warps=1, num_stages=1, readout="loaded")),
+    Rule("KDA's fp32 [V, K] state, few pairs: narrow contiguous tiles", "0025-decode-vk-pool.md",
+         lambda f, c: f.kda_like and f.state_v_first and 0 < f.pairs <= SOME_PAIRS,
+         dict(block_v=lambda f, c: min(4 if f.pairs <= FEW_PAIRS else 8, f.BV), num_warps=1, num_stages=1,
+              readout="loaded")),
+    Rule("KDA's fp32 [V, K] pool, a decode step on the slot grid: lean 8-row tiles",
+         "0026-lean-decode-step-vk-fp32.md",
+         lambda f, c: (f.kda_like and f.state_v_first and f.pairs > SOME_PAIRS and f.P and f.decode_step
+                       and slot_grid(f.N or 0, f.HV or 0, f.P)),
+         dict(block_v=lambda f, c: min(8, f.BV), num_warps=1, num_stages=1, readout="loaded",
+              lean=lambda f, c: f.lean_fits(min(8, f.BV)))),
+    Rule("fp32 state, few pairs: 16-wide tiles on one warp", "0022-decode-fp32-tiles-by-pairs.md",
+         lambda f, c: 0 < f.pairs <= FEW_PAIRS,
+         dict(block_v=lambda f, c: min(16, f.BV), num_warps=1, num_stages=1,
+              readout=lambda f, c: "updated" if f.dplr else "loaded")),
+    Rule("general DPLR's fp32 state: 32-wide tiles on 2 warps", "0022-decode-fp32-tiles-by-pairs.md",
+         lambda f, c: f.dplr and f.pairs > 0,
+         dict(block_v=lambda f, c: min(32, f.BV), num_warps=2, num_stages=1, readout="updated")),
+    Rule("fp32 state, some pairs: 32-wide tiles on one warp", "0022-decode-fp32-tiles-by-pairs.md",
+         lambda f, c: 0 < f.pairs <= SOME_PAIRS,
+         dict(block_v=lambda f, c: min(32, f.BV), num_warps=1, num_stages=1, readout="loaded")),
+    Rule("fp32 state, many pairs: 64-wide tiles on 2 warps, KDA's loaded readout", "0023-decode-loaded-readout.md",
+         _always, dict(block_v=lambda f, c: min(64, f.BV), num_warps=2, num_stages=1,
+                       readout=lambda f, c: "loaded" if f.kda_like else "updated")),
+]
+
+# family -> (config class, rules, whether the first match ends the table)
+RULES: dict[str, tuple[type, list[Rule], bool]] = {
+    "chunk_fwd": (ChunkFwdConfig, CHUNK_FWD_RULES, False),
+    "chunk_train": (ChunkTrainConfig, CHUNK_TRAIN_RULES, False),
+    "chunk_bwd": (ChunkBwdConfig, CHUNK_BWD_RULES, False),
+    "recurrent": (RecurrentConfig, RECURRENT_RULES, True),
+}
+
+
+def applied(family: str, f: Features) -> list[Rule]:
+    """The rules of ``family`` that match features ``f``, in order (what chose each field)."""
+    return _evaluate(family, f)[1]
+
+
+def _evaluate(family: str, f: Features):
+    cls, rules, first = RULES[family]
+    config, taken = {}, []
+    for rule in rules:
+        if rule.when(f, config):
+            config = rule.apply(f, config)
+            taken.append(rule)
+            if first:
+                break
+    return cls(**config), taken
+
+
+def _train_inverse_precision(f: Features) -> str:
+    """The training launches' triangular inverse on tf32 dots for half-precision plans, fp32 FMAs ("ieee")
+    otherwise; general DPLR keeps fp32 (docs/decisions/0014-training-inverse-tf32.md)."""
+    return "tf32" if f.half and not f.dplr else "ieee"
+
+
+def _train_diag_precision(f: Features) -> str:
+    """The training launches' factorised diagonal sub-tiles: fp32 operands on tf32 dots for bf16 plans with a
+    rank-1 part whose per-channel diagonal is factorised, the input dtype otherwise
+    (docs/decisions/0015-diag-precision-tf32.md)."""
+    factorised = f.decay == "channel" and f.diag_mode == "factorised" and not f.dplr
+    return "tf32" if f.dtype == "bfloat16" and factorised and f.has_rank1 else "input"
+
+
+# --------------------------------------------------------------------------- the entry points
+
+
+def default_chunk_config(plan: Plan, shape: dict | None = None) -> ChunkFwdConfig:
+    """The inference forward's heuristic config (:data:`CHUNK_FWD_RULES`); ``shape``: optional
+    {"N", "HV", "T", "B", "T_max"}."""
+    return _evaluate("chunk_fwd", Features.of(plan, shape))[0]
+
+
+def default_train_config(plan: Plan, shape: dict | None = None) -> ChunkTrainConfig:
+    """The forward of a training call (:data:`CHUNK_TRAIN_RULES`).  ``shape``: optional {"N", "HV"}."""
+    return _evaluate("chunk_train", Features.of(plan, shape))[0]
+
+
+def default_chunk_bwd_config(plan: Plan, shape: dict | None = None, chunking: tuple[int, int] = TRAIN_CHUNKING
                              ) -> ChunkBwdConfig:
-    """The backward's heuristic config; ``shape`` (optional {"N", "HV"}) picks the reverse state
-    pass's V tile by its program count; ``chunking``: the training forward's (C, BC)."""
-    # The reverse state pass holds only dS [K, BV] (fp32) and does three dots per chunk; the
-    # chunk-parallel launch holds three [C, K] fp32 accumulators: half precision with K <= 128, dqkw on
-    # [128, 64] tiles of (K, V), the intra gradients on 4 warps (docs/decisions/0016-backward-tiles.md).
-    # fp16 keeps the per-chunk states in fp32 (its range is 6.5e4).
-    # Recompute mode (chunk_bwd_rerun, one warp) and the intra gradients as two launches (chunk_bwd_wy, then
-    # dq, dk, dg per K tile) where the chunk holds two sub-tiles (docs/decisions/0017-recompute-mode-split-intra.md).
-    # The reverse state pass loads G_n and A_qk a chunk ahead and is pipelined three deep; 32-wide V tiles
-    # with few programs, 64-wide with many (docs/decisions/0018-reverse-state-pass.md).
-    half = plan.dtype in ("bfloat16", "float16") and plan.K <= 128
-    state_bv, dqkw_bk, dqkw_bv = min(32, plan.BV), min(64, plan.BK), min(32, plan.BV)
-    state = dict(state_num_stages=2)
-    intra = dict(intra_block_k=min(32, plan.BK), intra_block_v=min(32, plan.BV), intra_num_warps=4)
-    rerun_warps, state_warps = 4, 4
-    if half:
-        state = dict(state_num_stages=3, state_prefetch=True)
-        dqkw_bk, dqkw_bv = min(128, plan.BK), min(64, plan.BV)
-        few = _few_state_programs(plan, shape)
-        if few is not None:
-            state_bv = min(32 if few else 64, plan.BV)
-            if few and chunking[0] == 32:  # four stages with few programs (docs/decisions/0018-reverse-state-pass.md);
-                # on 64-row chunks four stages exceed shared memory (248 KB at BV=32)
-                state["state_num_stages"] = 4
-            if few is False and chunking[0] == 64 and trains_on_64_row_chunks(plan, shape):
-                # Gated DeltaNet's 64-row chunks with many programs: the reverse pass on 8 warps (64-wide tiles on
-                # 4 spill; docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md)
-                state_warps = 8
-        if chunking[0] == 2 * chunking[1]:
-            intra.update(intra_split=True, intra_block_v=min(64, plan.BV), intra_num_warps=2)
-            if plan.diag_mode == "elementwise" and plan.has_rank1 and not checked_like_bounded(plan):
-                # element-wise diagonal tiles (a per-channel gate without a bound, whose checked
-                # diagonal keeps them as the fallback, or fp16, whose factors cannot hold a bound's
-                # span): the intra gradients spill 10 KB on 2 warps (584 B / 1 KB on 4, bf16 / fp16)
-                # (docs/decisions/0019-elementwise-diagonal-backward-4-warps.md)
-                intra["intra_num_warps"] = 4
-            if ChunkBwdConfig.fold_candidate(plan) and plan.has_rank1:
-                # no decay (DeltaNet): the split's second launch folded into dqkw and the wy launch
-                # (ChunkBwdConfig.folds_intra), the wy launch's K loop on 64-wide tiles; a scalar decay given as g
-                # (Gated DeltaNet) folds the same way (docs/decisions/0020-intra-backward-folded.md)
-                intra.update(intra_fold=True, intra_block_k=min(64, plan.BK))
-            # the re-run on one warp (docs/decisions/0017-recompute-mode-split-intra.md)
-            rerun_warps = 1
-    if plan.BK > WIDE_STATE_BK:
-        # dS [512, BV] on 16-wide V tiles over 8 warps, its loop not pipelined (sm_90 compile at K=V=512, bf16: 174
-        # registers, no spill, 86 KB shared; two stages 255 registers, and 48 B of spill in fp16, whose per-chunk
-        # states are float32; 32-wide tiles on 4 warps spill 872 B)
-        state_bv, state_warps, state["state_num_stages"] = min(16, plan.BV), 8, 1
-    # 64-row chunks: the reverse pass's 16-wide tile gave wrong gradients (docs/decisions/0028-reverse-pass-min-tile.md)
-    state_bv = max(state_bv, min_state_block_v(chunking[0]))
-    return ChunkBwdConfig(
-        chunk_size=chunking[0], sub_chunk=chunking[1], state_block_v=state_bv, state_num_warps=state_warps, **state,
-        dqkw_block_k=dqkw_bk, dqkw_block_v=dqkw_bv, dqkw_num_warps=4, dqkw_num_stages=2,
-        intra_num_stages=2, rerun_block_k=min(64, plan.BK), rerun_num_warps=rerun_warps, **intra,
-        state_dtype="fp32" if plan.dtype == "float16" else "input",
-        check_gate_bound=checks_gate_bound(plan), inverse_precision=_train_inverse_precision(plan),
-        diag_precision=_train_diag_precision(plan),
-    )
+    """The backward's heuristic config (:data:`CHUNK_BWD_RULES`); ``shape`` (optional {"N", "HV"}) picks the
+    reverse state pass's V tile by its program count; ``chunking``: the training forward's (C, BC)."""
+    return _evaluate("chunk_bwd", Features.of(plan, shape, chunking=chunking))[0]
+
+
+def default_recurrent_config(plan: Plan, state_dtype: str = "float32", shape: dict | None = None) -> RecurrentConfig:
+    """The recurrent form's heuristic config (:data:`RECURRENT_RULES`).  ``state_dtype``: of the state the call
+    reads and writes (its decode pool); ``shape``: optional {"N": sequences, "HV": value heads,
+    "state_v_first": the state laid out [.., V, K], "P": the state pool's slots (0 without a pool), "B", "T":
+    the call's batch and tokens per batch row}."""
+    return _evaluate("recurrent", Features.of(plan, shape, state_dtype))[0]
 
 
 def default_config(family: str, plan: Plan, shape: dict | None = None,
                    train_config: ChunkTrainConfig | None = None, state_dtype: str = "float32"):
     """The heuristic config of a family at a call's ``shape`` ({"N", "HV", ...}, optional); the
     backward's takes the chunk lengths of ``train_config`` (default: the training forward's
-    heuristic); the recurrent form's depends on the ``state_dtype`` of its pool."""
+    heuristic); the recurrent form's depends on the ``state_dtype`` of its pool.  The chunk training
+    families' configs are kept clear of Triton's miscompiles (:func:`~.miscompiles.avoid_miscompiles`)."""
     if family == "chunk_fwd":
         return default_chunk_config(plan, shape)
     if family == "chunk_train":
@@ -387,3 +520,53 @@ def default_config(family: str, plan: Plan, shape: dict | None = None,
     if family == "recurrent":
         return default_recurrent_config(plan, state_dtype, shape)
     raise ValueError(f"unknown kernel family {family!r}")
+
+
+# --------------------------------------------------------------------------- predicates other modules read
+
+
+def infers_on_32_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
+    """Whether a scalar decay's bf16 inference forward takes 32-row chunks: with many state-pass programs
+    (docs/decisions/0005-gdn-inference-32-row-chunks.md).  Other plans: 64 rows."""
+    return Features.of(plan, shape).infers_on_32_row_chunks
+
+
+def trains_on_64_row_chunks(plan: Plan, shape: dict | None = None) -> bool:
+    """Whether the training step runs on 64-row chunks (two 32-row sub-tiles) instead of 32, in bf16 with
+    K <= 128 and the backward's folded split: Gated DeltaNet (a scalar decay given as g) at every shape,
+    DeltaNet (no decay) with few state programs; not for value heads narrower than the reverse state pass's
+    tile on 64-row chunks (docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md)."""
+    return Features.of(plan, shape).trains_on_64_row_chunks
+
+
+def checked_like_bounded(plan: Plan) -> bool:
+    """Whether a plan without a gate bound takes the bounded plan's tiles: its diagonal sub-tiles are
+    checked in the kernel (docs/decisions/0012-bounded-tiles-for-checked-diagonal.md)."""
+    return Features.of(plan).checked_like_bounded
+
+
+def checks_gate_bound(plan: Plan) -> bool:
+    """The heuristic configs' check_gate_bound (docs/decisions/0013-gate-bound-checked-by-repair-launches.md)."""
+    return Features.of(plan).checks_gate_bound
+
+
+def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
+    """Whether the tuner times ``config`` at ``shape`` ({"N", "HV", "T", optional "T_max"}) at all.
+    Only the sequence-parallel state pass is left out: from SEGMENT_TIMED_FACTOR times the
+    :data:`SEGMENT_PROGRAMS` state-pass programs on, or with fewer than :data:`SEGMENT_MIN` segments in the
+    longest sequence (docs/decisions/0004-sequence-parallel-segment-pass.md)."""
+    L = getattr(config, "state_segment_chunks", 0)
+    if family != "chunk_fwd" or not L:
+        return True
+    f = Features.of(plan, shape)
+    return (f.programs(COUNTING_TILE) < SEGMENT_TIMED_FACTOR * SEGMENT_PROGRAMS
+            and f.longest_chunks(config.chunk_size) >= SEGMENT_MIN * L)
+
+
+def slot_grid(n_seqs: int, n_heads: int, n_slots: int) -> bool:
+    """Whether a decode step on a state pool puts its programs over the pool's slots rather than over
+    the batch (templates/recurrent.py.j2's SLOT_GRID; one-item programs only): with many (sequence, value
+    head) pairs, at most SLOT_GRID_MAX_SEQS sequences (the scan's width) and a pool of at most
+    SLOT_GRID_MAX_RATIO slots per sequence (docs/decisions/0024-decode-slot-grid-and-pdl.md)."""
+    return (n_seqs * n_heads >= SLOT_GRID_MIN_PAIRS and n_seqs <= SLOT_GRID_MAX_SEQS
+            and n_slots <= SLOT_GRID_MAX_RATIO * n_seqs)

@@ -59,7 +59,8 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
       of two and clamped to [2^8, 2^20], M = num_seqs rounded up to a power of two and
       capped at 64 (sequence count sets the state pass's grid, so it is kept apart).
     * ``recurrent``: ``s<M>`` with M = num_seqs rounded up to a power of two, capped at
-      1024 (one launch covers one step of every sequence; T does not matter).
+      1024 (one launch covers one step of every sequence; T does not matter).  A call's key adds the
+      state layout and whether it is a decode step to it (:func:`call_bucket`).
 
     Head dims K and V are separate key fields and are never bucketed.
     """
@@ -73,6 +74,26 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
     if kind == "recurrent":
         return f"s{min(_pow2_ceil(num_seqs), SEQ_BUCKET_MAX_RECURRENT)}"
     raise ValueError(f"shape_bucket: unknown kernel kind {kind!r}; known: chunk_fwd, chunk_bwd, chunk_train, recurrent")
+
+
+# The recurrent form's bucket also says what its heuristic branches on besides the sequences (kdagen.cache.
+# heuristics' Features): the state's layout and whether the call is a decode step.  The bare bucket (every
+# cache written before these suffixes) is the layout and call the tuner has always timed: [.., K, V] states,
+# one token per sequence.
+V_FIRST_SUFFIX = "_vk"  # states laid out [.., V, K] (state_v_first)
+TOKENS_SUFFIX = "_tokens"  # more tokens than sequences: not a decode step
+
+
+def call_bucket(kind: str, shape: dict) -> str:
+    """The bucket of a call ``shape`` ({"T", "B", "N"}, and for the recurrent form optionally
+    "state_v_first"): :func:`shape_bucket`'s, and for the recurrent form :data:`V_FIRST_SUFFIX` on a
+    [.., V, K] state and :data:`TOKENS_SUFFIX` where the call has more tokens than sequences (B * T > N),
+    so that a winner is found only by calls of the state layout and step it was timed on."""
+    T, B, N = int(shape["T"]), int(shape["B"]), int(shape["N"])
+    bucket = shape_bucket(kind, T, B, N)
+    if kind == "recurrent":
+        bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + (TOKENS_SUFFIX if B * T > N else "")
+    return bucket
 
 
 @dataclass(frozen=True)
@@ -172,10 +193,11 @@ def source_hash(family: str) -> str:
 
 def cache_key(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32") -> CacheKey:
     """The key of a winner of ``kernel`` (a family) for ``plan`` at a call ``shape`` ({"T", "B",
-    "N"}) on ``gpu``, whose state (initial state, decode pool) is ``state_dtype``.  Its spec is
-    the plan's tuning spec (:func:`kdagen.codegen.lower.tuning_spec`): an in-kernel gate's call
-    finds the winners tuned for the direct gate with its bound."""
-    bucket = shape_bucket(kernel, int(shape["T"]), int(shape["B"]), int(shape["N"]))
+    "N"}, for the recurrent form also "state_v_first": :func:`call_bucket`) on ``gpu``, whose state
+    (initial state, decode pool) is ``state_dtype``.  Its spec is the plan's tuning spec
+    (:func:`kdagen.codegen.lower.tuning_spec`): an in-kernel gate's call finds the winners tuned for
+    the direct gate with its bound."""
+    bucket = call_bucket(kernel, shape)
     return CacheKey.create(kernel=kernel, spec_hash=plan.tuning_spec_hash, source_hash=source_hash(kernel),
                            K=plan.K, V=plan.V, dtype=plan.dtype, state_dtype=state_dtype,
                            shape_bucket=bucket, gpu=gpu)

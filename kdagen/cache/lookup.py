@@ -8,7 +8,7 @@ from functools import lru_cache
 from ..codegen.lower import Plan
 from ..config import config_from_dict
 from .heuristics import default_config
-from .keys import cache_key, shape_bucket
+from .keys import cache_key, call_bucket
 
 
 @lru_cache(maxsize=1)
@@ -42,8 +42,7 @@ def lookup_winner(plan: Plan, kernel: str, shape: dict, state_dtype: str = "floa
         return None
     # memoised per (family, plan, shape bucket, state dtype, GPU): an op call pays a dict look-up,
     # not the key's construction and hashing
-    memo_key = (kernel, plan, shape_bucket(kernel, int(shape["T"]), int(shape["B"]), int(shape["N"])), state_dtype,
-                gpu.name)
+    memo_key = (kernel, plan, call_bucket(kernel, shape), state_dtype, gpu.name)
     if memo_key in _MEMO:
         return _MEMO[memo_key]
     key = cache_key(plan, kernel, shape, gpu, state_dtype)
@@ -62,10 +61,14 @@ def resolve(family: str, plan: Plan, explicit, shape: dict, state_dtype: str = "
     """The config a call of ``family`` runs: ``explicit`` if given, else the tuned winner for
     this plan, ``shape`` ({"T", "B", "N", "HV"}) and ``state_dtype`` (of the state the call
     reads and writes: its initial state or decode pool; float32 without one) on the current
-    GPU, else the heuristic.  A decode call on states laid out [.., V, K] (``shape``'s
-    "state_v_first") takes the heuristic: the tuner times the recurrent form on [.., K, V]
-    states, and which tile moves a state fastest depends on its layout."""
+    GPU, else the heuristic.  The recurrent form's key carries the state's layout (``shape``'s
+    "state_v_first") and whether the call is a decode step (:func:`~.keys.call_bucket`): a call on
+    states laid out [.., V, K] finds only winners timed on that layout.  A look-up that does not key
+    the layout (an exported package's table, keyed by :func:`~.keys.shape_bucket`) is not asked for
+    such a call: the heuristic runs."""
     if explicit is not None:
         return explicit
-    return ((None if (shape or {}).get("state_v_first") else lookup_winner(plan, family, shape, state_dtype))
+    keyed = lookup_winner.__module__ == __name__  # this module's look-up: the layout is in its key
+    skip = (shape or {}).get("state_v_first") and not keyed
+    return ((None if skip else lookup_winner(plan, family, shape, state_dtype))
             or default_config(family, plan, shape, state_dtype=state_dtype))

@@ -182,7 +182,8 @@ def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
     """((B, T, H, HV), call shape) of each shape a family is tuned at for head dim K: the chunk
     forms at the ``shapes`` (B, T, H, K) with that K, decode at ``decode_batches`` with 32 heads."""
     if family == "recurrent":
-        return [((b, 1, 32, 32), dict(T=1, B=b, N=b)) for b in decode_batches]
+        # a decode step (one token per sequence) on [.., K, V] states: what the key records (keys.call_bucket)
+        return [((b, 1, 32, 32), dict(T=1, B=b, N=b, state_v_first=False)) for b in decode_batches]
     return [((B, T, H, H), dict(T=T, B=B, N=B)) for B, T, H, Ks in shapes if Ks == K]
 
 
