@@ -40,8 +40,10 @@ def _cache_file(d: Path) -> Path:
     cache = TuningCache("h800", cache_dir=d)
     chunk = lower(select_spec(False, True, -5.0, False, False), K, V, "float32", "chunk")
     rec = lower(select_spec(False, False, None, False, False), K, V, "float32", "recurrent")
-    shape = {"T": 40, "B": 1, "N": 1}
-    for plan, family, cfg in ((chunk, "chunk_fwd", CHUNK_WINNER), (rec, "recurrent", DECODE_WINNER)):
+    # the decode winner at a decode step's bucket (one token per sequence: the key tells a step from a
+    # multi-token call)
+    for plan, family, cfg, shape in ((chunk, "chunk_fwd", CHUNK_WINNER, {"T": 40, "B": 1, "N": 1}),
+                                     (rec, "recurrent", DECODE_WINNER, {"T": 1, "B": 1, "N": 1})):
         entry = make_entry(config=cfg, kernel=family, time_ms=1.0, error=1e-7)
         entry["measured_at"] = WHEN
         cache.store(cache_key(plan, family, shape, gpu), entry)

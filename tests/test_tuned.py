@@ -190,10 +190,20 @@ def test_a_change_to_the_code_that_renders_kernels_invalidates_their_winners(edi
     before = hashes()
     for rel in ("kdagen/codegen/lower.py", "kdagen/codegen/render.py", "kdagen/codegen/triton_printer.py",
                 "kdagen/spec/gates.py", "kdagen/spec/structure.py", "kdagen/dtypes.py", "kdagen/config.py",
-                "templates/_macros.py.j2"):
+                "templates/_header.py.j2"):
         after = edit(rel)
         assert all(after[f] != before[f] for f in before), rel
         before = after
+
+
+def test_a_partial_invalidates_the_families_whose_templates_use_it(editable_copy):
+    """A shared partial is part of what a kernel is made from where a template includes or imports it:
+    _macros.py.j2 feeds the chunk families' kernels, not the recurrent form's."""
+    edit, hashes = editable_copy
+    before = hashes()
+    after = edit("templates/_macros.py.j2")
+    assert all(after[f] != before[f] for f in ("chunk_fwd", "chunk_bwd"))
+    assert after["recurrent"] == before["recurrent"]
 
 
 def test_a_template_invalidates_only_its_familys_winners(editable_copy):

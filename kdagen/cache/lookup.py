@@ -63,12 +63,9 @@ def resolve(family: str, plan: Plan, explicit, shape: dict, state_dtype: str = "
     reads and writes: its initial state or decode pool; float32 without one) on the current
     GPU, else the heuristic.  The recurrent form's key carries the state's layout (``shape``'s
     "state_v_first") and whether the call is a decode step (:func:`~.keys.call_bucket`): a call on
-    states laid out [.., V, K] finds only winners timed on that layout.  A look-up that does not key
-    the layout (an exported package's table, keyed by :func:`~.keys.shape_bucket`) is not asked for
-    such a call: the heuristic runs."""
+    states laid out [.., V, K] finds only winners timed on that layout (an exported package's table is
+    keyed the same way)."""
     if explicit is not None:
         return explicit
-    keyed = lookup_winner.__module__ == __name__  # this module's look-up: the layout is in its key
-    skip = (shape or {}).get("state_v_first") and not keyed
-    return ((None if skip else lookup_winner(plan, family, shape, state_dtype))
-            or default_config(family, plan, shape, state_dtype=state_dtype))
+    return lookup_winner(plan, family, shape, state_dtype) or default_config(family, plan, shape,
+                                                                               state_dtype=state_dtype)

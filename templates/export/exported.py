@@ -5,7 +5,7 @@ of this runtime is kdagen's own code).
 ``exported.json`` beside this file holds the table: the gate variants and plans exported, the
 pre-rendered kernel source of each (plan, config fields the source reads), and the tuned
 winners per GPU, family, plan, state dtype and shape bucket (kdagen's buckets,
-:func:`.cache.keys.shape_bucket`).  A call outside it raises a ValueError that says what the
+:func:`.cache.keys.call_bucket`).  A call outside it raises a ValueError that says what the
 package was exported for.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ def lower(spec, K, V, dtype, form, gate_in_kernel=False):
 
 def lookup_winner(plan, kernel, shape, state_dtype="float32"):
     """The winner exported for this GPU, plan, state dtype and shape bucket, or None."""
-    from .cache.keys import shape_bucket
+    from .cache.keys import call_bucket
     from .cache.lookup import _current_gpu
     from .config import config_from_dict
 
@@ -87,7 +87,7 @@ def lookup_winner(plan, kernel, shape, state_dtype="float32"):
             warnings.warn(f"{PACKAGE}: no configs were exported for this GPU ({gpu.name}); the heuristic "
                           f"configs run. {exported_for()}", stacklevel=4)
         return None
-    bucket = shape_bucket(kernel, int(shape["T"]), int(shape["B"]), int(shape["N"]))
+    bucket = call_bucket(kernel, shape)  # kdagen's own key: the recurrent form's layout and step included
     d = per_gpu.get(kernel, {}).get(str(_PLANS.get(plan, -1)), {}).get(state_dtype, {}).get(bucket)
     return config_from_dict(kernel, d) if d is not None else None
 
