@@ -128,6 +128,7 @@ def test_the_decode_step_is_one_launch_on_the_callers_tensors(monkeypatch):
         return real(q, k, v, g, beta, **kw)
 
     monkeypatch.setattr(R, "prepare_recurrent", spy)
+    monkeypatch.setattr(M, "prepare_recurrent", spy)  # the member ops' decode imports it from kdagen.ops.recurrent
     H, HV, K, V = 1, 2, 16, 16
     q, k, v, z, beta, A_log, dt_bias = _inputs(0, 2, H, HV, K, V, torch.float32)
     M._FAST.clear()
