@@ -233,3 +233,19 @@ def params(cases, ids, slow):
 def cdiv(a, b):
     return -(-a // b)
 
+
+
+@pytest.fixture
+def h200(tmp_path, monkeypatch):
+    """The tuning cache's look-up on an H200 profile, with a cache directory of the test's own."""
+    import kdagen.cache.lookup as lookup
+    from kdagen.cache.gpus import get_profile
+
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
+    prof = get_profile("h200")
+    monkeypatch.setattr(lookup, "_current_gpu", lambda: prof)
+    lookup._cache_for.cache_clear()
+    lookup._MEMO.clear()
+    yield prof
+    lookup._cache_for.cache_clear()
+    lookup._MEMO.clear()

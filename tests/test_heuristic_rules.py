@@ -66,16 +66,6 @@ def test_applied_rules_explain_a_config():
 # --------------------------------------------------------------------------- the cache key
 
 
-@pytest.fixture
-def h200(tmp_path, monkeypatch):
-    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
-    prof = get_profile("h200")
-    monkeypatch.setattr(tuned, "_current_gpu", lambda: prof)
-    tuned._cache_for.cache_clear()
-    tuned._MEMO.clear()
-    yield prof
-    tuned._cache_for.cache_clear()
-    tuned._MEMO.clear()
 
 
 def _rec():

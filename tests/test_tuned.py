@@ -25,16 +25,6 @@ def recurrent_kernels(plan, config, shape):
     return tuned.resolve("recurrent", plan, config, shape)
 
 
-@pytest.fixture
-def h200(tmp_path, monkeypatch):
-    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
-    prof = get_profile("h200")
-    monkeypatch.setattr(tuned, "_current_gpu", lambda: prof)
-    tuned._cache_for.cache_clear()
-    tuned._MEMO.clear()
-    yield prof
-    tuned._cache_for.cache_clear()
-    tuned._MEMO.clear()
 
 
 def _plan(form="chunk", K=64):

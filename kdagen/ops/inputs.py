@@ -328,9 +328,12 @@ def state_shape(N: int, HV: int, K: int, V: int, state_v_first: bool) -> tuple[i
 _OTHER_FLOATS = ("g", "gk", "beta", "initial_state", "A_log", "dt_bias")
 
 
+_INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once, when it is imported
+
+
 def interpreting() -> bool:
-    """Whether Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether Triton's CPU interpreter runs the kernels (``TRITON_INTERPRET=1``, as Triton read it at import)."""
+    return _INTERPRETING
 
 
 def dtype_note(out_from: str, operands: tuple[str, ...]) -> str:
@@ -381,18 +384,26 @@ def fla_dtypes(out_from: str, operands: tuple[str, ...] = ("q", "k", "v")):
             i = pos.get(name)
             return args[i] if i is not None and i < len(args) else kwargs.get(name)
 
+        where = tuple(zip(ops_pos, operands))
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            na = len(args)
             try:
-                xs = [args[i] if i < len(args) else kwargs[n] for i, n in zip(ops_pos, operands)]
-                dts = [x.dtype for x in xs]
+                xs = [args[i] if i < na else kwargs[n] for i, n in where]
+                d0 = xs[0].dtype
+                same = True
+                for x in xs:
+                    if x.dtype is not d0:
+                        same = False
             except (KeyError, AttributeError):  # missing or not a tensor: the op says what is wrong
                 return fn(*args, **kwargs)
-            d0 = dts[0]
-            if all(d is d0 for d in dts) and (not interpreting() or d0 is not torch.bfloat16 and not any(
+            # one dtype: the op as it is (a decode step's path: nothing else is looked at on a GPU)
+            if same and (not interpreting() or d0 is not torch.bfloat16 and not any(
                     isinstance(t := get(args, kwargs, n), torch.Tensor) and t.dtype is torch.bfloat16
                     for n in _OTHER_FLOATS)):
-                return fn(*args, **kwargs)  # one dtype: the op as it is
+                return fn(*args, **kwargs)
+            dts = [x.dtype for x in xs]
             if not all(d in TORCH_DTYPES for d in dts):
                 return fn(*args, **kwargs)
             return _call_cast(fn, args, kwargs, xs, dts, out_at, pos)
