@@ -235,7 +235,7 @@ def _read(log: Path) -> tuple[list[dict], str | None]:
     return done, started
 
 
-def _group(args, member: str, K: int, dtype: str, logdir: Path, deadline: float):
+def _group(member: str, K: int, dtype: str, logdir: Path, deadline: float):
     log = logdir / f"{member}_{K}_{dtype}.jsonl"
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
     for _ in range(len(LAYOUTS) * len(FORMS)):
@@ -282,7 +282,7 @@ def main():
     deadline = time.time() + a.budget
     groups = [(m, int(K), dt) for dt in a.dtypes.split(",") for K in a.dims.split(",") for m in a.members.split(",")]
     with ThreadPoolExecutor(a.workers) as ex:
-        list(ex.map(lambda g: _group(a, *g, logdir, deadline), groups))
+        list(ex.map(lambda g: _group(*g, logdir, deadline), groups))
     results = []
     for m, K, dt in groups:
         done, _ = _read(logdir / f"{m}_{K}_{dt}.jsonl")
