@@ -94,7 +94,6 @@ FACTOR_PRECISIONS = ("input", "fp32")  # the factored q/k tiles of the forward s
 # factors): the input dtype, or fp32 on tf32 / ieee dots; "split": the input dtype, and in the backward's
 # dq/dk/dg launch the upstream gradient tiles as two input-dtype operands (hi + lo: a second dot each)
 DIAG_PRECISIONS = ("input", "tf32", "ieee", "split")
-STATE_PRECISIONS = ("input", "tf32")  # the reverse state pass's running dS and dV' as dot operands
 READOUTS = ("updated", "loaded")  # where the recurrent form reads o (RecurrentConfig.readout)
 # the widest state row (BK) the sequence-parallel state pass takes (ChunkFwdConfig.state_segment_chunks):
 # its chaining launch holds a segment's K x K transition in one float32 tile (BK=256 would be 256 KiB)
@@ -171,7 +170,6 @@ class ChunkTrainConfig(_Config):
     state_num_stages: int = 2
     # the triangular inverse's fp32 dots: exact ("ieee") or tf32 (the heuristic's for half precision)
     inverse_precision: str = "ieee"
-    intermediates: str = "input"  # dtype of W, U, qg, kg and Aqk between the launches
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
     diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
     state_prefetch: bool = False  # the state pass loads U of the next chunk one iteration ahead (G_n always)
@@ -219,7 +217,6 @@ class ChunkTrainConfig(_Config):
         self._check_chunking()
         self._check_stages("intra_num_stages", "state_num_stages", "out_num_stages")
         self._check_choice("inverse_precision", PRECISIONS)
-        self._check_choice("intermediates", STORAGE)
         self._check_choice("cumsum", CUMSUM_MODES)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
         self._check_bool("state_prefetch", "intra_load_ahead", "check_gate_bound", "split_output", "gate_launch")
@@ -259,14 +256,6 @@ class ChunkBwdConfig(_Config):
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
     state_prefetch: bool = False  # the reverse state pass loads G_n of the chunk before one iteration ahead
     check_gate_bound: bool = True  # as ChunkTrainConfig's: a promised gate bound checked (the repair launches)
-    # the reverse state pass's dS and dV' as dot operands (half-precision plans): rounded to the input dtype
-    # ("input"), or kept in fp32 on tf32 dots ("tf32", 10-bit mantissa against bf16's 7); fp32 plans: ieee
-    state_precision: str = "input"
-    # qg as two operands in the reverse state pass, its input-dtype rounding and what that left out (hi + lo:
-    # one more dot per chunk), read from an fp32 qg the re-run (or, keeping intermediates, the forward) writes;
-    # dh0's error is qg's rounding (docs/decisions/0029-dh0-rounding-of-qg.md).  Half-precision plans;
-    # fp32 ones are exact
-    qg_split: bool = False
     # no decay or a scalar one given as g (DeltaNet, Gated DeltaNet), a split intra backward folded into the
     # launches beside it: dqkw finishes dq and dk's A_qk part, chunk_bwd_wy adds dk's rank-1 part (and with
     # a decay takes dg's cumsums), and the second launch (with its fp32 round trip of dqg, dkg, dA_qk and
@@ -292,9 +281,7 @@ class ChunkBwdConfig(_Config):
         self._check_choice("inverse_precision", PRECISIONS)
         self._check_choice("state_dtype", STORAGE)
         self._check_choice("diag_precision", DIAG_PRECISIONS)
-        self._check_choice("state_precision", STATE_PRECISIONS)
-        self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound", "qg_split",
-                         "intra_fold")
+        self._check_bool("store_intermediates", "intra_split", "state_prefetch", "check_gate_bound", "intra_fold")
 
     def with_chunking(self, chunk_size: int, sub_chunk: int) -> "ChunkBwdConfig":
         """This config on the training forward's chunks: its lengths, and the reverse state pass's

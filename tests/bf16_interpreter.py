@@ -14,10 +14,8 @@ not model: bf16 storage of inputs, intermediates and outputs (they stay float32 
 
     python tests/bf16_interpreter.py CASE [CASE ...]     # prints {case: {output: rel. error}}
 
-CASE is name:B,T,H,HV,K,V[:free][:ieee|:split][:state][:qgsplit][:bench][:seedN][:c16|:c32|:c64] (free: the
-unbounded plan, checked diagonals -- factorised where a sub-tile's span allows, element-wise else; state: the
-reverse state pass's dS and dV' unrounded (state_precision="tf32", here fp32 on ieee dots); qgsplit: qg as
-hi + lo in the reverse state pass (qg_split=True); bench: inputs rounded to bf16 and dO, dht drawn as
+CASE is name:B,T,H,HV,K,V[:free][:ieee|:split][:bench][:seedN][:c16|:c32|:c64] (free: the
+unbounded plan, checked diagonals -- factorised where a sub-tile's span allows, element-wise else; bench: inputs rounded to bf16 and dO, dht drawn as
 bench.py's GPU check draws them; seedN: the inputs' seed; c16/c32/c64: the chunk length; ieee:
 diag_precision="ieee", the factorised diagonal's operands in fp32 -- tf32's operand rounding is not
 emulated; split: diag_precision="split", bf16 operands with the backward's upstream diagonal tiles
@@ -67,11 +65,6 @@ def install() -> None:
         if "diag_dtype" in v and (not factorised or config.diag_precision in ("input", "split")):
             v["diag_dtype"], v["diag_kw"] = MARKER, ""  # the diagonal in bf16 too, as on the GPU by default
         # (diag_precision tf32 / ieee: the factorised -- or checked -- diagonal's operands stay fp32, ieee dots)
-        if "ds_dtype" in v and config.state_precision != "tf32":
-            v["ds_dtype"], v["ds_kw"] = MARKER, ""  # the reverse pass's dS and dV' rounded, as on the GPU by default
-        # (state_precision tf32: they stay fp32, ieee dots)
-        if "qg_split" in v:  # (rendered off for fp32 plans: here qg is split as a bf16 plan's would be)
-            v["qg_split"] = config.qg_split
         return v
 
     codegen._template_vars = bf16_operands
@@ -92,13 +85,12 @@ def install() -> None:
     semantic.TritonSemantic.dot = dot_fp32_result
 
 
-def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", state="input", as_bench=False,
-           chunk_size=None, qg_split=False) -> dict[str, float]:
+def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", as_bench=False,
+           chunk_size=None) -> dict[str, float]:
     """Relative Frobenius error of o, the final state and every gradient against float64
     autograd through the token-by-token recurrence; inputs as the former GPU check script bench.py drew
     them (removed from the tree; git history keeps it).
-    ``diag``: the training forward's and the backward's ``diag_precision``; ``state``: the
-    backward's ``state_precision``; ``qg_split``: its ``qg_split``.  ``as_bench``: q, k, v, beta and
+    ``diag``: the training forward's and the backward's ``diag_precision``.  ``as_bench``: q, k, v, beta and
     dO rounded to bf16 before the call (the reference takes the rounded values, as bench.py's check on
     the GPU does) and dO, dht drawn as bench.py draws them (seed 7 + seed); else unrounded inputs, whose
     rounding at the dots adds to every error."""
@@ -125,8 +117,7 @@ def errors(B, T, H, HV, K, V, free=False, seed=0, diag="input", state="input", a
     from kdagen.ops.inputs import select_spec
 
     plan = lower(select_spec(False, not free, -5.0 if not free else None, False, False), K, V, "float32", "chunk")
-    with chunk_bwd_config(default_chunk_bwd_config(plan).replace(diag_precision=diag, state_precision=state,
-                                                                     qg_split=qg_split)):
+    with chunk_bwd_config(default_chunk_bwd_config(plan).replace(diag_precision=diag)):
         train = default_train_config(plan).replace(diag_precision=diag)
         if chunk_size is not None:
             train = train.replace(chunk_size=chunk_size)
@@ -153,9 +144,8 @@ def main(argv: list[str]) -> None:
         diag = next((f for f in flags if f in ("tf32", "ieee", "split")), "input")
         seed = next((int(f[4:]) for f in flags if f.startswith("seed")), 0)
         result[name] = errors(*(int(d) for d in dims.split(",")), free="free" in flags, diag=diag, seed=seed,
-                              state="tf32" if "state" in flags else "input", as_bench="bench" in flags,
-                              chunk_size=next((int(f[1:]) for f in flags if f in ("c16", "c32", "c64")), None),
-                              qg_split="qgsplit" in flags)
+                              as_bench="bench" in flags,
+                              chunk_size=next((int(f[1:]) for f in flags if f in ("c16", "c32", "c64")), None))
     print(json.dumps(result))
 
 

@@ -148,7 +148,7 @@ def test_training_forward_keeps_states_and_pseudo_values():
     with w = -L (a exp(G-))), and the per-chunk states are the states entering each chunk."""
     B, T, C = 2, 37, 16
     q, k, v, a, b, g, h0 = _inputs(B, T, 1, 1, 32, 32, F32, lb=-5.0)
-    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=16, intermediates="fp32")
+    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=16)
     fwd, (o, ht, hs) = chunk_dplr_launches(q, k, v, a, b, g, training=True, config=cfg, initial_state=h0,
                                            output_final_state=True, safe_gate=True)
     for launch in fwd:

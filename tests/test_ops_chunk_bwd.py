@@ -104,12 +104,6 @@ CASES = [
     # longer sequences: several chunks per sequence in the reverse state pass
     Case("T130-K64V64-safe-B2-gva2x4", 2, 130, 2, 4, 64, 64, bwd=dict(dqkw_block_k=32)),
     Case("fp16-T130-free-K96V16", 1, 130, 1, 1, 96, 16, dtype=F16, gate="free"),
-    # the reverse state pass's dS and dV' kept in fp32 on tf32 dots (ChunkBwdConfig.state_precision)
-    Case("fp16-T130-state-tf32-K96V40", 1, 130, 1, 2, 96, 40, dtype=F16, bwd=dict(state_precision="tf32")),
-    # qg as hi + lo in the reverse state pass (ChunkBwdConfig.qg_split), recomputed and kept from the forward
-    Case("fp16-T130-qg-split-varlen", 1, 130, 1, 2, 48, 40, dtype=F16, cu=[0, 1, 64, 130], bwd=dict(qg_split=True)),
-    Case("fp16-qg-split-stored-free", 1, 70, 1, 1, 32, 32, dtype=F16, gate="free",
-         bwd=dict(qg_split=True, store_intermediates=True)),
 ]
 
 
@@ -172,7 +166,7 @@ def _config(case: Case):
 SLOW = {
     'C64-BC32-safe-lb2', 'C64-free-K40V24-tiles16', 'K24V40-dqkw-tiles16-state-fp32', 'K24V40-safe-gva1x2',
     'K48V80-free-gva2x4-B2-stored', 'T1-B2-free', 'T130-K64V64-safe-B2-gva2x4', 'beta-near-1-free',
-    'fp16-T130-free-K96V16', 'fp16-T130-state-tf32-K96V40', 'fp16-T130-qg-split-varlen', 'fp16-qg-split-stored-free', 'fp16-free-varlen-gva', 'fp16-gik-lowerbound-C64', 'fp16-gik-softplus',
+    'fp16-T130-free-K96V16', 'fp16-free-varlen-gva', 'fp16-gik-lowerbound-C64', 'fp16-gik-softplus',
     'fp16-safe-diag-ieee-varlen', 'fp16-safe-g-at-lb', 'fp16-states-in-fp16', 'free-strong-gates',
     'gik-lowerbound-gva', 'gik-softplus-varlen', 'gik-lowerbound-gva-gate-launch', 'gik-softplus-varlen-K24-gate-launch',
     'fp16-gik-lowerbound-K40-gate-launch',
@@ -318,26 +312,6 @@ def test_state_storage_dtype(dtype, state_dtype, expect):
     assert kind["chunk_bwd_state"].args["dhs"].dtype == expect and kind["chunk_bwd_dqkw"].args["hs"] is fwd[1].args["hs"]
 
 
-@pytest.mark.parametrize("dtype", [F16, F32])
-@pytest.mark.parametrize("stored", [False, True])
-def test_qg_split_reads_qg_in_fp32(dtype, stored):
-    """ChunkBwdConfig.qg_split: the reverse state pass reads qg from an fp32 buffer (the re-run's, or
-    the forward's when it keeps its intermediates), every other intermediate stays in the input dtype;
-    without it, or for fp32 inputs, qg is stored as the others are."""
-    leaves, kw, cu = _inputs(Case("qgs", 1, 40, 1, 1, 32, 32, dtype=dtype))
-    out = {}
-    for split in (False, True):
-        fwd, bwd, _ = chunk_kda_bwd_launches(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
-                                             initial_state=leaves["initial_state"],
-                                             bwd_config=ChunkBwdConfig(qg_split=split, store_intermediates=stored),
-                                             **kw)
-        state = {ln.kernel: ln for ln in bwd}["chunk_bwd_state"]
-        assert state.args["kg"].dtype == state.args["w"].dtype == state.args["aqk"].dtype == dtype
-        assert (state.args["qg"] is fwd[0].args["qg"]) == stored  # kept from the forward, else rebuilt
-        out[split] = state.args["qg"].dtype
-    assert out == {False: dtype, True: F32}
-
-
 @pytest.mark.parametrize("HV", [1, 2])
 def test_gradients_are_written_in_the_inputs_dtypes(HV):
     """dq, dk and dbeta leave the kernel in the inputs' dtypes (no conversion pass after it);
@@ -431,10 +405,6 @@ COMPILE_CASES = [
     # the upstream diagonal tiles as hi + lo in the dq/dk/dg launch (diag_precision="split")
     ("bf16-K128V128-safe-diag-split", "bfloat16", 128, 128, "safe", None,
      dict(diag_precision="split", intra_split=True, state_prefetch=True)),
-    # the reverse state pass's dS and dV' in fp32 on tf32 dots (ChunkBwdConfig.state_precision), K masked
-    ("bf16-K96V192-safe-state-tf32", "bfloat16", 96, 192, "safe", None, dict(state_precision="tf32", intra_split=True)),
-    # qg as hi + lo in the reverse state pass (ChunkBwdConfig.qg_split), K masked
-    ("bf16-K96V192-safe-qg-hilo", "bfloat16", 96, 192, "safe", None, dict(qg_split=True, intra_split=True)),
 ]
 # Runs in a clean interpreter (Triton cannot compile while TRITON_INTERPRET=1, which the
 # conftest sets for this process): the ops' own launch builders, compiled for sm_90.
@@ -473,7 +443,6 @@ for cid, dtype, K, V, gate, cfg, bcfg in json.loads(sys.stdin.read()):
                             prefetch="b_gn_next" in open(l.fn.fn.__code__.co_filename).read(),
                             split="b_dQl" in open(l.fn.fn.__code__.co_filename).read(),
                             tf32='input_precision="tf32"' in open(l.fn.fn.__code__.co_filename).read(),
-                            qg_split="b_qgl" in open(l.fn.fn.__code__.co_filename).read(),
                             repair=l.constexprs.get("REPAIR")))
         out[cid] = res
     except Exception as e:
@@ -528,6 +497,5 @@ def test_backward_kernels_compile_for_sm90(case, compiled_bwd):
         # G_n a chunk ahead: the half-precision heuristic's reverse pass (K <= 128) and the configs that ask
         assert r["prefetch"] == (kind == "chunk_bwd_state" and (bcfg or {"state_prefetch": True}).get("state_prefetch", False))
         assert r["split"] == (kind == "chunk_bwd_intra" and "split" in cid)
-        if kind == "chunk_bwd_state":  # dS and dV' on tf32 dots only where the config asks
-            assert r["tf32"] == ("state-tf32" in cid)
-        assert r["qg_split"] == (kind == "chunk_bwd_state" and "qg-hilo" in cid)
+        if kind == "chunk_bwd_state":  # dS and dV' on the input dtype's dots (no tf32 in the reverse pass)
+            assert not r["tf32"]

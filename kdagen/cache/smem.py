@@ -66,7 +66,7 @@ def limit() -> int | None:
 
 
 def _storage(name: str, plan: Plan) -> int:
-    """Bytes of an element stored as a config's ``intermediates`` / ``state_dtype`` says."""
+    """Bytes of an element stored as a config's ``state_dtype`` says."""
     if name in ("fp32", "float32"):
         return 4
     return _BYTES[plan.dtype]
@@ -87,8 +87,8 @@ def estimate(family: str, plan: Plan, config) -> dict[str, int]:
         out["chunk_pass"] = max(config.state_num_stages, 1) * stage + (BK + C) * bv * e
     if family == "chunk_train" and isinstance(config, ChunkTrainConfig):
         # chunk_state: per stage W, kg, qg (with the output), kgv (DPLR) [BT, BK] and A_qk, A_qv [BT, BT] in the
-        # intermediates' dtype; U and v (DPLR) [BT, BV]; G_n.  Once: the state and V' as dot operands
-        C, bv, i = config.chunk_size, min(config.state_block_v, plan.BV), _storage(config.intermediates, plan)
+        # input dtype; U and v (DPLR) [BT, BV]; G_n.  Once: the state and V' as dot operands
+        C, bv, i = config.chunk_size, min(config.state_block_v, plan.BV), e
         write_o = not config.split_output
         k_tiles = int(rank1) + 1 + int(write_o) + int(dplr)
         t_tiles = int(write_o) * (1 + int(dplr))
@@ -98,9 +98,9 @@ def estimate(family: str, plan: Plan, config) -> dict[str, int]:
         C = config.chunk_size
         bv = min(config.state_block_v, plan.BV)
         # chunk_bwd_state: per stage W, qg, kg, kgv (DPLR) [BT, BK] and A_qk, A_qv [BT, BT] as stored (the input
-        # dtype), qg in fp32 with the qg split, dO [BT, BV], G_n; once: dS as a dot operand
+        # dtype), dO [BT, BV], G_n; once: dS as a dot operand
         k_tiles = int(rank1) + 2 + int(dplr)
-        stage = (k_tiles * C * BK * e + (C * BK * 4 if config.qg_split else 0) + (1 + int(dplr)) * C * C * e
+        stage = (k_tiles * C * BK * e + (1 + int(dplr)) * C * C * e
                  + C * bv * e + 4 * BK + 4 * C)
         out["chunk_bwd_state"] = max(config.state_num_stages, 1) * stage + BK * bv * e
         # chunk_bwd_dqkw: per stage the [BK, BV] tiles of S and dS (in the per-chunk states' dtype) and the [BT, BV]

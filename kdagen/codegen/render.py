@@ -99,19 +99,11 @@ def _state_vars(kernel: str, plan: Plan, config: _Config) -> dict:
 
 def _bwd_state_vars(kernel: str, plan: Plan, config: ChunkBwdConfig) -> dict:
     v = _state_vars(kernel, plan, config)
-    # the running dS and dV' as dot operands: the input dtype's rounding, or fp32 on tf32 dots
-    # (the loaded operands beside them widen exactly)
-    wide = config.state_precision == "tf32" and plan.dtype != "float32"
-    v["ds_dtype"] = "tl.float32" if wide else v["dot_dtype"]
-    v["ds_kw"] = ', input_precision="tf32"' if wide else v["dot_kw"]
-    v["qg_split"] = config.qg_split and plan.dtype != "float32"
     # qg from chunk_bwd_rerun is q exp(G): the scale multiplies the dot's fp32 result (FLA's order;
     # rounding q exp(G) scale instead put dh0's bf16 error above FLA's;
     # docs/decisions/0029-dh0-rounding-of-qg.md).  qg from the forward's intra launch carries the scale.
     # no decay (raw_qk): q itself, the scale after the product, whichever launch would have written qg
     v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.qk_from_inputs
-    # (q is exact in its dtype; a row-scaled qg is formed in the pass, from q, not split)
-    v["qg_split"] = v["qg_split"] and not plan.qk_from_inputs
     return v
 
 

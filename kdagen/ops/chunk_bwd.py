@@ -99,12 +99,6 @@ def rerun_forward_intra(meta: BwdMeta, inputs: dict[str, torch.Tensor]) -> dict[
     return inter
 
 
-def qg_dtype(config: ChunkBwdConfig, inter_dtype: torch.dtype) -> torch.dtype:
-    """qg's storage between the launches: fp32 where the reverse pass splits it (``config.qg_split``,
-    half-precision intermediates), else the intermediates' dtype."""
-    return torch.float32 if config.qg_split and inter_dtype in (torch.bfloat16, torch.float16) else inter_dtype
-
-
 def _rebuilt_buffers(meta: BwdMeta, dev) -> dict[str, torch.Tensor]:
     """Buffers for the qg, kg, W and G_n a re-run writes (W a dummy without a rank-1 part)."""
     shape = (meta.B, meta.T, meta.HV, meta.K)
@@ -112,7 +106,7 @@ def _rebuilt_buffers(meta: BwdMeta, dev) -> dict[str, torch.Tensor]:
         qg = kg = dummy_pointer(dev)
     else:
         kg = torch.empty(shape, dtype=meta.inter_dtype, device=dev)
-        qg = torch.empty(shape, dtype=qg_dtype(meta.config, meta.inter_dtype), device=dev)
+        qg = torch.empty(shape, dtype=meta.inter_dtype, device=dev)
     return dict(qg=qg, kg=kg,
                 w=torch.empty(shape, dtype=meta.inter_dtype, device=dev) if meta.plan.has_rank1 else dummy_pointer(dev),
                 gn=torch.empty(max(meta.NT_total, 1), meta.HV, meta.K, dtype=torch.float32, device=dev))

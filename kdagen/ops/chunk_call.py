@@ -246,10 +246,7 @@ def training_launches(call: ChunkCall, x: dict, config: ChunkTrainConfig, bwd_co
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
         return_intermediate_states=True, state_dtype=storage(bwd_config.state_dtype, x["q"].dtype), store_vn=True,
         state_v_first=call.state_v_first, a=x.get("a"), b=x.get("b"),
-        store_t=bwd_config.reruns_from_saved(call.plan),
-        # a backward that keeps the forward's intermediates and splits qg reads it in fp32
-        qg_dtype=bwd.qg_dtype(bwd_config, storage(config.intermediates, x["q"].dtype))
-        if bwd_config.store_intermediates else None)
+        store_t=bwd_config.reruns_from_saved(call.plan))
     return launches, outs, bwd.meta_from_forward(launches, call.plan, bwd_config)
 
 

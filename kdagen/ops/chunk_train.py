@@ -19,7 +19,6 @@ import torch
 import triton
 
 from ..config import ChunkTrainConfig
-from ..dtypes import storage
 from ..kernels import Launch, dummy_pointer, has_repair
 from .inputs import state_shape
 from .schedule import chunk_schedule, to_device
@@ -28,7 +27,7 @@ from .schedule import chunk_schedule, to_device
 def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       seqlens, dims, plan, config: ChunkTrainConfig, built, A_log=None, dt_bias=None,
                       return_intermediate_states=False, state_dtype=torch.float32, store_vn=False,
-                      state_v_first=False, a=None, b=None, store_t=False, qg_dtype=None):
+                      state_v_first=False, a=None, b=None, store_t=False):
     """Allocate outputs and describe both launches (used for running and compile-only).
     ``state_dtype``: storage of the per-chunk states (float32 for callers; the training
     forward may keep them in the input dtype for its backward).  ``store_vn``: the state
@@ -36,8 +35,7 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
     state launch's ``vn`` argument.  ``state_v_first``: the initial and final states are stored
     [.., V, K] (the per-chunk states stay [K, V]: they are the backward's).  ``store_t``: the intra
     launch also writes T = (I + A_kk)^-1 Diag(beta) in the dot dtype, [B, T, HV, C] as A_qk (``td``;
-    a plan with a rank-1 part), from which the backward's chunk_bwd_rerun rebuilds W.  ``qg_dtype``: qg's
-    storage when it is not the intermediates' (fp32 for a backward that splits it, ChunkBwdConfig.qg_split).
+    a plan with a rank-1 part), from which the backward's chunk_bwd_rerun rebuilds W.
 
     General DPLR (``plan.structure == "dplr"``): ``a`` and ``b`` ([B, T, HV, K], the read and
     write vectors) replace ``beta``, which is not read; the intra launch also writes ``aqv``
@@ -50,14 +48,14 @@ def prepare_chunk_train(q, k, v, g, beta, *, scale, initial_state, output_final_
         raise ValueError("a training call with cu_seqlens needs the offsets on the host (read once per call)")
     NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev)
     NT = triton.cdiv(T, C)
-    inter = storage(config.intermediates, q.dtype)
+    inter = q.dtype  # W, U, qg, kg and A_qk between the launches: the input dtype
     dummy = dummy_pointer(dev)
     if plan.qk_from_inputs:  # qg and kg are not written (no decay: q scale and k; a scalar decay: q, k times
         # exp(G), exp(G_n - G) per row, formed by their readers from g): the state and output launches read q, k
         qg = kg = dummy
     else:
         kg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
-        qg = torch.empty(B, T, HV, K, dtype=qg_dtype or inter, device=dev)
+        qg = torch.empty(B, T, HV, K, dtype=inter, device=dev)
     if plan.has_rank1:
         w = torch.empty(B, T, HV, K, dtype=inter, device=dev)
         u = torch.empty(B, T, HV, V, dtype=inter, device=dev)

@@ -191,14 +191,13 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
       segment's fp32 ``K*K`` transition and the fp32 ``K*BV`` state as dot operands,
       ``4*(K*K + K*BV)`` (its other two launches hold no more than the pass).
 
-    ``chunk_train`` (C=chunk_size, BK=intra_block_k, BV=min(state_block_v, V),
-    i = 4 if intermediates == "fp32" else e):
+    ``chunk_train`` (C=chunk_size, BK=intra_block_k, BV=min(state_block_v, V)):
 
     * intra launch: k and q tiles ``2*C*BK`` elements, double-buffered ``intra_num_stages``
       times, the fp32 ``C*C`` matrix A, and a ``C*BV`` v tile:
       ``intra_num_stages*2*C*BK*e + 4*C*C + C*BV*e``;
     * state launch, per pipeline stage: the ``C*K`` tiles of W, k and q, the ``C*C`` Aqk
-      and a ``C*BV`` u tile: ``state_num_stages*((3*C*K + C*C)*i + C*BV*e)``.
+      and a ``C*BV`` u tile: ``state_num_stages*((3*C*K + C*C)*e + C*BV*e)``.
 
     For both the estimate is the larger of the two launches'.  ``recurrent`` keeps its state in registers and
     only stages the q/k vectors and a v slice: ``(2*K + block_v)*e``; its pipelined persistent form
@@ -221,9 +220,8 @@ def estimate_smem(kernel: str, config: Any, K: int, V: int, elem_bytes: int = 2)
     if kernel == "chunk_train":
         C, BK = config.chunk_size, config.intra_block_k
         BV = min(config.state_block_v, V)
-        i = 4 if config.intermediates == "fp32" else e
         intra = config.intra_num_stages * 2 * C * BK * e + 4 * C * C + C * BV * e
-        state = config.state_num_stages * ((3 * C * K + C * C) * i + C * BV * e)
+        state = config.state_num_stages * ((3 * C * K + C * C) * e + C * BV * e)
         return int(max(intra, state))
     if kernel == "recurrent":
         if config.programs_per_sm and config.num_stages > 1:
