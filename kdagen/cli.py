@@ -679,6 +679,13 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
                 sys.exit(130)
             finally:
                 progress.close()
+        # the binaries the ops will run on this GPU, kept for their first call (the winners where tuned)
+        t_keep = time.time()
+        n_kept, keep_failed = driver.keep_binaries(gpu, spec_args, dtype, surveys, shapes, batches, pool,
+                                                   cache=cache, state_dtype=state_dtype)
+        for why in keep_failed:
+            click.echo(f"  warning: not kept: {why}", err=True)
+        click.echo(f"kept the binaries of {n_kept - len(keep_failed)} config(s) in {time.time() - t_keep:.0f}s")
     _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_name, asked,
                    chunk_missing is not None)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
@@ -697,6 +704,7 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
                    spec=None, recurrent_only: bool = False) -> None:
     """The closing table, where the results are, and the next command (for ``spec``, the spec
     ``spec_ref`` names; ``recurrent_only``: only its recurrent family was built)."""
+    from .cache.binaries import binaries_dir
     from .cache.paths import generated_dir
     from .tuning.driver import duration, error_text
 
@@ -706,7 +714,8 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
     if cache is not None:
         click.echo(f"tuning cache:      {cache.path} ({len(summary.tuned)} family and shape(s) tuned)")
     click.echo(f"generated sources: {generated_dir()}")
-    click.echo(f"compiled kernels:  {_triton_cache_dir()} (Triton's cache)")
+    click.echo(f"kept binaries:     {binaries_dir()} (loaded by the ops' first calls on a {gpu.name} with this "
+               f"Triton; every candidate compiled is in {_triton_cache_dir()})")
     dims = _dims_text(head_dims)
     own_gate = spec is not None and spec.gate is not None and spec.gate.name != "direct"
     bound = "" if lower_bound == float(DEFAULT_LOWER_BOUND) or own_gate else \

@@ -14,11 +14,15 @@ from typing import Any
 
 import torch
 
+from .cache import binaries
 from .cache.paths import fall_back_for_sources, generated_dir, source_dir
 from .codegen.lower import Plan
 from .codegen.render import GeneratedSource, family_kernels, render
 
 _LOADED: dict[str, Any] = {}
+
+# a compile that `kdagen build` (or an exported package) kept ahead of time is loaded, not compiled again
+binaries.install()
 
 
 def write_source(src: GeneratedSource) -> str:
@@ -121,13 +125,18 @@ def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num
 
 
 def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int,
-                       num_stages: int, maxnreg: int | None = None) -> CompileReport:
+                       num_stages: int, maxnreg: int | None = None, keep: dict | None = None) -> CompileReport:
     """Compile a jitted kernel for ``target`` (a triton GPUTarget) with no GPU present, as the
-    JIT would on that GPU for these arguments (:func:`jit_source`)."""
+    JIT would on that GPU for these arguments (:func:`jit_source`).  ``keep``: keep the binary
+    (:func:`kdagen.cache.binaries.keep`, which this dict describes: the GPU, the family, the config),
+    so that a first call on that GPU loads it."""
     import triton
 
     src, options = jit_source(fn, args, constexprs, target, num_warps, num_stages, maxnreg)
     out = triton.compile(src, target=target, options=options)
+    if keep is not None:
+        binaries.keep(out.hash, {**keep, "kernel": fn.__name__, "target": f"{target.backend}:{target.arch}",
+                                 "num_warps": num_warps, "num_stages": num_stages})
     md = out.metadata
     return CompileReport(name=fn.__name__, target=f"{target.backend}:{target.arch}",
                          shared_bytes=int(getattr(md, "shared", 0)), num_warps=num_warps,

@@ -8,6 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from kdagen.cache.heuristics import default_config
 from kdagen.cli import main
 from kdagen.tuning.report import BuildSummary, Progress, drop_reasons, padding_note, table
 
@@ -142,6 +143,9 @@ def fake_compile(monkeypatch):
         return [CP.CompileSurvey(fam, None, 2, [d], [(d, "needs 300000 B of shared memory, h800 has 232448")])]
 
     monkeypatch.setattr(D, "compile_check", fake)
+    kept = []  # the configs kept for the GPU (compiles faked: none fails)
+    monkeypatch.setattr(D, "_keep", lambda targets, *a, **k: kept.extend(targets) or [])
+    return kept
 
 
 def test_build_shows_gate_padding_progress_and_a_summary(runner, fake_compile):
@@ -153,7 +157,12 @@ def test_build_shows_gate_padding_progress_and_a_summary(runner, fake_compile):
     assert "pad K=80 to 128 and V=80 to 128" in out and "2.56x" in out
     assert "[recurrent 2/2] 1 ok, 1 dropped" in r.stderr  # not a terminal: one line per stage
     assert re.search(r"recurrent\s+-\s+80x80\s+1/2\s+1\s+1 over shared memory", out)
-    assert "generated sources: " in out and "compiled kernels: " in out
+    assert "generated sources: " in out and "kept binaries: " in out
+    # what the ops will run at each decode batch is kept: the heuristic's config (nothing tuned here)
+    assert "kept the binaries of 1 config(s)" in out
+    (fam, plan, _, shape, config, fwd), = fake_compile
+    assert (fam, plan.K, shape, fwd) == ("recurrent", 80, (2, 1, 32, 32), None)
+    assert config == default_config("recurrent", plan, dict(T=1, B=2, N=2, state_v_first=False))
     assert "next: on a machine with this GPU (h800), `kdagen tune --head-dim 80`" in out
     r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--family", "recurrent", "--quiet"])
     assert r.exit_code == 0 and "[recurrent" not in r.stderr and "summary:" in r.output

@@ -134,11 +134,12 @@ def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple)
 
 def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,
                  which: str | None, arch: int, smem_limit: int, gpu_name: str,
-                 fwd_config: dict | None = None, state_dtype: str = "fp32") -> str | None:
+                 fwd_config: dict | None = None, state_dtype: str = "fp32", keep: bool = False) -> str | None:
     """Compile one candidate's kernel(s) for ``arch``, specialised for inputs of ``shape``;
     None if it fits, else why it was dropped.  ``which``: the one kernel to compile (None: every
-    launch -- for a backward config with the training forward of ``fwd_config``).  A
-    top-level function of plain arguments, so a worker process can run it."""
+    launch -- for a backward config with the training forward of ``fwd_config``).  ``keep``: keep the
+    binaries (:mod:`kdagen.cache.binaries`).  A top-level function of plain arguments, so a worker
+    process can run it."""
 
     args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
     cfg = config_from_dict(family, config)
@@ -154,9 +155,10 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
             checked.append(pool_launch_for(plan, cfg, dtype, tuple(shape), as_dtype(state_dtype).torch,
                                            pdl=arch >= 90))
         # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
+        kept = dict(gpu=gpu_name, family=family, K=K, V=V, dtype=dtype_name, config=cfg.canonical()) if keep else None
         for ln in with_repairs(checked):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
-                                     ln.num_warps, ln.num_stages, ln.maxnreg)
+                                     ln.num_warps, ln.num_stages, ln.maxnreg, keep=kept)
             if rep.shared_bytes > smem_limit:
                 return f"needs {rep.shared_bytes} B of shared memory, {gpu_name} has {smem_limit}"
     except Exception as e:  # noqa: BLE001 - any compiler failure drops the config
@@ -312,3 +314,29 @@ def precompile(family: str, plan: Plan, spec_args: dict, dtype, shape, staged: l
         log_progress(f"  [{family} precompile] {len(lost)} of {len(futs)} not compiled, a worker died "
                   f"({type(lost[0]).__name__}); the tuner compiles them itself", progress)
     return time.time() - t0
+
+
+def keep_binaries(targets: list[tuple[str, Plan, dict, tuple, dict, ChunkTrainConfig | None]], dtype, gpu: GpuProfile,
+                  pool: CompilePool, state_dtype=torch.float32) -> list[str]:
+    """Compile and keep (:mod:`kdagen.cache.binaries`) the kernels the ops will run on ``gpu``: each target
+    is ``(family, plan, spec_args, shape, config, training forward config or None)``, compiled specialised as
+    the ops specialise ``shape`` (B, T, H, HV) -- every launch of the config, the training forward's with a
+    backward's.  Returns why each target that did not compile failed (empty: all kept)."""
+    futs, errors = [], []
+    ex = pool.get() if pool.jobs > 1 and len(targets) > 1 else None
+    for family, plan, spec_args, shape, config, fwd in targets:
+        common, gpu_args, kw = _compile_args(family, plan, dtype, spec_args, check_shape(family, shape), gpu,
+                                             state_dtype)
+        call = (*common, config.to_dict(), None, *gpu_args, None if fwd is None else fwd.to_dict())
+        kw = {**kw, "keep": True}
+        if ex is None:
+            why = _compile_one(*call, **kw)
+            if why:
+                errors.append(f"{family} K={plan.K} V={plan.V} {config.short()}: {why}")
+        else:
+            futs.append((ex.submit(_compile_one, *call, **kw), family, plan, config))
+    for fut, family, plan, config in futs:
+        why = fut.result()
+        if why:
+            errors.append(f"{family} K={plan.K} V={plan.V} {config.short()}: {why}")
+    return errors

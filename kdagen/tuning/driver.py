@@ -1,8 +1,9 @@
 """The tuning driver: tune one family at one shape (:func:`tune_family`: every stage searched
 by the engine, :mod:`kdagen.tuning.engine`, and the fastest stages combined per chunk length),
 and what ``kdagen build`` runs -- the compile-check of every family and head dim
-(:func:`compile_all`) and, on the matching GPU, the tuning of every shape with the winners
-stored in the cache (:func:`tune_and_store`)."""
+(:func:`compile_all`), on the matching GPU the tuning of every shape with the winners
+stored in the cache (:func:`tune_and_store`), and the binaries the ops will run kept
+(:func:`keep_binaries`)."""
 from __future__ import annotations
 
 import sys
@@ -17,11 +18,11 @@ from ..cache.keys import cache_key, source_hash
 from ..cache.paths import studies_dir
 from ..cache.store import TuningCache, make_entry
 from ..codegen.lower import Plan
-from ..config import ChunkTrainConfig
+from ..config import ChunkTrainConfig, config_from_dict
 from ..dtypes import dtype as as_dtype
 from ..spec import Recurrence
 from .candidates import KernelCandidate, StagedCandidates, StageView
-from .compile_pool import CompilePool, compile_check, precompile
+from .compile_pool import CompilePool, compile_check, keep_binaries as _keep, precompile
 from .engine import recorded_results, tune
 from .families import (TOLERANCE, check_tunable, elem_bytes, families_for, family_spec, lower_for, op_args,
                        space_context, space_for, stage_candidates)
@@ -257,3 +258,26 @@ def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, s
                          f"winner was not compared with it", err=True)
     echo(f"winners stored in {cache.path}")
     return cache
+
+
+def keep_binaries(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, shapes, decode_batches,
+                  pool: CompilePool, cache: TuningCache | None = None, state_dtype="fp32") -> tuple[int, list[str]]:
+    """Compile for ``gpu`` and keep (:mod:`kdagen.cache.binaries`) what the ops will run there at each
+    family's tuning shapes: the winner ``cache`` holds for the shape, else the heuristic's config (a
+    backward with the training forward it runs beside).  Returns (the configs kept, why any failed)."""
+    state = as_dtype(state_dtype)
+    tuned = cache or TuningCache(gpu.name)
+    targets = []
+    for (K, V, fam), (plan, _spec, _surveys) in surveys_all.items():
+        for shape, hint in tuning_shapes(fam, K, shapes, decode_batches):
+            def pick(family, **kw):
+                entry = tuned.lookup(cache_key(plan, family, hint, gpu, state.name))
+                return config_from_dict(family, entry["config"]) if entry else default_config(family, plan, hint, **kw)
+            fwd = None
+            if fam == "chunk_bwd":
+                fwd = pick("chunk_train")
+                config = pick("chunk_bwd", train_config=fwd).with_chunking(fwd.chunk_size, fwd.sub_chunk)
+            else:
+                config = pick(fam)
+            targets.append((fam, plan, spec_args, shape, config, fwd))
+    return len(targets), _keep(targets, as_dtype(dtype).torch, gpu, pool, state_dtype=state.torch)
