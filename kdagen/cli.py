@@ -901,8 +901,12 @@ EXPORT_GATES = ("both", "bounded", "unbounded")  # kdagen.export.contents.GATES 
 @click.option("--date", default=None,
               help="the date recorded in the manifest (default: the newest exported winner's measurement "
                    "time), so that the same inputs give the same bytes")
+@click.option("--aot", is_flag=True,
+              help="ship the binaries `kdagen build --gpu NAME` kept for the exported kernels and GPUs: the "
+                   "package's first calls load them instead of compiling (same target and Triton build; any "
+                   "other compiles from the package's sources)")
 def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gates, gate_in_kernel, cache_files, out_dir, name,
-           date):
+           date, aot):
     """Export the kernels of a spec, head dims and dtypes, with each GPU's tuned configs, as a
     standalone package OUT/NAME/ that needs torch and triton only: chunk_kda and
     fused_recurrent_kda (FLA's signatures, autograd, torch.compile), the generated Triton
@@ -973,7 +977,7 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gates, gate_in_
         raise click.BadParameter(str(e), param_hint="--cache") from None
     request = Request(name=name, gpus=tuple(gpus), head_dims=tuple(head_dims), dtypes=as_dtype_names(dtypes),
                       lower_bound=lower_bound, caches=caches, cache_paths=paths, date=date, spec_name=spec_name,
-                      gate_in_kernel=gate_in_kernel, gates=gates)
+                      gate_in_kernel=gate_in_kernel, gates=gates, aot=aot)
     try:
         root, contents = export_package(request, out_dir)
     except ExportError as e:
@@ -989,6 +993,8 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gates, gate_in_
         m = contents.winner_meta[g.name]
         what = f"{m['entries']} tuned winners from {paths[g.name]}" if m["entries"] else "heuristic configs"
         click.echo(f"  {g.name}: {what}")
+    if aot:
+        click.echo(f"  binaries compiled ahead of time: {len(contents.binaries)} (in {root / name / 'binaries'})")
     click.echo(f"next: `pip install {root}` or copy {root / name} into a project; "
                f"`TRITON_INTERPRET=1 python -m pytest {root / 'tests'}` checks it on a CPU")
 

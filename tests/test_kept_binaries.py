@@ -21,21 +21,20 @@ import json, sys
 args = json.loads(sys.argv[1])
 import triton
 from triton import knobs
-import kdagen.kernels as kn
-from kdagen.cache import binaries
 if args.get("other_triton"):  # another Triton build: its own key
     import triton.runtime.cache as rc, triton.compiler.compiler as cc
     key = rc.triton_key() + "-another-build"
     rc.triton_key = cc.triton_key = lambda: key
 hits = []
 knobs.compilation.listener = lambda **kw: hits.append(bool(kw["cache_hit"]))
+import importlib
 import torch
 from triton.backends.compiler import GPUTarget
-from kdagen.cache.heuristics import default_config
-from kdagen.codegen.lower import lower
-from kdagen.kernels import build
-from kdagen.ops.inputs import Dims, select_spec
-from kdagen.ops.recurrent import prepare_recurrent
+root = args.get("root", "kdagen")  # kdagen, or an exported package's runtime (PKG._runtime)
+mod = lambda name: importlib.import_module(f"{root}.{name}")
+kn, binaries = mod("kernels"), mod("cache.binaries")
+default_config, lower, build = mod("cache.heuristics").default_config, mod("codegen.lower").lower, kn.build
+Dims, select_spec, prepare_recurrent = mod("ops.inputs").Dims, mod("ops.inputs").select_spec, mod("ops.recurrent").prepare_recurrent
 plan = lower(select_spec(False, False, None, False, False), 16, 16, "float32", "recurrent", False)
 cfg = default_config("recurrent", plan).replace(num_warps=args.get("num_warps", 1))
 B, T = 1, args.get("T", 4)
@@ -108,3 +107,33 @@ def test_a_users_own_cache_manager_is_left_alone(kept):
     tmp, _ = kept
     r = _compile(tmp, "triton-own", env={"TRITON_CACHE_MANAGER": "triton.runtime.cache:FileCacheManager"})
     assert not r["installed"] and "FileCacheManager" in r["manager"] and r["hits"] == [False]
+
+
+def test_an_exported_package_ships_and_serves_the_kept_binaries(kept, tmp_path):
+    """`kdagen export --aot` copies the kept binaries of the package's kernels for its GPUs into the package
+    (listed in its manifest); the package's own runtime, in a fresh process with an empty Triton cache and no
+    kdagen cache, loads its kernel from there (the same key: the same source and specialisation)."""
+    from click.testing import CliRunner
+
+    from kdagen.cli import main
+
+    tmp, first = kept
+    env = {"KDAGEN_CACHE_DIR": str(tmp / "kdagen")}
+    r = CliRunner(env=env).invoke(main, ["export", "--gpu", "h800", "--head-dim", "16", "--dtype", "fp32", "--aot",
+                                         "--out", str(tmp_path), "--name", "kda_aot", "--date", "2026-12-06"])
+    assert r.exit_code == 0, r.output
+    assert "binaries compiled ahead of time: 1" in r.output
+    pkg = tmp_path / "kda_aot" / "kda_aot"
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    (entry,) = manifest["binaries"]
+    assert entry["key"] == first["key"] and entry["target"] == "cuda:90" and entry["kernel"] in manifest["sources"]
+    assert [p.parent.name for p in (pkg / "binaries").glob("*/info.json")] != []
+    served = _compile(tmp_path, "triton-package", root="kda_aot._runtime",
+                      env={"PYTHONPATH": str(tmp_path / "kda_aot"), "KDAGEN_CACHE_DIR": str(tmp_path / "none")})
+    assert served["installed"] and served["key"] == first["key"] and served["hits"] == [True]
+    # without --aot the package ships none (and says nothing of them)
+    r = CliRunner(env=env).invoke(main, ["export", "--gpu", "h800", "--head-dim", "16", "--dtype", "fp32",
+                                         "--out", str(tmp_path / "plain"), "--name", "kda_aot"])
+    assert r.exit_code == 0 and "ahead of time" not in r.output
+    plain = tmp_path / "plain" / "kda_aot" / "kda_aot"
+    assert json.loads((plain / "manifest.json").read_text())["binaries"] == [] and not (plain / "binaries").exists()

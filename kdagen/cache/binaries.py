@@ -72,7 +72,8 @@ def keep(key: str, info: dict, dest: Path | None = None) -> Path:
             # the group names its files relative to the folder (restore() makes the paths absolute again)
             (tmp / group.name).write_text(json.dumps({"child_paths": {n: n for n in children}}))
         import triton
-        (tmp / INFO).write_text(json.dumps({**info, "key": key, "triton": triton.__version__}, sort_keys=True))
+        (tmp / INFO).write_text(json.dumps({**info, "key": key, "folder": final.name, "triton": triton.__version__},
+                                           sort_keys=True))
         try:
             os.rename(tmp, final)
         except OSError:  # another process kept it first

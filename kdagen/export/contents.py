@@ -45,6 +45,7 @@ class Request:
     spec_name: str = "kda"
     gate_in_kernel: bool = False  # also FLA's use_gate_in_kernel=True (the KDA layer's call)
     gates: str = "both"  # which g-given gates chunk_kda is exported for (GATES; gate_bounds)
+    aot: bool = False  # ship the kept binaries of the exported kernels for the exported GPUs (kdagen.cache.binaries)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Contents:
     winners: dict = field(default_factory=dict)  # gpu -> family -> plan id -> state dtype -> bucket -> config
     winner_meta: dict = field(default_factory=dict)  # gpu -> {"entries", "versions", "newest", "stale"}
     warnings: list[str] = field(default_factory=list)
+    binaries: list[dict] = field(default_factory=list)  # the kept binaries shipped (--aot): their info.json
 
 
 def read_cache_file(path: str) -> dict:
@@ -144,7 +146,22 @@ def collect(req: Request) -> Contents:
         for family in (("chunk_fwd", "chunk_bwd") if plan.form == "chunk" else ("recurrent", "recurrent_bwd")):
             for cfg in _configs_of(c, pid, plan, family):
                 _render(c, pid, plan, cfg)
+    if req.aot:
+        _binaries(c)
     return c
+
+
+def _binaries(c: Contents) -> None:
+    """The kept binaries (:mod:`kdagen.cache.binaries`) of the package's kernels for its GPUs' targets."""
+    from ..cache.binaries import kept
+
+    targets = {f"cuda:{g.arch}" for g in c.request.gpus}
+    c.binaries = [b for b in kept() if b.get("kernel") in c.sources and b.get("target") in targets]
+    have = {b["target"] for b in c.binaries}
+    for g in c.request.gpus:
+        if f"cuda:{g.arch}" not in have:
+            c.warnings.append(f"{g.name}: no kept binaries of this package's kernels (`kdagen build --gpu {g.name}` "
+                              "with these head dims and dtypes keeps them); its first calls there compile")
 
 
 def _winners(c: Contents, gpu: GpuProfile) -> None:

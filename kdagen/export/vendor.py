@@ -31,6 +31,7 @@ REPLACED = {
     "kdagen.ops.inputs": ("select_spec",),
     "kdagen.codegen.lower": ("lower",),
     "kdagen.kernels": ("build",),
+    "kdagen.cache.binaries": ("binaries_dir",),
     "kdagen.cache.lookup": ("lookup_winner",),
 }
 DROPPED = {

@@ -106,6 +106,9 @@ def _manifest(c: Contents, contract: str, files: dict[str, str]) -> dict:
         "gates": r.gates, "chunk_gate_bounds": _bounds(c), "gate_in_kernel": r.gate_in_kernel,
         "gpus": gpus,
         "sources": {n: c.sources[n].source_hash[:16] for n in sorted(c.sources)},
+        # compiled ahead of time (--aot): loaded by a first call on the same target with the same Triton build
+        "binaries": [{k: b[k] for k in ("kernel", "target", "triton", "key", "gpu")} for b in
+                     sorted(c.binaries, key=lambda b: (b["kernel"], b["target"], b["key"]))],
         "runtime": {p: _sha(t) for p, t in sorted(files.items()) if p.startswith(f"{r.name}/{RUNTIME}/")},
         "requires": ["torch", "triton"],
     }
@@ -124,4 +127,8 @@ def write(c: Contents, out_dir: str | Path) -> Path:
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    if c.binaries:
+        from ..cache.binaries import binaries_dir
+        for b in c.binaries:  # the kept folders as they are (the package's runtime serves them from here)
+            shutil.copytree(binaries_dir() / b["folder"], root / c.request.name / "binaries" / b["folder"])
     return root

@@ -40,6 +40,12 @@ def _gate_text(key) -> str:
             + ("" if has_A else ", no A_log") + ("" if has_bias else ", no dt_bias"))
 
 
+def binaries_dir() -> Path:
+    """The kernels compiled ahead of time that this package ships (``kdagen export --aot``), which its
+    first calls load instead of compiling (on the same target, with the same Triton build)."""
+    return Path(__file__).resolve().parent.parent / "binaries"
+
+
 def select_spec(use_gate_in_kernel, safe_gate, lower_bound, has_A, has_bias):
     """The exported gate variant FLA's flags choose (kdagen's choice, :func:`.ops.inputs.gate_choice`)."""
     from .ops.inputs import gate_choice
