@@ -19,7 +19,8 @@ from kdagen.codegen.render import render
 from kdagen.config import RecurrentConfig
 from kdagen.ops import recurrent as R
 from kdagen.spec.load import load_spec
-from kdagen.spec.reference import kda_gate, naive_recurrent_gdn, naive_recurrent_kda
+from kdagen.spec.reference import (kda_gate, naive_recurrent_deltanet, naive_recurrent_gdn, naive_recurrent_gla,
+                                   naive_recurrent_kda)
 
 H, K, V = 2, 16, 16
 
@@ -34,9 +35,9 @@ def draw(lens, *, seed, member="kda", flags=False):
     if not flags:
         k = F.normalize(k, dim=-1)
     v = torch.randn(1, T, H, V, generator=gen)
-    if member == "kda":
+    if member in ("kda", "gla"):
         g = 1.5 * torch.randn(1, T, H, K, generator=gen) if flags else -torch.rand(1, T, H, K, generator=gen)
-    else:
+    else:  # (DeltaNet's is not read)
         g = -torch.rand(1, T, H, generator=gen)
     beta = torch.randn(1, T, H, generator=gen) if flags else torch.rand(1, T, H, generator=gen)
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), dtype=torch.int64)
@@ -58,12 +59,14 @@ def reference_tokens(x, cu, starts, member="kda", flags=False):
             g = kda_gate(x["g"], x["A_log"], x["dt_bias"])[0]
         else:  # GDN's gate, one per head: KDA's with one channel
             g = kda_gate(x["g"][..., None], x["A_log"], x["dt_bias"])[0, ..., 0]
-    naive = naive_recurrent_kda if member == "kda" else naive_recurrent_gdn
+    naive = dict(kda=naive_recurrent_kda, gdn=naive_recurrent_gdn, delta=naive_recurrent_deltanet,
+                 gla=naive_recurrent_gla)[member]
+    inputs = dict(delta=(q, k, v, beta), gla=(q, k, v, g)).get(member, (q, k, v, g, beta))
     out = []
     for n in range(len(cu) - 1):
         S, os_, ss = starts[n], [], []
         for t in range(int(cu[n]), int(cu[n + 1])):
-            one = [z[t:t + 1][None] for z in (q, k, v, g, beta)]
+            one = [z[t:t + 1][None] for z in inputs]
             o, S = naive(*one, initial_state=S[None], output_final_state=True)
             S = S[0]
             os_.append(o[0, 0])
@@ -82,8 +85,12 @@ def run_op(member, x, cu, pool, idx, accepted, *, state_v_first=False, flags=Fal
     tensors = {n: x[n] for n in ("q", "k", "v", "g", "beta")}
     if member == "kda":
         o, ht = kdagen.fused_recurrent_kda(**tensors, **kw)
-    else:
+    elif member == "gdn":
         o, ht = kdagen.fused_recurrent_gated_delta_rule(**tensors, **kw)
+    elif member == "delta":
+        o, ht = kdagen.fused_recurrent_delta_rule(x["q"], x["k"], x["v"], beta=x["beta"], **kw)
+    else:
+        o, ht = kdagen.fused_recurrent_gla(x["q"], x["k"], x["v"], gk=x["g"], **kw)
     assert ht is pool and o is out
     return out
 
@@ -112,6 +119,8 @@ ACCEPTED = [4, 1, 2, 1, 1, 3]
     ("kda", True, torch.float16, True, True),
     ("gdn", False, torch.float32, True, True),
     ("gdn", True, torch.float16, False, True),
+    ("delta", False, torch.float32, False, True),
+    ("gla", True, torch.float32, False, False),
 ])
 def test_step_matches_the_recurrence_token_by_token(member, state_v_first, pool_dtype, flags, accepted):
     """One verify step: o of every token and the state in every token's slot are the float64 recurrence's
@@ -277,3 +286,24 @@ def test_errors():
     o, _ = op(**t, initial_state=pool2, ssm_state_indices=idx, cu_seqlens=cu, num_accepted_tokens=acc * 0,
               inplace_final_state=True)
     assert torch.equal(pool2, before) and torch.equal(o, torch.zeros_like(o))
+
+
+def test_compiled_step_matches_eager():
+    """Under torch.compile (fullgraph) the verify step is the registered op, num_accepted_tokens included: the
+    same o and pool as the eager call, bit for bit."""
+    x, cu = draw([3, 1, 2], seed=21)
+    idx = torch.tensor([[0, 1, 2], [3, -1, -1], [4, 5, -1]], dtype=torch.int32)
+    acc = torch.tensor([2, 1, 1], dtype=torch.int32)
+    pool0 = torch.randn(6, H, K, V, generator=torch.Generator().manual_seed(4))
+
+    def f(q, k, v, g, beta, pool, idx, acc, cu):
+        return kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx,
+                                          num_accepted_tokens=acc, cu_seqlens=cu)[0]
+
+    torch._dynamo.reset()
+    pools = [pool0.clone(), pool0.clone()]
+    with torch.no_grad():
+        got = torch.compile(f, backend="aot_eager", fullgraph=True)(*(x[n] for n in ("q", "k", "v", "g", "beta")),
+                                                                    pools[0], idx, acc, cu)
+        want = f(*(x[n] for n in ("q", "k", "v", "g", "beta")), pools[1], idx, acc, cu)
+    assert torch.equal(got, want) and torch.equal(pools[0], pools[1]) and not torch.equal(pools[0], pool0)
