@@ -46,7 +46,8 @@ def tokens(L):
     """L tokens of one sequence's inputs (float32 on the host)."""
     return dict(q=torch.randn(1, L, H, K, generator=gen),
                 k=torch.nn.functional.normalize(torch.randn(1, L, H, K, generator=gen), dim=-1),
-                v=torch.randn(1, L, HV, V, generator=gen), g=-5.0 * torch.sigmoid(torch.randn(1, L, HV, K, generator=gen)),
+                v=torch.randn(1, L, HV, V, generator=gen),
+                g=-5.0 * torch.sigmoid(torch.randn(1, L, HV, K, generator=gen)),
                 beta=torch.rand(1, L, HV, generator=gen))
 
 

@@ -278,8 +278,8 @@ def test_errors():
         op(**{**t, "q": t["q"].clone().requires_grad_()}, initial_state=pool[:2], cu_seqlens=cu,
            num_accepted_tokens=acc)
     with pytest.raises(ValueError, match="2-D ssm_state_indices"):
-        kdagen.fused_recurrent_gated_delta_rule(t["q"], t["k"], t["v"], t["g"][..., 0], beta=t["beta"], initial_state=pool,
-                                                cu_seqlens=cu, num_accepted_tokens=acc)
+        kdagen.fused_recurrent_gated_delta_rule(t["q"], t["k"], t["v"], t["g"][..., 0], beta=t["beta"],
+                                                initial_state=pool, cu_seqlens=cu, num_accepted_tokens=acc)
     # an accepted count outside 1..T_max without the value check: padding, nothing read or written
     pool2 = torch.randn(8, H, K, V)
     before = pool2.clone()

@@ -140,7 +140,8 @@ def check_values(op: str, *, q, k, v, g, beta, initial_state=None, cu_seqlens=No
     for (name, mask, what), bad in zip(found, flags):
         if bad:
             where = tuple(mask.nonzero()[0].tolist())
-            x = {"cu_seqlens": cu_seqlens, "ssm_state_indices": state_indices, "num_accepted_tokens": accepted, "q": q, "k": k, "v": v, "g": g,
+            x = {"cu_seqlens": cu_seqlens, "ssm_state_indices": state_indices, "num_accepted_tokens": accepted,
+                 "q": q, "k": k, "v": v, "g": g,
                  "beta": beta, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "initial_state": initial_state}[name]
             at = ", ".join(map(str, where))
             raise ValueError(f"{op}: {name}[{at}] = {x[where].item()} {what} "

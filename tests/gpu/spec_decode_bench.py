@@ -242,7 +242,8 @@ def table(res) -> str:
     for r in res["rows"]:
         lines.append(f"| {r['B']} | {r['tokens']} | {r['pool']} | {f(r, 'kdagen_us', '{:.1f} us')} | "
                      f"{f(r, 'fla_us', '{:.1f} us')} | {f(r, 'fla_over_kdagen', '{:.2f}x')} | "
-                     f"{f(r, 'kdagen_tbs', '{:.2f}')} | {f(r, 'copy_us', '{:.1f} us')} | {f(r, 'pct_copy', '{:.0f}%')} | "
+                     f"{f(r, 'kdagen_tbs', '{:.2f}')} | {f(r, 'copy_us', '{:.1f} us')} | "
+                     f"{f(r, 'pct_copy', '{:.0f}%')} | "
                      f"{f(r, 'rel_err_kdagen', '{:.1e}')} | {f(r, 'rel_err_fla', '{:.1e}')} |")
     return "\n".join(lines)
 
