@@ -492,7 +492,8 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
+    built = build(plan, token_slot_config(resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state),
+                                          None))
     meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(plan),
                                           state_v_first)
     x = [t if t is None or t.is_contiguous() else t.contiguous()
