@@ -394,6 +394,14 @@ class RecurrentConfig(_Config):
     # reads where from the sm_90 code).  Not taken by any heuristic: the lean 8 / 1 step under 72 is slower than
     # uncapped (docs/decisions/0026-lean-decode-step-vk-fp32.md).
     max_registers: int = 0
+    # speculative decoding (a 2-D ssm_state_indices, [N, T_max]: a pool slot for every token): each token's
+    # state written to its own slot as it is consumed, the initial state read from the slot of the last
+    # accepted token (templates/recurrent.py.j2's token_slots).  Not a tunable: the op sets it from the call
+    # (kdagen.ops.recurrent.token_slot_config), on one-item programs of one tile off the slot grid.  At its
+    # default it renders nothing, so a plain call's source is the one rendered before the field existed.
+    token_slots: bool = False
+    # fields whose default renders no text of its own: left out of the source's header line at the default
+    QUIET_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("token_slots",)
 
     def __post_init__(self):
         self._check_pow2("block_v", "num_warps", "tiles_per_program")
@@ -413,6 +421,11 @@ class RecurrentConfig(_Config):
             raise ConfigError("recurrent: lean is for one-item programs of one tile (programs_per_sm 0, "
                               f"tiles_per_program 1); got programs_per_sm={pps}, "
                               f"tiles_per_program={self.tiles_per_program}")
+        self._check_bool("token_slots")
+        if self.token_slots and (pps or self.tiles_per_program > 1 or self.lean):
+            raise ConfigError("recurrent: token_slots (speculative decoding) runs one-item programs of one tile "
+                              f"(programs_per_sm 0, tiles_per_program 1, lean False); got programs_per_sm={pps}, "
+                              f"tiles_per_program={self.tiles_per_program}, lean={self.lean}")
         cap = self.max_registers
         if isinstance(cap, bool) or not isinstance(cap, int) or not (cap == 0 or (24 <= cap <= 248 and cap % 8 == 0)):
             raise ConfigError(f"recurrent: max_registers must be 0 (no cap) or a multiple of 8 in 24..248, got {cap!r}")

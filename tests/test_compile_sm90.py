@@ -163,6 +163,13 @@ REC_CASES = [
     ("bf16-K128V128-BV64-bf16-pool-pipelined-l2norm-beta-sigmoid", "bfloat16", 128, 128, "direct", 64,
      dict(pool="bfloat16", rc=dict(num_warps=4, readout="loaded", programs_per_sm=2, num_stages=3),
           flags=dict(qk_l2norm=True, beta_sigmoid=True))),
+    # speculative decoding (token_slots): a slot per token ([N, T_max] indices), with and without
+    # num_accepted_tokens; a config asking for persistent programs runs the one-item body (token_slot_config)
+    ("bf16-K128V128-BV32-pool-token-slots-accepted", "bfloat16", 128, 128, "direct", 32,
+     dict(pool="float32", varlen=True, slots=True, accepted=True)),
+    ("bf16-K128V128-BV16-bf16-pool-v-first-token-slots-flags", "bfloat16", 128, 128, "gik_sp", 16,
+     dict(pool="bfloat16", v_first=True, varlen=True, slots=True, rc=dict(programs_per_sm=2),
+          flags=dict(qk_l2norm=True, beta_sigmoid=True))),
 ]
 
 # the recurrent backward: (id, dtype, K, V, gate, RecurrentBwdConfig fields or None, extra)
@@ -193,7 +200,7 @@ def _worker_compile(jobs):
     from kdagen.dtypes import dtype as as_dtype
     from kdagen.kernels import build
     from kdagen.ops.inputs import check_inputs, select_spec
-    from kdagen.ops.recurrent import prepare_recurrent
+    from kdagen.ops.recurrent import prepare_recurrent, token_slot_config
     from kdagen.ops.recurrent_bwd import RecurrentBwdMeta, prepare_recurrent_bwd
 
     target = GPUTarget("cuda", 90, 32)
@@ -332,18 +339,24 @@ def _worker_compile(jobs):
                     idx = torch.tensor([4, -1, 1], dtype=torch.int32)
                 else:
                     h0, idx = torch.zeros(N, HV, K, V), None
+                accepted = None
+                if extra.get("slots"):  # a slot per token: [N, T_max], T_max the whole call's tokens
+                    idx = torch.full((N, q.shape[1]), -1, dtype=torch.int32)
+                    idx[0, :2], idx[2, :2] = torch.tensor([4, 0]), torch.tensor([1, 2])
+                    if extra.get("accepted"):
+                        accepted = torch.tensor([2, 1, 1], dtype=torch.int32)
                 dims, _ = check_inputs(q, k, v, g, beta, scale=None, initial_state=h0, cu_seqlens=cu,
                                        state_indices=idx, A_log=A_log, dt_bias=dt_bias, gate_in_kernel=gik,
-                                       state_v_first=vf)
+                                       state_v_first=vf, accepted=accepted)
                 spec = select_spec(gik, False, kw.get("lower_bound"), A_log is not None, dt_bias is not None)
                 plan = lower(spec, K, V, as_dtype(q.dtype).name, "recurrent", gik)
-                built = build(plan, resolve("recurrent", plan, None if cfg is None else
-                                            RecurrentConfig(block_v=cfg, **extra.get("rc", {})),
-                                            {"T": dims.T, "B": dims.B, "N": dims.N}))
+                built = build(plan, token_slot_config(resolve("recurrent", plan, None if cfg is None else
+                                                              RecurrentConfig(block_v=cfg, **extra.get("rc", {})),
+                                                              {"T": dims.T, "B": dims.B, "N": dims.N}), idx))
                 launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                               output_final_state=True, cu_seqlens=cu, state_indices=idx,
                                               dims=dims, plan=plan, built=built, A_log=A_log, dt_bias=dt_bias,
-                                              state_v_first=vf, **extra.get("flags", {}))
+                                              state_v_first=vf, accepted=accepted, **extra.get("flags", {}))
                 results[f"{family}:{cid}"] = [report("recurrent", launch)]
         except Exception as e:
             results[f"{family}:{cid}"] = [dict(kind="build", error=f"{type(e).__name__}: {e}"[:4000])]
@@ -533,6 +546,9 @@ def test_recurrent_kernel_compiles_for_sm90(case, compiled):
     assert c["QK_L2NORM"] == flags.get("qk_l2norm", False)
     assert c["BETA_SIGMOID"] == flags.get("beta_sigmoid", False)
     assert c["NEG_EIGVAL"] == flags.get("neg_eigval", False)
+    # speculative decoding's kernel takes num_accepted_tokens' switch; the plain kernel has no such constexpr
+    assert c.get("ACCEPTED") == (bool(extra.get("accepted")) if extra.get("slots") else None)
+    assert not (extra.get("slots") and c["SLOT_GRID"])
     rc = extra.get("rc", {})
     if rc.get("programs_per_sm") and rc.get("num_stages", 1) > 1:
         # the pipelined item loop: the state tile goes through shared memory, one buffer per

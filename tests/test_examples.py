@@ -47,3 +47,11 @@ def test_custom_member_example_runs(tmp_path):
     assert "float64 self-checks: chunkwise form == the spec's own recurrence" in r.stdout
     assert "rel. error vs the spec's float64 recurrence" in r.stdout and r.stdout.rstrip().endswith("OK")
     assert ", dz " in r.stdout  # the backward through the custom gate ran and was checked
+
+
+def test_speculative_decoding_example_runs(tmp_path):
+    """A serving loop with speculative decoding: prefill into a state pool, then draft-and-verify steps
+    (2-D ssm_state_indices, num_accepted_tokens) with random draft lengths and accepted prefixes; every
+    accepted token's output and state match the float64 recurrence over the accepted tokens."""
+    r = _run("speculative_decoding.py", tmp_path)
+    assert r.stdout.count("accepted o and state vs float64") == 4 and r.stdout.rstrip().endswith("OK")

@@ -202,7 +202,9 @@ def test_disable_recompute_keeps_the_intermediates():
     assert torch.equal(o1, o2)
 
 
-def test_cp_context_and_num_accepted_tokens_are_refused_unless_none(no_launch):
+def test_cp_context_is_refused_and_num_accepted_tokens_needs_slot_rows(no_launch):
+    """cp_context must be None; num_accepted_tokens (speculative decoding) needs a 2-D ssm_state_indices
+    (a pool slot per token) and is refused without one, before any launch."""
     x = make_inputs(1, 8, 1, 1, 16, 16, seed=1)
     for op in (kdagen.chunk_kda, kdagen.fused_recurrent_kda):
         with pytest.raises(ValueError, match="cp_context"):
@@ -210,6 +212,27 @@ def test_cp_context_and_num_accepted_tokens_are_refused_unless_none(no_launch):
     with pytest.raises(ValueError, match="num_accepted_tokens"):
         kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, num_accepted_tokens=torch.ones(1, dtype=torch.int32))
     assert not no_launch
+
+
+def test_speculative_decoding_keywords_as_vllm_passes_them():
+    """FLA's fused_recurrent_kda_fwd keywords, as vLLM calls it: a 2-D ssm_state_indices, num_accepted_tokens
+    and inplace_final_state=True (the pool updated in place) give the call without inplace_final_state, bit
+    for bit; inplace_final_state=True without a pool would write over initial_state in FLA, and is refused."""
+    x = make_inputs(1, 5, 1, 1, 16, 16, seed=4, cu_seqlens=[0, 3, 5])
+    rows = torch.tensor([[0, 1, 2], [3, 4, -1]], dtype=torch.int32)
+    acc = torch.tensor([3, 2], dtype=torch.int32)
+    pool0 = torch.randn(5, 1, 16, 16, generator=torch.Generator().manual_seed(4))
+    res = []
+    for extra in ({}, dict(inplace_final_state=True)):
+        pool = pool0.clone()
+        o, ht = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=pool, cu_seqlens=x.cu_seqlens,
+                                           ssm_state_indices=rows, num_accepted_tokens=acc, **extra)
+        assert ht is pool
+        res.append((o, pool))
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
+    with pytest.raises(ValueError, match="inplace_final_state=True without ssm_state_indices"):
+        kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=pool0[:2], cu_seqlens=x.cu_seqlens,
+                                   inplace_final_state=True)
 
 
 def test_use_graph_and_max_num_seqs():

@@ -1,7 +1,9 @@
 """The GPU harness (``tests/gpu/``) stays runnable: its sweep computes a case on the CPU as it would
-on a GPU, and the FLA swap names only ops kdagen has."""
+on a GPU, the FLA swap names only ops kdagen has, and the speculative-decoding bench parses its arguments
+and runs its exactness check in a dry run."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 
 import fla_swap  # noqa: E402
+import spec_decode_bench  # noqa: E402
 import sweep  # noqa: E402
 
 import kdagen  # noqa: E402
@@ -31,3 +34,20 @@ def test_sweep_case_matches_float64_on_the_cpu(monkeypatch, member, form):
     expected = {"o", "ht"} | ({"dq", "dk", "dv", "da", "db", "dg", "dh0"} if form.endswith("bwd") else set())
     assert set(res["errors"]) == expected
     assert res["worst"] < 1e-5
+
+
+def test_spec_decode_bench_parses_and_dry_runs(tmp_path, capsys):
+    """The bench's arguments (the GPU defaults, and bad values refused), and a dry run in the interpreter:
+    no timing, kdagen's verify step against float64 for every token's o and slot, a table and the JSON."""
+    a = spec_decode_bench.parse_args(["--out", str(tmp_path)])
+    assert (a.batches, a.tokens, a.pools) == ([1, 16, 256], [2, 4], ["float32", "bfloat16"])
+    for bad in (["--pools", "float16"], ["--tokens", "0"]):
+        with pytest.raises(SystemExit):
+            spec_decode_bench.parse_args(bad)
+    assert not spec_decode_bench.GPU  # (the interpreter: tests/conftest.py)
+    rc = spec_decode_bench.main(["--out", str(tmp_path), "--batches", "2", "--tokens", "3", "--pools", "float32"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "| 2 | 3 | float32 |" in out and "PASS" in out
+    res = json.loads((tmp_path / "spec_decode_bench.json").read_text())
+    (row,) = res["rows"]
+    assert row["exact"] and row["rel_err_kdagen"] < 1e-5 and row["state_bytes"] == 2 * 2 * 16 * 16 * 4 * 4

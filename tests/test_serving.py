@@ -85,6 +85,26 @@ def test_decode_reads_no_device_value_with_the_in_kernel_gate(host_reads_refused
     assert len(host_reads_refused) == 2
 
 
+@pytest.mark.parametrize("op", ["kda", "gdn"])
+def test_speculative_decoding_reads_no_device_value(op, host_reads_refused):
+    """A verify step (a 2-D ssm_state_indices, num_accepted_tokens, 1 + k tokens per sequence packed on the
+    device): the first call and the later ones read no value, so the step can be captured in a CUDA graph."""
+    R._FAST.clear()
+    x = _meta_call_args(True)
+    T = 7  # 1 + k tokens per sequence (3 sequences, the offsets' values are never read)
+    t = lambda *s, dt=torch.bfloat16: torch.empty(*s, device=META, dtype=dt)  # noqa: E731
+    x.update(q=t(1, T, H, K), k=t(1, T, H, K), v=t(1, T, HV, V), g=t(1, T, HV, K, dt=torch.float32),
+             beta=t(1, T, HV), out=t(1, T, HV, V), ssm_state_indices=t(B, 4, dt=torch.int32),
+             num_accepted_tokens=t(B, dt=torch.int32))
+    if op == "gdn":
+        x["g"] = t(1, T, HV, dt=torch.float32)
+    call = kdagen.fused_recurrent_kda if op == "kda" else kdagen.fused_recurrent_gated_delta_rule
+    for _ in range(3):
+        o, pool = call(**x, use_qk_l2norm_in_kernel=True)
+        assert o is x["out"] and pool is x["initial_state"]
+    assert len(host_reads_refused) == 3
+
+
 def test_the_refusals_catch_what_they_should(host_reads_refused):
     """The fixture is not vacuous: the old decode path's `cu_seqlens.tolist()` fails it."""
     cu = torch.empty(3, device=META, dtype=torch.int64)

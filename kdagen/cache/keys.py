@@ -82,17 +82,22 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
 # one token per sequence.
 V_FIRST_SUFFIX = "_vk"  # states laid out [.., V, K] (state_v_first)
 TOKENS_SUFFIX = "_tokens"  # more tokens than sequences: not a decode step
+TOKEN_SLOTS_SUFFIX = "_slots"  # speculative decoding: a pool slot per token, the kernel's token_slots form
 
 
 def call_bucket(kind: str, shape: dict) -> str:
     """The bucket of a call ``shape`` ({"T", "B", "N"}, and for the recurrent form optionally
     "state_v_first"): :func:`shape_bucket`'s, and for the recurrent form :data:`V_FIRST_SUFFIX` on a
     [.., V, K] state and :data:`TOKENS_SUFFIX` where the call has more tokens than sequences (B * T > N),
-    so that a winner is found only by calls of the state layout and step it was timed on."""
+    so that a winner is found only by calls of the state layout and step it was timed on; and
+    :data:`TOKEN_SLOTS_SUFFIX` for a speculative-decoding call (shape "token_slots": a 2-D ssm_state_indices),
+    whose kernel stores every token's state (RecurrentConfig.token_slots), so that it never runs a plain
+    call's winner."""
     T, B, N = int(shape["T"]), int(shape["B"]), int(shape["N"])
     bucket = shape_bucket(kind, T, B, N)
     if kind == "recurrent":
         bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + (TOKENS_SUFFIX if B * T > N else "")
+        bucket += TOKEN_SLOTS_SUFFIX if shape.get("token_slots") else ""
     return bucket
 
 

@@ -5,6 +5,7 @@ same bytes, and the kernel's name ends in a hash of those bytes.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass
@@ -165,6 +166,8 @@ def _recurrent_vars(kernel: str, plan: Plan, config: RecurrentConfig) -> dict:
     v["pipeline_stages"] = config.num_stages if v["persistent"] and config.num_stages > 1 else 0
     v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
     v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
+    # speculative decoding: a slot per token (2-D state indices), each token's state stored to its slot
+    v["token_slots"] = config.token_slots
     return v
 
 
@@ -453,7 +456,10 @@ class _FieldsRead:
 
 
 def _config_line(config: _Config, read: set[str]) -> str:
-    fields = [f"{k}={v}" for k, v in config.to_dict().items() if k in read]
+    """The header's config line: the fields the source read, less those that render nothing at their
+    default (the config class's QUIET_AT_DEFAULT) while they are at it."""
+    quiet = {f.name: f.default for f in dataclasses.fields(config) if f.name in getattr(config, "QUIET_AT_DEFAULT", ())}
+    fields = [f"{k}={v}" for k, v in config.to_dict().items() if k in read and not (k in quiet and v == quiet[k])]
     tail = "the other fields are launch parameters"
     return f"{' '.join(fields)} ({tail})" if fields else f"none read by this source ({tail})"
 

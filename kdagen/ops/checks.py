@@ -74,12 +74,15 @@ def _slots_bad(idx: torch.Tensor, P: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def check_values(op: str, *, q, k, v, g, beta, initial_state=None, cu_seqlens=None, state_indices=None,
                  gate_bound: float | None = None, raw_gate: bool = False, A_log=None, dt_bias=None, a=None,
-                 b=None) -> None:
+                 b=None, accepted=None) -> None:
     """Raise a ValueError naming the first bad argument and its first bad index (see the module).
 
     ``gate_bound``: the lower bound g was promised to respect (None: only g <= 0 is required).
     ``raw_gate``: g is the raw gate input of ``use_gate_in_kernel`` (only required finite).
-    Shapes are assumed already validated."""
+    Shapes are assumed already validated.  A 2-D ``state_indices`` [N, T_max] (speculative decoding, a
+    slot per token): no slot may appear twice (two tokens' states would go to one slot), ``accepted``
+    (``num_accepted_tokens``) must lie in 1..T_max, and the initial-state check covers the slots read (each
+    sequence's starting slot)."""
     T = q.shape[1]
     # (argument, mask of bad elements, what is wrong with them), in the order they are reported
     found: list[tuple[str, torch.Tensor, str]] = []
@@ -89,12 +92,27 @@ def check_values(op: str, *, q, k, v, g, beta, initial_state=None, cu_seqlens=No
     used = None
     if state_indices is not None and initial_state is not None:
         P = initial_state.shape[0]
-        outside, dup = _slots_bad(state_indices, P)
+        outside, dup = _slots_bad(state_indices.reshape(-1), P)
+        outside, dup = outside.view(state_indices.shape), dup.view(state_indices.shape)
         found.append(("ssm_state_indices", outside, f"is a slot outside the pool's {P} slots [0, {P}) "
                       "(negative slots mark padding)"))
-        found.append(("ssm_state_indices", dup, "repeats a slot an earlier sequence already uses "
-                      "(two sequences would update one slot)"))
+        if state_indices.dim() == 2:
+            found.append(("ssm_state_indices", dup, "repeats a slot an earlier token already uses "
+                          "(two tokens' states would go to one slot)"))
+        else:
+            found.append(("ssm_state_indices", dup, "repeats a slot an earlier sequence already uses "
+                          "(two sequences would update one slot)"))
         idx = state_indices.long()
+        if idx.dim() == 2:  # the slots read: each sequence's starting slot
+            width = idx.shape[1]
+            if accepted is not None:
+                acc = accepted.long()
+                found.append(("num_accepted_tokens", (acc < 1) | (acc > width),
+                              f"is outside 1..{width} (the columns of ssm_state_indices)"))
+                col = (acc - 1).clamp(0, width - 1)
+            else:
+                col = torch.zeros(idx.shape[0], dtype=torch.long, device=idx.device)
+            idx = idx.gather(1, col[:, None])[:, 0]
         used = torch.zeros(P, dtype=torch.bool, device=idx.device)
         used[idx[(idx >= 0) & (idx < P)]] = True
     for name, x in (("q", q), ("k", k), ("v", v), ("beta", beta)):
@@ -122,7 +140,8 @@ def check_values(op: str, *, q, k, v, g, beta, initial_state=None, cu_seqlens=No
     for (name, mask, what), bad in zip(found, flags):
         if bad:
             where = tuple(mask.nonzero()[0].tolist())
-            x = {"cu_seqlens": cu_seqlens, "ssm_state_indices": state_indices, "q": q, "k": k, "v": v, "g": g,
+            x = {"cu_seqlens": cu_seqlens, "ssm_state_indices": state_indices, "num_accepted_tokens": accepted,
+                 "q": q, "k": k, "v": v, "g": g,
                  "beta": beta, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "initial_state": initial_state}[name]
             at = ", ".join(map(str, where))
             raise ValueError(f"{op}: {name}[{at}] = {x[where].item()} {what} "

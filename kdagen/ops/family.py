@@ -94,7 +94,8 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     decay, DeltaNet); beta None means 1, as in FLA.  ``gk`` [B, T, HV, K] alone (a per-channel
     decay) runs the KDA spec; ``gk`` with ``g``, and ``gv``, are refused (ValueError).
     kdagen's extras as fused_recurrent_kda: ``ssm_state_indices`` (a state pool updated in
-    place), ``out=``, ``config``, ``check_inputs``, ``cu_seqlens_cpu``; gradients when an input
+    place; [N, T_max] with ``num_accepted_tokens`` for speculative decoding, as vLLM calls its GDN
+    decode), ``out=``, ``config``, ``check_inputs``, ``cu_seqlens_cpu``; gradients when an input
     requires grad (FLA 0.6.0 has none here)."""
     op = "fused_recurrent_gated_delta_rule"
     if gv is not None:

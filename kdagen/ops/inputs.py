@@ -16,9 +16,10 @@ from ..codegen.lower import MAX_HEAD_DIM, head_dim_error
 from ..dtypes import TORCH_DTYPES
 
 # Keywords fused_recurrent_kda takes through **kwargs for drop-in use (FLA 0.6.0's recurrent op
-# swallows any keyword): they change nothing in its computation.  ``cp_context`` and
-# ``num_accepted_tokens`` (speculative decoding, a keyword of FLA's fused_recurrent_kda_fwd) must be None.
-RECURRENT_IGNORED_KWARGS = ("disable_recompute", "use_graph", "max_num_seqs", "cp_context", "num_accepted_tokens")
+# swallows any keyword): they change nothing in its computation.  ``cp_context`` must be None;
+# ``inplace_final_state`` (FLA's fused_recurrent_kda_fwd, as vLLM calls it) must be True with a state pool
+# (kdagen updates a pool in place) and is not read otherwise.
+RECURRENT_IGNORED_KWARGS = ("disable_recompute", "use_graph", "max_num_seqs", "cp_context", "inplace_final_state")
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,16 @@ class Dims:
     V: int
     N: int  # number of sequences
 
-    def decode_shape(self, state_v_first: bool, pool_slots: int = 0) -> dict:
+    def decode_shape(self, state_v_first: bool, pool_slots: int = 0, state_indices=None) -> dict:
         """The shape a recurrent-form call's config is resolved for (kdagen.cache.lookup.resolve):
         tokens, batch, sequences, value heads, the state's layout and the state pool's slots (0
-        without a pool)."""
-        return {"T": self.T, "B": self.B, "N": self.N, "HV": self.HV, "state_v_first": state_v_first,
-                "P": pool_slots}
+        without a pool); with a 2-D ``state_indices`` (speculative decoding: a slot per token, another
+        kernel) also "token_slots", which keeps the call's bucket apart (kdagen.cache.keys.call_bucket)."""
+        shape = {"T": self.T, "B": self.B, "N": self.N, "HV": self.HV, "state_v_first": state_v_first,
+                 "P": pool_slots}
+        if state_indices is not None and state_indices.dim() == 2:
+            shape["token_slots"] = True
+        return shape
 
 
 def _tensor(name, x):
@@ -54,7 +59,7 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
                  A_log=None, dt_bias=None, gate_in_kernel=False, cu_seqlens_cpu=None,
                  sync_seqlens: bool = True, state_v_first: bool = False,
                  decay: str = "channel", rank1: bool = True, max_head_dim: int = MAX_HEAD_DIM,
-                 member: str = "") -> tuple[Dims, list[int] | None]:
+                 member: str = "", accepted=None) -> tuple[Dims, list[int] | None]:
     """Validate the arguments of chunk_kda / fused_recurrent_kda from their shapes, dtypes and
     devices (no values are read from the device, except as ``sync_seqlens`` says).
 
@@ -66,7 +71,11 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     no g at all ('identity': g must be None).  ``rank1`` False: the recurrence has no rank-1 part
     (GLA's), so it takes no beta (beta must be None).  ``max_head_dim``: the widest K and V the
     recurrence's kernels take (:func:`kdagen.codegen.lower.spec_max_head_dim`), named in the error
-    as ``member``'s limit."""
+    as ``member``'s limit.
+
+    ``state_indices`` (a pool's slots): [N], one per sequence, or [N, T_max] (speculative decoding: one
+    per token, :func:`check_token_slots`), with ``accepted`` (``num_accepted_tokens`` [N]) only beside
+    the 2-D form."""
     if not rank1 and beta is not None:
         raise ValueError("this recurrence has no rank-1 (delta) part, so it takes no beta; pass beta=None")
     if decay == "identity" and g is not None:
@@ -127,13 +136,16 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
 
     if state_indices is not None:
         _tensor("state_indices", state_indices)
-        if state_indices.dim() != 1 or state_indices.numel() != N or state_indices.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"state_indices must be a 1-D int32/int64 tensor of {N} slots (one per sequence), "
-                             f"got {state_indices.dtype} of shape {tuple(state_indices.shape)}")
+        if (state_indices.dim() not in (1, 2) or state_indices.shape[0] != N
+                or state_indices.dtype not in (torch.int32, torch.int64)):
+            raise ValueError(f"state_indices must be an int32/int64 tensor of {N} slots (one per sequence), [N], or "
+                             f"[N, T_max] (speculative decoding: a slot per token), got {state_indices.dtype} of "
+                             f"shape {tuple(state_indices.shape)}")
         if state_indices.device != dev:
             raise ValueError(f"state_indices is on {state_indices.device} but the inputs are on {dev}")
         if initial_state is None:
             raise ValueError("state_indices addresses rows of a state pool: pass the pool as initial_state")
+    check_token_slots(state_indices, accepted, N=N, T=T, packed=cu_seqlens is not None, seqlens=seqlens)
     if initial_state is not None:
         _tensor("initial_state", initial_state)
         _float("initial_state", initial_state)
@@ -166,6 +178,42 @@ def check_inputs(q, k, v, g, beta, *, scale, initial_state, cu_seqlens, state_in
     elif A_log is not None or dt_bias is not None:
         raise ValueError("A_log/dt_bias are only used with use_gate_in_kernel=True")
     return Dims(B, T, H, HV, K, V, N), seqlens
+
+
+def check_token_slots(state_indices, accepted, *, N: int, T: int, packed: bool, seqlens) -> None:
+    """Speculative decoding's arguments (FLA's fused_recurrent_kda_fwd): ``state_indices`` [N, T_max], a
+    pool slot for every token (token t of sequence n writes its state to slot [n, t]), and ``accepted``
+    (``num_accepted_tokens`` [N], int32/int64 on the inputs' device; sequence n starts from slot
+    [n, accepted[n] - 1]; without it, from slot [n, 0]).  T_max must cover the longest sequence where that is
+    known without reading the device: T tokens each without cu_seqlens, the host offsets (``seqlens``) with
+    them.  The values of ``accepted`` are read only by the opt-in value check (:mod:`kdagen.ops.checks`)."""
+    two_d = state_indices is not None and state_indices.dim() == 2
+    if accepted is not None:
+        _tensor("num_accepted_tokens", accepted)
+        if not two_d:
+            raise ValueError("num_accepted_tokens (speculative decoding) picks each sequence's starting slot in a "
+                             "2-D ssm_state_indices [N, T_max] (a slot per token); pass one, with the pool as "
+                             "initial_state")
+        if (accepted.dim() != 1 or accepted.numel() != N or accepted.dtype not in (torch.int32, torch.int64)):
+            raise ValueError(f"num_accepted_tokens must be a 1-D int32/int64 tensor of {N} counts (one per "
+                             f"sequence), got {accepted.dtype} of shape {tuple(accepted.shape)}")
+        if accepted.device != state_indices.device:
+            raise ValueError(f"num_accepted_tokens is on {accepted.device} but the inputs are on "
+                             f"{state_indices.device}")
+        if not accepted.is_contiguous():
+            raise ValueError("num_accepted_tokens must be contiguous (the kernel reads it with stride 1)")
+    if not two_d:
+        return
+    width = state_indices.shape[1]
+    if not packed:
+        longest, how = T, "each sequence's T"
+    elif seqlens is not None:
+        longest, how = max(b - a for a, b in zip(seqlens, seqlens[1:])), "the longest sequence of cu_seqlens"
+    else:
+        return  # (device offsets: tokens past column T_max - 1 store nothing; the value check names them)
+    if width < longest:
+        raise ValueError(f"ssm_state_indices [N, T_max] = {tuple(state_indices.shape)} is narrower than "
+                         f"{how} ({longest} tokens): every token needs a slot for its state")
 
 
 def check_rank1_vectors(q, v, a, b, gate=None, gate_name: str = "g") -> None:
@@ -290,9 +338,24 @@ def check_kwargs(op: str, kwargs: dict, ignored: tuple[str, ...] = ()) -> None:
     if unknown:
         raise TypeError(f"{op}() got unexpected keyword argument(s) {unknown}")
     check_cp_context(op, kwargs.get("cp_context"))
-    if kwargs.get("num_accepted_tokens") is not None:
-        raise ValueError(f"{op}: num_accepted_tokens (speculative decoding) is not supported by kdagen; only None "
-                         "is accepted")
+
+
+def check_inplace_final_state(op: str, kwargs: dict, state_indices, initial_state) -> None:
+    """FLA's ``inplace_final_state`` (its fused_recurrent_kda_fwd's keyword, True there by default): with a
+    state pool kdagen always updates the pool in place, which is True's meaning; False with a pool (FLA then
+    writes each token's state to a new [T, HV, K, V] tensor) and True without a pool (FLA then writes the final
+    state over initial_state) are refused rather than answered differently."""
+    if "inplace_final_state" not in kwargs:
+        return
+    value = kwargs["inplace_final_state"]
+    if not isinstance(value, bool):
+        raise TypeError(f"{op}: inplace_final_state must be a bool, got {type(value).__name__}")
+    if value and state_indices is None and initial_state is not None:
+        raise ValueError(f"{op}: inplace_final_state=True without ssm_state_indices (FLA writes the final state over "
+                         "initial_state) is not supported; pass a pool with ssm_state_indices, or leave it False")
+    if not value and state_indices is not None:
+        raise ValueError(f"{op}: inplace_final_state=False with ssm_state_indices (FLA writes each token's state to a "
+                         "new tensor) is not supported; kdagen updates the pool in place (inplace_final_state=True)")
 
 
 def check_cp_context(op: str, cp_context) -> None:

@@ -310,7 +310,8 @@ def fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
                            output_final_state: bool, use_qk_l2norm_in_kernel: bool, use_gate_in_kernel: bool,
                            use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, lower_bound: Optional[float],
                            cu_seqlens: Optional[Tensor], ssm_state_indices: Optional[Tensor],
-                           out: Optional[Tensor], state_v_first: bool) -> tuple[Tensor, Tensor]:
+                           out: Optional[Tensor], state_v_first: bool,
+                           num_accepted_tokens: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(o, or empty when written to ``out``; the new final state, or empty when there is none or
     it is the pool, updated in place)."""
     o, ht = fused_recurrent_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
@@ -318,14 +319,14 @@ def fused_recurrent_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Ten
                                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
                                 use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
                                 lower_bound=lower_bound, cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices,
-                                out=out, state_v_first=state_v_first)
+                                out=out, state_v_first=state_v_first, num_accepted_tokens=num_accepted_tokens)
     return (_empty(q) if out is not None else o), (ht if ht is not None and ssm_state_indices is None else _empty(q))
 
 
 @fused_recurrent_kda_op.register_fake
 def _(q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
       use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices,
-      out, state_v_first):
+      out, state_v_first, num_accepted_tokens=None):
     B, T, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B

@@ -25,10 +25,10 @@ from ..kernels import build, dummy_pointer
 from . import checks, fallback, recurrent_bwd
 from .chunk_call import (chunk_configs, fla_layout, forward_launches, prepare_chunk, requires_grad, train,
                          training_step_launches, with_plan)
-from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_kwargs, check_rank1_vectors, check_runnable,
-                     host_seqlens, preprocess, state_layout)
+from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_inplace_final_state, check_kwargs,
+                     check_rank1_vectors, check_runnable, check_token_slots, host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
-from .recurrent import RecurrentFunction, prepare_recurrent, tensor_key
+from .recurrent import RecurrentFunction, prepare_recurrent, tensor_key, token_slot_config
 
 
 # fused_recurrent_member's per-geometry memo (as fused_recurrent_kda's fast path): the first call of a
@@ -132,11 +132,11 @@ def _dplr_args(op: str, spec: S.Recurrence, beta, a, b, use_beta_sigmoid_in_kern
 
 
 def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices, raw_gate, A_log, dt_bias,
-                 ab=None):
+                 ab=None, accepted=None):
     checks.check_values(op, q=q, k=k, v=v, g=g if g is not None else torch.zeros(1, device=q.device), beta=beta,
                         initial_state=initial_state, cu_seqlens=cu_seqlens, state_indices=state_indices,
                         raw_gate=raw_gate, A_log=A_log, dt_bias=dt_bias,
-                        a=None if ab is None else ab[0], b=None if ab is None else ab[1])
+                        a=None if ab is None else ab[0], b=None if ab is None else ab[1], accepted=accepted)
 
 
 @torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
@@ -256,7 +256,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                            use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                            state_v_first: bool = False, cu_seqlens=None, ssm_state_indices=None, out=None,
                            config=None, check_inputs: bool | None = None, cu_seqlens_cpu=None,
-                           a=None, b=None, reverse: bool = False, op: str = "fused_recurrent_member", **kwargs):
+                           a=None, b=None, reverse: bool = False, op: str = "fused_recurrent_member",
+                           num_accepted_tokens=None, **kwargs):
     """The recurrent form (decode) of ``spec`` with fused_recurrent_kda's conventions: the state
     pool (``ssm_state_indices``: ``initial_state`` is [P, HV, K, V], updated in place; negative
     slots are padding), ``out=``, nothing read from the device.  With some input requiring grad:
@@ -266,10 +267,15 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     [B, T, HV, K], in flash-linear-attention's convention -- S = Diag(exp g) S + b (a^T S) + k v^T,
     so the spec's own inputs are a' = -b, b' = a -- and no beta; ``reverse=True`` walks each
     sequence last to first (this structure only; it has no backward).  Gradients of q, k, v, g,
-    a, b and the initial state come from the recurrent backward template's DPLR branch."""
+    a, b and the initial state come from the recurrent backward template's DPLR branch.
+
+    Speculative decoding, as :func:`kdagen.fused_recurrent_kda`: a 2-D ``ssm_state_indices`` [N, T_max] (a
+    slot per token, each token's state written to its slot) and ``num_accepted_tokens`` [N] (sequence n
+    starts from slot [n, num_accepted_tokens[n] - 1]; without it from slot [n, 0]); not with ``reverse``."""
     if kwargs:
         state_v_first = state_layout(op, state_v_first, kwargs)
         check_kwargs(op, kwargs, RECURRENT_IGNORED_KWARGS)
+        check_inplace_final_state(op, kwargs, ssm_state_indices, initial_state)
     ab = _dplr_args(op, spec, beta, a, b, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     if ab is None:
         _beta_args(op, spec, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
@@ -288,7 +294,7 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
             sig = (spec, op, tensor_key(q), tensor_key(k), tensor_key(v), tensor_key(g), tensor_key(beta), tensor_key(initial_state),
                    tensor_key(ssm_state_indices), tensor_key(out), tensor_key(cu_seqlens), tensor_key(A_log), tensor_key(dt_bias), scale,
                    output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
-                   allow_neg_eigval, state_v_first, config, torch.is_grad_enabled())
+                   allow_neg_eigval, state_v_first, config, torch.is_grad_enabled(), tensor_key(num_accepted_tokens))
             if ab is not None:
                 sig += (tensor_key(ab[0]), tensor_key(ab[1]), reverse)
             hit = _FAST.get(sig)
@@ -302,16 +308,22 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
             host_seqlens(cu_seqlens, dims.T)  # on the host the values are free to check
         g = g if g is not None else dummy_pointer(q.device)
+        if hit_slots := (ssm_state_indices is not None and ssm_state_indices.dim() == 2):
+            if cu_seqlens is not None and cu_seqlens.device.type == "cpu":
+                check_token_slots(ssm_state_indices, num_accepted_tokens, N=dims.N, T=dims.T, packed=True,
+                                  seqlens=host_seqlens(cu_seqlens, dims.T))
         return _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
-                       dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse, fused)
+                       dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse, fused,
+                       accepted=num_accepted_tokens if hit_slots else None)
     training = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad
         for x in (q, k, v, g, beta, initial_state, A_log, dt_bias) + (ab or ()))
     g, A_log, dt_bias = _gate_args(op, spec, q, v, g, use_gate_in_kernel, A_log, dt_bias, expand_bias=training)
     if training:
-        if ssm_state_indices is not None:
-            raise ValueError(f"{op}: ssm_state_indices (an in-place state pool update) has no gradient; call it "
-                             "under torch.no_grad(), or pass initial_state [N, HV, K, V] without it to train")
+        if ssm_state_indices is not None or num_accepted_tokens is not None:
+            raise ValueError(f"{op}: ssm_state_indices (an in-place state pool update) and num_accepted_tokens have "
+                             "no gradient; call it under torch.no_grad(), or pass initial_state [N, HV, K, V] "
+                             "without them to train")
         if out is not None:
             raise ValueError(f"{op}: out= has no gradient; leave out=None when some input requires grad")
     dims, seqlens = _validate(q, k, v, g, beta if spec.has_rank1 and ab is None else None, scale=scale,
@@ -320,13 +332,13 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
                               gate_in_kernel=use_gate_in_kernel, cu_seqlens_cpu=cu_seqlens_cpu,
                               sync_seqlens=training, state_v_first=state_v_first, decay=spec.decay,
                               rank1=spec.has_rank1 and ab is None, max_head_dim=spec_max_head_dim(spec),
-                              member=f"{op} (spec {spec.name!r})")
+                              member=f"{op} (spec {spec.name!r})", accepted=num_accepted_tokens)
     if ab is not None:
         check_rank1_vectors(q, v, *ab)
     check_runnable(q)
     if checks.wanted(check_inputs):
         _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, ssm_state_indices, use_gate_in_kernel,
-                     A_log, dt_bias, ab)
+                     A_log, dt_bias, ab, num_accepted_tokens)
     scale = dims.K ** -0.5 if scale is None else scale
     if training:
         q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
@@ -335,7 +347,9 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
     pool = initial_state.shape[0] if ssm_state_indices is not None else 0
-    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first, pool), state))
+    shape = dims.decode_shape(state_v_first, pool, None if training else ssm_state_indices)
+    built = build(plan, token_slot_config(resolve("recurrent", plan, config, shape, state),
+                                          None if training else ssm_state_indices))
     g = g if g is not None else dummy_pointer(q.device)
     if training and ab is not None:  # general DPLR: its own autograd Function (a, b in place of beta)
         meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan,
@@ -358,7 +372,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
         if x is not None and not x.is_contiguous():
             raise ValueError(f"{op}: {name} must be contiguous (the kernel reads it with stride 1)")
     result = _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, ssm_state_indices,
-                     dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse, fused)
+                     dims, plan, built, A_log, dt_bias, out, state_v_first, ab, reverse, fused,
+                     accepted=num_accepted_tokens)
     if sig is not None:  # (never for a call with gradients: the signature holds requires_grad and the grad mode)
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
@@ -367,7 +382,8 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
 
 
 def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, state_indices, dims, plan,
-            built, A_log, dt_bias, out, state_v_first, ab=None, reverse=False, fused=(False, False, False)):
+            built, A_log, dt_bias, out, state_v_first, ab=None, reverse=False, fused=(False, False, False),
+            accepted=None):
     """Launch the recurrent kernel of a validated decode call: ``(o, final state or pool or None)``.
     ``ab``: general DPLR's (a, b), read in place of beta.  ``fused``: (use_qk_l2norm_in_kernel,
     use_beta_sigmoid_in_kernel, allow_neg_eigval), which the kernel applies to the raw inputs."""
@@ -378,7 +394,7 @@ def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=state_indices, dims=dims, plan=plan, built=built,
         A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first, ab=ab, reverse=reverse,
-        qk_l2norm=fused[0], beta_sigmoid=fused[1], neg_eigval=fused[2])
+        qk_l2norm=fused[0], beta_sigmoid=fused[1], neg_eigval=fused[2], accepted=accepted)
     launch()
     return o, (ht if (output_final_state or state_indices is not None) else None)
 

@@ -3,7 +3,7 @@ sequences, value heads and V tiles; float32 state in registers; optional in-plac
 of a state pool addressed by per-sequence slots."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -15,16 +15,19 @@ from ..config import RecurrentConfig
 from ..dtypes import dtype
 from ..kernels import Launch, build, dummy_pointer, launch, launch_options, register_cap
 from . import checks, recurrent_bwd
-from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_kwargs, check_runnable, fla_dtypes,
-                     host_seqlens, preprocess, select_spec, state_layout, state_shape)
+from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_inplace_final_state, check_kwargs,
+                     check_runnable, check_token_slots, fla_dtypes, host_seqlens, preprocess, select_spec, state_layout,
+                     state_shape)
 from .inputs import check_inputs as _validate
 from .traced import fused_recurrent_kda_traced
 
 
 def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_state, state_indices, out,
-                      dims, cu_seqlens=None, A_log=None, dt_bias=None, state_v_first=False, ab=None):
+                      dims, cu_seqlens=None, A_log=None, dt_bias=None, state_v_first=False, ab=None,
+                      accepted=None):
     """Allocate o (and the final state) and lay out the kernel's non-constexpr arguments.
-    ``ab``: general DPLR's (read a, write b), which the kernel takes in place of beta."""
+    ``ab``: general DPLR's (read a, write b), which the kernel takes in place of beta.  A 2-D
+    ``state_indices`` (speculative decoding) adds ``accepted`` (``num_accepted_tokens``, or a stand-in)."""
     dev = q.device
     o = out if out is not None else torch.empty(v.shape, dtype=v.dtype, device=dev)
     if state_indices is not None:
@@ -42,9 +45,25 @@ def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_st
     args.update(o=o, h0=initial_state if initial_state is not None else dummy,
                 ht=ht if ht is not None else dummy,
                 state_indices=state_indices if state_indices is not None else dummy,
-                cu_seqlens=dummy if cu_seqlens is None else _on_device(cu_seqlens, dev),
-                T=dims.T, P=initial_state.shape[0] if initial_state is not None else dims.N, scale=float(scale))
+                cu_seqlens=dummy if cu_seqlens is None else _on_device(cu_seqlens, dev))
+    if state_indices is not None and state_indices.dim() == 2:
+        args["accepted"] = dummy if accepted is None else accepted
+    args.update(T=dims.T, P=initial_state.shape[0] if initial_state is not None else dims.N, scale=float(scale))
     return o, ht, args
+
+
+def token_slot_config(config: RecurrentConfig, state_indices) -> RecurrentConfig:
+    """The config a call runs, given the one resolved for it: with a 2-D ``state_indices`` (speculative
+    decoding: a slot per token) the kernel with per-token state stores (``token_slots``), on one-item programs
+    of one tile (the body that has them: no persistent programs, tile groups or lean body); otherwise without
+    them.  The rest of the config (tile width, warps, readout, ...) is kept."""
+    on = state_indices is not None and state_indices.dim() == 2
+    if on and not (config.token_slots and not config.programs_per_sm and config.tiles_per_program == 1
+                   and not config.lean):
+        return replace(config, token_slots=True, programs_per_sm=0, tiles_per_program=1, lean=False)
+    if not on and config.token_slots:
+        return replace(config, token_slots=False)
+    return config
 
 
 def _on_device(cu_seqlens, dev):
@@ -63,7 +82,7 @@ def _on_device(cu_seqlens, dev):
 def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_state, cu_seqlens,
                       state_indices, dims, plan, built, A_log=None, dt_bias=None, out=None, state_v_first=False,
                       ab=None, reverse=False, qk_l2norm=False, beta_sigmoid=False, neg_eigval=False,
-                      by_slot: bool | None = None, pdl: bool | None = None):
+                      by_slot: bool | None = None, pdl: bool | None = None, accepted=None):
     """Describe the one launch of a validated recurrent call: ``(launch, (o, final state))``.
     General DPLR (``plan.structure == "dplr"``): ``ab`` = (a, b) replaces beta, and ``reverse``
     walks each sequence's tokens last to first (FLA's ``reverse``; only this structure takes it).
@@ -73,7 +92,14 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
     [HV, K] (per channel).  ``by_slot`` / ``pdl`` (None: decided here, by
     :func:`kdagen.cache.heuristics.slot_grid` and the device): the slot grid (a pool's one-item
     programs over its slots) and the programmatic dependent launch, forced on or off -- for compile
-    checks of the launch a GPU that is not here would run."""
+    checks of the launch a GPU that is not here would run.
+
+    Speculative decoding (FLA's fused_recurrent_kda_fwd): a 2-D ``state_indices`` [N, T_max] gives every
+    token a pool slot; sequence n starts from slot [n, accepted[n] - 1] (``accepted``: num_accepted_tokens
+    [N]; without it slot [n, 0]) and token t's state is written to slot [n, t] as it is consumed.  A negative
+    starting slot (or one >= P, or an accepted count outside 1..T_max) is padding: o = 0, nothing read or
+    written; a negative (or >= P) token slot, or a token past column T_max - 1, stores nothing.  The
+    built config must be :func:`token_slot_config`'s."""
     dplr = plan.structure == "dplr"
     if dplr != (ab is not None):
         raise ValueError("the general DPLR kernel takes a and b (ab=...), every other structure beta")
@@ -84,17 +110,26 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
         raise ValueError(f"the beta sigmoid applies to a beta; the {plan.structure!r} kernel reads none")
     H, HV, K, V, N = dims.H, dims.HV, dims.K, dims.V, dims.N
     cfg: RecurrentConfig = built.config
+    token_slots = state_indices is not None and state_indices.dim() == 2
+    if cfg.token_slots != token_slots:
+        raise ValueError(f"the recurrent kernel was built with token_slots={cfg.token_slots} for a call whose "
+                         f"ssm_state_indices is {'2-D' if token_slots else 'not 2-D'}: build it with "
+                         "token_slot_config(config, state_indices)")
+    if accepted is not None and not token_slots:
+        raise ValueError("num_accepted_tokens needs a 2-D ssm_state_indices [N, T_max] (a slot per token)")
+    if token_slots and reverse:
+        raise ValueError("reverse=True with a 2-D ssm_state_indices (speculative decoding) is not supported")
     o, ht, args = _outputs_and_args(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=state_indices, out=out, dims=dims, cu_seqlens=cu_seqlens,
         A_log=A_log if plan.gate_has_A else None, dt_bias=dt_bias if plan.gate_has_bias else None,
-        state_v_first=state_v_first, ab=ab)
+        state_v_first=state_v_first, ab=ab, accepted=accepted)
     bv = min(cfg.block_v, plan.BV)
     # a pool's programs over its slots (address order) rather than over the batch: heuristics.slot_grid
     P = args["P"]
     if by_slot is None:
         by_slot = slot_grid(N, HV, P)
-    by_slot = bool(by_slot) and state_indices is not None and not cfg.programs_per_sm
+    by_slot = bool(by_slot) and state_indices is not None and not cfg.programs_per_sm and not token_slots
     if pdl is None:
         pdl = PDL and _pdl_capable(q.device)
     constexprs = dict(H=H, HV=HV, K=K, V=V, BK=plan.BK, BV=bv, USE_H0=initial_state is not None,
@@ -111,6 +146,9 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
         # a scalar decay's dt_bias as the caller gives it, [HV] (the only other size check_inputs lets through)
         constexprs["BIAS_PER_HEAD"] = dt_bias.numel() != HV * K
     args["NS"] = N
+    if token_slots:  # the slot indices' row length, and whether num_accepted_tokens picks the starting column
+        args["TS"] = state_indices.shape[1]
+        constexprs["ACCEPTED"] = accepted is not None
     # rows: the sequences, or (slot grid) a row for the padding sequences' o and one per slot
     # columns: the V tiles, or (tiles_per_program G > 1) groups of G of them
     grid = (triton.cdiv(triton.cdiv(V, bv), cfg.tiles_per_program), ((P + 1) if by_slot else N) * HV)
@@ -176,6 +214,7 @@ def fused_recurrent_kda(
     config: RecurrentConfig | None = None,
     check_inputs: bool | None = None,
     cu_seqlens_cpu: torch.LongTensor | None = None,
+    num_accepted_tokens: torch.Tensor | None = None,
     **kwargs,
 ):
     """Recurrent KDA (decode) with flash-linear-attention's signature and layout.
@@ -201,6 +240,20 @@ def fused_recurrent_kda(
     arguments and launch; with ``out=`` and a pool they allocate nothing.  In-kernel, offsets
     are clamped to [0, T] and slots to the pool, so unchecked values never address memory
     outside the tensors.
+
+    Speculative decoding (FLA's ``fused_recurrent_kda_fwd`` keywords, as vLLM calls it): a 2-D
+    ``ssm_state_indices`` [N, T_max] gives every token of the packed call (1 + k tokens per sequence, k
+    may differ and be 0) a pool slot.  Sequence n starts from slot ``[n, num_accepted_tokens[n] - 1]``
+    (``num_accepted_tokens`` [N] int, on the device: how many tokens of the previous step were accepted),
+    or from slot ``[n, 0]`` without it, and token t's state is written to slot ``[n, t]`` as it is
+    consumed, so the next step can start from whichever token is accepted.  A negative starting slot is
+    padding (o = 0, nothing read or written); a negative token slot stores nothing (the recurrence goes
+    on).  T_max must cover the longest sequence (a ValueError where that is known without reading the
+    device: T without cu_seqlens, host offsets or ``cu_seqlens_cpu`` with them; otherwise tokens past
+    column T_max - 1 store nothing).  Nothing is read back, so the step can be captured in a CUDA graph;
+    ``check_inputs`` also checks the accepted counts (1..T_max) and that no slot appears twice.  FLA's
+    ``inplace_final_state`` is accepted as True with a pool (the pool is updated in place; False, which
+    makes FLA write per-token states to a new tensor, is a ValueError).
 
     Gates: the recurrent form applies ``exp(g)`` element-wise per token, so it needs no
     bound on g.  Every g <= 0 gives the recurrence's answer, including g far below
@@ -241,6 +294,7 @@ def fused_recurrent_kda(
     if kwargs:
         state_v_first = state_layout("fused_recurrent_kda", state_v_first, kwargs)
         check_kwargs("fused_recurrent_kda", kwargs, RECURRENT_IGNORED_KWARGS)
+        check_inplace_final_state("fused_recurrent_kda", kwargs, ssm_state_indices, initial_state)
     if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
         return fused_recurrent_kda_traced(
             q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale, initial_state=initial_state,
@@ -248,11 +302,12 @@ def fused_recurrent_kda(
             use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
             allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
             ssm_state_indices=ssm_state_indices, out=out, config=config, check_inputs=check_inputs,
-            state_v_first=state_v_first, cu_seqlens_cpu=cu_seqlens_cpu)
+            state_v_first=state_v_first, cu_seqlens_cpu=cu_seqlens_cpu, num_accepted_tokens=num_accepted_tokens)
     flags = (scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
              allow_neg_eigval, lower_bound, config, state_v_first)
     try:
-        sig = _signature(q, k, v, g, beta, initial_state, ssm_state_indices, out, cu_seqlens, A_log, dt_bias, flags)
+        sig = _signature(q, k, v, g, beta, initial_state, ssm_state_indices, out, cu_seqlens, A_log, dt_bias, flags,
+                         num_accepted_tokens)
         hit = _FAST.get(sig)
     except (AttributeError, TypeError):  # not a tensor, or unhashable: the full path says what is wrong
         hit = sig = None
@@ -266,7 +321,7 @@ def fused_recurrent_kda(
             use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
             allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, state_v_first=state_v_first,
             cu_seqlens=cu_seqlens, ssm_state_indices=ssm_state_indices, out=out, config=config,
-            check_inputs=check_inputs, cu_seqlens_cpu=cu_seqlens_cpu)
+            check_inputs=check_inputs, cu_seqlens_cpu=cu_seqlens_cpu, num_accepted_tokens=num_accepted_tokens)
     check = checks.wanted(check_inputs)
     if hit is None:
         desc, (o, ht), (scale, dims) = fused_recurrent_kda_launch(
@@ -274,10 +329,11 @@ def fused_recurrent_kda(
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             use_gate_in_kernel=use_gate_in_kernel, use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
             allow_neg_eigval=allow_neg_eigval, lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-            ssm_state_indices=ssm_state_indices, out=out, config=config, state_v_first=state_v_first)
+            ssm_state_indices=ssm_state_indices, out=out, config=config, state_v_first=state_v_first,
+            num_accepted_tokens=num_accepted_tokens, cu_seqlens_cpu=cu_seqlens_cpu)
         if check:
             _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
-                          use_gate_in_kernel)
+                          use_gate_in_kernel, num_accepted_tokens)
         desc()
         # the fast path passes the caller's tensors as they are, so only contiguous ones qualify
         if sig is not None and all(x.is_contiguous() for x in (q, k, v, g, beta)):
@@ -287,13 +343,16 @@ def fused_recurrent_kda(
                                 float(scale),
                                 dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc),
                                 state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first),
-                                {n: desc.args[n] for n in ("NS",) if n in desc.args})
+                                {n: desc.args[n] for n in ("NS", "TS") if n in desc.args}, "accepted" in desc.args)
         return o, ht  # the launch description already leaves out a final state nobody asked for
     if cu_seqlens is not None and cu_seqlens.is_cpu:
-        host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
+        seqlens = host_seqlens(cu_seqlens, hit.dims.T)  # on the host the values are free to check
+        if hit.token_slots:
+            check_token_slots(ssm_state_indices, num_accepted_tokens, N=hit.dims.N, T=hit.dims.T, packed=True,
+                              seqlens=seqlens)
     if check:
         _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ssm_state_indices,
-                      use_gate_in_kernel)
+                      use_gate_in_kernel, num_accepted_tokens)
     if hit.direct is not None and (cu_seqlens is None or cu_seqlens.is_cuda):  # (host cu_seqlens: copied)
         # the decode step: the caller's tensors as they are, pointers laid out in the kernel's order
         o = out if out is not None else torch.empty_like(v)
@@ -313,29 +372,34 @@ def fused_recurrent_kda(
                  d.dummy if ht is None else ht.data_ptr(),
                  d.dummy if ssm_state_indices is None else ssm_state_indices.data_ptr(),
                  d.dummy if cu_seqlens is None else cu_seqlens.data_ptr())
+        if hit.token_slots:
+            ptrs.append(d.dummy if num_accepted_tokens is None else num_accepted_tokens.data_ptr())
         if d.launch(ptrs):
             return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
     o, ht, args = _outputs_and_args(
         q, k, v, g, beta, scale=hit.scale, initial_state=initial_state, output_final_state=output_final_state,
         state_indices=ssm_state_indices, out=out, dims=hit.dims, cu_seqlens=cu_seqlens,
-        A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None, state_v_first=state_v_first)
+        A_log=A_log if hit.with_A else None, dt_bias=dt_bias if hit.with_bias else None, state_v_first=state_v_first,
+        accepted=num_accepted_tokens)
     args.update(hit.extra)
     if hit.direct is None or not hit.direct(args):
         launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages, hit.maxnreg)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
 
 
-def _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, gate_in_kernel):
+def _check_values(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, state_indices, gate_in_kernel,
+                  accepted=None):
     checks.check_values("fused_recurrent_kda", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
                         cu_seqlens=cu_seqlens, state_indices=state_indices, raw_gate=gate_in_kernel,
-                        A_log=A_log, dt_bias=dt_bias)
+                        A_log=A_log, dt_bias=dt_bias, accepted=accepted)
 
 
 def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, scale=None, initial_state=None,
                                output_final_state=False, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
                                use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
                                cu_seqlens=None, ssm_state_indices=None, out=None,
-                               config: RecurrentConfig | None = None, state_v_first=False):
+                               config: RecurrentConfig | None = None, state_v_first=False,
+                               num_accepted_tokens=None, cu_seqlens_cpu=None):
     """Validate, plan, build and describe the one launch of :func:`fused_recurrent_kda`
     (nothing runs): ``(launch, (o, final_state), (scale, dims))``.  Calling ``launch()``
     again rewrites the same outputs; the tuner times it this way, without the op's Python
@@ -343,7 +407,7 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     dims, _ = _validate(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
                         state_indices=ssm_state_indices, A_log=A_log, dt_bias=dt_bias,
                         gate_in_kernel=use_gate_in_kernel, sync_seqlens=False, state_v_first=state_v_first,
-                        member="fused_recurrent_kda")
+                        member="fused_recurrent_kda", accepted=num_accepted_tokens, cu_seqlens_cpu=cu_seqlens_cpu)
     check_runnable(q)
     if not isinstance(state_v_first, bool):
         raise TypeError(f"fused_recurrent_kda: state_v_first must be a bool, got {type(state_v_first).__name__}")
@@ -354,7 +418,8 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name  # a pool may be bf16
     pool = initial_state.shape[0] if ssm_state_indices is not None else 0
-    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first, pool), state))
+    shape = dims.decode_shape(state_v_first, pool, ssm_state_indices)
+    built = build(plan, token_slot_config(resolve("recurrent", plan, config, shape, state), ssm_state_indices))
     if out is not None and (tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype or out.device != v.device
                             or not out.is_contiguous()):
         raise ValueError(f"out must match v: shape {tuple(v.shape)}, dtype {v.dtype}, device {v.device}, "
@@ -367,7 +432,7 @@ def fused_recurrent_kda_launch(q, k, v, g, beta, *, A_log=None, dt_bias=None, sc
         q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         cu_seqlens=cu_seqlens, state_indices=ssm_state_indices, dims=dims, plan=plan, built=built,
         A_log=A_log, dt_bias=dt_bias, out=out, state_v_first=state_v_first, qk_l2norm=use_qk_l2norm_in_kernel,
-        beta_sigmoid=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval)
+        beta_sigmoid=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval, accepted=num_accepted_tokens)
     return launch, (o, ht if (output_final_state or ssm_state_indices is not None) else None), (scale, dims)
 
 
@@ -403,14 +468,14 @@ class RecurrentFunction(torch.autograd.Function):
 def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
                                use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                                allow_neg_eigval, lower_bound, state_v_first, cu_seqlens, ssm_state_indices, out,
-                               config, check_inputs, cu_seqlens_cpu):
+                               config, check_inputs, cu_seqlens_cpu, num_accepted_tokens=None):
     """A call that some input's gradient flows through: validate (reading the sequence lengths
     on the host, for the backward's segment schedule), pre-process with torch ops and run the
     autograd Function."""
-    if ssm_state_indices is not None:
-        raise ValueError("fused_recurrent_kda: ssm_state_indices (an in-place state pool update) has no gradient; "
-                         "call it under torch.no_grad()/inference_mode(), or pass initial_state [N, HV, K, V] "
-                         "without ssm_state_indices to train through it")
+    if ssm_state_indices is not None or num_accepted_tokens is not None:
+        raise ValueError("fused_recurrent_kda: ssm_state_indices (an in-place state pool update) and "
+                         "num_accepted_tokens have no gradient; call it under torch.no_grad()/inference_mode(), or "
+                         "pass initial_state [N, HV, K, V] without ssm_state_indices to train through it")
     if out is not None:
         raise ValueError("fused_recurrent_kda: out= (writing o into a given tensor) has no gradient; leave out=None "
                          "when some input requires grad")
@@ -427,7 +492,8 @@ def _fused_recurrent_kda_train(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     q, k, beta = preprocess(q, k, beta, use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     plan = lower(spec, dims.K, dims.V, dtype(q.dtype).name, "recurrent", use_gate_in_kernel)
     state = "float32" if initial_state is None else dtype(initial_state.dtype).name
-    built = build(plan, resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state))
+    built = build(plan, token_slot_config(resolve("recurrent", plan, config, dims.decode_shape(state_v_first), state),
+                                          None))
     meta = recurrent_bwd.RecurrentBwdMeta(dims, seqlens, cu_seqlens, float(scale), plan, recurrent_bwd.current_config(plan),
                                           state_v_first)
     x = [t if t is None or t.is_contiguous() else t.contiguous()
@@ -526,7 +592,8 @@ class _Entry:
     with_bias: bool
     direct: _Direct | None  # on a GPU
     state_shape: tuple  # of a final state the call allocates
-    extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (NS, the sequences' count)
+    extra: dict  # the launch's scalar arguments beyond _outputs_and_args' (NS, the sequences' count; TS)
+    token_slots: bool = False  # speculative decoding: the kernel takes num_accepted_tokens after cu_seqlens
 
 
 def tensor_key(x):
@@ -534,7 +601,8 @@ def tensor_key(x):
     return None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous(), x.requires_grad)
 
 
-def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias, flags):
+def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias, flags,
+               accepted=None):
     """The fast path's key of a call: tensors by geometry (shape, dtype, device index,
     contiguity, and requires_grad when autograd is on), everything else by value.  Flat, and the device as an index, not
     a torch.device: each attribute is ~0.1 us on the host, a measurable share of a decode step."""
@@ -546,4 +614,6 @@ def _signature(q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, 
     else:  # (no_grad / inference_mode: requires_grad routes nothing)
         for x in (q, k, v, g, beta, initial_state, state_indices, out, cu_seqlens, A_log, dt_bias):
             key.append(None if x is None else (x.shape, x.dtype, x.get_device(), x.is_contiguous()))
+    if accepted is not None:  # (speculative decoding's counts: a plain call's key is as it was)
+        key.append((accepted.shape, accepted.dtype, accepted.get_device(), accepted.is_contiguous()))
     return tuple(key)

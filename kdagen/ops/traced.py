@@ -64,7 +64,7 @@ def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_sta
 def fused_recurrent_kda_traced(q, k, v, g, beta, *, A_log, dt_bias, scale, initial_state, output_final_state,
                                use_qk_l2norm_in_kernel, use_gate_in_kernel, use_beta_sigmoid_in_kernel,
                                allow_neg_eigval, lower_bound, cu_seqlens, ssm_state_indices, out, config,
-                               check_inputs, state_v_first, cu_seqlens_cpu):
+                               check_inputs, state_v_first, cu_seqlens_cpu, num_accepted_tokens=None):
     """``fused_recurrent_kda`` while torch.compile traces: one registered op per call (decode;
     ``cu_seqlens_cpu`` only serves the backward, which is not traced)."""
     training = torch.is_grad_enabled() and any(
@@ -77,7 +77,7 @@ def fused_recurrent_kda_traced(q, k, v, g, beta, *, A_log, dt_bias, scale, initi
     o, ht = _op("fused_recurrent_kda")(
         q, k, v, g, beta, A_log, dt_bias, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
         use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, lower_bound, cu_seqlens,
-        ssm_state_indices, out, state_v_first)
+        ssm_state_indices, out, state_v_first, num_accepted_tokens)
     if out is not None:
         o = out
     if ssm_state_indices is not None:

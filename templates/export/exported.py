@@ -108,11 +108,15 @@ def build(plan, config):
 
     pid = _PLANS.get(plan)
     names, fns, kinds = [], [], []
+    # a field a source's header leaves out at its default (QUIET_AT_DEFAULT, e.g. the recurrent kernel's
+    # token_slots) must be at its default in the config for that source to be the config's kernel
+    quiet = {f: config.__dataclass_fields__[f].default for f in getattr(config, "QUIET_AT_DEFAULT", ())}
     for kernel in TABLE["families"][config.kernel]:
         name = None
         for src in TABLE["sources"]:
             if src["kernel"] == kernel and src["plan"] == pid and all(
-                    str(getattr(config, f)) == v for f, v in src["fields"].items()):
+                    str(getattr(config, f)) == v for f, v in src["fields"].items()) and all(
+                    f in src["fields"] or getattr(config, f) == d for f, d in quiet.items()):
                 name = src["name"]
                 break
         if name is None:

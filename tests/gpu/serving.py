@@ -178,6 +178,18 @@ def sync_free():
             calls.append((f"packed/float32/[V, K]/B=256/call{call}",
                           dict(**x, initial_state=pool, ssm_state_indices=slots, cu_seqlens=big.cu(), out=out,
                                state_v_first=True)))
+        # speculative decoding: 1 + k = 4 tokens per sequence, a pool slot per token, accepted counts
+        x = {n: t.repeat_interleave(4, dim=1) for n, t in geo.tokens(gen, True).items()}
+        rows = torch.arange(4 * geo.B, device=DEV, dtype=torch.int32).view(geo.B, 4)
+        accepted = torch.randint(1, 5, (geo.B,), device=DEV, dtype=torch.int32)
+        cu4 = torch.arange(0, 4 * geo.B + 1, 4, device=DEV)
+        out = torch.empty_like(x["v"])
+        for pool_dtype in (torch.float32, torch.bfloat16):
+            pool = torch.zeros(4 * geo.B + 3, 32, 128, 128, device=DEV, dtype=pool_dtype)
+            for call in range(3):
+                calls.append((f"speculative decoding/{str(pool_dtype)[6:]}/call{call}",
+                              dict(**x, initial_state=pool, ssm_state_indices=rows, num_accepted_tokens=accepted,
+                                   cu_seqlens=cu4, out=out)))
         torch.cuda.synchronize()
         for name, kw in calls:
             torch.cuda.set_sync_debug_mode("error")
@@ -187,7 +199,8 @@ def sync_free():
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", True,
               f"{len(done)} calls: first and later calls of the batch and packed forms (cu_seqlens on the device "
-              "and on the host), fp32 and bf16 pools, an fp32 pool laid out [V, K] (at B=16 and, packed, at B=256)")
+              "and on the host), fp32 and bf16 pools, an fp32 pool laid out [V, K] (at B=16 and, packed, at B=256), "
+              "and speculative decoding's verify step (2-D slots, num_accepted_tokens; fp32 and bf16 pools)")
     except Exception as e:  # noqa: BLE001
         torch.cuda.set_sync_debug_mode("default")
         claim("no host synchronisation in fused_recurrent_kda (sync debug mode 'error')", False,
