@@ -117,6 +117,11 @@ def worker(rank, world, init_file, cases_file, out_dir):
             results.append({"o": o.detach(), "ht": None if ht is None else ht.detach(),
                             **{"d" + n: x[n].grad for n in x}})
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        import traceback
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -126,10 +131,9 @@ def gather(per_rank: list):
     out = {}
     for key in per_rank[0]:
         vals = [r[key] for r in per_rank]
-        if vals[0] is None:
-            out[key] = None
-        elif key == "ht" or key[1:] in SUMMED:
-            out[key] = torch.stack(vals).sum(0)
+        if key == "ht" or key[1:] in SUMMED:  # a rank that never reads initial_state has no gradient for it
+            vals = [x for x in vals if x is not None]
+            out[key] = torch.stack(vals).sum(0) if vals else None
         else:
             out[key] = torch.cat(vals, dim=1)
     return out

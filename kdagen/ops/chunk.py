@@ -174,7 +174,8 @@ def chunk_kda(
                              config=config if t[2].shape[-1] == v.shape[-1] else None, check_inputs=check_inputs,
                              chunk_size=chunk_size)
         return run_cp("chunk_kda", cp_context, (q, k, v, g, beta), local, initial_state=initial_state,
-                      output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens)
+                      output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                      params=(A_log, dt_bias))
     if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
         return chunk_kda_traced(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,

@@ -123,7 +123,8 @@ def build_cp_context(cu_seqlens: torch.Tensor, group=None, conv1d_kernel_size: i
             return max(j for j in range(world) if lengths[j])
         return next(j for j in range(world) if starts[j] <= pos < starts[j] + lengths[j])
 
-    ids = [n for n in range(len(cu) - 1) if cu[n] < re and cu[n + 1] > rs]
+    ids = [n for n in range(len(cu) - 1) if cu[n] < re and cu[n + 1] > rs] if re > rs else []
+    ids = [n for n in ids if cu[n + 1] > cu[n]]
     local = [0] + [min(cu[n + 1], re) - rs for n in ids]
     if ids:
         pre, post = rank - owner(cu[ids[0]]), owner(cu[ids[-1] + 1] - 1) - rank
@@ -198,6 +199,7 @@ class _View:
     seq_ids: tuple | None
     num_global: int | None
     final_empty: tuple
+    world_mismatch: str | None
 
 
 def _view(op: str, ctx) -> _View:
@@ -207,9 +209,10 @@ def _view(op: str, ctx) -> _View:
             raise ValueError(f"{op}: cp_context must be a context from kdagen.build_cp_context (or FLA's "
                              f"build_cp_context); {type(ctx).__name__} has no {name!r}")
     group, rank, world = _group_info(ctx.group, f"{op}: cp_context")
+    mismatch = None
     if getattr(ctx, "world_size", world) != world or getattr(ctx, "rank", rank) != rank:
-        raise ValueError(f"{op}: cp_context was built for rank {ctx.rank} of {ctx.world_size}, but this process is "
-                         f"rank {rank} of {world} in its group")
+        mismatch = (f"{op}: cp_context was built for rank {ctx.rank} of {ctx.world_size}, but this process is "
+                    f"rank {rank} of {world} in its group")
     cu_t = ctx.cu_seqlens
     if not isinstance(cu_t, torch.Tensor) or cu_t.dim() != 1 or cu_t.numel() < 1:
         raise ValueError(f"{op}: cp_context.cu_seqlens must be the rank's 1-D offsets")
@@ -217,35 +220,43 @@ def _view(op: str, ctx) -> _View:
     cu_cpu = cu_t.cpu() if cu_cpu is None else cu_cpu
     cu = [int(x) for x in cu_cpu.tolist()]
     pre, post = int(ctx.pre_num_ranks or 0), int(ctx.post_num_ranks or 0)
-    if pre < 0 or post < 0 or rank - pre < 0 or rank + post >= world:
-        raise ValueError(f"{op}: cp_context's pre_num_ranks={pre} / post_num_ranks={post} do not fit rank {rank} "
-                         f"of {world}")
+    if mismatch is None and (pre < 0 or post < 0 or rank - pre < 0 or rank + post >= world):
+        mismatch = (f"{op}: cp_context's pre_num_ranks={pre} / post_num_ranks={post} do not fit rank {rank} "
+                    f"of {world}")
+        pre = post = 0
     seq_ids = getattr(ctx, "seq_ids", None)
-    if seq_ids is not None and len(seq_ids) != len(cu) - 1:
-        raise ValueError(f"{op}: cp_context.seq_ids names {len(seq_ids)} sequences, its cu_seqlens {len(cu) - 1}")
+    if mismatch is None and seq_ids is not None and len(seq_ids) != len(cu) - 1:
+        mismatch = f"{op}: cp_context.seq_ids names {len(seq_ids)} sequences, its cu_seqlens {len(cu) - 1}"
     return _View(group, rank, world, cu, cu_t, cu_cpu.to(torch.int32), pre, post,
                  None if seq_ids is None else tuple(seq_ids), getattr(ctx, "num_seqs_global", None),
-                 tuple(getattr(ctx, "final_empty", ())))
+                 tuple(getattr(ctx, "final_empty", ())), mismatch)
 
 
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
 
-def _agree(op: str, c: _View, shared: list, own: list) -> list:
+def _agree(op: str, c: _View, shared: list, own: list, error: str | None) -> list:
     """One small all-gather of every rank's shapes and flags (``shared``: (name, value) pairs every
     rank must agree on) and chain fields (``own``: pre, post, N); any disagreement is the same
     ValueError on every rank, raised before the main collective, so no rank is left waiting."""
-    t = torch.tensor([v for _, v in shared] + list(own), dtype=torch.int64)
+    t = torch.tensor([int(error is not None)] + [v for _, v in shared] + list(own), dtype=torch.int64)
     dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(c.group) == "nccl" else "cpu"
     rows = _gather(t.to(dev), c.group, c.world).cpu().tolist()
+    if error is not None:
+        raise ValueError(error)
+    bad = [r for r, row in enumerate(rows) if row[0]]
+    if bad:
+        raise ValueError(f"{op}: the inputs of rank(s) {bad} of the cp_context's group were refused (see the error "
+                         "raised there); every rank stops")
+    rows = [row[1:] for row in rows]
     for i, (name, _) in enumerate(shared):
         vals = [r[i] for r in rows]
         if len(set(vals)) > 1:
             raise ValueError(f"{op}: the ranks of the cp_context's group disagree on {name}: {vals} (rank by rank)")
     chain = [r[len(shared):] for r in rows]
     for r, (pre, _, _) in enumerate(chain):
-        for j in range(r - pre + 1, r):  # the ranks between must hold only (part of) this sequence
-            if chain[j][0] != j - (r - pre) or chain[j][2] > 1:
+        for j in range(r - pre + 1, r):  # the ranks between hold only this sequence's tokens, or none
+            if chain[j][2] and (chain[j][0] != j - (r - pre) or chain[j][2] > 1):
                 raise ValueError(f"{op}: the cp_contexts disagree: rank {r} continues a sequence from rank {r - pre}, "
                                  f"but rank {j} does not hold only that sequence's tokens "
                                  f"(pre_num_ranks, post_num_ranks, sequences: {chain[j]})")
@@ -256,46 +267,57 @@ def _agree(op: str, c: _View, shared: list, own: list) -> list:
 
 
 def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_final_state: bool,
-           state_v_first: bool, cu_seqlens=None, extra_flags=()):
+           state_v_first: bool, cu_seqlens=None, extra_flags=(), params=()):
     """One op call under context parallelism.  ``tokens``: (q, k, v, *per-token tensors) with T on
     dim 1 (None allowed after v); ``call(tokens, initial_state, cu_seqlens, cu_seqlens_cpu)``
     runs the op without a context (state_v_first=False, output_final_state=True) and returns
-    ``(o, final_state)``.  ``extra_flags``: (name, int) pairs every rank must agree on."""
+    ``(o, final_state)``.  ``extra_flags``: (name, int) pairs every rank must agree on; ``params``: the op's
+    other tensors that may require grad (A_log, dt_bias: not split along T)."""
     c = _view(op, cp_context)
     q, k, v = tokens[:3]
-    if q.dim() != 4 or v.dim() != 4 or q.shape[0] != 1:
-        raise ValueError(f"{op}: under cp_context the inputs are the rank's tokens, q [1, T_local, H, K] "
-                         f"(B = 1, sequences given by the context's cu_seqlens), got q {tuple(q.shape)}")
-    T, H, K = q.shape[1], q.shape[2], q.shape[3]
-    HV, V = v.shape[2], v.shape[3]
-    if c.cu[0] != 0 or c.cu[-1] != T or any(b <= a for a, b in zip(c.cu, c.cu[1:])):
-        raise ValueError(f"{op}: cp_context.cu_seqlens {c.cu} does not describe this rank's {T} tokens "
-                         "(it must start at 0, rise and end at T_local)")
-    if cu_seqlens is not None:
-        given = [int(x) for x in cu_seqlens.cpu().tolist()]
-        if given != c.cu:
-            raise ValueError(f"{op}: cu_seqlens {given} disagrees with cp_context.cu_seqlens {c.cu}; under cp_context "
-                             "pass cu_seqlens=None (the context's local offsets are used)")
     h_in = initial_state
-    if (h_in is not None or output_final_state) and c.seq_ids is None:
-        raise ValueError(f"{op}: initial_state / output_final_state=True under cp_context need kdagen's context "
-                         "(kdagen.build_cp_context), which knows each local sequence's global index")
-    if h_in is not None:
+    errors = []  # local refusals: raised on every rank after the agreement gather, so none hangs
+    if q.dim() != 4 or v.dim() != 4 or q.shape[0] != 1:
+        errors.append(f"{op}: under cp_context the inputs are the rank's tokens, q [1, T_local, H, K] "
+                      f"(B = 1, sequences given by the context's cu_seqlens), got q {tuple(q.shape)}")
+        T = H = K = HV = V = 0
+    else:
+        T, H, K = q.shape[1], q.shape[2], q.shape[3]
+        HV, V = v.shape[2], v.shape[3]
+    if errors:
+        pass
+    elif c.world_mismatch:
+        errors.append(c.world_mismatch)
+    elif c.cu[0] != 0 or c.cu[-1] != T or any(b <= a for a, b in zip(c.cu, c.cu[1:])):
+        errors.append(f"{op}: cp_context.cu_seqlens {c.cu} does not describe this rank's {T} tokens "
+                      "(it must start at 0, rise and end at T_local)")
+    elif cu_seqlens is not None and [int(x) for x in cu_seqlens.cpu().tolist()] != c.cu:
+        errors.append(f"{op}: cu_seqlens {cu_seqlens.cpu().tolist()} disagrees with cp_context.cu_seqlens {c.cu}; "
+                      "under cp_context pass cu_seqlens=None (the context's local offsets are used)")
+    elif any(isinstance(x, torch.Tensor) and (x.dim() < 2 or x.shape[:2] != (1, T)) for x in tokens):
+        errors.append(f"{op}: every per-token input must be [1, T_local = {T}, ...] under cp_context, got "
+                      f"{[tuple(x.shape) for x in tokens if isinstance(x, torch.Tensor)]}")
+    elif (h_in is not None or output_final_state) and c.seq_ids is None:
+        errors.append(f"{op}: initial_state / output_final_state=True under cp_context need kdagen's context "
+                      "(kdagen.build_cp_context), which knows each local sequence's global index")
+    elif h_in is not None:
         if state_v_first:
             h_in = h_in.transpose(-1, -2)
         if tuple(h_in.shape) != (c.num_global, HV, K, V):
-            raise ValueError(f"{op}: under cp_context initial_state holds every global sequence's state, "
-                             f"[{c.num_global}, {HV}, {K}, {V}] (the same tensor on every rank), got "
-                             f"{tuple(initial_state.shape)}")
-    grads = [x for x in tokens if isinstance(x, torch.Tensor)] + ([h_in] if h_in is not None else [])
+            errors.append(f"{op}: under cp_context initial_state holds every global sequence's state, "
+                          f"[{c.num_global}, {HV}, {K}, {V}] (the same tensor on every rank), got "
+                          f"{tuple(initial_state.shape)}")
+    grads = [x for x in tuple(tokens) + tuple(params) + (h_in,) if isinstance(x, torch.Tensor)]
     training = torch.is_grad_enabled() and any(x.requires_grad for x in grads)
     N = len(c.cu) - 1
+    shapes = [d for x in tokens[3:] for d in ((-1,) if x is None else (x.dim(),) + tuple(x.shape[2:]))]
     shared = list(extra_flags) + [
         ("H", H), ("HV", HV), ("K", K), ("V", V), ("q's dtype", _DTYPES.get(q.dtype, 9)),
         ("v's dtype", _DTYPES.get(v.dtype, 9)), ("device type", int(v.device.type == "cuda")),
         ("training", int(training)), ("initial_state", int(h_in is not None)),
-        ("output_final_state", int(output_final_state)), ("state_v_first", int(state_v_first))]
-    _agree(op, c, shared, [c.pre, c.post, N])
+        ("output_final_state", int(output_final_state)), ("state_v_first", int(state_v_first)),
+        ("the other inputs' shapes", hash(tuple(shapes)) & 0x7FFFFFFF)]
+    _agree(op, c, shared, [c.pre, c.post, N], errors[0] if errors else None)
 
     dev = v.device
     eye = torch.eye(K, device=dev, dtype=torch.float32).expand(HV, K, K)
@@ -310,7 +332,7 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
             _, ht = call(part[:2] + (vw,) + part[3:], h0, None, None)
             piece = ht[0]
         else:
-            h0 = None if h_in is None else h_in[c.seq_ids[-1]][None]
+            h0 = None if h_in is None else h_in[c.seq_ids[-1]][None].float().contiguous()
             _, ht = call(part, h0, None, None)
             piece = torch.cat([ht[0], eye], dim=-1)
     else:
