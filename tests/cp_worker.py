@@ -26,8 +26,12 @@ SUMMED = ("initial_state",) + PARAMS  # not split along T: each rank's gradient 
 
 
 def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=False, flags=None, gate=None,
-              rank_lengths=None):
-    """Global inputs of one case (float32, B = 1, packed by ``lengths``)."""
+              rank_lengths=None, grad=True, fla_context=False, mutate=None):
+    """Global inputs of one case (float32, B = 1, packed by ``lengths``).  ``grad=False``: an
+    inference call (no_grad); ``fla_context``: the ranks pass an object with only FLA's
+    FLACPContext fields; ``mutate``: rank 1 breaks its call that way (the case expects a
+    ValueError on every rank): 'V' (another head dim), 'cu_seqlens' (offsets unlike the
+    context's), 'shape' (a g of the wrong length)."""
     flags = dict(flags or {})
     g_ = torch.Generator().manual_seed(seed)
     T = sum(lengths)
@@ -71,7 +75,20 @@ def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=Fal
         x["initial_state"] = 0.5 * r(*hshape)
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64)
     up = {"do": r(1, T, HV, V), "dht": r(*hshape)}
-    return {"op": op, "x": x, "flags": flags, "cu": cu, "final": final, "up": up, "rank_lengths": rank_lengths}
+    return {"op": op, "x": x, "flags": flags, "cu": cu, "final": final, "up": up, "rank_lengths": rank_lengths,
+            "grad": grad, "fla_context": fla_context, "mutate": mutate}
+
+
+FLA_FIELDS = ("group", "cu_seqlens", "cu_seqlens_cpu", "is_last_rank", "pre_num_ranks", "is_first_rank",
+              "post_num_ranks", "conv1d_kernel_size", "pre_num_conv_tokens")
+
+
+class FLALikeContext:
+    """An object with FLA's FLACPContext fields only (FLA's own class, duck-typed)."""
+
+    def __init__(self, ctx):
+        for name in FLA_FIELDS:
+            setattr(self, name, getattr(ctx, name))
 
 
 def _leaves(case):
@@ -91,6 +108,10 @@ def _call(op, x, case, **kw):
 def reference(case):
     """The one-process call on all tokens: o, final state and every input's gradient."""
     x, names = _leaves(case)
+    if not case["grad"]:
+        with torch.no_grad():
+            o, ht = _call(case["op"], x, case, cu_seqlens=case["cu"])
+        return {"o": o, "ht": ht}
     o, ht = _call(case["op"], x, case, cu_seqlens=case["cu"])
     loss = (o * case["up"]["do"]).sum() + ((ht * case["up"]["dht"]).sum() if case["final"] else 0)
     loss.backward()
@@ -109,13 +130,37 @@ def worker(rank, world, init_file, cases_file, out_dir):
         for case in torch.load(cases_file):
             ctx = kdagen.build_cp_context(case["cu"], group=dist.group.WORLD, rank_lengths=case["rank_lengths"])
             s, e = ctx.rank_start, ctx.rank_end
-            x = {n: (t if n in SUMMED else t[:, s:e]).clone().requires_grad_()
+            x = {n: (t if n in SUMMED else t[:, s:e]).clone().requires_grad_(case["grad"])
                  for n, t in case["x"].items()}
+            kw = {}
+            if case["fla_context"]:
+                ctx = FLALikeContext(ctx)
+            if case["mutate"] and rank == 1:
+                if case["mutate"] == "V":
+                    x["v"] = torch.cat([x["v"], x["v"]], -1).detach()
+                elif case["mutate"] == "cu_seqlens":
+                    kw["cu_seqlens"] = torch.tensor([0, e - s])
+                elif case["mutate"] == "shape":
+                    x["g"] = x["g"][:, 1:].detach()
+            if case["mutate"]:
+                try:
+                    _call(case["op"], x, case, cp_context=ctx, **kw)
+                    results.append({"error": None})
+                except ValueError as err:
+                    results.append({"error": str(err)})
+                continue
+            if not case["grad"]:
+                with torch.no_grad():
+                    o, ht = _call(case["op"], x, case, cp_context=ctx)
+                results.append({"o": o, "ht": ht})
+                continue
             o, ht = _call(case["op"], x, case, cp_context=ctx)
             loss = (o * case["up"]["do"][:, s:e]).sum() + ((ht * case["up"]["dht"]).sum() if case["final"] else 0)
             loss.backward()
+            # an empty rank's inputs are [1, 0, ...]: no gradient reaches them (an empty one, put together)
             results.append({"o": o.detach(), "ht": None if ht is None else ht.detach(),
-                            **{"d" + n: x[n].grad for n in x}})
+                            **{"d" + n: x[n].grad if x[n].grad is not None or x[n].numel() else torch.zeros_like(x[n])
+                               for n in x}})
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:
         import traceback

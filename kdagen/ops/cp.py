@@ -102,6 +102,16 @@ def build_cp_context(cu_seqlens: torch.Tensor, group=None, conv1d_kernel_size: i
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"{what}: cu_seqlens must be a 1-D tensor [0, ..., T] of at least 2 entries")
     cu = [int(x) for x in (cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens).cpu().tolist()]
+    fields = split_context(cu, rank, world, rank_lengths)
+    local_cpu = torch.tensor(fields.pop("cu_seqlens"), dtype=torch.int32)
+    return CPContext(group=group, cu_seqlens=local_cpu.to(cu_seqlens.device), cu_seqlens_cpu=local_cpu,
+                     conv1d_kernel_size=conv1d_kernel_size, **fields)
+
+
+def split_context(cu: list, rank: int, world: int, rank_lengths=None) -> dict:
+    """The host-side fields of rank ``rank``'s context (of ``world``) for the global offsets ``cu``
+    (a list of ints): what :func:`build_cp_context` stores, local ``cu_seqlens`` as a list."""
+    what = "build_cp_context"
     if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"{what}: cu_seqlens must start at 0 and never decrease, got {cu}")
     total = cu[-1]
@@ -132,12 +142,9 @@ def build_cp_context(cu_seqlens: torch.Tensor, group=None, conv1d_kernel_size: i
     else:
         pre = post = conv = 0
     empty = tuple(n for n in range(len(cu) - 1) if cu[n] == cu[n + 1] and owner(cu[n]) == rank)
-    local_cpu = torch.tensor(local, dtype=torch.int32)
-    return CPContext(group=group, cu_seqlens=local_cpu.to(cu_seqlens.device), cu_seqlens_cpu=local_cpu,
-                     is_last_rank=post == 0, pre_num_ranks=pre, is_first_rank=pre == 0, post_num_ranks=post,
-                     conv1d_kernel_size=conv1d_kernel_size, pre_num_conv_tokens=conv, rank=rank, world_size=world,
-                     rank_start=rs, rank_end=re, seq_ids=tuple(ids), num_seqs_global=len(cu) - 1,
-                     final_empty=empty)
+    return dict(cu_seqlens=local, is_last_rank=post == 0, pre_num_ranks=pre, is_first_rank=pre == 0,
+                post_num_ranks=post, pre_num_conv_tokens=conv, rank=rank, world_size=world, rank_start=rs,
+                rank_end=re, seq_ids=tuple(ids), num_seqs_global=len(cu) - 1, final_empty=empty)
 
 
 # ------------------------------------------------------------------------------ collectives
