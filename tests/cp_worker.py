@@ -26,12 +26,13 @@ SUMMED = ("initial_state",) + PARAMS  # not split along T: each rank's gradient 
 
 
 def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=False, flags=None, gate=None,
-              rank_lengths=None, grad=True, fla_context=False, mutate=None):
+              rank_lengths=None, grad=True, fla_context=False, mutate=None, split_wide=False):
     """Global inputs of one case (float32, B = 1, packed by ``lengths``).  ``grad=False``: an
     inference call (no_grad); ``fla_context``: the ranks pass an object with only FLA's
     FLACPContext fields; ``mutate``: rank 1 breaks its call that way (the case expects a
     ValueError on every rank): 'V' (another head dim), 'cu_seqlens' (offsets unlike the
-    context's), 'shape' (a g of the wrong length)."""
+    context's), 'shape' (a g of the wrong length).  ``split_wide``: the widened call
+    runs as its two halves (as for V + K above the op's head-dim limit)."""
     flags = dict(flags or {})
     g_ = torch.Generator().manual_seed(seed)
     T = sum(lengths)
@@ -76,7 +77,7 @@ def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=Fal
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64)
     up = {"do": r(1, T, HV, V), "dht": r(*hshape)}
     return {"op": op, "x": x, "flags": flags, "cu": cu, "final": final, "up": up, "rank_lengths": rank_lengths,
-            "grad": grad, "fla_context": fla_context, "mutate": mutate}
+            "grad": grad, "fla_context": fla_context, "mutate": mutate, "split_wide": split_wide}
 
 
 FLA_FIELDS = ("group", "cu_seqlens", "cu_seqlens_cpu", "is_last_rank", "pre_num_ranks", "is_first_rank",
@@ -124,6 +125,7 @@ def worker(rank, world, init_file, cases_file, out_dir):
     torch.set_num_threads(1)
     import torch.distributed as dist
     import kdagen
+    import kdagen.ops.cp as cp_module
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         results = []
@@ -133,6 +135,7 @@ def worker(rank, world, init_file, cases_file, out_dir):
             x = {n: (t if n in SUMMED else t[:, s:e]).clone().requires_grad_(case["grad"])
                  for n, t in case["x"].items()}
             kw = {}
+            cp_module.WIDE_LIMIT = 0 if case["split_wide"] else 256
             if case["fla_context"]:
                 ctx = FLALikeContext(ctx)
             if case["mutate"] and rank == 1:

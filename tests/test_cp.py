@@ -46,6 +46,9 @@ def _cases(world):
             # a first rank of 5 tokens (part of one chunk), DeltaNet with GVA
             W.make_case("chunk_delta_rule", [10, 86], seed=7, HV=4, h0=True, final=True, rank_lengths=[5, 60, 31]),
             W.make_case("chunk_gla", [50, 46], seed=8, K=32, V=16, h0=True, final=True),
+            # the widened call as two calls ([v] and [0]: V + K above the op's head-dim limit)
+            W.make_case("chunk_kda", [8, 88], seed=12, HV=4, h0=True, final=True, split_wide=True,
+                        flags=ALL_FLAGS),
         ]
     return [
         # an empty rank inside a sequence, a zero-length sequence, uneven ranks

@@ -4,26 +4,32 @@ of a process group, each rank running the chunk ops on its own tokens.
 The state recurrences kdagen runs are affine in the state: over any run of tokens of one sequence
 the state leaving it is ``h_end = M h_start + E``, with ``M`` a K x K matrix per value head (the
 product of the tokens' transitions: Diag(exp g) - beta k k^T Diag(exp g) for KDA, the DPLR
-family's Diag(exp g) + b a^T, ...) and ``E`` the end state from a zero start.  So each rank needs
-only, from the ranks before it that carry its first sequence, their (M, E) pieces:
+family's Diag(exp g) + b a^T, ...) and ``E`` the end state from a zero start.  Over a run of tokens the
+outputs are affine in the start too: ``o_t = o_t(0) + h_start^T Q_t`` with ``Q_t`` (K per token
+and value head) the outputs the recurrence gives from the start state I and zero values.  So:
 
-  forward, rank r whose first sequence began ``p = pre_num_ranks`` ranks earlier
-    1. the piece of its *last* sequence when that one continues on the next rank
-       (``post_num_ranks > 0``): one call of the op on those tokens, from its own start (a given
-       initial_state row, else zero) -- ``E`` is that call's end state.  When the rank holds
-       nothing but the middle of one sequence (p > 0 and it continues) the same call also gives
-       ``M``: its values are widened to ``[v | 0]`` (V + K columns) and its start is
-       ``[0 | I]``, so the end state is ``[E | M]`` (the identity propagated through the
-       recurrence by the generated kernels, K extra value columns);
-    2. one all-gather of every rank's piece [HV, K, V + K] (float32): CP x HV x K x (K + V) words;
-    3. the chain: h = E_{r-p}; h = M_j h + E_j for j = r-p+1 .. r-1 (an empty rank passes
-       [0 | I]: h unchanged);
-    4. the op's own call on all of the rank's tokens, its first sequence starting from h.
-  backward: autograd through the same graph.  The all-gather's backward is one all-reduce of
-  the gathered pieces' gradient (the same CP x HV x K x (K + V) words), from which each rank
-  keeps its own piece's row: dL/d(M_j, E_j) summed over the ranks whose chains read them.  Every
-  rank's outputs are tied to the gathered pieces, so every rank runs that all-reduce (in the same
-  order) whenever it backpropagates through its outputs.
+  forward, on rank r
+    * every local sequence starts on this rank (``pre_num_ranks == 0``): the op's own call on the
+      rank's tokens (each sequence from its initial_state row, else zero) is already exact; its
+      last sequence's end state is the rank's piece ``E`` (``M`` is not needed: the chain restarts
+      with that sequence);
+    * the first local sequence began ``p = pre_num_ranks`` ranks earlier: ONE call of the op on
+      the rank's tokens with the values widened to ``[v | 0]`` (V + K columns) and the first
+      sequence started from ``[0 | I]`` (the others from ``[h | 0]``) gives, through the
+      generated kernels, ``[o(0) | Q]`` per token and ``[E | M]`` as that sequence's end state --
+      so a rank inside one long sequence publishes ``(M, E)``, one ending a sequence and starting
+      others publishes its last sequence's ``E``;
+    * one all-gather of every rank's piece [HV, K, V + K] (float32): CP x HV x K x (K + V) words;
+    * the chain: h = E_{r-p}; h = M_j h + E_j for j = r-p+1 .. r-1 (an empty rank passes [0 | I]:
+      h unchanged); then the first sequence's outputs are ``o(0) + Q h`` and its end state
+      ``E + M h`` -- no second pass over the tokens.  The widened call costs what V + K value
+      columns cost the op (where V + K is wider than the op takes, two calls: [v] and [0]).
+  backward: autograd through the same graph (the widened call's backward, the corrections'
+  matmuls).  The all-gather's backward is one all-reduce of the gathered pieces' gradient (the
+  same CP x HV x K x (K + V) words), of which each rank keeps its own piece's row:
+  dL/d(M_j, E_j) summed over the ranks whose chains read them -- the reverse chain.  Every rank's
+  outputs are tied to the gathered pieces, so every rank runs that all-reduce (in the same order)
+  whenever it backpropagates through its outputs.
 
 Before the all-gather, one small all-gather of each rank's shapes and flags (a few int64 words)
 lets every rank refuse a disagreement with the same ValueError instead of hanging.
@@ -273,13 +279,30 @@ def _agree(op: str, c: _View, shared: list, own: list, error: str | None) -> lis
     return chain
 
 
+WIDE_LIMIT = 256  # the widest V + K the widened call runs in one launch sequence (every member's head-dim limit)
+
+
+def _wide_call(call, tokens, h0, c: _View, V: int, K: int, max_width: int):
+    """The op on the rank's tokens with values [v | 0] (V + K wide) from ``h0``: its outputs and
+    final states.  Where V + K exceeds the op's widest head dim, the two halves are two calls."""
+    q, k, v = tokens[:3]
+    zeros = v.new_zeros(v.shape[:3] + (K,))
+    if V + K <= max_width:
+        return call(tokens[:2] + (torch.cat([v, zeros], dim=-1),) + tokens[3:], h0, c.cu_dev, c.cu_cpu)
+    o1, h1 = call(tokens, h0[..., :V].contiguous(), c.cu_dev, c.cu_cpu)
+    o2, h2 = call(tokens[:2] + (zeros,) + tokens[3:], h0[..., V:].contiguous(), c.cu_dev, c.cu_cpu)
+    return torch.cat([o1, o2], dim=-1), torch.cat([h1, h2], dim=-1)
+
+
 def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_final_state: bool,
-           state_v_first: bool, cu_seqlens=None, extra_flags=(), params=()):
+           state_v_first: bool, cu_seqlens=None, extra_flags=(), params=(), max_width: int | None = None):
     """One op call under context parallelism.  ``tokens``: (q, k, v, *per-token tensors) with T on
     dim 1 (None allowed after v); ``call(tokens, initial_state, cu_seqlens, cu_seqlens_cpu)``
     runs the op without a context (state_v_first=False, output_final_state=True) and returns
     ``(o, final_state)``.  ``extra_flags``: (name, int) pairs every rank must agree on; ``params``: the op's
-    other tensors that may require grad (A_log, dt_bias: not split along T)."""
+    other tensors that may require grad (A_log, dt_bias: not split along T); ``max_width``:
+    the widest value head dim the op takes in one call (default :data:`WIDE_LIMIT`)."""
+    max_width = WIDE_LIMIT if max_width is None else max_width
     c = _view(op, cp_context)
     q, k, v = tokens[:3]
     h_in = initial_state
@@ -329,42 +352,36 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
     dev = v.device
     eye = torch.eye(K, device=dev, dtype=torch.float32).expand(HV, K, K)
     zero_e = torch.zeros(HV, K, V, device=dev, dtype=torch.float32)
-    if N > 0 and c.post > 0:
-        ts = c.cu[-2]
-        spanning = N == 1 and c.pre > 0
-        part = tuple(x[:, ts:] if isinstance(x, torch.Tensor) else x for x in tokens)
-        if spanning:  # widen v by K zero columns, start from [0 | I]: the end state is [E | M]
-            vw = torch.cat([part[2], part[2].new_zeros(1, T - ts, HV, K)], dim=-1)
-            h0 = torch.cat([zero_e, eye], dim=-1)[None]
-            _, ht = call(part[:2] + (vw,) + part[3:], h0, None, None)
-            piece = ht[0]
-        else:
-            h0 = None if h_in is None else h_in[c.seq_ids[-1]][None].float().contiguous()
-            _, ht = call(part, h0, None, None)
-            piece = torch.cat([ht[0], eye], dim=-1)
-    else:
-        piece = torch.cat([zero_e, eye], dim=-1)
+    own = [None] * N  # the local sequences' own initial states (all but a first one continued from before)
+    if h_in is not None:
+        own = [None if (i == 0 and c.pre > 0) else h_in[c.seq_ids[i]].float() for i in range(N)]
+    wide = N > 0 and c.pre > 0
+    if N == 0:
+        o, ht, piece = q.new_zeros(1, 0, HV, V), None, torch.cat([zero_e, eye], dim=-1)
+    elif not wide:  # every local sequence starts here: the call is exact before the collective
+        h0 = None if all(r is None for r in own) else torch.stack([zero_e if r is None else r for r in own])
+        o, ht = call(tokens, h0, c.cu_dev, c.cu_cpu)
+        piece = torch.cat([ht[-1] if c.post > 0 else zero_e, eye], dim=-1)
+    else:  # values [v | 0], the first sequence from [0 | I], the others from [h | 0]
+        zero_k = torch.zeros(HV, K, K, device=dev, dtype=torch.float32)
+        rows = [torch.cat([zero_e, eye], dim=-1)] + [torch.cat([zero_e if r is None else r, zero_k], dim=-1)
+                                                    for r in own[1:]]
+        ow, htw = _wide_call(call, tokens, torch.stack(rows), c, V, K, max_width)
+        piece = htw[-1] if N == 1 else torch.cat([htw[-1][..., :V], eye], dim=-1)
     piece = piece.float().contiguous()
     if training and not piece.requires_grad:
         piece = piece.detach().requires_grad_()
     gathered = _AllGather.apply(piece, c.group, c.rank, c.world) if training else _gather(piece, c.group, c.world)
 
-    rows = [None] * N
-    if c.pre > 0:
+    if wide:  # the chain gives the first sequence's start h; its outputs and state are corrected by it
         r0 = c.rank - c.pre
         h = gathered[r0, :, :, :V]
         for j in range(r0 + 1, c.rank):
             h = torch.matmul(gathered[j, :, :, V:], h) + gathered[j, :, :, :V]
-        rows[0] = h
-    if h_in is not None:
-        for i in range(N):
-            if rows[i] is None:
-                rows[i] = h_in[c.seq_ids[i]].float()
-    if N > 0:
-        h0 = None if all(r is None for r in rows) else torch.stack([zero_e if r is None else r for r in rows])
-        o, ht = call(tokens, h0, c.cu_dev, c.cu_cpu)
-    else:
-        o, ht = q.new_zeros(1, 0, HV, V), None
+        t1 = c.cu[1]
+        first = ow[:, :t1, :, :V].float() + torch.einsum("bthk,hkv->bthv", ow[:, :t1, :, V:].float(), h)
+        o = torch.cat([first.to(ow.dtype), ow[:, t1:, :, :V]], dim=1)
+        ht = torch.cat([(htw[0, :, :, :V] + torch.matmul(htw[0, :, :, V:], h))[None], htw[1:, :, :, :V]])
     if training:
         o = _Tie.apply(o, gathered)
 
