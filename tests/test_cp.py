@@ -128,3 +128,21 @@ def test_an_op_under_a_context_without_a_process_group_is_a_value_error():
             getattr(kdagen, op)(*args, cp_context=ctx)
     with pytest.raises(ValueError, match="build_cp_context"):
         kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], cp_context=object())
+
+
+def test_the_gpu_bench_parses_and_runs_its_cpu_dry_run(tmp_path):
+    """tests/gpu/cp_bench.py (run on a GPU by hand) imports, parses its arguments and runs one
+    tiny case in the interpreter, writing its JSON."""
+    import importlib.util
+    import json
+    path = os.path.join(os.path.dirname(__file__), "gpu", "cp_bench.py")
+    spec = importlib.util.spec_from_file_location("cp_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse([])
+    assert (args.T, args.H, args.K, args.V, args.splits) == (1 << 20, 32, 128, 128, "2,4,8")
+    out = bench.main(["--T", "64", "--H", "2", "--K", "16", "--V", "16", "--splits", "2", "--mode", "fwd",
+                      "--out", str(tmp_path)])
+    (row,) = out["rows"]
+    assert row["cp"] == 2 and row["rank_ms"] > 0 and row["collective_bytes"] == 4 * 2 * 2 * 16 * 32
+    assert json.load(open(tmp_path / "cp_bench.json"))["rows"][0]["cp"] == 2
