@@ -37,6 +37,7 @@ def _cases(world):
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="V"),
             W.make_case("chunk_gated_delta_rule", [50, 46], seed=5, mutate="cu_seqlens"),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="shape"),
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="nan", flags=dict(check_inputs=True)),
         ]
     if world == 3:
         return [
@@ -60,7 +61,7 @@ def _cases(world):
 
 
 EXPECTED = {"V": "disagree on V", "cu_seqlens": "disagrees with cp_context.cu_seqlens",
-            "shape": "per-token input"}
+            "shape": "per-token input", "nan": "NaN"}
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -79,7 +80,7 @@ def test_context_parallel_ranks_give_the_one_process_call(world, tmp_path):
             errors = [p[i]["error"] for p in per_rank]
             assert all(e is not None for e in errors), f"{what}: some rank returned instead of raising: {errors}"
             assert EXPECTED[case["mutate"]] in errors[1], f"{what}: rank 1 said {errors[1]!r}"
-            others = EXPECTED[case["mutate"]] if case["mutate"] == "V" else "rank(s) [1]"  # V: a disagreement
+            others = {"V": EXPECTED["V"], "nan": "call on rank(s) [1]"}.get(case["mutate"], "rank(s) [1]")
             assert all(others in e for r, e in enumerate(errors) if r != 1), errors
             continue
         got = W.gather([p[i] for p in per_rank])

@@ -356,22 +356,34 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
     if h_in is not None:
         own = [None if (i == 0 and c.pre > 0) else h_in[c.seq_ids[i]].float() for i in range(N)]
     wide = N > 0 and c.pre > 0
-    if N == 0:
-        o, ht, piece = q.new_zeros(1, 0, HV, V), None, torch.cat([zero_e, eye], dim=-1)
-    elif not wide:  # every local sequence starts here: the call is exact before the collective
-        h0 = None if all(r is None for r in own) else torch.stack([zero_e if r is None else r for r in own])
-        o, ht = call(tokens, h0, c.cu_dev, c.cu_cpu)
-        piece = torch.cat([ht[-1] if c.post > 0 else zero_e, eye], dim=-1)
-    else:  # values [v | 0], the first sequence from [0 | I], the others from [h | 0]
-        zero_k = torch.zeros(HV, K, K, device=dev, dtype=torch.float32)
-        rows = [torch.cat([zero_e, eye], dim=-1)] + [torch.cat([zero_e if r is None else r, zero_k], dim=-1)
-                                                    for r in own[1:]]
-        ow, htw = _wide_call(call, tokens, torch.stack(rows), c, V, K, max_width)
-        piece = htw[-1] if N == 1 else torch.cat([htw[-1][..., :V], eye], dim=-1)
-    piece = piece.float().contiguous()
-    if training and not piece.requires_grad:
-        piece = piece.detach().requires_grad_()
-    gathered = _AllGather.apply(piece, c.group, c.rank, c.world) if training else _gather(piece, c.group, c.world)
+    failure = None
+    try:
+        if N == 0:
+            o, ht, piece = q.new_zeros(1, 0, HV, V), None, torch.cat([zero_e, eye], dim=-1)
+        elif not wide:  # every local sequence starts here: the call is exact before the collective
+            h0 = None if all(r is None for r in own) else torch.stack([zero_e if r is None else r for r in own])
+            o, ht = call(tokens, h0, c.cu_dev, c.cu_cpu)
+            piece = torch.cat([ht[-1] if c.post > 0 else zero_e, eye], dim=-1)
+        else:  # values [v | 0], the first sequence from [0 | I], the others from [h | 0]
+            zero_k = torch.zeros(HV, K, K, device=dev, dtype=torch.float32)
+            rows = [torch.cat([zero_e, eye], dim=-1)] + [torch.cat([zero_e if r is None else r, zero_k], dim=-1)
+                                                        for r in own[1:]]
+            ow, htw = _wide_call(call, tokens, torch.stack(rows), c, V, K, max_width)
+            piece = htw[-1] if N == 1 else torch.cat([htw[-1][..., :V], eye], dim=-1)
+    except Exception as err:  # still joins the collective (flagged), so no other rank waits for it
+        failure, piece = err, torch.cat([zero_e, eye], dim=-1)
+    # the piece and one flag word (a local call that raised) travel together
+    flat = torch.cat([piece.float().reshape(-1), piece.new_full((1,), float(failure is not None), dtype=torch.float32)])
+    if training and not flat.requires_grad:
+        flat = flat.detach().requires_grad_()
+    gathered = _AllGather.apply(flat, c.group, c.rank, c.world) if training else _gather(flat, c.group, c.world)
+    if failure is not None:
+        raise failure
+    bad = [r for r, x in enumerate(gathered[:, -1].tolist()) if x]
+    if bad:
+        raise ValueError(f"{op}: the call on rank(s) {bad} of the cp_context's group raised (see the error raised "
+                         "there); every rank stops")
+    gathered = gathered[:, :-1].reshape(c.world, HV, K, V + K)
 
     if wide:  # the chain gives the first sequence's start h; its outputs and state are corrected by it
         r0 = c.rank - c.pre
