@@ -66,7 +66,7 @@ def main():
     errs = {"o": err(o, ro[:, s:e]), "final state": err(ht_sum, rht), "d initial_state": err(dh0, rh0.grad)}
     errs.update({f"d{n}": err(x.grad, r.grad[:, s:e]) for n, x, r in zip(("q", "k", "v", "g", "beta"), xs, ref)})
     worst = max(errs.values())
-    tol = 2e-2 if cuda else 1e-4
+    tol = 5e-2 if cuda else 1e-4  # bf16 against bf16 on a GPU
     print(f"rank {rank}/{world}: tokens [{s}, {e}) local cu_seqlens {ctx.cu_seqlens.tolist()}; rel. error vs the "
           f"one-process call: " + ", ".join(f"{n} {v:.1e}" for n, v in errs.items())
           + (" OK" if worst <= tol else " FAILED"), flush=True)

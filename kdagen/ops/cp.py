@@ -303,6 +303,9 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
     other tensors that may require grad (A_log, dt_bias: not split along T); ``max_width``:
     the widest value head dim the op takes in one call (default :data:`WIDE_LIMIT`)."""
     max_width = WIDE_LIMIT if max_width is None else max_width
+    if torch.compiler.is_compiling():
+        raise ValueError(f"{op}: cp_context is not traced by torch.compile (its collectives run eagerly); call the op "
+                         "outside the compiled region")
     c = _view(op, cp_context)
     q, k, v = tokens[:3]
     h_in = initial_state
@@ -413,5 +416,5 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
         if training:
             final = _Tie.apply(final, gathered)
         if state_v_first:
-            final = final.transpose(-1, -2)
+            final = final.transpose(-1, -2).contiguous()
     return o, final
