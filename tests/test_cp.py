@@ -64,6 +64,7 @@ EXPECTED = {"V": "disagree on V", "cu_seqlens": "disagrees with cp_context.cu_se
             "shape": "per-token input", "nan": "NaN"}
 
 
+@pytest.mark.slow  # spawned processes, each running the interpreter
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_context_parallel_ranks_give_the_one_process_call(world, tmp_path):
     cases = _cases(world)
@@ -131,6 +132,7 @@ def test_an_op_under_a_context_without_a_process_group_is_a_value_error():
         kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], cp_context=object())
 
 
+@pytest.mark.slow
 def test_the_gpu_bench_parses_and_runs_its_cpu_dry_run(tmp_path):
     """tests/gpu/cp_bench.py (run on a GPU by hand) imports, parses its arguments and runs one
     tiny case in the interpreter, writing its JSON."""
