@@ -13,12 +13,12 @@ and value head) the outputs the recurrence gives from the start state I and zero
       rank's tokens (each sequence from its initial_state row, else zero) is already exact; its
       last sequence's end state is the rank's piece ``E`` (``M`` is not needed: the chain restarts
       with that sequence);
-    * the first local sequence began ``p = pre_num_ranks`` ranks earlier: ONE call of the op on
-      the rank's tokens with the values widened to ``[v | 0]`` (V + K columns) and the first
-      sequence started from ``[0 | I]`` (the others from ``[h | 0]``) gives, through the
-      generated kernels, ``[o(0) | Q]`` per token and ``[E | M]`` as that sequence's end state --
-      so a rank inside one long sequence publishes ``(M, E)``, one ending a sequence and starting
-      others publishes its last sequence's ``E``;
+    * the first local sequence began ``p = pre_num_ranks`` ranks earlier: one call of the op on
+      that sequence's tokens with the values widened to ``[v | 0]`` (V + K columns) from
+      ``[0 | I]`` gives, through the generated kernels, ``[o(0) | Q]`` per token and ``[E | M]``
+      as its end state; the rank's other sequences (if any) run in one ordinary call, exact
+      already.  A rank inside one long sequence publishes ``(M, E)``, one that ends a sequence
+      and starts others its last sequence's ``E``;
     * one all-gather of every rank's piece [HV, K, V + K] (float32): CP x HV x K x (K + V) words;
     * the chain: h = E_{r-p}; h = M_j h + E_j for j = r-p+1 .. r-1 (an empty rank passes [0 | I]:
       h unchanged); then the first sequence's outputs are ``o(0) + Q h`` and its end state
@@ -282,15 +282,15 @@ def _agree(op: str, c: _View, shared: list, own: list, error: str | None) -> lis
 WIDE_LIMIT = 256  # the widest V + K the widened call runs in one launch sequence (every member's head-dim limit)
 
 
-def _wide_call(call, tokens, h0, c: _View, V: int, K: int, max_width: int):
-    """The op on the rank's tokens with values [v | 0] (V + K wide) from ``h0``: its outputs and
-    final states.  Where V + K exceeds the op's widest head dim, the two halves are two calls."""
-    q, k, v = tokens[:3]
+def _wide_call(call, tokens, h0, V: int, K: int, max_width: int):
+    """The op on one sequence's tokens with values [v | 0] (V + K wide) from ``h0`` [1, HV, K, V + K]:
+    its outputs and final state.  Where V + K exceeds the op's widest head dim, two calls."""
+    v = tokens[2]
     zeros = v.new_zeros(v.shape[:3] + (K,))
     if V + K <= max_width:
-        return call(tokens[:2] + (torch.cat([v, zeros], dim=-1),) + tokens[3:], h0, c.cu_dev, c.cu_cpu)
-    o1, h1 = call(tokens, h0[..., :V].contiguous(), c.cu_dev, c.cu_cpu)
-    o2, h2 = call(tokens[:2] + (zeros,) + tokens[3:], h0[..., V:].contiguous(), c.cu_dev, c.cu_cpu)
+        return call(tokens[:2] + (torch.cat([v, zeros], dim=-1),) + tokens[3:], h0, None, None)
+    o1, h1 = call(tokens, h0[..., :V].contiguous(), None, None)
+    o2, h2 = call(tokens[:2] + (zeros,) + tokens[3:], h0[..., V:].contiguous(), None, None)
     return torch.cat([o1, o2], dim=-1), torch.cat([h1, h2], dim=-1)
 
 
@@ -367,12 +367,19 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
             h0 = None if all(r is None for r in own) else torch.stack([zero_e if r is None else r for r in own])
             o, ht = call(tokens, h0, c.cu_dev, c.cu_cpu)
             piece = torch.cat([ht[-1] if c.post > 0 else zero_e, eye], dim=-1)
-        else:  # values [v | 0], the first sequence from [0 | I], the others from [h | 0]
-            zero_k = torch.zeros(HV, K, K, device=dev, dtype=torch.float32)
-            rows = [torch.cat([zero_e, eye], dim=-1)] + [torch.cat([zero_e if r is None else r, zero_k], dim=-1)
-                                                        for r in own[1:]]
-            ow, htw = _wide_call(call, tokens, torch.stack(rows), c, V, K, max_width)
-            piece = htw[-1] if N == 1 else torch.cat([htw[-1][..., :V], eye], dim=-1)
+        else:  # the first sequence: values [v | 0] from [0 | I]; the others as they are
+            t1 = c.cu[1]
+            first = tuple(x[:, :t1] if isinstance(x, torch.Tensor) else x for x in tokens)
+            start = torch.cat([zero_e, eye], dim=-1)[None].contiguous()
+            ow, htw = _wide_call(call, first, start, V, K, max_width)
+            if N == 1:
+                piece = htw[0]
+            else:
+                rest = tuple(x[:, t1:] if isinstance(x, torch.Tensor) else x for x in tokens)
+                h0 = None if all(r is None for r in own[1:]) else torch.stack([zero_e if r is None else r
+                                                                              for r in own[1:]])
+                o_rest, ht_rest = call(rest, h0, c.cu_dev[1:] - t1, c.cu_cpu[1:] - t1)
+                piece = torch.cat([ht_rest[-1] if c.post > 0 else zero_e, eye], dim=-1)
     except Exception as err:  # still joins the collective (flagged), so no other rank waits for it
         failure, piece = err, torch.cat([zero_e, eye], dim=-1)
     # the piece and one flag word (a local call that raised) travel together
@@ -393,10 +400,10 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
         h = gathered[r0, :, :, :V]
         for j in range(r0 + 1, c.rank):
             h = torch.matmul(gathered[j, :, :, V:], h) + gathered[j, :, :, :V]
-        t1 = c.cu[1]
-        first = ow[:, :t1, :, :V].float() + torch.einsum("bthk,hkv->bthv", ow[:, :t1, :, V:].float(), h)
-        o = torch.cat([first.to(ow.dtype), ow[:, t1:, :, :V]], dim=1)
-        ht = torch.cat([(htw[0, :, :, :V] + torch.matmul(htw[0, :, :, V:], h))[None], htw[1:, :, :, :V]])
+        o = (ow[..., :V].float() + torch.einsum("bthk,hkv->bthv", ow[..., V:].float(), h)).to(ow.dtype)
+        ht = (htw[0, :, :, :V] + torch.matmul(htw[0, :, :, V:], h))[None]
+        if N > 1:
+            o, ht = torch.cat([o, o_rest], dim=1), torch.cat([ht, ht_rest])
     if training:
         o = _Tie.apply(o, gathered)
 

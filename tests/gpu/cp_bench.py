@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import kdagen  # noqa: E402
-from kdagen.ops.cp import _View, _wide_call  # noqa: E402
+from kdagen.ops.cp import _wide_call  # noqa: E402
 
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEV = "cuda" if GPU else "cpu"
@@ -93,11 +93,9 @@ def rank_work(xs, cp, train):
 
     def call(t, h0, cu, cu_cpu):
         return kdagen.chunk_kda(*t, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
-    cu = torch.tensor([0, T], device=DEV, dtype=torch.int32)
-    view = _View(None, cp - 1, cp, [0, T], cu, cu.cpu(), cp - 1, 0, None, None, (), None)
     h0 = torch.cat([torch.zeros(HV, K, V, device=DEV), torch.eye(K, device=DEV).expand(HV, K, K)], -1)[None]
     pieces = torch.randn(cp, HV, K, V + K, device=DEV) * 0.01
-    ow, htw = _wide_call(call, xs, h0.contiguous(), view, V, K, 256)
+    ow, htw = _wide_call(call, xs, h0.contiguous(), V, K, 256)
     h = pieces[0, :, :, :V]
     for j in range(1, cp - 1):
         h = torch.matmul(pieces[j, :, :, V:], h) + pieces[j, :, :, :V]
