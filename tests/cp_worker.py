@@ -31,7 +31,8 @@ def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=Fal
     inference call (no_grad); ``fla_context``: the ranks pass an object with only FLA's
     FLACPContext fields; ``mutate``: rank 1 breaks its call that way (the case expects a
     ValueError on every rank): 'V' (another head dim), 'cu_seqlens' (offsets unlike the
-    context's), 'shape' (a g of the wrong length), 'nan' (a NaN that rank 1's call refuses,
+    context's), 'shape' (a g of the wrong length), 'context' (a
+    context built for another rank), 'nan' (a NaN that rank 1's call refuses,
     with ``check_inputs=True``, after the ranks agreed on the shapes).  ``split_wide``: the widened call
     runs as its two halves (as for V + K above the op's head-dim limit)."""
     flags = dict(flags or {})
@@ -146,6 +147,9 @@ def worker(rank, world, init_file, cases_file, out_dir):
                     kw["cu_seqlens"] = torch.tensor([0, e - s])
                 elif case["mutate"] == "shape":
                     x["g"] = x["g"][:, 1:].detach()
+                elif case["mutate"] == "context":  # rank 0's context, passed on rank 1
+                    import dataclasses
+                    ctx = dataclasses.replace(ctx, rank=0)
                 elif case["mutate"] == "nan":  # found by check_inputs inside rank 1's own call
                     x["q"] = x["q"].detach().clone()
                     x["q"][0, 3, 0, 0] = float("nan")

@@ -38,6 +38,7 @@ def _cases(world):
             W.make_case("chunk_gated_delta_rule", [50, 46], seed=5, mutate="cu_seqlens"),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="shape"),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="nan", flags=dict(check_inputs=True)),
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="context"),
         ]
     if world == 3:
         return [
@@ -61,7 +62,8 @@ def _cases(world):
 
 
 EXPECTED = {"V": "disagree on V", "cu_seqlens": "disagrees with cp_context.cu_seqlens",
-            "shape": "per-token input", "nan": "NaN"}
+            "shape": "per-token input", "nan": "NaN",
+            "context": "built for rank 0 of 2"}
 
 
 @pytest.mark.slow  # spawned processes, each running the interpreter
