@@ -154,8 +154,8 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     configs checks it per sub-tile in the kernels (docs/decisions/0013-gate-bound-checked-by-repair-launches.md).
 
     ``chunk_size``: 16, 32 or 64 (None: the tuned winner's or the heuristic's); other lengths
-    are refused (ValueError).  ``cp_context`` (context parallelism) is refused unless None;
-    ``head_first`` as in FLA.  FLA's ``chunk_indices`` is accepted and not read.
+    are refused (ValueError).  ``cp_context``: context parallelism as chunk_kda's
+    (:mod:`kdagen.ops.cp`); ``head_first`` as in FLA.  FLA's ``chunk_indices`` is accepted and not read.
     ``config``: a :class:`~kdagen.config.ChunkTrainConfig` instead of the tuned/heuristic one.
 
     Gradients: a call with an input that requires grad runs the training forward through
