@@ -84,7 +84,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: float | None = None, initial
     Differentiable in q, k, v, g, beta, initial_state (and A_log, dt_bias).  FLA's
     ``chunk_indices`` is accepted and not read (kdagen builds the schedule from cu_seqlens);
     other keywords as :func:`kdagen.ops.member.chunk_member` (``config``, ``check_inputs``,
-    ``return_intermediate_states``, ``disable_recompute``, ``chunk_size`` 16/32/64)."""
+    ``return_intermediate_states``, ``disable_recompute``, ``chunk_size`` 16/32/64).
+    ``cp_context``: context parallelism as :func:`kdagen.chunk_kda`'s (:mod:`kdagen.ops.cp`), as on
+    ``chunk_delta_rule``, ``chunk_gla`` and ``chunk_dplr_delta_rule``."""
     op = "chunk_gated_delta_rule"
     _common(op, kwargs)
     if cp_context is not None:
