@@ -2,6 +2,7 @@
 diagonal-plus-rank-1 family of linear-attention recurrences."""
 from .ops import library as _library  # noqa: F401 - registers the ops with torch.library (torch.compile)
 from .ops.chunk import chunk_kda
+from .ops.cp import CPContext, build_cp_context
 from .ops.dplr import chunk_dplr_delta_rule, fused_recurrent_dplr_delta_rule
 from .ops.family import (chunk_delta_rule, chunk_gated_delta_rule, chunk_gla, fused_recurrent_delta_rule,
                          fused_recurrent_gated_delta_rule, fused_recurrent_gla)
@@ -12,4 +13,4 @@ from .version import __version__
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",
            "chunk_delta_rule", "fused_recurrent_delta_rule", "chunk_gla", "fused_recurrent_gla", "chunk_dplr_delta_rule",
-           "fused_recurrent_dplr_delta_rule", "check_lowerable", "load_spec", "__version__"]
+           "fused_recurrent_dplr_delta_rule", "build_cp_context", "CPContext", "check_lowerable", "load_spec", "__version__"]

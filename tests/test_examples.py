@@ -55,3 +55,16 @@ def test_speculative_decoding_example_runs(tmp_path):
     accepted token's output and state match the float64 recurrence over the accepted tokens."""
     r = _run("speculative_decoding.py", tmp_path)
     assert r.stdout.count("accepted o and state vs float64") == 4 and r.stdout.rstrip().endswith("OK")
+
+
+def test_context_parallel_example_runs_under_torchrun(tmp_path):
+    """Two gloo ranks on CPU (torchrun's own launcher, as the docstring's command): each rank's
+    outputs, final states and gradients match the one-process call."""
+    path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "examples" / "context_parallel.py")], capture_output=True, text=True, env=env,
+                       timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ")]
+    assert len(lines) == 2 and all(ln.endswith(" OK") for ln in lines), r.stdout

@@ -19,7 +19,8 @@ from . import checks
 from . import fallback
 from .chunk_call import (ChunkCall, bwd_override_active, chunk_bwd_config, chunk_configs, fla_layout,
                          forward_launches, prepare_chunk, requires_grad, train, training_step_launches)
-from .inputs import check_cp_context, check_kwargs, check_runnable, fla_dtypes, select_spec, state_layout
+from .cp import run_cp
+from .inputs import check_kwargs, check_runnable, fla_dtypes, select_spec, state_layout
 from .traced import chunk_kda_traced
 
 
@@ -114,7 +115,12 @@ def chunk_kda(
     FLA's other keywords:
     ``disable_recompute=True``: the backward keeps the forward's intermediates instead of
     recomputing them (``ChunkBwdConfig.store_intermediates``); no effect without a gradient.
-    ``cp_context`` (context parallelism): not supported, only None is accepted.
+    ``cp_context`` (context parallelism, :mod:`kdagen.ops.cp`): q, k, v, g, beta hold this rank's
+    tokens ([1, T_local, ...]) of the global varlen batch the context
+    (:func:`kdagen.build_cp_context`, or FLA's) was built from; the context's local ``cu_seqlens``
+    are used.  Outputs and gradients equal the one-process call on the concatenated tokens;
+    ``initial_state`` is then the global [N_global, HV, K, V] on every rank and the final state
+    [N_global, HV, K, V] holds the sequences ending on this rank (zero elsewhere).
     ``use_graph`` (FLA: a device-built, fixed-shape chunk list so a varlen call can be captured
     in a CUDA graph): a fixed-length call reads nothing on the host and launches a schedule
     fixed by the shapes, so ``use_graph=True`` changes nothing there.  With ``cu_seqlens`` it
@@ -150,12 +156,26 @@ def chunk_kda(
     """
     state_v_first = state_layout("chunk_kda", state_v_first, kwargs)
     check_kwargs("chunk_kda", kwargs)
-    check_cp_context("chunk_kda", cp_context)
     _check_graph_flags(use_graph, max_num_seqs)
     if chunk_size is not None and chunk_size not in (32, 64):
         raise ValueError(f"chunk_kda: `chunk_size` must be either 32 or 64 for KDA, got {chunk_size!r}")
     if chunk_size is not None and config is not None and config.chunk_size != chunk_size:
         raise ValueError(f"chunk_kda: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
+    if cp_context is not None:
+        if return_intermediate_states:
+            raise ValueError("chunk_kda: return_intermediate_states=True is not supported under cp_context")
+
+        def local(t, h0, cu, cu_cpu):
+            return chunk_kda(*t, scale=scale, initial_state=h0, output_final_state=True,
+                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
+                             use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval,
+                             safe_gate=safe_gate, lower_bound=lower_bound, disable_recompute=disable_recompute,
+                             cu_seqlens=cu, cu_seqlens_cpu=cu_cpu, use_graph=use_graph, A_log=A_log, dt_bias=dt_bias,
+                             config=config if t[2].shape[-1] == v.shape[-1] else None, check_inputs=check_inputs,
+                             chunk_size=chunk_size)
+        return run_cp("chunk_kda", cp_context, (q, k, v, g, beta), local, initial_state=initial_state,
+                      output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                      params=(A_log, dt_bias))
     if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
         return chunk_kda_traced(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,

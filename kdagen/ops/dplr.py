@@ -40,7 +40,7 @@ from . import fallback
 from .chunk_call import ChunkFunction, chunk_configs, prepare_chunk, requires_grad, training_launches
 from .chunk_train import prepare_chunk_train
 from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
-from .inputs import check_cp_context, check_inputs, check_kwargs, check_runnable, fla_dtypes, gate_choice
+from .inputs import check_inputs, check_kwargs, check_runnable, fla_dtypes, gate_choice
 from .member import fused_recurrent_member
 
 CHUNK_SIZES = (16, 32, 64)  # the chunk lengths the training-path templates are run and tested at for DPLR
@@ -154,8 +154,8 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     configs checks it per sub-tile in the kernels (docs/decisions/0013-gate-bound-checked-by-repair-launches.md).
 
     ``chunk_size``: 16, 32 or 64 (None: the tuned winner's or the heuristic's); other lengths
-    are refused (ValueError).  ``cp_context`` (context parallelism) is refused unless None;
-    ``head_first`` as in FLA.  FLA's ``chunk_indices`` is accepted and not read.
+    are refused (ValueError).  ``cp_context``: context parallelism as chunk_kda's
+    (:mod:`kdagen.ops.cp`); ``head_first`` as in FLA.  FLA's ``chunk_indices`` is accepted and not read.
     ``config``: a :class:`~kdagen.config.ChunkTrainConfig` instead of the tuned/heuristic one.
 
     Gradients: a call with an input that requires grad runs the training forward through
@@ -170,8 +170,13 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     for name in _CHUNK_IGNORED:
         kwargs.pop(name, None)
     check_kwargs(op, kwargs)
-    check_cp_context(op, cp_context)
     _check_chunk_size(op, chunk_size, config)
+    if cp_context is not None:
+        from .family import cp_call
+        return cp_call(op, chunk_dplr_delta_rule, cp_context, (q, k, v, a, b, gk), scale, initial_state,
+                       output_final_state, False, cu_seqlens,
+                       dict(kwargs, safe_gate=safe_gate, chunk_size=chunk_size, lower_bound=lower_bound,
+                            disable_recompute=disable_recompute, config=config))
     if not isinstance(disable_recompute, bool):
         raise TypeError(f"{op}: disable_recompute must be a bool, got {type(disable_recompute).__name__}")
     if isinstance(q, torch.Tensor):

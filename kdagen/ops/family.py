@@ -8,8 +8,9 @@ layouts and return values: thin wrappers over :mod:`kdagen.ops.member` with the 
 Beyond FLA: float32 inputs, GVA for DeltaNet (HV a multiple of H, as GDN), gradients through
 the recurrent ops, the decode state pool (``ssm_state_indices``) and ``out=`` on the recurrent
 ops, ``check_inputs``, ``chunk_size`` on ``chunk_gla``.  ``chunk_size`` 16, 32 or 64, as FLA's
-(16: the training forward's launches for inference too).  Refused with a ValueError naming the
-keyword: ``cp_context`` (context parallelism), ``gv`` (and ``gk`` together with ``g``), ``head_first``.
+(16: the training forward's launches for inference too).  ``cp_context`` (context
+parallelism, :mod:`kdagen.ops.cp`) on the chunk ops.  Refused with a ValueError naming the
+keyword: ``gv`` (and ``gk`` together with ``g``), ``head_first``.
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import sympy as sp
 import torch
 
 from .. import spec as S
-from .inputs import fla_dtypes, gate_choice
+from .cp import run_cp
+from .inputs import fla_dtypes, gate_choice, state_layout
 from .member import CHUNK_SIZES, chunk_member, fused_recurrent_member
 
 _CHUNK_IGNORED = ("chunk_indices",)  # FLA's precomputed schedule: kdagen builds its own from cu_seqlens
@@ -38,12 +40,27 @@ def gdn_spec(use_gate_in_kernel: bool = False, has_bias: bool = False) -> S.Recu
     return S.gdn(S.Gate("gdn_softplus" + ("" if has_bias else "_nobias"), sp.simplify(expr), gate.raw, params))
 
 
-def _common(op: str, kwargs: dict, cp_context=None):
+def cp_call(op: str, fn, cp_context, tokens: tuple, scale, initial_state, output_final_state: bool,
+            state_v_first: bool, cu_seqlens, kwargs: dict):
+    """``fn`` (the public op) under context parallelism (:func:`kdagen.ops.cp.run_cp`): each
+    local call is ``fn`` without a context, with the op's other keywords (``kwargs``) unchanged
+    -- except a pinned ``config``, kept off the transition's call (its values are V + K wide)."""
+    if kwargs.get("return_intermediate_states"):
+        raise ValueError(f"{op}: return_intermediate_states=True is not supported under cp_context")
+    V = tokens[2].shape[-1]
+
+    def local(t, h0, cu, cu_cpu):
+        kw = kwargs if t[2].shape[-1] == V else {n: x for n, x in kwargs.items() if n != "config"}
+        return fn(*t, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
+                  **kw)
+    return run_cp(op, cp_context, tokens, local, initial_state=initial_state, output_final_state=output_final_state,
+                  state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                  params=tuple(x for x in kwargs.values() if isinstance(x, torch.Tensor)))
+
+
+def _common(op: str, kwargs: dict):
     if "head_first" in kwargs:
         raise ValueError(f"{op}: head_first has been removed (as in FLA); inputs are [B, T, H, ...]")
-    if cp_context is not None:
-        raise ValueError(f"{op}: cp_context (FLA's context parallelism across devices) is not supported by kdagen; "
-                         "only cp_context=None is accepted")
     cs = kwargs.get("chunk_size")
     if cs is not None and cs not in CHUNK_SIZES:
         raise ValueError(f"{op}: chunk_size={cs!r} is not supported; kdagen's chunk kernels take 16, 32 or 64")
@@ -67,9 +84,16 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: float | None = None, initial
     Differentiable in q, k, v, g, beta, initial_state (and A_log, dt_bias).  FLA's
     ``chunk_indices`` is accepted and not read (kdagen builds the schedule from cu_seqlens);
     other keywords as :func:`kdagen.ops.member.chunk_member` (``config``, ``check_inputs``,
-    ``return_intermediate_states``, ``disable_recompute``, ``chunk_size`` 16/32/64)."""
+    ``return_intermediate_states``, ``disable_recompute``, ``chunk_size`` 16/32/64).
+    ``cp_context``: context parallelism as :func:`kdagen.chunk_kda`'s (:mod:`kdagen.ops.cp`), as on
+    ``chunk_delta_rule``, ``chunk_gla`` and ``chunk_dplr_delta_rule``."""
     op = "chunk_gated_delta_rule"
-    _common(op, kwargs, cp_context)
+    _common(op, kwargs)
+    if cp_context is not None:
+        return cp_call(op, chunk_gated_delta_rule, cp_context, (q, k, v, g, beta), scale, initial_state,
+                       output_final_state, state_layout(op, state_v_first, kwargs), cu_seqlens,
+                       dict(kwargs, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval))
     use_gate = bool(kwargs.pop("use_gate_in_kernel", False))
     A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
     if use_gate and A_log is None:
@@ -140,7 +164,12 @@ def chunk_delta_rule(q, k, v, beta, scale: float | None = None, initial_state=No
     Differentiable in q, k, v, beta, initial_state.  float32 inputs are accepted (FLA refuses
     them).  kdagen's extras as :func:`chunk_gated_delta_rule`."""
     op = "chunk_delta_rule"
-    _common(op, kwargs, kwargs.pop("cp_context", None))
+    _common(op, kwargs)
+    cp_context = kwargs.pop("cp_context", None)
+    if cp_context is not None:
+        svf = state_layout(op, kwargs.pop("state_v_first", False), kwargs)
+        return cp_call(op, chunk_delta_rule, cp_context, (q, k, v, beta), scale, initial_state, output_final_state,
+                       svf, cu_seqlens, dict(kwargs, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel))
     return chunk_member(S.deltanet(), q, k, v, None, beta, scale=scale, initial_state=initial_state,
                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, op=op, **kwargs)
@@ -191,6 +220,11 @@ def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output
     beta: GLA has no rank-1 part."""
     op = "chunk_gla"
     _common(op, kwargs)
+    cp_context = kwargs.pop("cp_context", None)
+    if cp_context is not None:
+        return cp_call(op, chunk_gla, cp_context, (q, k, v, g), scale, initial_state, output_final_state,
+                       state_layout(op, state_v_first, kwargs), cu_seqlens,
+                       dict(kwargs, safe_gate=safe_gate, lower_bound=lower_bound))
     _, bound, _, _ = gate_choice(False, safe_gate, lower_bound, False, False)  # chunk_kda's reading of the flags
     return chunk_member(gla_spec(bound), q, k, v, g, None, scale=scale, initial_state=initial_state,
                         output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,

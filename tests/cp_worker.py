@@ -1,0 +1,195 @@
+"""Context-parallel test harness: the one-process reference call and the spawned gloo ranks.
+
+The main process draws a case's global inputs, runs the op once on all tokens (outputs and
+autograd gradients) and saves both; :func:`worker` (one process per rank, spawned) runs every
+case on its rank's tokens under ``cp_context``, backpropagates the same upstream gradients and
+saves what it got; :func:`gather` puts the ranks' pieces back together (tokens concatenated, the
+final states and the initial state's gradient summed over the ranks)."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+OPS = {  # op -> (token tensor names after q, k, v), has beta
+    "chunk_kda": ("g", "beta"),
+    "chunk_gated_delta_rule": ("g", "beta"),
+    "chunk_delta_rule": ("beta",),
+    "chunk_gla": ("g",),
+    "chunk_dplr_delta_rule": ("a", "b", "gk"),
+}
+
+
+PARAMS = ("A_log", "dt_bias")
+SUMMED = ("initial_state",) + PARAMS  # not split along T: each rank's gradient is its share
+
+
+def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=False, flags=None, gate=None,
+              rank_lengths=None, grad=True, fla_context=False, mutate=None, split_wide=False):
+    """Global inputs of one case (float32, B = 1, packed by ``lengths``).  ``grad=False``: an
+    inference call (no_grad); ``fla_context``: the ranks pass an object with only FLA's
+    FLACPContext fields; ``mutate``: rank 1 breaks its call that way (the case expects a
+    ValueError on every rank): 'V' (another head dim), 'cu_seqlens' (offsets unlike the
+    context's), 'shape' (a g of the wrong length), 'context' (a
+    context built for another rank), 'nan' (a NaN that rank 1's call refuses,
+    with ``check_inputs=True``, after the ranks agreed on the shapes).  ``split_wide``: the widened call
+    runs as its two halves (as for V + K above the op's head-dim limit)."""
+    flags = dict(flags or {})
+    g_ = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+
+    def r(*s):
+        return torch.randn(*s, generator=g_)
+    x = {"q": r(1, T, H, K), "k": r(1, T, H, K), "v": r(1, T, HV, V)}
+    l2 = flags.get("use_qk_l2norm_in_kernel", False)
+    if not l2 and op != "chunk_dplr_delta_rule":
+        x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
+    if op == "chunk_kda":
+        if flags.get("use_gate_in_kernel"):
+            x["g"] = r(1, T, HV, K)
+            x["A_log"] = torch.rand(HV, generator=g_).log()
+            x["dt_bias"] = 0.5 * r(HV * K)
+        elif gate == "bound":  # every log decay at the promised bound
+            x["g"] = torch.full((1, T, HV, K), -5.0)
+        else:
+            x["g"] = -torch.rand(1, T, HV, K, generator=g_) * 0.7
+    elif op == "chunk_gated_delta_rule":
+        if flags.get("use_gate_in_kernel"):
+            x["g"] = r(1, T, HV)
+            x["A_log"] = torch.rand(HV, generator=g_).log()
+            x["dt_bias"] = 0.5 * r(HV)
+        else:
+            x["g"] = -torch.rand(1, T, HV, generator=g_) * 0.5
+    elif op == "chunk_gla":
+        x["g"] = -torch.rand(1, T, HV, K, generator=g_) * 0.5
+    if op == "chunk_dplr_delta_rule":
+        kk = F.normalize(r(1, T, HV, K), dim=-1)
+        bb = torch.rand(1, T, HV, 1, generator=g_)
+        x["q"], x["k"] = 0.5 * x["q"], 0.5 * x["k"]
+        x["a"], x["b"] = -kk, kk * bb
+        x["gk"] = -torch.rand(1, T, HV, K, generator=g_) * 0.5
+    elif "beta" in OPS[op]:
+        x["beta"] = r(1, T, HV) if flags.get("use_beta_sigmoid_in_kernel") else torch.rand(1, T, HV, generator=g_)
+    N = len(lengths)
+    svf = flags.get("state_v_first", False)
+    hshape = (N, HV, V, K) if svf else (N, HV, K, V)
+    if h0:
+        x["initial_state"] = 0.5 * r(*hshape)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64)
+    up = {"do": r(1, T, HV, V), "dht": r(*hshape)}
+    return {"op": op, "x": x, "flags": flags, "cu": cu, "final": final, "up": up, "rank_lengths": rank_lengths,
+            "grad": grad, "fla_context": fla_context, "mutate": mutate, "split_wide": split_wide}
+
+
+FLA_FIELDS = ("group", "cu_seqlens", "cu_seqlens_cpu", "is_last_rank", "pre_num_ranks", "is_first_rank",
+              "post_num_ranks", "conv1d_kernel_size", "pre_num_conv_tokens")
+
+
+class FLALikeContext:
+    """An object with FLA's FLACPContext fields only (FLA's own class, duck-typed)."""
+
+    def __init__(self, ctx):
+        for name in FLA_FIELDS:
+            setattr(self, name, getattr(ctx, name))
+
+
+def _leaves(case):
+    x = {n: t.clone().requires_grad_() for n, t in case["x"].items()}
+    return x, [n for n in x]
+
+
+def _call(op, x, case, **kw):
+    import kdagen
+    names = ("q", "k", "v") + OPS[op]
+    args = [x[n] for n in names]
+    params = {n: x[n] for n in PARAMS if n in x}
+    return getattr(kdagen, op)(*args, initial_state=x.get("initial_state"), output_final_state=case["final"],
+                               **case["flags"], **params, **kw)
+
+
+def reference(case):
+    """The one-process call on all tokens: o, final state and every input's gradient."""
+    x, names = _leaves(case)
+    if not case["grad"]:
+        with torch.no_grad():
+            o, ht = _call(case["op"], x, case, cu_seqlens=case["cu"])
+        return {"o": o, "ht": ht}
+    o, ht = _call(case["op"], x, case, cu_seqlens=case["cu"])
+    loss = (o * case["up"]["do"]).sum() + ((ht * case["up"]["dht"]).sum() if case["final"] else 0)
+    loss.backward()
+    return {"o": o.detach(), "ht": None if ht is None else ht.detach(),
+            **{"d" + n: x[n].grad for n in names}}
+
+
+def worker(rank, world, init_file, cases_file, out_dir):
+    os.environ["KDAGEN_CACHE_DIR"] = os.path.join(out_dir, f"cache{rank}")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    import kdagen
+    import kdagen.ops.cp as cp_module
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        results = []
+        for case in torch.load(cases_file):
+            ctx = kdagen.build_cp_context(case["cu"], group=dist.group.WORLD, rank_lengths=case["rank_lengths"])
+            s, e = ctx.rank_start, ctx.rank_end
+            x = {n: (t if n in SUMMED else t[:, s:e]).clone().requires_grad_(case["grad"])
+                 for n, t in case["x"].items()}
+            kw = {}
+            cp_module.WIDE_LIMIT = 0 if case["split_wide"] else 256
+            if case["fla_context"]:
+                ctx = FLALikeContext(ctx)
+            if case["mutate"] and rank == 1:
+                if case["mutate"] == "V":
+                    x["v"] = torch.cat([x["v"], x["v"]], -1).detach()
+                elif case["mutate"] == "cu_seqlens":
+                    kw["cu_seqlens"] = torch.tensor([0, e - s])
+                elif case["mutate"] == "shape":
+                    x["g"] = x["g"][:, 1:].detach()
+                elif case["mutate"] == "context":  # rank 0's context, passed on rank 1
+                    import dataclasses
+                    ctx = dataclasses.replace(ctx, rank=0)
+                elif case["mutate"] == "nan":  # found by check_inputs inside rank 1's own call
+                    x["q"] = x["q"].detach().clone()
+                    x["q"][0, 3, 0, 0] = float("nan")
+            if case["mutate"]:
+                try:
+                    _call(case["op"], x, case, cp_context=ctx, **kw)
+                    results.append({"error": None})
+                except ValueError as err:
+                    results.append({"error": str(err)})
+                continue
+            if not case["grad"]:
+                with torch.no_grad():
+                    o, ht = _call(case["op"], x, case, cp_context=ctx)
+                results.append({"o": o, "ht": ht})
+                continue
+            o, ht = _call(case["op"], x, case, cp_context=ctx)
+            loss = (o * case["up"]["do"][:, s:e]).sum() + ((ht * case["up"]["dht"]).sum() if case["final"] else 0)
+            loss.backward()
+            # an empty rank's inputs are [1, 0, ...]: no gradient reaches them (an empty one, put together)
+            results.append({"o": o.detach(), "ht": None if ht is None else ht.detach(),
+                            **{"d" + n: x[n].grad if x[n].grad is not None or x[n].numel() else torch.zeros_like(x[n])
+                               for n in x}})
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        import traceback
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def gather(per_rank: list):
+    """The ranks' results of one case, put together as the one-process call returns them."""
+    out = {}
+    for key in per_rank[0]:
+        vals = [r[key] for r in per_rank]
+        if key == "ht" or key[1:] in SUMMED:  # a rank that never reads initial_state has no gradient for it
+            vals = [x for x in vals if x is not None]
+            out[key] = torch.stack(vals).sum(0) if vals else None
+        else:
+            out[key] = torch.cat(vals, dim=1)
+    return out
