@@ -4,8 +4,8 @@ each step checked against one prefill call and against the float64 recurrence.
 1. Chunked prefill: two prompts, packed with cu_seqlens, prefilled in two pieces (the second
    starts from the first's final state through ``initial_state``): the same output and state
    as prefilling them in one call.
-2. Prefix cache: ``return_intermediate_states=True`` gives the float32 state entering every
-   chunk.  Restoring the snapshot at a chunk boundary and prefilling only the rest of a prompt
+2. Prefix cache: ``return_intermediate_states=True`` gives the state entering every chunk (float32
+   with ``intermediate_states_dtype=torch.float32``; FLA's default is the inputs' dtype).  Restoring the snapshot at a chunk boundary and prefilling only the rest of a prompt
    gives the same output and state as the full prompt.
 3. Decode: the final states go into slots of a state pool; every step decodes both sequences
    as one packed launch (one token each, cu_seqlens on the device) that updates the pool in
@@ -73,7 +73,8 @@ report = []
 parts = [(0, 0, prompt[0]), (1, 0, prompt[1])]
 x, cu = packed(parts)
 o_one, s_one, snapshots = kdagen.chunk_kda(**x, cu_seqlens=cu, output_final_state=True,
-                                           return_intermediate_states=True, **prefill)
+                                           return_intermediate_states=True, intermediate_states_dtype=torch.float32,
+                                           **prefill)
 o_one = unpack(o_one, parts)
 
 # ---- 1. chunked prefill: two calls, the second continuing from the first's final state

@@ -178,6 +178,25 @@ def test_intermediate_states_in_fla_layout_for_a_batch():
         assert_close(hs[b, 1], rh[0], TOL[torch.float32], f"batch {b}: state entering chunk 1")
 
 
+@pytest.mark.parametrize("op", ["kda", "gdn"])
+def test_intermediate_states_come_in_the_inputs_dtype_as_flas(op):
+    """FLA returns the per-chunk states in the inputs' dtype (its test_chunk_return_intermediate_states):
+    so does kdagen, by default -- the float32 states the kernels write, rounded once; with
+    intermediate_states_dtype=torch.float32 they come unrounded."""
+    x = make_inputs(1, 70, 1, 1, 16, 16, seed=9, dtype=torch.float16)
+    if op == "kda":
+        call = lambda **kw: kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0,  # noqa: E731
+                                             return_intermediate_states=True, chunk_size=32, **kw)
+    else:
+        g = x.g[..., 0].contiguous()
+        call = lambda **kw: kdagen.chunk_gated_delta_rule(x.q, x.k, x.v, g, x.beta, initial_state=x.h0,  # noqa: E731
+                                                          return_intermediate_states=True, chunk_size=32, **kw)
+    _, _, h = call()
+    _, _, h32 = call(intermediate_states_dtype=torch.float32)
+    assert h.dtype == torch.float16 and h32.dtype == torch.float32 and h.shape == h32.shape == (1, 3, 1, 16, 16)
+    assert torch.equal(h, h32.to(torch.float16)) and not torch.equal(h32, h32.to(torch.float16).float())
+
+
 # ------------------------------------------------------------------ the other keywords
 
 

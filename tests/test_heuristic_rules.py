@@ -146,3 +146,17 @@ def test_where_dataclass_defaults_differ_from_the_heuristic(family):
     plan = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", form, False)
     ran, built = H.default_config(family, plan).to_dict(), CONFIG_TYPES[family]().to_dict()
     assert {k: (built[k], ran[k]) for k in built if built[k] != ran[k]} == DEFAULT_MISMATCH[family]
+
+
+@pytest.mark.parametrize("dtype,expect", [("bfloat16", "tf32"), ("float16", "ieee"), ("float32", "ieee")])
+@pytest.mark.parametrize("member", ["kda", "gdn"])
+def test_the_training_inverse_is_tf32_only_in_bf16(member, dtype, expect):
+    """tf32 dots for the training launches' triangular inverse only where the result is rounded coarser than
+    tf32 (bf16): fp16 rounds to tf32's 10 bits, and tf32 dots put its output error above FLA's on
+    ill-conditioned keys (docs/decisions/0014-training-inverse-tf32.md)."""
+    from kdagen.spec import get_spec
+    spec = select_spec(False, True, -5.0, False, False) if member == "kda" else get_spec("gdn")
+    plan = lower(spec, 128, 128, dtype, "chunk", False)
+    train = H.default_config("chunk_train", plan)
+    assert train.inverse_precision == expect
+    assert H.default_config("chunk_bwd", plan, train_config=train).inverse_precision == expect

@@ -323,7 +323,7 @@ CHUNK_TRAIN_RULES = [
          _always, dict(check_gate_bound=lambda f, c: f.checks_gate_bound)),
     Rule("row-block loads ahead in half precision", "0008-training-intra-loads-ahead.md",
          _always, dict(intra_load_ahead=lambda f, c: f.half)),
-    Rule("the inverse on tf32 dots in half precision", "0014-training-inverse-tf32.md",
+    Rule("the inverse on tf32 dots in bf16", "0014-training-inverse-tf32.md",
          _always, dict(inverse_precision=lambda f, c: _train_inverse_precision(f))),
     Rule("bf16 factorised diagonal in fp32 on tf32 dots", "0015-diag-precision-tf32.md",
          _always, dict(diag_precision=lambda f, c: _train_diag_precision(f))),
@@ -362,7 +362,7 @@ CHUNK_BWD_RULES = [
         state_dtype=lambda f, c: "fp32" if f.dtype == "float16" else "input")),
     Rule("promised gate bound checked (DPLR trusts it)", "0013-gate-bound-checked-by-repair-launches.md",
          _always, dict(check_gate_bound=lambda f, c: f.checks_gate_bound)),
-    Rule("the inverse's gradient on tf32 dots in half precision", "0014-training-inverse-tf32.md",
+    Rule("the inverse's gradient on tf32 dots in bf16", "0014-training-inverse-tf32.md",
          _always, dict(inverse_precision=lambda f, c: _train_inverse_precision(f))),
     Rule("bf16 factorised diagonal in fp32 on tf32 dots", "0015-diag-precision-tf32.md",
          _always, dict(diag_precision=lambda f, c: _train_diag_precision(f))),
@@ -462,9 +462,11 @@ def _evaluate(family: str, f: Features):
 
 
 def _train_inverse_precision(f: Features) -> str:
-    """The training launches' triangular inverse on tf32 dots for half-precision plans, fp32 FMAs ("ieee")
-    otherwise; general DPLR keeps fp32 (docs/decisions/0014-training-inverse-tf32.md)."""
-    return "tf32" if f.half and not f.dplr else "ieee"
+    """The training launches' triangular inverse on tf32 dots for bf16 plans (tf32's operands are finer than
+    bf16's rounding of the result), fp32 FMAs ("ieee") otherwise: fp16's rounding is tf32's, and tf32 dots
+    put fp16's output error above FLA's on ill-conditioned keys; general DPLR keeps fp32
+    (docs/decisions/0014-training-inverse-tf32.md)."""
+    return "tf32" if f.dtype == "bfloat16" and not f.dplr else "ieee"
 
 
 def _train_diag_precision(f: Features) -> str:

@@ -71,6 +71,7 @@ def chunk_kda(
     config: ChunkFwdConfig | None = None,
     check_inputs: bool | None = None,
     chunk_size: int | None = None,
+    intermediate_states_dtype: torch.dtype | None = None,
     **kwargs,
 ):
     """Chunkwise KDA with flash-linear-attention's signature and layout.
@@ -103,8 +104,9 @@ def chunk_kda(
     ``cu_seqlens`` (NT_total: the chunks of all sequences, sequence by sequence; sequence n's
     start after the ceil(len_m / C) chunks of every sequence m < n; a length-0 sequence has
     none).  The chunk length is ``chunk_size`` when given (else the config's: pin it to know
-    it).  Unlike FLA (which returns them in k's dtype), the states are float32: cast them if
-    the cache is kept lower.
+    it).  As FLA, the states are in the inputs' dtype; ``intermediate_states_dtype=torch.float32`` (kdagen's
+    keyword) returns them as the kernels write them, float32, without rounding (a prefix cache that restores
+    them exactly).
 
     ``state_v_first=True`` (FLA's keyword; ``transpose_state_layout``, its deprecated name,
     works as in FLA): every state -- initial_state, the final state, the intermediate states
@@ -212,7 +214,7 @@ def chunk_kda(
     _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: forward_launches(
         call, x, c, output_final_state, return_intermediate_states))
     if return_intermediate_states:
-        return o, ht, fla_layout(hs, call)
+        return o, ht, fla_layout(hs, call, intermediate_states_dtype)
     return o, ht
 
 

@@ -144,7 +144,8 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
                  output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                  use_gate_in_kernel: bool = False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel: bool = False,
                  allow_neg_eigval: bool = False, state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
-                 return_intermediate_states: bool = False, disable_recompute: bool = False, config=None,
+                 return_intermediate_states: bool = False, intermediate_states_dtype=None,
+                 disable_recompute: bool = False, config=None,
                  chunk_size: int | None = None, check_inputs: bool | None = None, op: str = "chunk_member",
                  **kwargs):
     """The chunkwise form of ``spec`` with FLA's conventions (see the module; the keywords are
@@ -175,7 +176,7 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: forward_launches(
         call, x, c, output_final_state, return_intermediate_states))
     if return_intermediate_states:
-        return o, ht, fla_layout(hs, call)
+        return o, ht, fla_layout(hs, call, intermediate_states_dtype)
     return o, ht
 
 
