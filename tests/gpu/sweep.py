@@ -38,7 +38,9 @@ MEMBERS = ("kda", "gdn", "delta", "gla", "dplr")
 DIMS = (16, 24, 40, 60, 64, 80, 96, 100, 120, 128, 160, 192, 200, 256)
 DTYPES = ("float32", "float16", "bfloat16")
 FORMS = ("chunk_fwd", "chunk_bwd", "decode", "decode_bwd")
-LAYOUTS = ("fixed", "varlen")
+# fixed length, packed sequences, and FLA's op-test inputs: q, k, v drawn from [0, 1) (nearly parallel keys
+# after the l2-norm: an ill-conditioned triangular solve), longer sequences, gates near 0
+LAYOUTS = ("fixed", "varlen", "positive")
 # relative Frobenius error allowed against float64: a sweep for faults and garbage, not for the last bit
 # (float32 dots run as tf32 on the GPU by default)
 TOL = {"float32": 5e-3, "float16": 1e-2, "bfloat16": 3e-2}
@@ -57,12 +59,15 @@ def _inputs(member: str, K: int, dtype, layout: str, device, seed: int):
     def r(*shape):
         return torch.randn(*shape, generator=gen)
 
-    if layout == "fixed":
-        B, T, cu = 2, 100, None
-    else:
+    if layout == "varlen":
         B, T, cu = 1, VARLEN[-1], torch.tensor(VARLEN, dtype=torch.long)
+    else:
+        B, T, cu = 2, (100 if layout == "fixed" else 512), None
     N = B if cu is None else len(VARLEN) - 1
     H = 2
+    if layout == "positive":
+        def r(*shape):  # noqa: F811 - FLA's draws
+            return torch.rand(*shape, generator=gen)
     q, k, v = r(B, T, H, K), F.normalize(r(B, T, H, K), dim=-1), r(B, T, H, K)
     x = dict(q=q, k=k, v=v, h0=0.5 * r(N, H, K, K))
     if member in ("kda", "gla"):
