@@ -2,7 +2,7 @@
 
 Runs on a CUDA machine (CI never runs it: there is no GPU there).  For each member (kda, gdn,
 delta, gla, dplr), head dim K = V, dtype (float32, float16, bfloat16) and layout (fixed length,
-varlen), four forms are run through the public ops and compared with kdagen's float64
+varlen, FLA's positive draws), four forms are run through the public ops and compared with kdagen's float64
 reference (:mod:`kdagen.spec.reference`) on the same device:
 
 - ``chunk_fwd``: the chunk op without gradients (the inference forward);
