@@ -112,7 +112,8 @@ def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num
 
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **register_cap(maxnreg)}
+    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **compile_options(),
+              **register_cap(maxnreg)}
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     bound_args, specialization, options = binder(**kwargs)
@@ -154,6 +155,20 @@ def _spec_key(v):
     return ("c", v)
 
 
+# Floating-point fusion (a * b + c contracted to one fused multiply-add by LLVM and ptxas): Triton enables it
+# by default up to 3.9 and disables it by default from 3.10 (TRITON_DEFAULT_FP_FUSION; 3.9 warns).  kdagen's
+# kernels were tuned and checked against float64 with it on, so every compile asks for it explicitly and a
+# newer Triton builds the same code.  (TRITON_FORCE_DISABLE_FP_FUSION=1 still turns it off.)
+FP_FUSION = True
+
+
+def compile_options() -> dict:
+    """The compile options every kdagen kernel is built with, whatever the Triton version's defaults: FP
+    fusion on (:data:`FP_FUSION`).  The launch, the compile-check (:func:`jit_source`) and the decode fast
+    path's look-up of the JIT's binary all pass them, so they build and find the same binary."""
+    return {"enable_fp_fusion": FP_FUSION}
+
+
 def launch_options(constexprs: dict) -> dict:
     """The launch options a kernel's constexprs ask for: a kernel generated with PDL=True (it waits
     for the previous grid with griddepcontrol.wait before it reads anything) is launched as a
@@ -171,14 +186,14 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
     """Launch ``fn[grid](**args, **constexprs)``, reusing the compiled kernel when possible.  ``maxnreg``:
     a register cap (:func:`register_cap`; the interpreter has no registers to cap)."""
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options())
         return
     vals = list(args.values())
     key = (fn, tuple(_spec_key(v) for v in vals), tuple(constexprs.values()), num_warps, num_stages, maxnreg or 0,
            vals[0].device.index if isinstance(vals[0], torch.Tensor) else None)
     kernel = _COMPILED.get(key)
     if kernel is None:
-        kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages,
+        kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options(),
                           **launch_options(constexprs), **register_cap(maxnreg))
         if kernel is not None and hasattr(kernel, "run"):
             _COMPILED[key] = kernel
