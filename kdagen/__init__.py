@@ -1,6 +1,6 @@
 """kdagen: a compiler-style kernel generator and autotuner for Kimi Delta Attention and the
 diagonal-plus-rank-1 family of linear-attention recurrences."""
-from .compat import warn_if_untested as _warn_if_untested
+from .kernels import warn_if_untested as _warn_if_untested
 from .ops import library as _library  # noqa: F401 - registers the ops with torch.library (torch.compile)
 from .ops.chunk import chunk_kda
 from .ops.dplr import chunk_dplr_delta_rule, fused_recurrent_dplr_delta_rule

@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -17,6 +19,50 @@ import torch
 from .cache.paths import fall_back_for_sources, generated_dir, source_dir
 from .codegen.lower import Plan
 from .codegen.render import GeneratedSource, family_kernels, render
+
+# --- the Triton it compiles with ---------------------------------------------------------
+# (major, minor) of the oldest and the newest Triton tested, inclusive: pyproject.toml's triton>=3.6,<3.10.
+# CI runs the whole suite on the oldest (the pinned pair of the README) and the quick subset with the
+# compile checks on the newest.  Another Triton is not refused (a newer one usually works), but its
+# kernels have not been checked there: kdagen's import warns once (:func:`warn_if_untested`).
+TESTED_TRITON = ((3, 6), (3, 9))
+
+
+class UntestedTritonWarning(UserWarning):
+    """kdagen runs on a Triton outside :data:`TESTED_TRITON`."""
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    m = re.match(r"\s*(\d+)\.(\d+)", str(version))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def triton_is_tested(version: str) -> bool:
+    """Whether ``version`` (a Triton version string, e.g. ``3.9.0`` or ``3.10.0+git1234``) lies in
+    :data:`TESTED_TRITON`.  A string that names no version is not tested."""
+    v = _minor(version)
+    lo, hi = TESTED_TRITON
+    return v is not None and lo <= v <= hi
+
+
+def warn_if_untested(version: str | None = None) -> bool:
+    """Warn (an :class:`UntestedTritonWarning`) when the installed Triton -- or ``version`` -- is outside
+    the tested range; True when it warned.  Called once, when kdagen is imported."""
+    if version is None:
+        try:
+            import triton
+        except ImportError:  # kdagen's own import of triton fails later, with Triton's message
+            return False
+        version = getattr(triton, "__version__", "unknown")
+    if triton_is_tested(version):
+        return False
+    (a, b), (c, d) = TESTED_TRITON
+    warnings.warn(f"kdagen is tested with Triton {a}.{b} to {c}.{d}; this is Triton {version}: its kernels "
+                  "have not been checked on it (the interpreter tests and the compile checks of "
+                  "README.md tell whether they build and agree with the reference)",
+                  UntestedTritonWarning, stacklevel=2)
+    return True
+
 
 _LOADED: dict[str, Any] = {}
 

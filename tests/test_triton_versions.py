@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kdagen.compat import TESTED_TRITON, UntestedTritonWarning, triton_is_tested, warn_if_untested
+from kdagen.kernels import TESTED_TRITON, UntestedTritonWarning, triton_is_tested, warn_if_untested
 
 REPO = Path(__file__).resolve().parent.parent
 
