@@ -6,8 +6,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -18,6 +20,50 @@ from .cache import binaries
 from .cache.paths import fall_back_for_sources, generated_dir, source_dir
 from .codegen.lower import Plan
 from .codegen.render import GeneratedSource, family_kernels, render
+
+# --- the Triton it compiles with ---------------------------------------------------------
+# (major, minor) of the oldest and the newest Triton tested, inclusive: pyproject.toml's triton>=3.6,<3.10.
+# CI runs the whole suite on the oldest (the pinned pair of the README) and the quick subset with the
+# compile checks on the newest.  Another Triton is not refused (a newer one usually works), but its
+# kernels have not been checked there: kdagen's import warns once (:func:`warn_if_untested`).
+TESTED_TRITON = ((3, 6), (3, 9))
+
+
+class UntestedTritonWarning(UserWarning):
+    """kdagen runs on a Triton outside :data:`TESTED_TRITON`."""
+
+
+def _minor(version: str) -> tuple[int, int] | None:
+    m = re.match(r"\s*(\d+)\.(\d+)", str(version))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def triton_is_tested(version: str) -> bool:
+    """Whether ``version`` (a Triton version string, e.g. ``3.9.0`` or ``3.10.0+git1234``) lies in
+    :data:`TESTED_TRITON`.  A string that names no version is not tested."""
+    v = _minor(version)
+    lo, hi = TESTED_TRITON
+    return v is not None and lo <= v <= hi
+
+
+def warn_if_untested(version: str | None = None) -> bool:
+    """Warn (an :class:`UntestedTritonWarning`) when the installed Triton -- or ``version`` -- is outside
+    the tested range; True when it warned.  Called once, when kdagen is imported."""
+    if version is None:
+        try:
+            import triton
+        except ImportError:  # kdagen's own import of triton fails later, with Triton's message
+            return False
+        version = getattr(triton, "__version__", "unknown")
+    if triton_is_tested(version):
+        return False
+    (a, b), (c, d) = TESTED_TRITON
+    warnings.warn(f"kdagen is tested with Triton {a}.{b} to {c}.{d}; this is Triton {version}: its kernels "
+                  "have not been checked on it (the interpreter tests and the compile checks of "
+                  "README.md tell whether they build and agree with the reference)",
+                  UntestedTritonWarning, stacklevel=2)
+    return True
+
 
 _LOADED: dict[str, Any] = {}
 
@@ -116,7 +162,8 @@ def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num
 
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **register_cap(maxnreg)}
+    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **compile_options(),
+              **register_cap(maxnreg)}
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     bound_args, specialization, options = binder(**kwargs)
@@ -163,6 +210,20 @@ def _spec_key(v):
     return ("c", v)
 
 
+# Floating-point fusion (a * b + c contracted to one fused multiply-add by LLVM and ptxas): Triton enables it
+# by default up to 3.9 and disables it by default from 3.10 (TRITON_DEFAULT_FP_FUSION; 3.9 warns).  kdagen's
+# kernels were tuned and checked against float64 with it on, so every compile asks for it explicitly and a
+# newer Triton builds the same code.  (TRITON_FORCE_DISABLE_FP_FUSION=1 still turns it off.)
+FP_FUSION = True
+
+
+def compile_options() -> dict:
+    """The compile options every kdagen kernel is built with, whatever the Triton version's defaults: FP
+    fusion on (:data:`FP_FUSION`).  The launch, the compile-check (:func:`jit_source`) and the decode fast
+    path's look-up of the JIT's binary all pass them, so they build and find the same binary."""
+    return {"enable_fp_fusion": FP_FUSION}
+
+
 def launch_options(constexprs: dict) -> dict:
     """The launch options a kernel's constexprs ask for: a kernel generated with PDL=True (it waits
     for the previous grid with griddepcontrol.wait before it reads anything) is launched as a
@@ -180,14 +241,14 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
     """Launch ``fn[grid](**args, **constexprs)``, reusing the compiled kernel when possible.  ``maxnreg``:
     a register cap (:func:`register_cap`; the interpreter has no registers to cap)."""
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages)
+        fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options())
         return
     vals = list(args.values())
     key = (fn, tuple(_spec_key(v) for v in vals), tuple(constexprs.values()), num_warps, num_stages, maxnreg or 0,
            vals[0].device.index if isinstance(vals[0], torch.Tensor) else None)
     kernel = _COMPILED.get(key)
     if kernel is None:
-        kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages,
+        kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options(),
                           **launch_options(constexprs), **register_cap(maxnreg))
         if kernel is not None and hasattr(kernel, "run"):
             _COMPILED[key] = kernel

@@ -36,6 +36,30 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+def _boolean_masks_only():
+    """Triton >= 3.9's interpreter refuses a load or store whose mask is not boolean (ValueError: mask has
+    unsupported dtype); 3.6's casts it.  The same check on every version makes the suite catch such a mask
+    on the Triton it runs on, the pinned one included."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    for name, at in (("create_masked_load", 1), ("create_masked_store", 2)):  # the mask's position
+        plain = getattr(builder, name)
+
+        def checked(self, *args, _plain=plain, _at=at):
+            mask = args[_at].data
+            if mask.dtype != np.bool_:
+                raise ValueError(f"mask has unsupported dtype {mask.dtype}: a load or store mask must be boolean "
+                                 "(Triton >= 3.9's interpreter refuses any other)")
+            return _plain(self, *args)
+
+        setattr(builder, name, checked)
+
+
+_boolean_masks_only()
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 

@@ -43,6 +43,7 @@ import tempfile
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from kdagen.cache.heuristics import default_chunk_config  # noqa: E402
@@ -52,7 +53,9 @@ from kdagen.ops.inputs import select_spec  # noqa: E402
 from kdagen.tuning.compile_pool import launches_for  # noqa: E402
 from kdagen.tuning.families import lower_for  # noqa: E402
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+# the ptxas Triton itself assembles sm_90 code with (its wheel's: from Triton 3.9 the newer of its two, whose
+# PTX ISA the PTX it writes needs); nvdisasm and cuobjdump lie beside it
+PTXAS = get_ptxas(90).path
 
 
 def report(launch) -> dict:

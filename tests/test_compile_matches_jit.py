@@ -53,7 +53,8 @@ shape = F.check_shape("recurrent", (4, 1, 2, 2))
 (ln,) = CP.launches_for(plan, default_config("recurrent", plan), torch.float16, sa, shape)
 rep = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
 driver.set_active(StandInDriver())
-kern = ln.fn.warmup(**ln.args, **ln.constexprs, grid=ln.grid, num_warps=ln.num_warps, num_stages=ln.num_stages)
+kern = ln.fn.warmup(**ln.args, **ln.constexprs, grid=ln.grid, num_warps=ln.num_warps, num_stages=ln.num_stages,
+                    **KN.compile_options())  # as kdagen.kernels.launch launches it
 # (the stand-in stays: nothing below launches)
 out["jit"] = [rep.cache_key, kern.hash]
 

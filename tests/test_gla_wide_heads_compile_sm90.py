@@ -42,9 +42,9 @@ def _ptxas(ptx: str):
     import subprocess
     import tempfile
 
-    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    ptxas = get_ptxas(90).path  # the ptxas Triton assembles sm_90 code with (Triton 3.9: its newer one)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")
         with open(path, "w") as f:

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 import fla_swap  # noqa: E402
 import spec_decode_bench  # noqa: E402
 import sweep  # noqa: E402
+import triton_versions  # noqa: E402
 
 import kdagen  # noqa: E402
 
@@ -51,3 +52,20 @@ def test_spec_decode_bench_parses_and_dry_runs(tmp_path, capsys):
     res = json.loads((tmp_path / "spec_decode_bench.json").read_text())
     (row,) = res["rows"]
     assert row["exact"] and row["rel_err_kdagen"] < 1e-5 and row["state_bytes"] == 2 * 2 * 16 * 16 * 4 * 4
+
+
+def test_triton_versions_tabulates_what_sweep_and_bench_write():
+    """The two-Triton comparison reads the records sweep.py and ``kdagen bench`` write: the sweep's counts
+    and worst error per form, its failures by name, and each bench case's times under both Tritons."""
+    case = dict(member="kda", K=64, dtype="float32", layout="fixed")
+    old = {"version": "3.6.0", "sweep": [dict(case, form=f, status="pass", worst=1e-6) for f in sweep.FORMS],
+           "bench": [dict(member="kda", shape="1,8192,96,128", library=lib, failed=None, ms=ms, error=err,
+                          **{"pass": "fwd"}) for lib, ms, err in (("kdagen", 1.5, 2e-3), ("fla", 2.0, 3e-3))]}
+    new = {"version": "3.9.0", "sweep": [dict(case, form=f, status="pass" if f != "decode" else "wrong", worst=0.5)
+                                         for f in sweep.FORMS],
+           "bench": [dict(old["bench"][0], ms=1.25), dict(old["bench"][1], failed="boom")]}
+    sw = triton_versions._sweep_lines([old, new])
+    assert "1/1" in sw[2] and sw[2].endswith("none")
+    assert "0/1" in sw[3] and sw[3].endswith("kda/decode/K64/float32/fixed:wrong")
+    (row,) = [ln for ln in triton_versions._bench_lines([old, new]) if ln.startswith("kda ")]
+    assert row.split()[3:] == ["1.5000", "ms", "2.0000", "ms", "2.0e-03", "1.2500", "ms", "failed", "2.0e-03"]

@@ -13,7 +13,7 @@ from ..cache.lookup import resolve
 from ..codegen.lower import lower
 from ..config import RecurrentConfig
 from ..dtypes import dtype
-from ..kernels import Launch, build, dummy_pointer, launch, launch_options, register_cap
+from ..kernels import Launch, build, compile_options, dummy_pointer, launch, launch_options, register_cap
 from . import checks, recurrent_bwd
 from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_inplace_final_state, check_kwargs,
                      check_runnable, check_token_slots, fla_dtypes, host_seqlens, preprocess, select_spec, state_layout,
@@ -550,7 +550,8 @@ class _Direct:
         try:
             kernel = desc.fn.warmup(**desc.args, **desc.constexprs, grid=desc.grid, num_warps=desc.num_warps,
                                     num_stages=desc.num_stages,  # the JIT's cached binary of that launch
-                                    **launch_options(desc.constexprs), **register_cap(desc.maxnreg))
+                                    **compile_options(), **launch_options(desc.constexprs),
+                                    **register_cap(desc.maxnreg))
             return cls(kernel, desc.args, desc.constexprs, desc.grid)
         except Exception:  # noqa: BLE001 - e.g. an asynchronous compile: the generic launcher serves instead
             return None
