@@ -179,7 +179,13 @@ def worker(rank, world, init_file, cases_file, out_dir):
             f.write(traceback.format_exc())
         raise
     finally:
-        dist.destroy_process_group()
+        # leave together: a gloo rank that tears its pairs down while a peer still holds them can abort the peer
+        # (monitored: a rank that died is reported, not waited for)
+        try:
+            import datetime
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=300))
+        finally:
+            dist.destroy_process_group()
 
 
 def gather(per_rank: list):

@@ -286,7 +286,7 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
 
     caps = []
 
-    def record(fn, args, constexprs, target, num_warps, num_stages, maxnreg):
+    def record(fn, args, constexprs, target, num_warps, num_stages, maxnreg, keep=None):
         seen.append((dict(constexprs), target.arch))
         caps.append(maxnreg)
         return _Report()

@@ -186,7 +186,8 @@ def chunk_kda(
             safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
             cu_seqlens=cu_seqlens, A_log=A_log, dt_bias=dt_bias, config=config, cu_seqlens_cpu=cu_seqlens_cpu,
             check_inputs=check_inputs, chunk_size=chunk_size, bwd_override=bwd_override_active(),
-            state_v_first=state_v_first, disable_recompute=disable_recompute)
+            state_v_first=state_v_first, disable_recompute=disable_recompute,
+            intermediate_states_dtype=intermediate_states_dtype)
     if isinstance(q, torch.Tensor):
         check_runnable(q)
     training = requires_grad(q, k, v, g, beta, initial_state, A_log, dt_bias)

@@ -5,7 +5,8 @@
 Not traced (a ValueError says so; call the op outside the compiled region for it): the gradient
 of ``fused_recurrent_kda``, training on
 packed sequences in ``chunk_kda`` (the per-chunk states the backward keeps have a count that
-depends on the values of ``cu_seqlens``; inference on them is traced), ``return_intermediate_states``,
+depends on the values of ``cu_seqlens``; inference on them is traced), ``return_intermediate_states`` (and
+``intermediate_states_dtype``),
 ``config=``, a ``chunk_bwd_config`` block, and the value check (``check_inputs``).
 """
 import torch
@@ -29,7 +30,7 @@ def _op(name: str):
 def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                      use_gate_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval, safe_gate, lower_bound,
                      return_intermediate_states, cu_seqlens, A_log, dt_bias, config, cu_seqlens_cpu, check_inputs,
-                     chunk_size, bwd_override, state_v_first, disable_recompute):
+                     chunk_size, bwd_override, state_v_first, disable_recompute, intermediate_states_dtype=None):
     """``chunk_kda`` while torch.compile traces: one registered op per call (the op has checked the
     keywords of :data:`CHECKED_BEFORE_ROUTING` and the deprecated ones).  ``bwd_override``: a
     ``chunk_bwd_config`` block is active."""
@@ -37,6 +38,7 @@ def chunk_kda_traced(q, k, v, g, beta, *, scale, initial_state, output_final_sta
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, g, beta, initial_state, A_log, dt_bias))
     for name, given in (("training on packed sequences (cu_seqlens)", training and cu_seqlens is not None),
                         ("return_intermediate_states", bool(return_intermediate_states)),
+                        ("intermediate_states_dtype", intermediate_states_dtype is not None),
                         ("config", config is not None), ("check_inputs", bool(check_inputs)),
                         ("a chunk_bwd_config block", bool(bwd_override))):
         if given:
