@@ -9,10 +9,10 @@ and ptxas version, and the Triton build itself (its Python sources and ``libtrit
 found only by a compile that would produce exactly it: another source, Triton build, target or
 specialisation has another key and compiles as before -- no stale binary can be served.
 
-Loading: :func:`install` sets Triton's cache manager to :class:`KeptBinaryCache` (unless the user set
-``TRITON_CACHE_MANAGER``), a ``FileCacheManager`` whose miss in Triton's cache directory looks in the
-kept folders (the cache dir's, and those of exported packages, :func:`add_folder`) and copies a hit into
-Triton's cache directory, where Triton then loads it as its own.
+Loading: :func:`install` sets Triton's cache manager to a ``FileCacheManager`` whose miss in Triton's
+cache directory looks in the kept folder (:func:`binaries_dir`: the cache dir's; in an exported package,
+the package's) and copies a hit into Triton's cache directory, where Triton then loads it as its own.
+A cache manager the user set (``TRITON_CACHE_MANAGER``) is left alone.
 """
 from __future__ import annotations
 
@@ -26,23 +26,11 @@ from .paths import cache_dir
 
 INFO = "info.json"
 _GROUP_PREFIX = "__grp__"
-_FOLDERS: list[Path] = []  # kept folders besides the cache dir's (exported packages')
 
 
 def binaries_dir() -> Path:
     """The cache directory's kept binaries (``<cache dir>/binaries``)."""
     return cache_dir() / "binaries"
-
-
-def add_folder(path) -> None:
-    """Serve the kept binaries under ``path`` too (an exported package's), after the cache dir's."""
-    p = Path(path)
-    if p not in _FOLDERS:
-        _FOLDERS.append(p)
-
-
-def folders() -> list[Path]:
-    return [binaries_dir(), *_FOLDERS]
 
 
 def _triton_folder(key: str) -> Path:
@@ -51,15 +39,15 @@ def _triton_folder(key: str) -> Path:
     return Path(get_cache_manager(key).cache_dir)
 
 
-def keep(key: str, info: dict, dest: Path | None = None) -> Path:
+def keep(key: str, info: dict) -> Path:
     """Copy the compile whose Triton cache key is ``key`` (just compiled in this process's Triton cache
-    directory) into the kept binaries (``dest``: another kept folder), with ``info`` (kernel, target,
-    ...).  Returns the kept folder; raises FileNotFoundError when Triton's cache lacks the key."""
+    directory) into the kept binaries, with ``info`` (kernel, target, ...).  Returns the kept folder;
+    raises FileNotFoundError when Triton's cache lacks the key."""
     src = _triton_folder(key)
     groups = list(src.glob(_GROUP_PREFIX + "*"))
     if not groups:
         raise FileNotFoundError(f"no compiled kernel {key} in Triton's cache {src.parent}")
-    final = (dest or binaries_dir()) / src.name  # the folder's name is the one Triton's cache manager looks up
+    final = binaries_dir() / src.name  # the folder's name is the one Triton's cache manager looks up
     if (final / INFO).exists():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -85,23 +73,19 @@ def keep(key: str, info: dict, dest: Path | None = None) -> Path:
 
 
 def restore(key: str, dest: Path) -> bool:
-    """Copy the kept binary ``key`` (a cache manager's key: its folder's name) from the first kept folder
-    that has it into Triton's cache folder ``dest``; False when no kept folder has it."""
-    for root in folders():
-        kept = root / key
-        if not (kept / INFO).exists():
-            continue
-        dest.mkdir(parents=True, exist_ok=True)
-        for f in kept.iterdir():
-            if f.name == INFO or f.name.startswith(_GROUP_PREFIX):
-                continue
+    """Copy the kept binary ``key`` (a cache manager's key: its folder's name) into Triton's cache folder
+    ``dest``; False when it was not kept."""
+    kept = binaries_dir() / key
+    if not (kept / INFO).exists():
+        return False
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in kept.iterdir():
+        if f.name != INFO and not f.name.startswith(_GROUP_PREFIX):
             _copy_atomic(f, dest / f.name)
-        for group in kept.glob(_GROUP_PREFIX + "*"):  # last: a group names files that are in place
-            children = json.loads(group.read_text())["child_paths"]
-            data = json.dumps({"child_paths": {n: str(dest / p) for n, p in children.items()}})
-            _write_atomic(dest / group.name, data)
-        return True
-    return False
+    for group in kept.glob(_GROUP_PREFIX + "*"):  # last: a group names files that are in place
+        children = json.loads(group.read_text())["child_paths"]
+        _write_atomic(dest / group.name, json.dumps({"child_paths": {n: str(dest / p) for n, p in children.items()}}))
+    return True
 
 
 def _copy_atomic(src: Path, dst: Path) -> None:
@@ -116,10 +100,9 @@ def _write_atomic(dst: Path, data: str) -> None:
     os.replace(tmp, dst)
 
 
-def kept(root: Path | None = None) -> list[dict]:
-    """The info of every kept binary under ``root`` (default: the cache dir's)."""
-    root = root or binaries_dir()
-    return [json.loads((d / INFO).read_text()) for d in sorted(root.glob("*")) if (d / INFO).exists()]
+def kept() -> list[dict]:
+    """The info of every kept binary."""
+    return [json.loads((d / INFO).read_text()) for d in sorted(binaries_dir().glob("*")) if (d / INFO).exists()]
 
 
 def _manager_class():

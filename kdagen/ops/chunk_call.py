@@ -21,7 +21,7 @@ from ..cache.heuristics import default_train_config
 from ..cache.lookup import resolve
 from ..codegen.lower import Plan, lower
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
-from ..dtypes import dtype, dtype as dtype_of, storage
+from ..dtypes import dtype, storage
 from ..kernels import build, dummy_pointer
 from . import chunk_bwd as bwd
 from . import fallback
@@ -332,12 +332,12 @@ class ChunkFunction(torch.autograd.Function):
         return grads + (None,) * (11 - len(grads))  # (DPLR's da, db, when not its,) and run's
 
 
-def fla_layout(hs: torch.Tensor, call: ChunkCall, dtype: torch.dtype | None = None) -> torch.Tensor:
+def fla_layout(hs: torch.Tensor, call: ChunkCall, states_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The per-chunk states [NT_total, HV, ., .] as FLA returns them: [B, NT, HV, ., .] for a fixed-length
-    batch (NT_total = B * NT, batch-major) and [1, NT_total, HV, ., .] with cu_seqlens; in ``dtype``
+    batch (NT_total = B * NT, batch-major) and [1, NT_total, HV, ., .] with cu_seqlens; in ``states_dtype``
     (None: the inputs' dtype, as FLA returns them; the kernels write float32, which
     ``intermediate_states_dtype=torch.float32`` keeps without a copy)."""
-    hs = hs.to(dtype_of(call.plan.dtype).torch if dtype is None else dtype)
+    hs = hs.to(dtype(call.plan.dtype).torch if states_dtype is None else states_dtype)
     if call.cu_seqlens is None:
         return hs.view(call.dims.B, -1, *hs.shape[1:])
     return hs.unsqueeze(0)
