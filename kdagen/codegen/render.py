@@ -122,9 +122,7 @@ def _sub_tile_vars(kernel: str, plan: Plan, config: _Config) -> dict:
              # for every channel (a scalar decay, or none), so exp and cumsum run once per row
              gw="BK" if plan.decay == "channel" else "1",
              k_mask=plan.K % min(config.intra_block_k, plan.BK) != 0,
-             inv_kw=f', input_precision="{config.inverse_precision}"',
-             # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^BC = 0
-             neumann_steps=max(0, (sub - 1).bit_length() - 1))
+             inv_kw=f', input_precision="{config.inverse_precision}"')
     v.update(_diag_vars(kernel, plan, config, v))
     return v
 
@@ -418,8 +416,6 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
     inv = "ieee" if exact else config.inverse_precision
     v.update(
         n_sub=HALF // config.sub_chunk, sub=config.sub_chunk,
-        # (I - A)(I + A^2)...(I + A^(2^s)) covers the powers below 2^(s+1); A^HALF = 0
-        neumann_steps=(HALF - 1).bit_length() - 1,
         ab_dtype=ab, ab_kw=ab_kw, out_dtype=low.tl, out_kw=', input_precision="ieee"' if exact else "",
         inv_cast=".to(tl.bfloat16)" if inv == "bf16" else "",
         inv_kw="" if inv == "bf16" else f', input_precision="{inv}"',
