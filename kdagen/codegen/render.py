@@ -151,8 +151,6 @@ def _recurrent_vars(kernel: str, plan: Plan, config: RecurrentConfig) -> dict:
     v = _base_vars(plan)
     v["readout_loaded"] = config.readout == "loaded"
     v["persistent"] = config.programs_per_sm > 0
-    # one-item programs over G V tiles each (G = tiles_per_program; 1: a tile each)
-    v["tile_group"] = config.tiles_per_program
     # lean one-item programs (no masks: the tile must divide K and V)
     v["lean"] = config.lean
     if config.lean and (plan.BK != plan.K or plan.V % min(config.block_v, plan.BV)):
@@ -160,12 +158,9 @@ def _recurrent_vars(kernel: str, plan: Plan, config: RecurrentConfig) -> dict:
                           f"V={plan.V}, block_v={config.block_v}")
     # lean: the value columns at a time of an item that is not a decode step's (lean_item)
     v["lean_cols"] = min(2, config.block_v, plan.BV) if config.lean else 0
-    # persistent programs with num_stages > 1: the item loop is left to Triton's software
-    # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
-    # ahead) in place of the hand prefetch of the next item into registers
-    v["pipeline_stages"] = config.num_stages if v["persistent"] and config.num_stages > 1 else 0
-    v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
-    v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
+    # persistent programs: the item loop is left to Triton's software pipeliner (its loads issued
+    # asynchronously into shared memory, num_stages - 1 items ahead; RecurrentConfig asks num_stages >= 2)
+    v["pipeline_stages"] = config.num_stages if v["persistent"] else 0
     # speculative decoding: a slot per token (2-D state indices), each token's state stored to its slot
     v["token_slots"] = config.token_slots
     return v
