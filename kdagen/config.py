@@ -360,7 +360,7 @@ class RecurrentConfig(_Config):
     num_stages: int = 1
     # where o is read from: "updated" -- o = S_t^T q after the update (two reductions over K in
     # a chain); "loaded" -- from the state as loaded plus the token's own terms, so the reductions
-    # are independent of each other and of the update (templates/recurrent.py.j2)
+    # are independent of each other and of the update (templates/_recurrent_step.py.j2)
     readout: str = "updated"
     # 0: one program per (V tile, sequence, value head); n > 0: n programs per SM, each taking items in turn in
     # a loop Triton's software pipeliner runs num_stages - 1 items ahead (num_stages >= 2;

@@ -1,4 +1,4 @@
-"""The decode's lean body (RecurrentConfig.lean, templates/recurrent.py.j2's lean_item).
+"""The decode's lean body (RecurrentConfig.lean, templates/recurrent_lean.py.j2's lean_item).
 
 The lean body runs a decode step's item (one token) as one straight-line step and every other item (no
 token, or several) a few value columns of its tile at a time, each through all the item's tokens -- on the

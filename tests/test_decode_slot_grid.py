@@ -1,4 +1,4 @@
-"""The decode's slot grid (kdagen.cache.heuristics.slot_grid, templates/recurrent.py.j2's SLOT_GRID):
+"""The decode's slot grid (kdagen.cache.heuristics.slot_grid, templates/_recurrent_grid.py.j2's SLOT_GRID):
 with a state pool and many (sequence, head) pairs, the programs run over the pool's slots in address
 order, each finding its sequence by a scan of the slot indices, and one extra row writes o = 0 for
 the padding sequences.  Every sequence must still get the recurrence's answer in its own slot, in any

@@ -219,6 +219,15 @@ def _pick_bwd_intra(plan: Plan, v: dict) -> str:
     return "chunk_bwd_dqkg.py.j2" if v["part"] == "dqkg" else "chunk_bwd_intra.py.j2"
 
 
+def _pick_recurrent(plan: Plan, v: dict) -> str:
+    # one template per body of the recurrent kernel (RecurrentConfig allows at most one of the three)
+    if v["persistent"]:
+        return "recurrent_persistent.py.j2"
+    if v["lean"]:
+        return "recurrent_lean.py.j2"
+    return "recurrent_token_slots.py.j2" if v["token_slots"] else "recurrent.py.j2"
+
+
 def _k(kind, templates, config, vars, **kw) -> KernelSpec:
     return KernelSpec(kind, (templates,) if isinstance(templates, str) else tuple(templates), config, vars, **kw)
 
@@ -260,8 +269,9 @@ KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     _k("chunk_bwd_rerun", "chunk_bwd_rerun.py.j2", ChunkBwdConfig, _rerun_vars,
        runs=lambda p, c: c.reruns_from_saved(p)),
     _k("qk_l2norm_bwd", "qk_l2norm.py.j2", ChunkBwdConfig, _l2norm_vars, dplr=True),
-    # the recurrent form
-    _k("recurrent", "recurrent.py.j2", RecurrentConfig, _recurrent_vars, dplr=True),
+    # the recurrent form: one program per item, the lean body, speculative decoding's, persistent programs
+    _k("recurrent", ("recurrent.py.j2", "recurrent_lean.py.j2", "recurrent_token_slots.py.j2",
+                     "recurrent_persistent.py.j2"), RecurrentConfig, _recurrent_vars, dplr=True, pick=_pick_recurrent),
     _k("recurrent_bwd", "recurrent_bwd.py.j2", RecurrentBwdConfig, _k_row_vars, dplr=True),
 )}
 

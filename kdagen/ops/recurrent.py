@@ -159,7 +159,7 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
 
 # Programmatic dependent launch on GPUs that have it (sm_90 on): the kernel waits for the previous grid
 # (griddepcontrol.wait) before it reads anything and lets the next launch begin at once, so a step's
-# programs become resident while the previous grid drains (templates/recurrent.py.j2's PDL;
+# programs become resident while the previous grid drains (templates/_recurrent_grid.py.j2's PDL;
 # docs/decisions/0024-decode-slot-grid-and-pdl.md).
 # (A switch for A/B timing: the fast path's entries hold the choice made.)
 PDL = True
