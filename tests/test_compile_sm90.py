@@ -539,7 +539,7 @@ def test_recurrent_kernel_compiles_for_sm90(case, compiled):
     assert c.get("ACCEPTED") == (bool(extra.get("accepted")) if extra.get("slots") else None)
     assert not (extra.get("slots") and c["SLOT_GRID"])
     rc = extra.get("rc", {})
-    if rc.get("programs_per_sm") and rc.get("num_stages", 1) > 1:
+    if rc.get("programs_per_sm") and not extra.get("slots"):  # (token slots run one-item programs whatever asked)
         # the pipelined item loop: the state tile goes through shared memory, one buffer per stage ahead
         tile = c["BK"] * c["BV"] * (2 if extra.get("pool") in ("bfloat16", "float16") else 4)
         assert e["shared_bytes"] >= (rc["num_stages"] - 1) * tile, (e["shared_bytes"], tile)
