@@ -360,43 +360,26 @@ class RecurrentConfig(_Config):
     num_stages: int = 1
     # where o is read from: "updated" -- o = S_t^T q after the update (two reductions over K in
     # a chain); "loaded" -- from the state as loaded plus the token's own terms, so the reductions
-    # are independent of each other and of the update (templates/recurrent.py.j2)
+    # are independent of each other and of the update (templates/_recurrent_step.py.j2)
     readout: str = "updated"
-    # 0: one program per (V tile, sequence, value head); n > 0: n programs per SM, each taking
-    # items in turn and loading the next item's state while it computes the current one
+    # 0: one program per (V tile, sequence, value head); n > 0: n programs per SM, each taking items in turn in
+    # a loop Triton's software pipeliner runs num_stages - 1 items ahead (num_stages >= 2;
+    # templates/recurrent_persistent.py.j2)
     programs_per_sm: int = 0
-    # the state's loads marked evict-first and its stores streaming (.cs): it is read and written
-    # once per step, so it need not stay in L2
-    stream_state: bool = False
-    # one-item programs (programs_per_sm 0) only: G > 1 V tiles per program, G consecutive tiles of one
-    # (sequence, value head); a decode step's token inputs are loaded once and each tile's state is
-    # loaded into registers while the tile before it is computed, so a program keeps two tiles' loads in
-    # flight (templates/recurrent.py.j2's tile group); items of other lengths take their tiles in turn.
-    # Not taken by any heuristic: slower than the one-tile default on both layouts and on both cards measured
-    # (docs/decisions/0027-decode-tile-groups-not-taken.md).
-    tiles_per_program: int = 1
-    # one-item programs (programs_per_sm 0, tiles_per_program 1) on a tile that divides K and V: no masks (the
-    # compiler drops them), a decode step's item as one straight-line step, an item of another length its tile's
-    # value columns two at a time -- on the slot grid in row 0's programs (with the padding's o and the NaN o of
-    # sequences sharing a slot), on the batch grid in its own -- and on the slot grid a scan of the slot indices
-    # alone (templates/recurrent.py.j2, lean_item).  A slot's program then holds the step alone (on a [V, K] pool
-    # at 8 x 128 on one warp the step fits 72 registers, as the bench probe's; the compiler gives the kernel 102,
-    # for row 0's code).  The heuristic takes it (8 / 1, no register cap) for KDA's fp32 [V, K] pool on a decode
-    # step's call with many pairs on the slot grid (docs/decisions/0026-lean-decode-step-vk-fp32.md).  On a call
-    # with more tokens than sequences, row 0 runs the longer items one at a time: it is a decode step's body,
-    # and the heuristic leaves such calls to the general body.
+    # one-item programs (programs_per_sm 0) on a tile that divides K and V: no masks (the compiler drops them), a
+    # decode step's item as one straight-line step, an item of another length its tile's value columns two at a
+    # time -- on the slot grid in row 0's programs (with the padding's o and the NaN o of sequences sharing a
+    # slot), on the batch grid in its own -- and on the slot grid a scan of the slot indices alone
+    # (templates/recurrent_lean.py.j2).  A slot's program then holds the step alone (on a [V, K] pool at 8 x 128
+    # on one warp the step fits 72 registers, as the bench probe's; the compiler gives the kernel 102, for row
+    # 0's code).  The heuristic takes it (8 / 1) for KDA's fp32 [V, K] pool on a decode step's call with many
+    # pairs on the slot grid (docs/decisions/0026-lean-decode-step-vk-fp32.md).  On a call with more tokens than
+    # sequences, row 0 runs the longer items one at a time: it is a decode step's body, and the heuristic leaves
+    # such calls to the general body.
     lean: bool = False
-    # a cap on the kernel's registers per thread (Triton's maxnreg; 0: the compiler's count), a multiple of 8 in
-    # 24..248: the compiler may take more registers than the code needs, and fewer registers let more programs
-    # share an SM (on sm_90 a warp's registers come in blocks of 8 a thread; 65,536 an SM).  Too low a cap
-    # spills to local memory, and a spill inside a decode step is dear; a spill in code the
-    # step does not run costs the step nothing (the lean body under 72: row 0's code only, tests/test_decode_slot_grid.py
-    # reads where from the sm_90 code).  Not taken by any heuristic: the lean 8 / 1 step under 72 is slower than
-    # uncapped (docs/decisions/0026-lean-decode-step-vk-fp32.md).
-    max_registers: int = 0
     # speculative decoding (a 2-D ssm_state_indices, [N, T_max]: a pool slot for every token): each token's
     # state written to its own slot as it is consumed, the initial state read from the slot of the last
-    # accepted token (templates/recurrent.py.j2's token_slots).  Not a tunable: the op sets it from the call
+    # accepted token (templates/recurrent_token_slots.py.j2).  Not a tunable: the op sets it from the call
     # (kdagen.ops.recurrent.token_slot_config), on one-item programs of one tile off the slot grid.  At its
     # default it renders nothing, so a plain call's source is the one rendered before the field existed.
     token_slots: bool = False
@@ -404,31 +387,22 @@ class RecurrentConfig(_Config):
     QUIET_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("token_slots",)
 
     def __post_init__(self):
-        self._check_pow2("block_v", "num_warps", "tiles_per_program")
+        self._check_pow2("block_v", "num_warps")
         self._check_stages("num_stages")
         self._check_choice("readout", READOUTS)
         pps = self.programs_per_sm
         if isinstance(pps, bool) or not isinstance(pps, int) or not 0 <= pps <= 32:
             raise ConfigError(f"recurrent: programs_per_sm must be an int in 0..32, got {pps!r}")
-        self._check_bool("stream_state")
-        if self.tiles_per_program > 32:
-            raise ConfigError(f"recurrent: tiles_per_program must be at most 32, got {self.tiles_per_program}")
-        if self.tiles_per_program > 1 and pps:
-            raise ConfigError("recurrent: tiles_per_program > 1 is for one-item programs (programs_per_sm 0); "
-                              f"got programs_per_sm={pps}")
+        if pps and self.num_stages < 2:
+            raise ConfigError("recurrent: persistent programs (programs_per_sm > 0) run a pipelined item loop: "
+                              f"num_stages must be at least 2, got {self.num_stages}")
         self._check_bool("lean")
-        if self.lean and (pps or self.tiles_per_program > 1):
-            raise ConfigError("recurrent: lean is for one-item programs of one tile (programs_per_sm 0, "
-                              f"tiles_per_program 1); got programs_per_sm={pps}, "
-                              f"tiles_per_program={self.tiles_per_program}")
+        if self.lean and pps:
+            raise ConfigError(f"recurrent: lean is for one-item programs (programs_per_sm 0); got programs_per_sm={pps}")
         self._check_bool("token_slots")
-        if self.token_slots and (pps or self.tiles_per_program > 1 or self.lean):
+        if self.token_slots and (pps or self.lean):
             raise ConfigError("recurrent: token_slots (speculative decoding) runs one-item programs of one tile "
-                              f"(programs_per_sm 0, tiles_per_program 1, lean False); got programs_per_sm={pps}, "
-                              f"tiles_per_program={self.tiles_per_program}, lean={self.lean}")
-        cap = self.max_registers
-        if isinstance(cap, bool) or not isinstance(cap, int) or not (cap == 0 or (24 <= cap <= 248 and cap % 8 == 0)):
-            raise ConfigError(f"recurrent: max_registers must be 0 (no cap) or a multiple of 8 in 24..248, got {cap!r}")
+                              f"(programs_per_sm 0, lean False); got programs_per_sm={pps}, lean={self.lean}")
 
 
 CONFIG_TYPES: dict[str, type[_Config]] = {c.kernel: c for c in (ChunkFwdConfig, ChunkTrainConfig, RecurrentConfig,

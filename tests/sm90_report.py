@@ -16,10 +16,8 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
                                                         # and packed forms: registers and SASS opcode counts
     python tests/sm90_report.py --decode --v-first 8/4 16/4   # the same on a [V, K] pool (state_v_first),
                                                         # at each BV/warps given (default: 64/2, today's)
-    python tests/sm90_report.py --decode 64/4/t2              # /tG: G V tiles a program (tiles_per_program)
-    python tests/sm90_report.py --decode --v-first 8/1/lean   # /lean: the config's lean one-item body
-    python tests/sm90_report.py --decode --v-first 8/1/lean/r72   # /rN: under a register cap (max_registers);
-                                                        # lean rows say how many spill loads/stores lie on the
+    python tests/sm90_report.py --decode --v-first 8/1/lean   # /lean: the config's lean one-item body; lean
+                                                        # rows say how many spill loads/stores lie on the
                                                         # decode step's path (lean_step_local)
 
 --mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
@@ -269,22 +267,19 @@ def gate_rows():
 
 
 def decode_launch(form: str, block_v: int = 64, num_warps: int = 2, state_v_first: bool = False,
-                  tiles_per_program: int = 1, lean: bool = False, max_registers: int = 0):
+                  lean: bool = False):
     """The serving decode step's launch (issue 13's shape: B=256, H=32, K=V=128, bf16 inputs, an fp32 pool of
     B+4 slots in the benchmarks' scrambled order, BV=64 on 2 warps unless given, loaded readout) as the H200
     runs it: the slot grid by the heuristic, PDL on.  ``form``: "batch" ([B, 1, H, K]) or "packed"
-    (cu_seqlens); ``state_v_first``: the pool laid out [P, HV, V, K]; ``tiles_per_program``: the
-    config's tile groups (G V tiles a program); ``lean``: the config's lean one-item body; ``max_registers``:
-    the config's register cap (0: none)."""
+    (cu_seqlens); ``state_v_first``: the pool laid out [P, HV, V, K]; ``lean``: the config's lean one-item
+    body."""
     from kdagen.codegen.lower import lower
     from kdagen.config import RecurrentConfig
     from kdagen.tuning.compile_pool import pool_launch_for
 
     N, HV, K = 256, 32, 128
     plan = lower(select_spec(False, False, None, False, False), K, K, "bfloat16", "recurrent")
-    return pool_launch_for(plan, RecurrentConfig(block_v=block_v, num_warps=num_warps, readout="loaded",
-                                                   tiles_per_program=tiles_per_program, lean=lean,
-                                                   max_registers=max_registers),
+    return pool_launch_for(plan, RecurrentConfig(block_v=block_v, num_warps=num_warps, readout="loaded", lean=lean),
                            torch.bfloat16, (N, 1, HV, HV), pdl=True,
                            slots=((torch.arange(N) * 7) % (N + 4)).to(torch.int32), packed=form == "packed",
                            by_slot=None, state_v_first=state_v_first)
@@ -294,16 +289,13 @@ def main(argv):
     if argv[:1] == ["--decode"]:
         cols = ("BAR", "SHFL", "REDUX", "LDS", "STS", "LDG", "STG")
         v_first = argv[1:2] == ["--v-first"]
-        # BV/warps, then optionally /tG (tiles_per_program), /lean and /rN (max_registers N)
+        # BV/warps, then optionally /lean
         tiles = [tuple(a.split("/")) for a in argv[2 if v_first else 1:]] or [("64", "2")]
         print(f"{'pool':<6} {'BV/warps':>8} {'form':<7} {'slot grid':>9} {'regs':>4} {'spill':>5} {'total':>6} "
               + " ".join(f"{c:>5}" for c in cols))
         for bv, w, *extra in tiles:
-            group = [int(f[1:]) for f in extra if f.startswith("t")]
-            cap = [int(f[1:]) for f in extra if f.startswith("r")]
             for form in ("batch", "packed"):
-                ln = decode_launch(form, int(bv), int(w), v_first, group[0] if group else 1, "lean" in extra,
-                                   cap[0] if cap else 0)
+                ln = decode_launch(form, int(bv), int(w), v_first, "lean" in extra)
                 r = sass_mix(ln)
                 tile = "/".join((bv, w) + tuple(extra))
                 where = ""

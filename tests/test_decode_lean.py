@@ -1,5 +1,4 @@
-"""The decode's lean body (RecurrentConfig.lean, templates/recurrent.py.j2's lean_item) and the recurrent
-launch's register cap (RecurrentConfig.max_registers).
+"""The decode's lean body (RecurrentConfig.lean, templates/recurrent_lean.py.j2's lean_item).
 
 The lean body runs a decode step's item (one token) as one straight-line step and every other item (no
 token, or several) a few value columns of its tile at a time, each through all the item's tokens -- on the
@@ -18,7 +17,7 @@ from conftest import TOL, assert_close
 
 import kdagen
 from kdagen.cache import heuristics
-from kdagen.config import ConfigError, RecurrentConfig
+from kdagen.config import RecurrentConfig
 from kdagen.ops import recurrent as R
 from kdagen.spec.reference import naive_recurrent_kda
 
@@ -116,20 +115,3 @@ def test_shared_slot_nan_on_both_paths(monkeypatch, lens):
                                  initial_state=pool_kv[3][None], output_final_state=True)
     assert_close(out[:, b[2]:b[3]], ro, TOL[F32], "the later sequence's o")
     assert_close(p[3], rh[0], TOL[F32], "the shared slot holds the later sequence's state")
-
-
-def test_register_cap_is_validated_and_reaches_the_launch():
-    """max_registers: 0 (no cap) or a multiple of 8 in 24..248; a launch carries it as Triton's maxnreg
-    (None without a cap), and it changes no rendered source (a launch parameter)."""
-    for ok in (0, 24, 80, 248):
-        assert RecurrentConfig(max_registers=ok).max_registers == ok
-    for bad in (16, 81, 256, -8, True, 80.0, "80"):
-        with pytest.raises(ConfigError, match="max_registers"):
-            RecurrentConfig(max_registers=bad)
-    x, pool, _, cu = _packed([1, 1], P=3)
-    slots = torch.tensor([2, 0], dtype=torch.int32)
-    kw = dict(initial_state=pool, ssm_state_indices=slots, cu_seqlens=cu)
-    capped, *_ = R.fused_recurrent_kda_launch(**x, **kw, config=RecurrentConfig(block_v=8, lean=True, max_registers=80))
-    plain, *_ = R.fused_recurrent_kda_launch(**x, **kw, config=RecurrentConfig(block_v=8, lean=True))
-    assert capped.maxnreg == 80 and plain.maxnreg is None
-    assert capped.fn is plain.fn  # the same kernel: the cap is the compiler's option, not the source's

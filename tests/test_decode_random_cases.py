@@ -5,9 +5,8 @@ against the float64 recurrence (``kdagen.spec.reference.naive_recurrent_kda``), 
   interpreter's few pairs by lowering SLOT_GRID_MIN_PAIRS (and raising SLOT_GRID_MAX_RATIO, so a pool of
   more than twice the sequences takes it too);
 * ``batch``: one program per (V tile, sequence, value head) (the heuristic's threshold raised out of reach);
-* ``persistent``: RecurrentConfig.programs_per_sm > 0 (num_warps >= 2; num_stages 1 -- the hand prefetch --
-  or 2 -- Triton's pipelined item loop), with the slot grid's threshold lowered as well: persistent
-  programs must not take it.
+* ``persistent``: RecurrentConfig.programs_per_sm > 0 (num_warps >= 2; num_stages 2 or 3: Triton's pipelined
+  item loop), with the slot grid's threshold lowered as well: persistent programs must not take it.
 
 Each seed draws one case (the same inputs for the three paths): 1..5 sequences, H in 1..2 q/k heads and
 HV = H or 2H value heads (GVA), K, V in {16, 32}, a pool of N..N+3 float32 slots ([P, HV, K, V], or
@@ -16,10 +15,9 @@ HV = H or 2H value heads (GVA), K, V in {16, 32}, a pool of N..N+3 float32 slots
 sequence through cu_seqlens, q of shape [1, T, H, K]) or the batch form ([N, T, H, K], T in 1..2),
 fp32 or fp16 inputs, g in (-2, 0] with some channels of some tokens at -inf (a reset, which the docstring
 promises), l2-normalised k, beta in (0, 1), the default or a random scale, either readout, block_v in
-{4, 8, 16, 32} up to V (the narrow tiles of a [V, K] pool, each a contiguous block, among them); the slot and
-batch paths' programs take one V tile or a group of 2 or 4 (RecurrentConfig.tiles_per_program), and a third of
-the single-tile ones the lean body (RecurrentConfig.lean: no masks, a one-token item straight-line, other
-lengths two value columns at a time).
+{4, 8, 16, 32} up to V (the narrow tiles of a [V, K] pool, each a contiguous block, among them); a third of the
+slot and batch paths' cases take the lean body (RecurrentConfig.lean: no masks, a one-token item straight-line,
+other lengths two value columns at a time).
 
 Each case is called twice (the second call goes through the fast path's entry), the pool reset and
 ``out=`` filled with NaN before each call, and checked: every valid sequence's o and its slot's new state
@@ -113,12 +111,12 @@ def config_for(case: dict, path: str) -> RecurrentConfig:
     gen = torch.Generator().manual_seed(1000 * case["seed"] + PATHS.index(path))
     if path == "persistent":
         return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=_pick(gen, (2, 4)),
-                               programs_per_sm=_pick(gen, (1, 2, 4)), num_stages=_pick(gen, (1, 2)))
-    # one-item programs: a V tile each, or a group of 2 or 4 (tiles_per_program; past V where the group is wider);
-    # every third single-tile case takes the lean body (decided by the seed, so the draws above are unchanged)
-    warps, tiles = _pick(gen, (1, 2, 4)), _pick(gen, (1, 1, 2, 4))
-    return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=warps, tiles_per_program=tiles,
-                           lean=tiles == 1 and (case["seed"] + PATHS.index(path)) % 3 == 0)
+                               programs_per_sm=_pick(gen, (1, 2, 4)), num_stages=_pick(gen, (2, 3)))
+    # one-item programs, a V tile each; every third case takes the lean body (decided by the seed, so the draws
+    # above are unchanged)
+    warps = _pick(gen, (1, 2, 4))
+    return RecurrentConfig(block_v=case["block_v"], readout=case["readout"], num_warps=warps,
+                           lean=(case["seed"] + PATHS.index(path)) % 3 == 0)
 
 
 def describe(case: dict, path: str | None = None) -> str:
@@ -184,11 +182,10 @@ def test_random_decode_case(path_heuristics, seed, path):
     # the launch this path describes (nothing runs)
     launch, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool0.clone(), **kw)
     nv = -(-V // min(case["block_v"], V))
-    ng = -(-nv // cfg.tiles_per_program)  # the programs' columns: groups of tiles_per_program V tiles
     if path == "slot":
-        assert launch.constexprs["SLOT_GRID"] and launch.grid == (ng, (P + 1) * HV), what
+        assert launch.constexprs["SLOT_GRID"] and launch.grid == (nv, (P + 1) * HV), what
     elif path == "batch":
-        assert not launch.constexprs["SLOT_GRID"] and launch.grid == (ng, case["N"] * HV), what
+        assert not launch.constexprs["SLOT_GRID"] and launch.grid == (nv, case["N"] * HV), what
     else:
         assert not launch.constexprs["SLOT_GRID"], what
         assert launch.grid == (min(nv * case["N"] * HV, cfg.programs_per_sm),), what  # (one "SM" on the CPU)

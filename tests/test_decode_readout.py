@@ -4,10 +4,8 @@ recurrence's answer for every member -- KDA (also with its gate in the kernel), 
 DeltaNet, GLA and general DPLR -- in fp32 and fp16, over several tokens (the state carried in
 registers from one token's update to the next readout), varlen with an empty sequence, GVA, an
 initial state, a state pool, and g = -inf (a reset); each also as persistent programs
-(RecurrentConfig.programs_per_sm: fewer programs than items, each prefetching its next item), and
-as persistent programs whose item loop Triton's pipeliner runs (num_stages > 1: one-token items in
-the pipelined loop, longer ones in a second loop); and as one-item programs over groups of V tiles
-(RecurrentConfig.tiles_per_program: a decode step's tiles with the next one loaded ahead)."""
+(RecurrentConfig.programs_per_sm: fewer programs than items) whose item loop Triton's pipeliner runs
+(num_stages > 1: one-token items in the pipelined loop, longer ones in a second loop)."""
 from __future__ import annotations
 
 import pytest
@@ -91,12 +89,12 @@ def _ref(member, x, h0, cu):
     return naive_recurrent_dplr(x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"], **kw)
 
 
-@pytest.mark.parametrize(("pps", "stages"), ((0, 1), (2, 1), (2, 3)), ids=("grid", "persistent", "pipelined"))
+@pytest.mark.parametrize(("pps", "stages"), ((0, 1), (2, 3)), ids=("grid", "pipelined"))
 @pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
 @pytest.mark.parametrize("member", MEMBERS)
 def test_both_readouts_are_the_recurrence(member, dt, pps, stages):
-    """(persistent: 2 programs on the interpreter's one 'SM' for 3 V tiles x 3 sequences x 2 heads;
-    pipelined: every item has more or less than one token, so the second loop runs them all)"""
+    """(pipelined: 2 programs on the interpreter's one 'SM' for 3 V tiles x 3 sequences x 2 heads; every item
+    has more or less than one token, so the second loop runs them all)"""
     x, h0, cu = _inputs(member, dt)
     ro, rh = _ref(member, x, h0, cu)
     outs = {}
@@ -112,12 +110,12 @@ def test_both_readouts_are_the_recurrence(member, dt, pps, stages):
 
 
 @pytest.mark.parametrize("v_first", (False, True), ids=("k-first", "v-first"))
-@pytest.mark.parametrize(("pps", "stages"), ((0, 1), (1, 1), (4, 1), (1, 2), (4, 3)),
-                         ids=("grid", "one-program", "persistent", "one-program-pipelined", "pipelined"))
+@pytest.mark.parametrize(("pps", "stages"), ((0, 1), (1, 2), (4, 3)),
+                         ids=("grid", "one-program-pipelined", "pipelined"))
 def test_loaded_readout_in_a_state_pool(pps, stages, v_first):
     """Decode from a pool, one token per sequence, slots permuted and one padding slot (-1);
-    persistent programs: one program for every item, and four, with the hand prefetch or
-    pipelined by Triton (num_stages > 1); the pool [P, HV, K, V] or (state_v_first) [P, HV, V, K]."""
+    persistent programs: one program for every item, and four, pipelined by Triton (num_stages > 1); the
+    pool [P, HV, K, V] or (state_v_first) [P, HV, V, K]."""
     torch.manual_seed(3)
     N, HV, K, V, P = 4, 2, 32, 32, 6
     q, k = torch.randn(N, 1, HV, K), F.normalize(torch.randn(N, 1, HV, K), dim=-1)
@@ -152,15 +150,15 @@ def test_the_readout_is_a_config_choice_in_the_source():
 
 @pytest.mark.parametrize("reverse", (False, True), ids=("forward", "reverse"))
 def test_persistent_dplr_with_reverse_and_the_batch_form(reverse):
-    """General DPLR's reverse order (the prefetched first token is the last) and the batch form
-    (no cu_seqlens) as persistent programs, against the float64 recurrence."""
+    """General DPLR's reverse order (the first token, loaded beside the state, is the last) and the batch
+    form (no cu_seqlens) as persistent programs, against the float64 recurrence."""
     x, h0, _ = _inputs("dplr", F32, seed=5)
     x = {n: t[:, :8].reshape(2, 4, *t.shape[2:]).contiguous() for n, t in x.items()}  # B=2, T=4
     kw = dict(initial_state=h0[:2], output_final_state=True, reverse=reverse)
     flip = (lambda t: t.flip(1)) if reverse else (lambda t: t)  # noqa: E731
     ro, rh = naive_recurrent_dplr(*(flip(t) for t in (x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"])),
                                   initial_state=h0[:2], output_final_state=True)
-    for pps, stages in ((0, 1), (2, 1), (2, 3)):
+    for pps, stages in ((0, 1), (2, 3)):
         o, ht = kdagen.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["g"], **kw,
                                                        config=RecurrentConfig(block_v=16, programs_per_sm=pps,
                                                                               num_stages=stages))
@@ -188,117 +186,32 @@ def test_pipelined_items_of_one_and_of_several_tokens(member, with_state):
         assert ht is None
 
 
-def test_programs_per_sm_and_stream_state_are_validated():
-    assert RecurrentConfig(programs_per_sm=3).programs_per_sm == 3
+def test_programs_per_sm_is_validated():
+    assert RecurrentConfig(programs_per_sm=3, num_stages=2).programs_per_sm == 3
     for bad in (33, 64, -1, True, 2.0):
         with pytest.raises(ConfigError, match="programs_per_sm"):
-            RecurrentConfig(programs_per_sm=bad)
-    with pytest.raises(ConfigError, match="stream_state"):
-        RecurrentConfig(stream_state=1)
+            RecurrentConfig(programs_per_sm=bad, num_stages=2)
+    # persistent programs run Triton's pipelined item loop: at least two stages
+    with pytest.raises(ConfigError, match="num_stages"):
+        RecurrentConfig(programs_per_sm=3)
 
 
-@pytest.mark.parametrize("pps", (0, 3), ids=("grid", "persistent"))
-def test_streamed_state_is_the_same_program(pps):
-    """stream_state only adds cache hints to the state's loads and stores: same results, and the
-    source says so where the state is read and written."""
-    x, h0, cu = _inputs("kda", F32, seed=9)
-    ro, rh = _ref("kda", x, h0, cu)
-    o, ht = _op("kda", x, h0, cu, RecurrentConfig(block_v=16, programs_per_sm=pps, stream_state=True))
-    assert_close(o, ro, TOL[F32], "o")
-    assert_close(ht, rh, TOL[F32], "final state")
-    plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
-    src = render("recurrent", plan, RecurrentConfig(programs_per_sm=pps, stream_state=True)).text
-    plain = render("recurrent", plan, RecurrentConfig(programs_per_sm=pps)).text
-    assert src.count('eviction_policy="evict_first"') >= 1 and src.count('cache_modifier=".cs"') >= 1
-    assert "evict_first" not in plain and ".cs" not in plain
-
-
-def test_only_persistent_programs_with_stages_pipeline_their_item_loop():
-    """num_stages > 1 makes the persistent item loop a pipelined tl.range (the hand prefetch
-    then goes); one program per item, or one stage, keeps the source it had."""
+def test_only_persistent_programs_pipeline_their_item_loop():
+    """Persistent programs' item loop is a pipelined tl.range of num_stages stages; one program per item keeps
+    the source it had, whatever num_stages says."""
     plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
     piped = render("recurrent", plan, RecurrentConfig(programs_per_sm=2, num_stages=3)).text
-    hand = render("recurrent", plan, RecurrentConfig(programs_per_sm=2)).text
     grid = render("recurrent", plan, RecurrentConfig(programs_per_sm=0, num_stages=3)).text
     assert "tl.range(it0, n_items, step, num_stages=3)" in piped and "item_n" not in piped
-    assert "tl.range" not in hand and "item_n = it + step" in hand
     assert "tl.range" not in grid and "n_items" not in grid
-
-
-@pytest.mark.parametrize("tiles", (2, 4))
-@pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
-@pytest.mark.parametrize("member", MEMBERS)
-def test_tile_groups_are_the_recurrence(member, dt, tiles):
-    """RecurrentConfig.tiles_per_program: a program over 2 or 4 V tiles of 8 (V = 40: the last group
-    partly past V) -- decode steps (one token per sequence: the group's loop with the next tile loaded
-    ahead) and the packed sequences of 5, 0 and 4 tokens (each tile whole, in turn) -- in both readouts."""
-    x, h0, cu = _inputs(member, dt, seed=4)
-    step = {n: t[:, [0, 2, 5]].contiguous() for n, t in x.items()}  # token 2 has the -inf channels
-    for inputs, offsets in ((step, torch.tensor([0, 1, 2, 3])), (x, cu)):
-        ro, rh = _ref(member, inputs, h0, offsets)
-        for readout in READOUTS:
-            cfg = RecurrentConfig(block_v=8, num_warps=1, readout=readout, tiles_per_program=tiles)
-            o, ht = _op(member, inputs, h0, offsets, cfg)
-            what = f"{member} {readout} {tiles} tiles, {offsets.tolist()}"
-            assert_close(o, ro, TOL[dt], what + " o")
-            assert_close(ht, rh, TOL[dt], what + " final state")
-
-
-@pytest.mark.parametrize("slot_grid", (False, True), ids=("batch-grid", "slot-grid"))
-@pytest.mark.parametrize("v_first", (False, True), ids=("k-first", "v-first"))
-def test_tile_groups_in_a_state_pool(v_first, slot_grid, monkeypatch):
-    """A decode step on a pool with tiles_per_program = 4 (BV = 4, V = 24: two groups, the second
-    half past V), slots permuted and two padding sequences: o and the new slots against the float64
-    recurrence, padding's o exactly 0, the unused slots untouched; over the batch and the slot grid."""
-    from kdagen.cache import heuristics
-    monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1 if slot_grid else 10 ** 9)
-    monkeypatch.setattr(heuristics, "SLOT_GRID_MAX_RATIO", 10 ** 9)
-    gen = torch.Generator().manual_seed(21)
-    N, HV, K, V, P = 5, 2, 16, 24, 8
-    q, k = torch.randn(N, 1, HV, K, generator=gen), F.normalize(torch.randn(N, 1, HV, K, generator=gen), dim=-1)
-    v, beta = torch.randn(N, 1, HV, V, generator=gen), torch.rand(N, 1, HV, generator=gen)
-    g = -torch.rand(N, 1, HV, K, generator=gen)
-    pool_kv = torch.randn(P, HV, K, V, generator=gen)
-    pool = pool_kv.transpose(-1, -2).contiguous() if v_first else pool_kv.clone()
-    slots = torch.tensor([6, -1, 1, 3, P], dtype=torch.int32)
-    keep = (slots >= 0) & (slots < P)
-    ro, rh = naive_recurrent_kda(q[keep], k[keep], v[keep], g[keep], beta[keep],
-                                 initial_state=pool_kv[slots[keep].long()], output_final_state=True)
-    cfg = RecurrentConfig(block_v=4, num_warps=1, readout="loaded", tiles_per_program=4)
-    launch, *_ = kdagen.ops.recurrent.fused_recurrent_kda_launch(
-        q, k, v, g, beta, initial_state=pool.clone(), ssm_state_indices=slots, state_v_first=v_first, config=cfg)
-    assert launch.constexprs["SLOT_GRID"] is slot_grid and launch.grid[0] == 2  # 6 tiles of 4: two groups
-    o, _ = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=pool, ssm_state_indices=slots,
-                                      state_v_first=v_first, config=cfg)
-    want = pool_kv.clone()
-    want[slots[keep].long()] = rh.float()
-    assert_close(o[keep], ro, TOL[F32], "o")
-    assert torch.equal(o[~keep], torch.zeros_like(o[~keep]))
-    got = pool.transpose(-1, -2) if v_first else pool
-    assert_close(got, want, TOL[F32], "pool")
-    unused = [s for s in range(P) if s not in slots.tolist()]
-    assert torch.equal(got[unused], pool_kv[unused])
-
-
-def test_tile_groups_are_validated_and_in_the_source():
-    assert RecurrentConfig(tiles_per_program=8).tiles_per_program == 8
-    for bad in (3, 0, 64, True):
-        with pytest.raises(ConfigError, match="tiles_per_program"):
-            RecurrentConfig(tiles_per_program=bad)
-    with pytest.raises(ConfigError, match="one-item programs"):
-        RecurrentConfig(tiles_per_program=2, programs_per_sm=4)
-    plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
-    grouped = render("recurrent", plan, RecurrentConfig(tiles_per_program=4)).text
-    plain = render("recurrent", plan, RecurrentConfig()).text
-    assert "for j in tl.static_range(4):" in grouped and "BVG: tl.constexpr = BV * 4" in grouped
-    assert "static_range" not in plain and "BVG" not in plain
+    assert grid == render("recurrent", plan, RecurrentConfig(programs_per_sm=0, num_stages=1)).text
 
 
 def test_the_lean_body_is_validated_and_in_the_source():
-    """RecurrentConfig.lean: one-item programs of one tile only, a tile that divides K and V (checked where the
+    """RecurrentConfig.lean: one-item programs only, a tile that divides K and V (checked where the
     plan is known, at render), constant masks and no first token peeled in the source."""
     assert RecurrentConfig(lean=True).lean
-    for bad in (dict(programs_per_sm=4), dict(tiles_per_program=2)):
+    for bad in (dict(programs_per_sm=4, num_stages=2),):
         with pytest.raises(ConfigError, match="lean is for one-item programs"):
             RecurrentConfig(lean=True, **bad)
     with pytest.raises(ConfigError, match="lean"):

@@ -1,4 +1,4 @@
-"""The decode's slot grid (kdagen.cache.heuristics.slot_grid, templates/recurrent.py.j2's SLOT_GRID):
+"""The decode's slot grid (kdagen.cache.heuristics.slot_grid, templates/_recurrent_grid.py.j2's SLOT_GRID):
 with a state pool and many (sequence, head) pairs, the programs run over the pool's slots in address
 order, each finding its sequence by a scan of the slot indices, and one extra row writes o = 0 for
 the padding sequences.  Every sequence must still get the recurrence's answer in its own slot, in any
@@ -139,20 +139,17 @@ def test_other_members_through_the_slot_grid(slot_grid_on, member):
     assert not torch.equal(p_grid, pool)
 
 
-@pytest.mark.parametrize(("tiles", "lean"), ((1, False), (2, False), (1, True)),
-                         ids=("a-tile-each", "tile-groups", "lean"))
-def test_shared_slots_give_nan_not_stale_output(slot_grid_on, tiles, lean):
+@pytest.mark.parametrize("lean", (False, True), ids=("a-tile-each", "lean"))
+def test_shared_slots_give_nan_not_stale_output(slot_grid_on, lean):
     """Two sequences on one slot is the caller's error (check_inputs=True names it); the slot grid
-    applies the later one and writes NaN for the other's o rather than leaving it unwritten (with
-    tiles_per_program = 2, over every tile of the program's group; with the lean body, whose scan
-    finds the sequences' offsets after the slots)."""
+    applies the later one and writes NaN for the other's o rather than leaving it unwritten (also with
+    the lean body, whose scan finds the sequences' offsets after the slots)."""
     x, pool = _case(N=4, P=5, seed=2)
     slots = torch.tensor([3, 1, 3, 0], dtype=torch.int32)
     out = torch.zeros(x["v"].shape)
     p = pool.clone()
     kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots, out=out,
-                               config=RecurrentConfig(block_v=16 // tiles, num_warps=1, tiles_per_program=tiles,
-                                                      lean=lean))
+                               config=RecurrentConfig(block_v=16, num_warps=1, lean=lean))
     assert torch.isnan(out[0]).all() and torch.isfinite(out[1:]).all()
     ro, rh = naive_recurrent_kda(*(x[n][2:3] for n in ("q", "k", "v", "g", "beta")),
                                  initial_state=pool[3][None], output_final_state=True)
@@ -176,7 +173,7 @@ def test_when_the_slot_grid_is_taken(monkeypatch):
     monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1)
     grid, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16))
     pers, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16, programs_per_sm=2,
-                                                                               num_warps=2))
+                                                                               num_warps=2, num_stages=2))
     none, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool[:4].clone(), config=RecurrentConfig(block_v=16))
     assert grid.constexprs["SLOT_GRID"] and grid.constexprs["SCAN"] == 16
     assert not pers.constexprs["SLOT_GRID"] and not none.constexprs["SLOT_GRID"]
@@ -195,8 +192,8 @@ from kdagen.tuning.compile_pool import pool_launch_for
 out = {}
 launches = {"serving": decode_launch("packed"),  # the serving shape's packed step as the H200 runs it (PDL on)
             "serving-vk-8/4": decode_launch("packed", 8, 4, state_v_first=True),  # on a [V, K] pool, 4 KB tiles
-            # the lean body's 8-row tile on one warp under the heuristic's 72-register cap (28 programs an SM)
-            "serving-vk-8/1-lean-r72": decode_launch("packed", 8, 1, state_v_first=True, lean=True, max_registers=72)}
+            # the lean body's 8-row tile on one warp, as the heuristic takes it
+            "serving-vk-8/1-lean": decode_launch("packed", 8, 1, state_v_first=True, lean=True)}
 for name, (N, K, bv, warps, readout, pool_dtype, packed) in {
         "updated-bf16-pool": (64, 128, 32, 1, "updated", torch.bfloat16, False),
         "k64": (32, 64, 64, 2, "loaded", torch.float32, True)}.items():
@@ -209,9 +206,9 @@ for name, launch in launches.items():
     r = report(launch)
     out[name] = dict(slot_grid=launch.constexprs["SLOT_GRID"], scan=launch.constexprs["SCAN"], rows=launch.grid[1],
                      griddepcontrol=r["griddepcontrol"], regs=r["regs"], spills=r["spill_bytes"])
-for form in ("packed", "batch"):  # where the capped lean launch's spills lie (the step's path, or row 0's code)
-    r = lean_step_local(decode_launch(form, 8, 1, state_v_first=True, lean=True, max_registers=72))
-    out["lean-r72-" + form] = dict(regs=r["regs"], spills=r["spill_bytes"], local=len(r["local"]),
+for form in ("packed", "batch"):  # where the lean launch's spills lie, if any (the step's path, or row 0's code)
+    r = lean_step_local(decode_launch(form, 8, 1, state_v_first=True, lean=True))
+    out["lean-" + form] = dict(regs=r["regs"], spills=r["spill_bytes"], local=len(r["local"]),
                                    on_step_path=r["on_step_path"], step_ops=r["step_ops"])
 print("@@" + json.dumps(out))
 """
@@ -222,10 +219,9 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     kernel (256 sequences, H=32, K=V=128, BV=64 on 2 warps, with PDL as on the H200) takes the slot
     grid, and neither it, nor the same step on a [V, K] pool with 8-wide tiles on 4 warps (each a
     contiguous 4 KB block), nor a half-width pool's or K=64's slot-grid kernel (forced at their fewer
-    pairs), spills registers.  The lean body's 8-row tile on one warp, held to 72 registers (the heuristic's
-    cap), may spill only in row 0's code (padding, items of other lengths, shared slots), never on the decode
-    step's path -- read from the sm_90 code's control-flow graph and line table (tests/sm90_report.py,
-    lean_step_local) -- in both forms."""
+    pairs), spills registers.  The lean body's 8-row tile on one warp (the heuristic's) spills nowhere, and
+    in particular not on the decode step's path -- read from the sm_90 code's control-flow graph and line
+    table (tests/sm90_report.py, lean_step_local) -- in both forms."""
     import json
     import os
     import subprocess
@@ -240,11 +236,11 @@ def test_slot_grid_compiles_for_sm90_without_spills():
     assert res["serving-vk-8/4"]["slot_grid"] and res["serving-vk-8/4"]["rows"] == 261 * 32
     # (64 registers at 32 B of state a thread: the narrow tile is there for many programs per SM)
     assert res["serving-vk-8/4"]["griddepcontrol"] == 2 and res["serving-vk-8/4"]["regs"] <= 96
-    lean = res.pop("serving-vk-8/1-lean-r72")
-    assert lean["slot_grid"] and lean["regs"] <= 72 and lean["griddepcontrol"] == 2
+    lean = res["serving-vk-8/1-lean"]
+    assert lean["slot_grid"] and lean["griddepcontrol"] == 2
     for form in ("packed", "batch"):
-        r = res.pop("lean-r72-" + form)
-        assert r["regs"] <= 72 and r["step_ops"] > 100, (form, r)  # (the step was found in the code)
+        r = res.pop("lean-" + form)
+        assert r["step_ops"] > 100, (form, r)  # (the step was found in the code)
         assert r["on_step_path"] == [], f"{form}: spills on the decode step's path: {r['on_step_path']}"
         assert (r["spills"] == 0) == (r["local"] == 0), (form, r)
     assert res["updated-bf16-pool"]["slot_grid"] and res["k64"]["slot_grid"]
@@ -297,12 +293,8 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     assert why is None
     assert [(c["USE_INDICES"], c["SLOT_GRID"], c["PDL"]) for c, _ in seen] == [(False, False, False), (True, True, pdl)]
     assert {a for _, a in seen} == {arch} and seen[1][0]["SCAN"] == 16
-    assert caps == [None, None]  # no register cap unless the config asks for one
-    # a config's register cap reaches both compiles (the launch carries it: Triton's maxnreg)
-    cfg = RecurrentConfig(block_v=32, num_warps=2, readout="loaded", max_registers=80).to_dict()
-    assert CP._compile_one("recurrent", 32, 32, "bfloat16", (), (8, 1, 2, 2), cfg, None, arch, 232448, "gpu") is None
-    assert caps[2:] == [80, 80]
+    assert caps == [None, None]  # no register cap
     launch = CP.pool_launch_for(*CP._worker_plan("recurrent", 32, 32, "bfloat16", ())[2:],
-                                RecurrentConfig(block_v=32, programs_per_sm=2, num_warps=2),
+                                RecurrentConfig(block_v=32, programs_per_sm=2, num_warps=2, num_stages=2),
                                 torch.bfloat16, (8, 1, 2, 2))
     assert not launch.constexprs["SLOT_GRID"]  # persistent programs take their items in turn instead

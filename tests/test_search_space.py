@@ -67,12 +67,12 @@ def test_recurrent_space():
 
 
 def test_estimate_smem_counts_the_pipelined_decode_buffers():
-    """One-item and hand-prefetching decode programs keep the state in registers; pipelined
-    persistent ones buffer, per stage, the state tile (fp32 at most) and the token's slices.
+    """One-item decode programs keep the state in registers; pipelined persistent ones buffer, per
+    stage, the state tile (fp32 at most) and the token's slices.
     (sm_90 compile of BV=64, 2 stages, bf16 pool: 35 KB; fp32 pool: 68 KB -- tests/test_compile_sm90.py.)"""
-    plain = RecurrentConfig(block_v=64, programs_per_sm=4)
+    plain = RecurrentConfig(block_v=64)
     assert estimate_smem("recurrent", plain, 128, 128, 2) == (2 * 128 + 64) * 2
-    piped = plain.replace(num_stages=2)
+    piped = plain.replace(programs_per_sm=4, num_stages=2)
     assert estimate_smem("recurrent", piped, 128, 128, 2) == 2 * (128 * 64 * 4 + (3 * 128 + 64) * 4)
     assert estimate_smem("recurrent", piped.replace(num_stages=3), 128, 128, 2) > estimate_smem(
         "recurrent", piped, 128, 128, 2)

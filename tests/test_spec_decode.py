@@ -230,8 +230,8 @@ def test_fixed_length_batch_and_the_fast_path():
     shape = {"T": T, "B": B, "N": B, "token_slots": True}
     assert call_bucket("recurrent", shape).endswith(TOKEN_SLOTS_SUFFIX)
     assert not call_bucket("recurrent", {"T": T, "B": B, "N": B}).endswith(TOKEN_SLOTS_SUFFIX)
-    assert R.token_slot_config(RecurrentConfig(programs_per_sm=4), idx).token_slots
-    assert R.token_slot_config(RecurrentConfig(programs_per_sm=4), idx).programs_per_sm == 0
+    assert R.token_slot_config(RecurrentConfig(programs_per_sm=4, num_stages=2), idx).token_slots
+    assert R.token_slot_config(RecurrentConfig(programs_per_sm=4, num_stages=2), idx).programs_per_sm == 0
     assert not R.token_slot_config(RecurrentConfig(token_slots=True), idx[:, 0]).token_slots
 
 

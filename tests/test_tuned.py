@@ -550,8 +550,8 @@ def test_a_v_first_fp32_pool_on_the_slot_grid_takes_lean_eight_row_tiles():
     def got(n, vf, P, plan=kda, B=1, T=None):  # packed by default: B=1, T = n tokens
         return default_recurrent_config(plan, "float32", {"N": n, "HV": 32, "state_v_first": vf, "P": P,
                                                           "B": B, "T": n if T is None else T})
-    pick = lambda c: (c.block_v, c.num_warps, c.readout, c.lean, c.max_registers)  # noqa: E731
-    lean = (8, 1, "loaded", True, 0)
+    pick = lambda c: (c.block_v, c.num_warps, c.readout, c.lean)  # noqa: E731
+    lean = (8, 1, "loaded", True)
     assert pick(got(256, True, 260)) == lean and pick(got(256, True, 512)) == lean
     assert pick(got(256, True, 260, B=256, T=1)) == lean  # the batch form's decode step
     assert pick(got(256, True, 260, T=200)) == lean  # fewer tokens than sequences (some items empty)
@@ -559,11 +559,11 @@ def test_a_v_first_fp32_pool_on_the_slot_grid_takes_lean_eight_row_tiles():
                            (16, True, 20, 1, 16), (256, True, 260, 1, 257), (256, True, 260, 1, 1024),
                            (256, True, 260, 256, 2)):
         assert not got(n, vf, P, B=B, T=T).lean, (n, vf, P, B, T)
-    assert pick(got(256, True, 0)) == (64, 2, "loaded", False, 0)
-    assert pick(got(256, True, 260, T=1024)) == (64, 2, "loaded", False, 0)  # a prefill's call: not lean
+    assert pick(got(256, True, 0)) == (64, 2, "loaded", False)
+    assert pick(got(256, True, 260, T=1024)) == (64, 2, "loaded", False)  # a prefill's call: not lean
     odd = lower(select_spec(False, False, None, False, False), 96, 128, "bfloat16", "recurrent", False)
-    assert pick(got(256, True, 260, odd)) == (8, 1, "loaded", False, 0)  # K=96 in a 128-wide tile: the general body
+    assert pick(got(256, True, 260, odd)) == (8, 1, "loaded", False)  # K=96 in a 128-wide tile: the general body
     wide = lower(select_spec(False, False, None, False, False), 256, 128, "bfloat16", "recurrent", False)
-    assert got(256, True, 260, wide).max_registers == 0 and not got(256, True, 260, wide).lean
+    assert not got(256, True, 260, wide).lean
     gdn = lower(MEMBERS["gdn"](), 128, 128, "bfloat16", "recurrent")
     assert not got(256, True, 260, gdn).lean

@@ -567,7 +567,7 @@ def worth_timing(family: str, plan: Plan, config, shape: dict) -> bool:
 
 def slot_grid(n_seqs: int, n_heads: int, n_slots: int) -> bool:
     """Whether a decode step on a state pool puts its programs over the pool's slots rather than over
-    the batch (templates/recurrent.py.j2's SLOT_GRID; one-item programs only): with many (sequence, value
+    the batch (templates/_recurrent_grid.py.j2's SLOT_GRID; one-item programs only): with many (sequence, value
     head) pairs, at most SLOT_GRID_MAX_SEQS sequences (the scan's width) and a pool of at most
     SLOT_GRID_MAX_RATIO slots per sequence (docs/decisions/0024-decode-slot-grid-and-pdl.md)."""
     return (n_seqs * n_heads >= SLOT_GRID_MIN_PAIRS and n_seqs <= SLOT_GRID_MAX_SEQS

@@ -149,8 +149,6 @@ def _recurrent_vars(kernel: str, plan: Plan, config: RecurrentConfig) -> dict:
     v = _base_vars(plan)
     v["readout_loaded"] = config.readout == "loaded"
     v["persistent"] = config.programs_per_sm > 0
-    # one-item programs over G V tiles each (G = tiles_per_program; 1: a tile each)
-    v["tile_group"] = config.tiles_per_program
     # lean one-item programs (no masks: the tile must divide K and V)
     v["lean"] = config.lean
     if config.lean and (plan.BK != plan.K or plan.V % min(config.block_v, plan.BV)):
@@ -158,12 +156,9 @@ def _recurrent_vars(kernel: str, plan: Plan, config: RecurrentConfig) -> dict:
                           f"V={plan.V}, block_v={config.block_v}")
     # lean: the value columns at a time of an item that is not a decode step's (lean_item)
     v["lean_cols"] = min(2, config.block_v, plan.BV) if config.lean else 0
-    # persistent programs with num_stages > 1: the item loop is left to Triton's software
-    # pipeliner (its loads issued asynchronously into shared memory, num_stages - 1 items
-    # ahead) in place of the hand prefetch of the next item into registers
-    v["pipeline_stages"] = config.num_stages if v["persistent"] and config.num_stages > 1 else 0
-    v["state_load_kw"] = ', eviction_policy="evict_first"' if config.stream_state else ""
-    v["state_store_kw"] = ', cache_modifier=".cs"' if config.stream_state else ""
+    # persistent programs: the item loop is left to Triton's software pipeliner (its loads issued
+    # asynchronously into shared memory, num_stages - 1 items ahead; RecurrentConfig asks num_stages >= 2)
+    v["pipeline_stages"] = config.num_stages if v["persistent"] else 0
     # speculative decoding: a slot per token (2-D state indices), each token's state stored to its slot
     v["token_slots"] = config.token_slots
     return v
@@ -222,6 +217,15 @@ def _pick_bwd_intra(plan: Plan, v: dict) -> str:
     return "chunk_bwd_dqkg.py.j2" if v["part"] == "dqkg" else "chunk_bwd_intra.py.j2"
 
 
+def _pick_recurrent(plan: Plan, v: dict) -> str:
+    # one template per body of the recurrent kernel (RecurrentConfig allows at most one of the three)
+    if v["persistent"]:
+        return "recurrent_persistent.py.j2"
+    if v["lean"]:
+        return "recurrent_lean.py.j2"
+    return "recurrent_token_slots.py.j2" if v["token_slots"] else "recurrent.py.j2"
+
+
 def _k(kind, templates, config, vars, **kw) -> KernelSpec:
     return KernelSpec(kind, (templates,) if isinstance(templates, str) else tuple(templates), config, vars, **kw)
 
@@ -263,8 +267,9 @@ KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     _k("chunk_bwd_rerun", "chunk_bwd_rerun.py.j2", ChunkBwdConfig, _rerun_vars,
        runs=lambda p, c: c.reruns_from_saved(p)),
     _k("qk_l2norm_bwd", "qk_l2norm.py.j2", ChunkBwdConfig, _l2norm_vars, dplr=True),
-    # the recurrent form
-    _k("recurrent", "recurrent.py.j2", RecurrentConfig, _recurrent_vars, dplr=True),
+    # the recurrent form: one program per item, the lean body, speculative decoding's, persistent programs
+    _k("recurrent", ("recurrent.py.j2", "recurrent_lean.py.j2", "recurrent_token_slots.py.j2",
+                     "recurrent_persistent.py.j2"), RecurrentConfig, _recurrent_vars, dplr=True, pick=_pick_recurrent),
     _k("recurrent_bwd", "recurrent_bwd.py.j2", RecurrentBwdConfig, _k_row_vars, dplr=True),
 )}
 

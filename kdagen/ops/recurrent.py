@@ -55,12 +55,11 @@ def _outputs_and_args(q, k, v, g, beta, *, scale, initial_state, output_final_st
 def token_slot_config(config: RecurrentConfig, state_indices) -> RecurrentConfig:
     """The config a call runs, given the one resolved for it: with a 2-D ``state_indices`` (speculative
     decoding: a slot per token) the kernel with per-token state stores (``token_slots``), on one-item programs
-    of one tile (the body that has them: no persistent programs, tile groups or lean body); otherwise without
+    of one tile (the body that has them: no persistent programs or lean body); otherwise without
     them.  The rest of the config (tile width, warps, readout, ...) is kept."""
     on = state_indices is not None and state_indices.dim() == 2
-    if on and not (config.token_slots and not config.programs_per_sm and config.tiles_per_program == 1
-                   and not config.lean):
-        return replace(config, token_slots=True, programs_per_sm=0, tiles_per_program=1, lean=False)
+    if on and not (config.token_slots and not config.programs_per_sm and not config.lean):
+        return replace(config, token_slots=True, programs_per_sm=0, lean=False)
     if not on and config.token_slots:
         return replace(config, token_slots=False)
     return config
@@ -150,18 +149,17 @@ def prepare_recurrent(q, k, v, g, beta, *, scale, initial_state, output_final_st
         args["TS"] = state_indices.shape[1]
         constexprs["ACCEPTED"] = accepted is not None
     # rows: the sequences, or (slot grid) a row for the padding sequences' o and one per slot
-    # columns: the V tiles, or (tiles_per_program G > 1) groups of G of them
-    grid = (triton.cdiv(triton.cdiv(V, bv), cfg.tiles_per_program), ((P + 1) if by_slot else N) * HV)
-    if cfg.programs_per_sm:  # persistent programs (templates/recurrent.py.j2): items taken in turn
+    # columns: the V tiles
+    grid = (triton.cdiv(V, bv), ((P + 1) if by_slot else N) * HV)
+    if cfg.programs_per_sm:  # persistent programs (templates/recurrent_persistent.py.j2): items taken in turn
         grid = (max(1, min(grid[0] * grid[1], cfg.programs_per_sm * _sm_count(q.device))),)
-    launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages,
-                    maxnreg=cfg.max_registers or None)
+    launch = Launch("recurrent", built.fns[0], grid, args, constexprs, cfg.num_warps, cfg.num_stages)
     return launch, (o, ht)
 
 
 # Programmatic dependent launch on GPUs that have it (sm_90 on): the kernel waits for the previous grid
 # (griddepcontrol.wait) before it reads anything and lets the next launch begin at once, so a step's
-# programs become resident while the previous grid drains (templates/recurrent.py.j2's PDL;
+# programs become resident while the previous grid drains (templates/_recurrent_grid.py.j2's PDL;
 # docs/decisions/0024-decode-slot-grid-and-pdl.md).
 # (A switch for A/B timing: the fast path's entries hold the choice made.)
 PDL = True

@@ -437,7 +437,7 @@ def gates():
 
 def lean_items():
     """The lean body (RecurrentConfig.lean: the heuristic's choice for a decode step on KDA's fp32 pool laid out
-    [V, K] with many pairs; 8-row tiles on one warp held to 72 registers) forced on a call that is not a pure
+    [V, K] with many pairs; 8-row tiles on one warp) forced on a call that is not a pure
     decode step: 40 sequences of 0-3 tokens (the slots' programs run the one-token items, row 0 the others),
     two padding sequences and two that share a slot, on the slot grid, in bf16, both layouts.  Every sequence's
     o and every slot against the float64 recurrence; the padding's o 0, the earlier sharer's o NaN."""
@@ -480,7 +480,7 @@ def lean_items():
             o = torch.zeros_like(x["v"])
             kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=idx, cu_seqlens=cu, out=o,
                                        state_v_first=v_first,
-                                       config=RecurrentConfig(block_v=8, num_warps=1, lean=True, max_registers=72))
+                                       config=RecurrentConfig(block_v=8, num_warps=1, lean=True))
             got_pool = pool.transpose(-1, -2) if v_first else pool
             bad = [f"padding sequence {n}: o not 0" for n in range(N)
                    if not 0 <= slots[n] < P and not (o[:, b[n]:b[n + 1]] == 0).all()]
