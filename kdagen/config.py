@@ -121,7 +121,7 @@ class ChunkFwdConfig(_Config):
     state_num_warps: int = 4
     state_num_stages: int = 3  # software-pipelining depth of the state pass's loop over chunks
     state_prefetch: bool = True  # load v, beta and G_n of the next chunk one iteration ahead
-    inverse_precision: str = "bf16"  # operands of the products with (I + A)^-1 (its tiles by fp32 substitution; fp32 inputs: ieee)
+    inverse_precision: str = "bf16"  # operands of the (I + A)^-1 products (recursive doubling; fp32 inputs: always ieee)
     factor_precision: str = "input"  # the factored q/k tiles of the A products: the input dtype or fp32
     # the state pass, sequence-parallel (kdagen/ops/chunk_segments.py): segments of this many chunks
     # each get their transition and zero-start end state in parallel, a short pass chains them and
@@ -168,7 +168,7 @@ class ChunkTrainConfig(_Config):
     state_block_v: int = 64  # BV: V tile owned by one state-pass program
     state_num_warps: int = 4
     state_num_stages: int = 2
-    # the triangular inverse's merging fp32 dots (its diagonal tiles by fp32 substitution): "ieee" or tf32
+    # the triangular inverse's fp32 dots (recursive doubling): exact ("ieee") or tf32
     inverse_precision: str = "ieee"
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
     diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)

@@ -420,7 +420,7 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
     ab_kw = "" if plan.dtype == "bfloat16" else (', input_precision="ieee"' if exact else ', input_precision="tf32"')
     inv = "ieee" if exact else config.inverse_precision
     v.update(
-        n_sub=HALF // config.sub_chunk, sub=config.sub_chunk,
+        n_sub=HALF // config.sub_chunk, sub=config.sub_chunk, half_rows=HALF,
         ab_dtype=ab, ab_kw=ab_kw, out_dtype=low.tl, out_kw=', input_precision="ieee"' if exact else "",
         inv_cast=".to(tl.bfloat16)" if inv == "bf16" else "",
         inv_kw="" if inv == "bf16" else f', input_precision="{inv}"',
