@@ -2,7 +2,7 @@
 
 With keys nearly parallel and beta near 1, A_kk's entries are near 1 and the powers of A_kk grow to
 10^8 over a 32-row tile while the inverse stays bounded: a Neumann product (I - A)(I + A^2)... loses
-everything in the cancellation, even in fp32 (docs/decisions/0036-triangular-inverse-by-substitution.md).
+everything in the cancellation, even in fp32 (docs/decisions/0036-triangular-inverse-by-doubling.md).
 FLA's op tests draw such keys (q, k, v uniform in [0, 1), then l2-normalised).  Every chunk op, inference
 and training, forward and backward, is checked here against the float64 recurrence in fp32.
 """
