@@ -226,6 +226,11 @@ def _pick_recurrent(plan: Plan, v: dict) -> str:
     return "recurrent_token_slots.py.j2" if v["token_slots"] else "recurrent.py.j2"
 
 
+def _pick_intra(plan: Plan, v: dict) -> str:
+    # general DPLR's intra launch builds four products and L = (I - A_ab)^-1: a template of its own
+    return "chunk_intra_dplr.py.j2" if plan.structure == "dplr" else "chunk_intra.py.j2"
+
+
 def _k(kind, templates, config, vars, **kw) -> KernelSpec:
     return KernelSpec(kind, (templates,) if isinstance(templates, str) else tuple(templates), config, vars, **kw)
 
@@ -245,7 +250,8 @@ KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     # the training forward; its in-kernel gate as launches of its own (ChunkTrainConfig.gate_launch): g, then
     # dz and the gate parameters' partial gradients (kdagen/ops/gate.py)
     _k("gate", "gate.py.j2", ChunkTrainConfig, _gate_vars, runs=lambda p, c: c.launches_gate(p)),
-    _k("chunk_intra", "chunk_intra.py.j2", ChunkTrainConfig, _intra_vars, dplr=True),
+    _k("chunk_intra", ("chunk_intra.py.j2", "chunk_intra_dplr.py.j2"), ChunkTrainConfig, _intra_vars, dplr=True,
+       pick=_pick_intra),
     _k("chunk_state", "chunk_state.py.j2", ChunkTrainConfig, _state_vars, dplr=True),
     # a training call's l2-norm of q and k (use_qk_l2norm_in_kernel) and its backward (kdagen/ops/l2norm.py)
     # (the l2-norm reads no plan field)
