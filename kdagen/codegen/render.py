@@ -226,6 +226,11 @@ def _pick_recurrent(plan: Plan, v: dict) -> str:
     return "recurrent_token_slots.py.j2" if v["token_slots"] else "recurrent.py.j2"
 
 
+def _pick_solve(plan: Plan, v: dict) -> str:
+    # a decay that is one number per token (or none) scales whole rows: no anchors, no element-wise fallback
+    return "chunk_solve_scalar.py.j2" if plan.diag_mode == "scalar" else "chunk_solve.py.j2"
+
+
 def _pick_intra(plan: Plan, v: dict) -> str:
     # general DPLR's intra launch builds four products and L = (I - A_ab)^-1: a template of its own
     return "chunk_intra_dplr.py.j2" if plan.structure == "dplr" else "chunk_intra.py.j2"
@@ -238,7 +243,8 @@ def _k(kind, templates, config, vars, **kw) -> KernelSpec:
 # in each family's launch order
 KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     # the inference forward
-    _k("chunk_solve", "chunk_solve.py.j2", ChunkFwdConfig, _forward_kernel_vars),
+    _k("chunk_solve", ("chunk_solve.py.j2", "chunk_solve_scalar.py.j2"), ChunkFwdConfig, _forward_kernel_vars,
+       pick=_pick_solve),
     _k("chunk_pass", "chunk_pass.py.j2", ChunkFwdConfig, _forward_kernel_vars),
     # the sequence-parallel state pass (ChunkFwdConfig.state_segment_chunks > 0, kdagen/ops/chunk_segments.py)
     _k("chunk_seg_state", "chunk_seg_state.py.j2", ChunkFwdConfig, _k_row_vars, replaces="chunk_pass"),
@@ -354,7 +360,7 @@ def _rest_by_difference(plan: Plan) -> bool:
     return plan.dtype != "float32" and plan.decay != "identity"
 
 
-# The forward solve (chunk_solve.py.j2): halves of HALF rows, sub-tiles of config.sub_chunk rows.
+# The forward solve (chunk_solve.py.j2, chunk_solve_scalar.py.j2): halves of HALF rows, sub-tiles of config.sub_chunk rows.
 HALF = 32
 LOG2E = 1.4426950408889634
 # The largest decay span (natural log) of a sub-tile the factorised products take: exp(span) and

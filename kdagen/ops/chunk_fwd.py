@@ -51,7 +51,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
     NT_total, chunk_indices, chunk_offsets = chunk_schedule(seqlens, B, T, C, dev, cu, built.fns[SCHEDULE])
     NT = triton.cdiv(T, C)
     scalar = plan.diag_mode == "scalar"
-    if scalar:  # a decay shared by the channels: qg and bk are row scales of q and k (chunk_solve.py.j2)
+    if scalar:  # a decay shared by the channels: qg and bk are row scales of q and k (chunk_solve_scalar.py.j2)
         qg = torch.empty(B, T, HV, dtype=torch.float32, device=dev)
         bk = torch.empty_like(qg)
     else:
