@@ -249,8 +249,8 @@ KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     # the sequence-parallel state pass (ChunkFwdConfig.state_segment_chunks > 0, kdagen/ops/chunk_segments.py)
     _k("chunk_seg_state", "chunk_seg_state.py.j2", ChunkFwdConfig, _k_row_vars, replaces="chunk_pass"),
     _k("chunk_seg_combine", "chunk_seg_combine.py.j2", ChunkFwdConfig, _seg_combine_vars, replaces="chunk_pass"),
-    # chunk_pass's template, per segment
-    _k("chunk_seg_pass", "chunk_pass.py.j2", ChunkFwdConfig, _forward_kernel_vars, replaces="chunk_pass"),
+    # chunk_pass's walk, per segment
+    _k("chunk_seg_pass", "chunk_seg_pass.py.j2", ChunkFwdConfig, _forward_kernel_vars, replaces="chunk_pass"),
     # a packed call's chunk or segment schedule from device-only offsets (kdagen/ops/schedule.py)
     _k("chunk_schedule", "chunk_schedule.py.j2", ChunkFwdConfig, _plain_vars),
     # the training forward; its in-kernel gate as launches of its own (ChunkTrainConfig.gate_launch): g, then
@@ -424,7 +424,6 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
     v = {"k_mask": plan.K != plan.BK, "halves": halves}
     if kernel in ("chunk_pass", "chunk_seg_pass"):
         v["prefetch"] = config.state_prefetch
-        v["segmented"] = kernel == "chunk_seg_pass"
         return v
     low = dtype(plan.dtype)
     exact = plan.dtype == "float32"

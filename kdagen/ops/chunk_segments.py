@@ -29,7 +29,8 @@ B. ``chunk_seg_combine``, grid (cdiv(V, BV), N x HV): the chain above, one step 
    writing S_j to hseg [segments, HV, K, V] and the final state to ht.  One small kernel, not a
    host loop (a launch costs several us of host time: docs/decisions/0004-sequence-parallel-segment-pass.md).
 C. ``chunk_seg_pass``, grid (cdiv(V, BV), segments x HV): chunk_pass per segment, from hseg[j]
-   (the ``segmented`` branch of its template): o and, when asked, the per-chunk states.
+   (templates/chunk_seg_pass.py.j2, chunk_pass's walk over a segment): o and, when asked, the per-chunk
+   states.
 
 Precision.  M_j and E_j are accumulated in float32 in registers, with the pass's dot operands
 (the input dtype for bf16/fp16 inputs, exact fp32 for fp32 inputs): the same rounding per chunk as
@@ -84,7 +85,7 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
                    IS_VARLEN=flags["IS_VARLEN"])
     seg_combine = Launch("chunk_seg_combine", built.fns[3], (triton.cdiv(V, bv), N * HV), b_args, b_const,
                          config.state_num_warps, 1)
-    # chunk_pass's arguments in its segmented signature's order: hseg for h0 and ht, the segments
+    # chunk_pass's arguments in chunk_seg_pass's signature's order: hseg for h0 and ht, the segments
     c_args = {}
     for name, a in pass_args.items():
         if name == "h0":
