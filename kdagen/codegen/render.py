@@ -35,8 +35,9 @@ class KernelSpec:
     ``config``: its config class (and so its family, ``config.kernel``); ``vars``: the values its template
     reads besides the plan (:func:`_template_vars`); ``runs``: whether a (plan, config) launches it
     (None: always); ``replaces``: the launch it stands in for when a config asks (the tuner times it in
-    that one's place); ``dplr``: whether its template has a general-DPLR branch (any other renders KDA's
-    kernel, so a DPLR plan is refused rather than given the wrong recurrence's kernel)."""
+    that one's place); ``dplr``: whether it has a general-DPLR form (a branch of its template or a template
+    of its own; any other renders KDA's kernel, so a DPLR plan is refused rather than given the wrong
+    recurrence's kernel)."""
     kind: str
     templates: tuple[str, ...]
     config: type
@@ -226,6 +227,11 @@ def _pick_recurrent(plan: Plan, v: dict) -> str:
     return "recurrent_token_slots.py.j2" if v["token_slots"] else "recurrent.py.j2"
 
 
+def _pick_dqkw(plan: Plan, v: dict) -> str:
+    # folded (ChunkBwdConfig.folds_intra), the launch also forms dA_qk and the products that need no gate
+    return "chunk_bwd_dqkw_fold.py.j2" if v["fold"] else "chunk_bwd_dqkw.py.j2"
+
+
 def _pick_solve(plan: Plan, v: dict) -> str:
     # a decay that is one number per token (or none) scales whole rows: no anchors, no element-wise fallback
     return "chunk_solve_scalar.py.j2" if plan.diag_mode == "scalar" else "chunk_solve.py.j2"
@@ -267,7 +273,8 @@ KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     _k("gate_bwd", "gate.py.j2", ChunkTrainConfig, _gate_vars, runs=lambda p, c: c.launches_gate(p)),
     # the backward
     _k("chunk_bwd_state", "chunk_bwd_state.py.j2", ChunkBwdConfig, _bwd_state_vars, dplr=True),
-    _k("chunk_bwd_dqkw", "chunk_bwd_dqkw.py.j2", ChunkBwdConfig, _dqkw_vars, dplr=True),
+    _k("chunk_bwd_dqkw", ("chunk_bwd_dqkw.py.j2", "chunk_bwd_dqkw_fold.py.j2"), ChunkBwdConfig, _dqkw_vars,
+       dplr=True, pick=_pick_dqkw),
     # the intra-chunk gradients: fused, or the second of the split's two launches; not run where the split
     # is folded (ChunkBwdConfig.folds_intra)
     _k("chunk_bwd_intra", ("chunk_bwd_intra.py.j2", "chunk_bwd_dqkg.py.j2", "chunk_bwd_intra_dplr.py.j2"),

@@ -10,8 +10,8 @@ kdagen's spec of this recurrence is :func:`kdagen.spec.dplr`, which writes the r
 ``-a' b'^T`` (its reference ``naive_recurrent_dplr(q, k, v, a', b', gk)``), so FLA's (a, b) are
 the spec's (a', b') = (-b, a).
 
-The chunk form (:func:`chunk_dplr_delta_rule`) runs the general-DPLR branch of the
-training-path kernels -- the intra-chunk launch (``chunk_intra``: A_ab, A_ak, A_qb, A_qk, the
+The chunk form (:func:`chunk_dplr_delta_rule`) runs the general-DPLR form of the
+training-path kernels -- the intra-chunk launch (``chunk_intra``, a template of its own: A_ab, A_ak, A_qb, A_qk, the
 triangular inverse, w, u, qg, kg, kgv, aqk, aqv, G_n) and the state pass (``chunk_state``) --
 for inference and training alike (KDA's inference-only solve/pass kernels have no DPLR
 branch).  Its config is a :class:`~kdagen.config.ChunkTrainConfig`.  Its gradients come from the
