@@ -11,8 +11,8 @@ kdagen's spec of this recurrence is :func:`kdagen.spec.dplr`, which writes the r
 the spec's (a', b') = (-b, a).
 
 The chunk form (:func:`chunk_dplr_delta_rule`) runs the general-DPLR form of the
-training-path kernels -- the intra-chunk launch (``chunk_intra``, a template of its own: A_ab, A_ak, A_qb, A_qk, the
-triangular inverse, w, u, qg, kg, kgv, aqk, aqv, G_n) and the state pass (``chunk_state``) --
+training-path kernels -- the intra-chunk launch (``chunk_intra``, a template of its own: A_ab, A_ak,
+A_qb, A_qk, the triangular inverse, w, u, qg, kg, kgv, aqk, aqv, G_n) and the state pass (``chunk_state``) --
 for inference and training alike (KDA's inference-only solve/pass kernels have no DPLR
 branch).  Its config is a :class:`~kdagen.config.ChunkTrainConfig`.  Its gradients come from the
 DPLR backward (:mod:`kdagen.ops.dplr_bwd`).
