@@ -19,9 +19,15 @@ import argparse
 import difflib
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+if not os.environ.get("PYTHONPATH"):
+    # this checkout's kdagen, not an editable install's of another checkout (a worktree beside it):
+    # sys.path[0] is bench/, which would leave the import to the installed package
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 MEMBERS = (  # (spec name, gate, lower bound, gate in kernel)
     ("kda", "direct", -5.0, False), ("kda", "direct", None, False), ("kda", "lower_bound", -5.0, True),
