@@ -8,8 +8,8 @@ from kdagen.codegen.render import KERNELS
 from kdagen.resources import templates_dir
 
 MAX_LINES, MAX_IFS, MAX_NESTING = 300, 25, 3
-# over the limits until their own split
-NOT_YET = {"recurrent.py.j2", "recurrent_bwd.py.j2"}
+# over the limits until its own split
+NOT_YET = {"recurrent_bwd.py.j2"}
 _IF_LINE = re.compile(r"{%-?\s*if\b")
 _IF_TAG = re.compile(r"{%-?\s*(if|endif)\b")
 
