@@ -367,7 +367,8 @@ def _rest_by_difference(plan: Plan) -> bool:
     return plan.dtype != "float32" and plan.decay != "identity"
 
 
-# The forward solve (chunk_solve.py.j2, chunk_solve_scalar.py.j2): halves of HALF rows, sub-tiles of config.sub_chunk rows.
+# The forward solve (chunk_solve.py.j2, chunk_solve_scalar.py.j2): halves of HALF rows, sub-tiles of
+# config.sub_chunk rows.
 HALF = 32
 LOG2E = 1.4426950408889634
 # The largest decay span (natural log) of a sub-tile the factorised products take: exp(span) and
