@@ -280,7 +280,7 @@ def _grads_vs_float64(xs, cu=None, dt=F32, v_first=False):
 
 @pytest.mark.parametrize("dt", [F32, F16], ids=["fp32", "fp16"])
 def test_gradients_match_float64_autograd(dt):
-    """Beyond FLA (whose op raises): the recurrent backward template's DPLR branch, K = 48 (the
+    """Beyond FLA (whose op raises): general DPLR's recurrent backward template, K = 48 (the
     masked tail of a K row), GVA, a gk = -inf reset, against float64 autograd of the reference."""
     q, k, v, a, b, gk, h0 = _inputs(1, 15, 1, 2, 48, 32, dt)
     gk[0, 7, 1, :4] = -float("inf")

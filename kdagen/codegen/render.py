@@ -227,6 +227,11 @@ def _pick_recurrent(plan: Plan, v: dict) -> str:
     return "recurrent_token_slots.py.j2" if v["token_slots"] else "recurrent.py.j2"
 
 
+def _pick_recurrent_bwd(plan: Plan, v: dict) -> str:
+    # general DPLR's backward step (a, b in place of beta) and its gradients: a template of its own
+    return "recurrent_bwd_dplr.py.j2" if plan.structure == "dplr" else "recurrent_bwd.py.j2"
+
+
 def _pick_dqkw(plan: Plan, v: dict) -> str:
     # folded (ChunkBwdConfig.folds_intra), the launch also forms dA_qk and the products that need no gate
     return "chunk_bwd_dqkw_fold.py.j2" if v["fold"] else "chunk_bwd_dqkw.py.j2"
@@ -289,7 +294,9 @@ KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     # the recurrent form: one program per item, the lean body, speculative decoding's, persistent programs
     _k("recurrent", ("recurrent.py.j2", "recurrent_lean.py.j2", "recurrent_token_slots.py.j2",
                      "recurrent_persistent.py.j2"), RecurrentConfig, _recurrent_vars, dplr=True, pick=_pick_recurrent),
-    _k("recurrent_bwd", "recurrent_bwd.py.j2", RecurrentBwdConfig, _k_row_vars, dplr=True),
+    # its backward: the delta rule's and the members' without a rank-1 part, general DPLR's
+    _k("recurrent_bwd", ("recurrent_bwd.py.j2", "recurrent_bwd_dplr.py.j2"), RecurrentBwdConfig, _k_row_vars,
+       dplr=True, pick=_pick_recurrent_bwd),
 )}
 
 # views of the table, for the modules that read them

@@ -19,7 +19,7 @@ DPLR backward (:mod:`kdagen.ops.dplr_bwd`).
 
 The recurrent form (:func:`fused_recurrent_dplr_delta_rule`, decode) runs the DPLR branch of the
 recurrent template, over :func:`kdagen.ops.member.fused_recurrent_member` (state pool, ``out=``,
-packed decode), with a backward from the recurrent backward template's DPLR branch (FLA's op has
+packed decode), with a backward from general DPLR's recurrent backward template (FLA's op has
 none).
 """
 from __future__ import annotations
@@ -270,7 +270,7 @@ def fused_recurrent_dplr_delta_rule(q, k, v, a, b, gk, scale: float | None = Non
 
     Gradients (FLA 0.6.0's op has none): when autograd is on and an input requires grad, the
     forward is the same kernel, storing nothing extra, and the backward is generated from the
-    recurrent backward template's DPLR branch (states recomputed from checkpoints), giving the
+    recurrent backward's DPLR template (states recomputed from checkpoints), giving the
     gradients of q, k, v, a, b, gk and initial_state; ``ssm_state_indices`` and ``out=`` are
     refused there, and ``reverse=True`` has no backward (NotImplementedError: train with
     ``chunk_dplr_delta_rule``).  The backward needs the sequence lengths on the host

@@ -268,7 +268,7 @@ def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale
     [B, T, HV, K], in flash-linear-attention's convention -- S = Diag(exp g) S + b (a^T S) + k v^T,
     so the spec's own inputs are a' = -b, b' = a -- and no beta; ``reverse=True`` walks each
     sequence last to first (this structure only; it has no backward).  Gradients of q, k, v, g,
-    a, b and the initial state come from the recurrent backward template's DPLR branch.
+    a, b and the initial state come from general DPLR's recurrent backward template.
 
     Speculative decoding, as :func:`kdagen.fused_recurrent_kda`: a 2-D ``ssm_state_indices`` [N, T_max] (a
     slot per token, each token's state written to its slot) and ``num_accepted_tokens`` [N] (sequence n
@@ -402,8 +402,8 @@ def _decode(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqle
 
 class _RecurrentDPLRFunction(torch.autograd.Function):
     """General DPLR's recurrent form with gradients (flash-linear-attention's op has none): the
-    decode kernel forward, storing nothing extra; the backward is the recurrent backward
-    template's DPLR branch (:func:`kdagen.ops.recurrent_bwd.backward_dplr`), giving the gradients
+    decode kernel forward, storing nothing extra; the backward is general DPLR's recurrent
+    backward template (:func:`kdagen.ops.recurrent_bwd.backward_dplr`), giving the gradients
     of q, k, v, gk, a, b and the initial state.  ``reverse=True`` has no backward
     (NotImplementedError naming chunk_dplr_delta_rule)."""
 

@@ -1,5 +1,5 @@
-"""The backward of `fused_recurrent_kda`: one launch (``templates/recurrent_bwd.py.j2``), then
-the host adds the per-V-tile partial sums.
+"""The backward of `fused_recurrent_kda`: one launch (``templates/recurrent_bwd.py.j2``; general DPLR's
+``recurrent_bwd_dplr.py.j2``), then the host adds the per-V-tile partial sums.
 
 The algebra, per token t of a sequence (q~ = scale q, D_t = Diag(exp g_t), S = S_{t-1}):
 
