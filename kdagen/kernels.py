@@ -146,24 +146,21 @@ class CompileReport:
     cache_key: str = ""  # Triton's on-disk cache key of the binary
 
 
-def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int, num_stages: int,
-               maxnreg: int | None = None):
+def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int, num_stages: int):
     """``(ASTSource, options)`` exactly as Triton's JIT builds them when ``fn[grid](**args,
     **constexprs, num_warps=..., num_stages=...)`` runs on a ``target`` GPU: the same
     specialisation of every argument (16-byte alignment of pointers, divisibility by 16 of
     integers, integers equal to 1 made constant) and the same options.  A kernel compiled
     from it therefore has the on-disk cache key of the JIT's own compile, and the device
     loads it instead of compiling again.  No GPU is needed (the binder is Triton's, built for
-    ``target``'s backend); this follows Triton 3.6's ``JITFunction.run``.  ``maxnreg``: the launch's
-    register cap (:func:`register_cap`), if it has one."""
+    ``target``'s backend); this follows Triton 3.6's ``JITFunction.run``."""
     from triton import knobs
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **compile_options(),
-              **register_cap(maxnreg)}
+    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **compile_options()}
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     bound_args, specialization, options = binder(**kwargs)
@@ -172,14 +169,14 @@ def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num
 
 
 def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int,
-                       num_stages: int, maxnreg: int | None = None, keep: dict | None = None) -> CompileReport:
+                       num_stages: int, keep: dict | None = None) -> CompileReport:
     """Compile a jitted kernel for ``target`` (a triton GPUTarget) with no GPU present, as the
     JIT would on that GPU for these arguments (:func:`jit_source`).  ``keep``: keep the binary
     (:func:`kdagen.cache.binaries.keep`, which this dict describes: the GPU, the family, the config),
     so that a first call on that GPU loads it."""
     import triton
 
-    src, options = jit_source(fn, args, constexprs, target, num_warps, num_stages, maxnreg)
+    src, options = jit_source(fn, args, constexprs, target, num_warps, num_stages)
     out = triton.compile(src, target=target, options=options)
     if keep is not None:
         binaries.keep(out.hash, {**keep, "kernel": fn.__name__, "target": f"{target.backend}:{target.arch}",
@@ -231,25 +228,18 @@ def launch_options(constexprs: dict) -> dict:
     return {"launch_pdl": True} if constexprs.get("PDL") else {}
 
 
-def register_cap(maxnreg: int | None) -> dict:
-    """Triton's launch option for a register cap per thread (ptxas's .maxnreg), or none: 0 and None leave
-    the count to the compiler."""
-    return {"maxnreg": int(maxnreg)} if maxnreg else {}
-
-
-def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: int, maxnreg: int | None = None):
-    """Launch ``fn[grid](**args, **constexprs)``, reusing the compiled kernel when possible.  ``maxnreg``:
-    a register cap (:func:`register_cap`; the interpreter has no registers to cap)."""
+def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: int):
+    """Launch ``fn[grid](**args, **constexprs)``, reusing the compiled kernel when possible."""
     if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
         fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options())
         return
     vals = list(args.values())
-    key = (fn, tuple(_spec_key(v) for v in vals), tuple(constexprs.values()), num_warps, num_stages, maxnreg or 0,
+    key = (fn, tuple(_spec_key(v) for v in vals), tuple(constexprs.values()), num_warps, num_stages,
            vals[0].device.index if isinstance(vals[0], torch.Tensor) else None)
     kernel = _COMPILED.get(key)
     if kernel is None:
         kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options(),
-                          **launch_options(constexprs), **register_cap(maxnreg))
+                          **launch_options(constexprs))
         if kernel is not None and hasattr(kernel, "run"):
             _COMPILED[key] = kernel
         return
@@ -296,11 +286,9 @@ class Launch:
     # a launch that runs right after this one (the repair launch of a checked diagonal: the same kernel
     # with REPAIR=True, re-running the programs this one flagged; codegen.render diag_checked)
     then: Any = None
-    # a cap on the registers per thread (Triton's maxnreg option; None: the compiler's count)
-    maxnreg: int | None = None
 
     def __call__(self):
-        launch(self.fn, self.grid, self.args, self.constexprs, self.num_warps, self.num_stages, self.maxnreg)
+        launch(self.fn, self.grid, self.args, self.constexprs, self.num_warps, self.num_stages)
         if self.then is not None:
             self.then()
 

@@ -58,8 +58,8 @@ PTXAS = get_ptxas(90).path
 
 def report(launch) -> dict:
     target = GPUTarget("cuda", 90, 32)
-    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages,
-                              launch.maxnreg)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps,
+                              launch.num_stages)
     out = triton.compile(src, target=target, options=options)
     ptx = out.asm["ptx"]
     with tempfile.TemporaryDirectory() as d:
@@ -83,8 +83,8 @@ def _sm90_sass(launch, lineinfo: bool = False) -> tuple[str, int | None, int | N
     bytes).  ``lineinfo``: ptxas keeps the PTX's line table (no change to the code) and nvdisasm prints each
     instruction under its file and line and branch targets as labels; otherwise cuobjdump's listing."""
     target = GPUTarget("cuda", 90, 32)
-    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps, launch.num_stages,
-                              launch.maxnreg)
+    src, options = jit_source(launch.fn, launch.args, launch.constexprs, target, launch.num_warps,
+                              launch.num_stages)
     out = triton.compile(src, target=target, options=options)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.ptx")

@@ -281,7 +281,7 @@ def test_compile_check_compiles_the_launch_each_stage_names(monkeypatch):
 
     compiled = []
 
-    def fake_compile(fn, args, constexprs, target, num_warps, num_stages, maxnreg=None, keep=None):
+    def fake_compile(fn, args, constexprs, target, num_warps, num_stages, keep=None):
         compiled.append(fn.__name__)
         return CompileReport(fn.__name__, "cuda:90", 0, num_warps, None, None)
 

@@ -60,8 +60,8 @@ out["jit"] = [rep.cache_key, kern.hash]
 
 # 2. what a candidate's build launches at its check shape is what compile_check compiles for it
 ran = []
-def record(fn, grid, args, constexprs, num_warps, num_stages, maxnreg=None):
-    src, opts = jit_source(fn, args, constexprs, target, num_warps, num_stages, maxnreg)
+def record(fn, grid, args, constexprs, num_warps, num_stages):
+    src, opts = jit_source(fn, args, constexprs, target, num_warps, num_stages)
     ran.append([fn.__name__, src.hash(), sorted(opts.items())])
 KN.launch = OR.launch = record
 OC.check_runnable = OR.check_runnable = lambda q: None
@@ -81,7 +81,7 @@ for key, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2
     compiled = []
     for ln in KN.with_repairs(CP.launches_for(plan, cfg, torch.bfloat16, sa, F.check_shape(fam, shape), fwd,
                                               with_forward=True)):
-        src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages, ln.maxnreg)
+        src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
         compiled.append([ln.fn.__name__, src.hash(), sorted(opts.items())])
     out["build"][key] = {"ran": ran[:], "compiled": compiled}
 print(json.dumps(out))

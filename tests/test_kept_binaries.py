@@ -44,7 +44,7 @@ launch, _ = prepare_recurrent(**x, scale=0.25, initial_state=None, output_final_
                               state_indices=None, dims=Dims(B=B, T=T, H=1, HV=1, K=16, V=16, N=B), plan=plan,
                               built=build(plan, cfg), by_slot=False, pdl=False)
 rep = kn.compile_for_target(launch.fn, launch.args, launch.constexprs, GPUTarget("cuda", args.get("arch", 90), 32),
-                            launch.num_warps, launch.num_stages, launch.maxnreg,
+                            launch.num_warps, launch.num_stages,
                             keep=dict(gpu="h800", family="recurrent") if args.get("keep") else None)
 print("@@" + json.dumps(dict(key=rep.cache_key, hits=hits, installed=knobs.cache.manager_class is binaries.manager_class(),
                              manager=str(knobs.cache.manager_class))))

@@ -54,7 +54,7 @@ def _worker_compile(cases):
             fwd, bwd, _ = chunk_dplr_bwd_launches(q, k, v, a, b, gk, config=cfg, bwd_config=bcfg)
             out = []
             for ln in with_repairs(list(fwd) + list(bwd)):
-                r = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages, ln.maxnreg)
+                r = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
                 out.append(dict(kind=ln.kernel, shared=r.shared_bytes, estimate=est.get(ln.kernel)))
             results[cid] = out
         except Exception as e:

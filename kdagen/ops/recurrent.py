@@ -13,7 +13,7 @@ from ..cache.lookup import resolve
 from ..codegen.lower import lower
 from ..config import RecurrentConfig
 from ..dtypes import dtype
-from ..kernels import Launch, build, compile_options, dummy_pointer, launch, launch_options, register_cap
+from ..kernels import Launch, build, compile_options, dummy_pointer, launch, launch_options
 from . import checks, recurrent_bwd
 from .inputs import (RECURRENT_IGNORED_KWARGS, Dims, check_beta_flags, check_inplace_final_state, check_kwargs,
                      check_runnable, check_token_slots, fla_dtypes, host_seqlens, preprocess, select_spec, state_layout,
@@ -337,7 +337,7 @@ def fused_recurrent_kda(
         if sig is not None and all(x.is_contiguous() for x in (q, k, v, g, beta)):
             if len(_FAST) >= _FAST_MAX:
                 _FAST.clear()
-            _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages, desc.maxnreg,
+            _FAST[sig] = _Entry(desc.fn, desc.grid, desc.constexprs, desc.num_warps, desc.num_stages,
                                 float(scale),
                                 dims, "A_log" in desc.args, "dt_bias" in desc.args, _Direct.of(desc),
                                 state_shape(dims.N, dims.HV, dims.K, dims.V, state_v_first),
@@ -381,7 +381,7 @@ def fused_recurrent_kda(
         accepted=num_accepted_tokens)
     args.update(hit.extra)
     if hit.direct is None or not hit.direct(args):
-        launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages, hit.maxnreg)
+        launch(hit.fn, hit.grid, args, hit.constexprs, hit.num_warps, hit.num_stages)
     return o, (ht if (output_final_state or ssm_state_indices is not None) else None)
 
 
@@ -548,8 +548,7 @@ class _Direct:
         try:
             kernel = desc.fn.warmup(**desc.args, **desc.constexprs, grid=desc.grid, num_warps=desc.num_warps,
                                     num_stages=desc.num_stages,  # the JIT's cached binary of that launch
-                                    **compile_options(), **launch_options(desc.constexprs),
-                                    **register_cap(desc.maxnreg))
+                                    **compile_options(), **launch_options(desc.constexprs))
             return cls(kernel, desc.args, desc.constexprs, desc.grid)
         except Exception:  # noqa: BLE001 - e.g. an asynchronous compile: the generic launcher serves instead
             return None
@@ -584,7 +583,6 @@ class _Entry:
     constexprs: dict
     num_warps: int
     num_stages: int
-    maxnreg: int | None  # the launch's register cap, if any
     scale: float
     dims: Dims
     with_A: bool  # the kernel takes A_log / dt_bias (the plan's in-kernel gate reads them)

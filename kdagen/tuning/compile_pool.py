@@ -158,7 +158,7 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
         kept = dict(gpu=gpu_name, family=family, K=K, V=V, dtype=dtype_name, config=cfg.canonical()) if keep else None
         for ln in with_repairs(checked):
             rep = compile_for_target(ln.fn, ln.args, ln.constexprs, GPUTarget("cuda", arch, 32),
-                                     ln.num_warps, ln.num_stages, ln.maxnreg, keep=kept)
+                                     ln.num_warps, ln.num_stages, keep=kept)
             if rep.shared_bytes > smem_limit:
                 return f"needs {rep.shared_bytes} B of shared memory, {gpu_name} has {smem_limit}"
     except Exception as e:  # noqa: BLE001 - any compiler failure drops the config

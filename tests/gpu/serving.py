@@ -677,7 +677,7 @@ def eager_split():
             args.update(entry.extra)  # NS, as the op's generic path adds it
             e = entry
             row["generic_launch_us"] = eager_us(lambda: generic_launch(e.fn, e.grid, args, e.constexprs, e.num_warps,
-                                                                       e.num_stages, e.maxnreg))
+                                                                       e.num_stages))
             row["direct"] = entry.direct is not None
             if entry.direct is not None:
                 row["direct_launch_us"] = eager_us(lambda: entry.direct(args))

@@ -181,12 +181,12 @@ def _last_launch():
     state = {"kernel": None}
     inner = KK.launch
 
-    def recording(fn, grid, args, constexprs, num_warps, num_stages, maxnreg=None):
+    def recording(fn, grid, args, constexprs, num_warps, num_stages):
         state["kernel"] = {"name": getattr(fn, "__name__", str(fn)), "grid": list(grid), "num_warps": num_warps,
                            "num_stages": num_stages,
                            "constexprs": {k: (v if isinstance(v, (int, float, bool, str)) else str(v))
                                           for k, v in constexprs.items()}}
-        return inner(fn, grid, args, constexprs, num_warps, num_stages, maxnreg)
+        return inner(fn, grid, args, constexprs, num_warps, num_stages)
 
     KK.launch = recording
     return state
