@@ -244,7 +244,7 @@ class ChunkBwdConfig(_Config):
     intra_block_v: int = 32  # BV tile of its V loop (dv, dU V^T)
     intra_num_warps: int = 4
     intra_num_stages: int = 2
-    # the triangular inverse's merging dots and its gradient's fp32 dots: "ieee" or tf32
+    # the triangular inverse's (recursive doubling) and its gradient's fp32 dots: "ieee" or tf32
     inverse_precision: str = "ieee"
     store_intermediates: bool = False  # keep qg/kg/W/U/A_qk/G_n from the forward (else recompute)
     # the intra-chunk gradients as two launches: dE, T, dv, dbeta per (chunk, value head), then
