@@ -17,8 +17,9 @@ import torch
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
 from . import checks
 from . import fallback
-from .chunk_call import (ChunkCall, bwd_override_active, chunk_bwd_config, chunk_configs, fla_layout,
-                         forward_launches, prepare_chunk, requires_grad, train, training_step_launches)
+from .chunk_call import (ChunkCall, bwd_override_active, chunk_configs, fla_layout, forward_launches, prepare_chunk,
+                         requires_grad, train, training_step_launches)
+from .chunk_call import chunk_bwd_config  # noqa: F401  (re-exported: the tuner and the tests take it from here)
 from .cp import run_cp
 from .inputs import check_kwargs, check_runnable, fla_dtypes, select_spec, state_layout
 from .traced import chunk_kda_traced

@@ -425,3 +425,21 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
         if state_v_first:
             final = final.transpose(-1, -2).contiguous()
     return o, final
+
+
+def cp_call(op: str, fn, cp_context, tokens: tuple, scale, initial_state, output_final_state: bool,
+            state_v_first: bool, cu_seqlens, kwargs: dict):
+    """``fn`` (the public op) under context parallelism (:func:`kdagen.ops.cp.run_cp`): each
+    local call is ``fn`` without a context, with the op's other keywords (``kwargs``) unchanged
+    -- except a pinned ``config``, kept off the transition's call (its values are V + K wide)."""
+    if kwargs.get("return_intermediate_states"):
+        raise ValueError(f"{op}: return_intermediate_states=True is not supported under cp_context")
+    V = tokens[2].shape[-1]
+
+    def local(t, h0, cu, cu_cpu):
+        kw = kwargs if t[2].shape[-1] == V else {n: x for n, x in kwargs.items() if n != "config"}
+        return fn(*t, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
+                  **kw)
+    return run_cp(op, cp_context, tokens, local, initial_state=initial_state, output_final_state=output_final_state,
+                  state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                  params=tuple(x for x in kwargs.values() if isinstance(x, torch.Tensor)))

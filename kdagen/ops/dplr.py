@@ -33,14 +33,15 @@ from ..cache.miscompiles import legal
 from ..cache.lookup import resolve
 from ..codegen.forms import generates
 from ..config import ChunkTrainConfig
-from ..dtypes import TORCH_DTYPES, dtype
+from ..dtypes import TORCH_DTYPES
 from ..kernels import build
 from . import chunk_bwd as bwd
 from . import fallback
 from .chunk_call import ChunkFunction, chunk_configs, prepare_chunk, requires_grad, training_launches
 from .chunk_train import prepare_chunk_train
+from .cp import cp_call
 from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
-from .inputs import check_inputs, check_kwargs, check_runnable, fla_dtypes, gate_choice
+from .inputs import check_kwargs, check_runnable, fla_dtypes, gate_choice
 from .member import fused_recurrent_member
 
 CHUNK_SIZES = (16, 32, 64)  # the chunk lengths the training-path templates are run and tested at for DPLR
@@ -172,7 +173,6 @@ def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: 
     check_kwargs(op, kwargs)
     _check_chunk_size(op, chunk_size, config)
     if cp_context is not None:
-        from .family import cp_call
         return cp_call(op, chunk_dplr_delta_rule, cp_context, (q, k, v, a, b, gk), scale, initial_state,
                        output_final_state, False, cu_seqlens,
                        dict(kwargs, safe_gate=safe_gate, chunk_size=chunk_size, lower_bound=lower_bound,

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import warnings
 
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
+
 from ..cache import smem
 
 _NEXT: dict = {}  # (family, plan, config) -> the config that replaced it
@@ -17,9 +20,6 @@ _WARNED: set = set()
 
 
 def _failures() -> tuple[type, ...]:
-    from triton.compiler.errors import CompilationError
-    from triton.runtime.errors import OutOfResources
-
     return (OutOfResources, CompilationError)
 
 

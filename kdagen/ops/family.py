@@ -20,7 +20,7 @@ import sympy as sp
 import torch
 
 from .. import spec as S
-from .cp import run_cp
+from .cp import cp_call
 from .inputs import fla_dtypes, gate_choice, state_layout
 from .member import CHUNK_SIZES, chunk_member, fused_recurrent_member
 
@@ -38,24 +38,6 @@ def gdn_spec(use_gate_in_kernel: bool = False, has_bias: bool = False) -> S.Recu
     expr = gate.expr if has_bias else gate.expr.subs(S.dt_bias, 0)
     params = ((S.A_log, "head"),) + (((S.dt_bias, "head"),) if has_bias else ())
     return S.gdn(S.Gate("gdn_softplus" + ("" if has_bias else "_nobias"), sp.simplify(expr), gate.raw, params))
-
-
-def cp_call(op: str, fn, cp_context, tokens: tuple, scale, initial_state, output_final_state: bool,
-            state_v_first: bool, cu_seqlens, kwargs: dict):
-    """``fn`` (the public op) under context parallelism (:func:`kdagen.ops.cp.run_cp`): each
-    local call is ``fn`` without a context, with the op's other keywords (``kwargs``) unchanged
-    -- except a pinned ``config``, kept off the transition's call (its values are V + K wide)."""
-    if kwargs.get("return_intermediate_states"):
-        raise ValueError(f"{op}: return_intermediate_states=True is not supported under cp_context")
-    V = tokens[2].shape[-1]
-
-    def local(t, h0, cu, cu_cpu):
-        kw = kwargs if t[2].shape[-1] == V else {n: x for n, x in kwargs.items() if n != "config"}
-        return fn(*t, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-                  **kw)
-    return run_cp(op, cp_context, tokens, local, initial_state=initial_state, output_final_state=output_final_state,
-                  state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-                  params=tuple(x for x in kwargs.values() if isinstance(x, torch.Tensor)))
 
 
 def _common(op: str, kwargs: dict):

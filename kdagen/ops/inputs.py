@@ -4,7 +4,11 @@ that FLA's gate flags describe, and the pre-processing FLA performs on the host 
 beta sigmoid)."""
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import textwrap
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -370,8 +374,6 @@ def state_layout(op: str, state_v_first, kwargs: dict) -> bool:
     if "transpose_state_layout" in kwargs:
         if state_v_first:
             raise ValueError(f"{op}: cannot pass both `state_v_first` and the deprecated `transpose_state_layout`")
-        import warnings
-
         warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.", DeprecationWarning,
                       stacklevel=3)
         state_v_first = kwargs.pop("transpose_state_layout")
@@ -401,8 +403,6 @@ def interpreting() -> bool:
 
 def dtype_note(out_from: str, operands: tuple[str, ...]) -> str:
     """The docstring paragraphs :func:`fla_dtypes` adds to the op it wraps."""
-    import textwrap
-
     names = ", ".join(operands[:-1]) + " and " + operands[-1]
     paras = (
         f"Input dtypes, as FLA 0.6.0 takes them: {names} may mix float32, float16 and bfloat16.  They are "
@@ -433,9 +433,6 @@ def fla_dtypes(out_from: str, operands: tuple[str, ...] = ("q", "k", "v")):
     float32 copy (the interpreter's bf16 arithmetic is wrong); a bf16 state pool (with
     ``ssm_state_indices``) is run on a float32 copy and copied back in place.  Inputs that are not
     float tensors pass through untouched, for the op's own validation to name them."""
-    import functools
-    import inspect
-
     def deco(fn):
         params = list(inspect.signature(fn).parameters)
         named = operands + _OTHER_FLOATS + ("out", "ssm_state_indices")
