@@ -36,7 +36,7 @@ case "${1:-}" in
     timeout -k 10 -s INT "$budget" python3 -m kdagen.cli bench --suite readme --out "$OUT/perf" \
         --plot "$OUT/perf.png" > "$OUT/console.log" 2>&1 ;;
   fla)
-    timeout -k 10 -s INT "$budget" python3 -m kdagen.cli bench --suite readme --compare fla --fla-warm-jobs 14 \
+    timeout -k 10 -s INT "$budget" python3 -m kdagen.cli bench --suite readme --compare fla --per-launch --fla-warm-jobs 14 \
         --out "$OUT/perf" --plot "$OUT/perf.png" > "$OUT/console.log" 2>&1
     cp README.md "$OUT/README.md"
     python3 -m kdagen.cli bench --from "$OUT/perf.json" --perf-md "$OUT/PERF.md" --readme "$OUT/README.md" \

@@ -769,8 +769,12 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
               help="also rewrite the performance table of this README (between its perf-table markers) from "
                    "the result")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random inputs")
+@click.option("--per-launch", is_flag=True,
+              help="also time each kernel of the forward and forward+backward passes (torch.profiler), with "
+                   "kdagen's bytes per launch and the time a copy would move them in (its floor); "
+                   "--perf-md lists them")
 def bench(shapes, passes, members, suite, compare, dtype_name, out_prefix, plot_path, from_json, fla_warm_jobs,
-          perf_md, readme, seed):
+          perf_md, readme, seed, per_launch):
     """Check kdagen's ops against the float64 reference and time them on this GPU at your
     shapes; with --compare fla, flash-linear-attention's too, in the same process on the same
     inputs.  Prints a table (time, FLA's time over kdagen's, TB/s against a copy measured
@@ -784,7 +788,7 @@ def bench(shapes, passes, members, suite, compare, dtype_name, out_prefix, plot_
             BM.check_plot_available()
         if from_json:
             extra = [n for n in ("shapes", "passes", "members", "suite", "compare", "dtype_name", "fla_warm_jobs",
-                                 "seed") if _given(n)]
+                                 "seed", "per_launch") if _given(n)]
             if extra:
                 raise click.UsageError(f"--from prints an earlier run; {', '.join(extra)} do(es) not apply to it")
             try:
@@ -817,6 +821,7 @@ def bench(shapes, passes, members, suite, compare, dtype_name, out_prefix, plot_
             BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo, members=members)
         result = BM.run(bench_shapes, libraries, passes, cases=cases, device=device, dtype=dt, timer=BM.median_timer,
                         graph_timer=BM.graph_median_timer, seed=seed, echo=click.echo, copy_bytes=BM.COPY_BYTES,
+                        launch_timer=BM.profile_kernels if per_launch else None,
                         on_row=lambda so_far: BM.write_json(so_far, out_prefix + ".json") if out_prefix else None)
     except KeyboardInterrupt:
         kept = f"; the rows measured so far are in {out_prefix}.json" if out_prefix else ""

@@ -104,6 +104,49 @@ def test_a_failing_library_gets_a_row_that_says_why_and_the_run_goes_on(monkeypa
     assert lines[-1] == "  fla fwd 1,24,2,16 failed: RuntimeError: fake FLA failure"
 
 
+def test_per_launch_rows_name_each_kernel_with_kdagen_bytes_and_floor(monkeypatch):
+    """--per-launch: each forward row lists its kernels; kdagen's carry the bytes their launches' tensors
+    hold (recorded from kdagen.kernels.launch) and that traffic's time at the measured copy bandwidth."""
+    _fake_fla(monkeypatch)
+    timed = []
+
+    def fake_launch_timer(fn):  # the kernels of one call: kdagen's as launched, plus one that is not kdagen's
+        names = list(BM.launch_bytes(fn)) or ["fla_kernel"]
+        timed.append(names)
+        return {n: (0.25 * (i + 1), 1.0) for i, n in enumerate(names)} | {"elementwise_kernel": (0.01, 2.0)}
+
+    res = BM.run([SHAPE], [BM.kdagen_library(), BM.fla_library()], ["fwd", "decode"], device="cpu",
+                 dtype=torch.float32, timer=FakeTimer([0.5, 2.0, 4.0, 0.01, 0.03]), echo=lambda s: None,
+                 copy_bytes=1 << 20, launch_timer=fake_launch_timer)
+    rows = {(r["pass"], r["library"]): r for r in res["rows"]}
+    assert "launches" not in rows[("decode", "kdagen")] and "launches" not in rows[("decode", "fla")]
+    kd, fl = rows[("fwd", "kdagen")]["launches"], rows[("fwd", "fla")]["launches"]
+    kernels = [k for k in kd if k["name"] != "elementwise_kernel"]
+    assert len(kernels) >= 2 and all(k["name"].startswith("kda") for k in kernels)  # the solve and the pass
+    for k in kernels:
+        assert k["bytes"] > 0 and k["floor_ms"] == pytest.approx(k["bytes"] / (res["copy_gbs"] * 1e9) * 1e3)
+    # every input and output of the pass is an argument of some launch: their bytes cover its least traffic
+    assert sum(k["bytes"] for k in kernels) >= rows[("fwd", "kdagen")]["bytes"]
+    (other,) = [k for k in kd if k["name"] == "elementwise_kernel"]
+    assert other["bytes"] is None and other["floor_ms"] is None and other["count"] == 2.0
+    assert [k["name"] for k in fl] == ["fla_kernel", "elementwise_kernel"] and fl[0]["bytes"] is None
+    assert BM.kernel_table([("a", 10.0), ("b", 30.0), ("a", 10.0)], 2) == {"b": (0.015, 0.5), "a": (0.01, 1.0)}
+
+
+def test_perf_page_lists_each_launch_against_its_floor():
+    from kdagen.tuning import perf_doc
+
+    res = _result()
+    row = next(r for r in res["rows"] if r["library"] == "kdagen" and r["pass"] == "fwd")
+    row["launches"] = [dict(name="kda_chunk_solve", ms=0.9, count=1.0, bytes=1.5e9, floor_ms=0.5),
+                       dict(name="kda_chunk_pass", ms=0.6, count=1.0, bytes=1.2e9, floor_ms=0.4)]
+    page = perf_doc.perf_markdown(res)
+    assert "## Per launch" in page and "### KDA chunk forward, 1,8192,96,128" in page
+    assert "| kdagen | `kda_chunk_solve` | 1 | 0.900 ms | 60% | 1500.0 MB | 0.500 ms | 1.8× |" in page
+    assert "| kdagen | `kda_chunk_pass` | 1 | 0.600 ms | 40% | 1200.0 MB | 0.400 ms | 1.5× |" in page
+    assert "## Per launch" not in perf_doc.perf_markdown(_result())
+
+
 @pytest.mark.slow
 def test_forward_and_backward_are_timed_with_gradients_of_every_input(monkeypatch):
     _fake_fla(monkeypatch)

@@ -19,6 +19,12 @@ recurrence (:mod:`kdagen.spec.reference`) on the same inputs (the forward's;
 once; the backward reads the inputs again) over its median time, and ``% copy`` compares it
 with a device-to-device copy measured in the same process.
 
+With a ``launch_timer`` (``kdagen bench --per-launch``: :func:`profile_kernels`, the CUDA kernels of one
+call under torch.profiler) each forward and forward+backward row also lists its kernels: time per call
+and launches per call, and for kdagen's the bytes its launches' tensors hold (:func:`launch_bytes`) and
+the time a copy of them would take at the measured copy bandwidth -- each launch's floor, which no
+launch that must read its inputs and write its outputs can beat.
+
 Everything takes its timer and device as arguments, so that the tests run it on the CPU with
 a fake timer and a fake FLA.  FLA autotunes its kernels on first use (minutes: each candidate
 compiles in turn); :func:`warm_fla` compiles its candidates in parallel processes first, and
@@ -206,9 +212,11 @@ def copy_gbs(timer: Callable, device: str, n_bytes: int = 1 << 30) -> float:
 
 
 def measure(lib: Library, pass_: str, shape: Shape, x: dict, ref, timer: Callable, copy: float,
-            device: str, graph_timer: Callable | None = None, member: str = "kda") -> dict:
+            device: str, graph_timer: Callable | None = None, member: str = "kda",
+            launch_timer: Callable | None = None) -> dict:
     """One row: check ``lib`` at ``pass_`` against ``ref`` and time it (decode with
-    ``graph_timer`` when given and the call can be captured, else eagerly with ``timer``).  A
+    ``graph_timer`` when given and the call can be captured, else eagerly with ``timer``); with
+    ``launch_timer``, a forward's or forward+backward's kernels too (:func:`launches`).  A
     library that fails gets a row that says why, and the benchmark goes on."""
     row: dict[str, Any] = dict(member=member, shape=shape.label, **asdict(shape), library=lib.name, timing="eager", error=None,
                                err_o=None, err_state=None, ms=None, bytes=None, tbs=None, pct_copy=None, failed=None)
@@ -232,10 +240,75 @@ def measure(lib: Library, pass_: str, shape: Shape, x: dict, ref, timer: Callabl
             ms = timer(fn)
         gbs = nbytes / (ms * 1e-3) / 1e9
         row.update(ms=ms, bytes=nbytes, tbs=gbs / 1e3, pct_copy=100 * gbs / copy)
+        if launch_timer is not None and pass_ != "decode":
+            row["launches"] = launches(fn, launch_timer, copy, kdagen=lib.module is None)
     except Exception as e:  # noqa: BLE001 - one library's failure is reported in its row
         _sync_quietly(device)
         row["failed"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     return row
+
+
+def launch_bytes(fn: Callable[[], Any]) -> dict[str, int]:
+    """Run ``fn`` once, recording every kdagen launch (:func:`kdagen.kernels.launch`): the bytes the
+    tensors of each kernel's arguments hold, summed over its launches of the call, by kernel name.
+    A tensor counts once per launch (every argument is read or written at least once)."""
+    import kdagen.kernels as KK
+
+    seen: dict[str, int] = {}
+    inner = KK.launch
+
+    def recording(fn_, grid, args, constexprs, num_warps, num_stages):
+        tensors = {t.data_ptr(): t for t in args.values() if isinstance(t, torch.Tensor)}
+        name = getattr(fn_, "__name__", str(fn_))
+        seen[name] = seen.get(name, 0) + sum(t.numel() * t.element_size() for t in tensors.values())
+        return inner(fn_, grid, args, constexprs, num_warps, num_stages)
+
+    KK.launch = recording
+    try:
+        fn()
+    finally:
+        KK.launch = inner
+    return seen
+
+
+def profile_kernels(fn: Callable[[], Any], reps: int = 10) -> dict[str, tuple[float, float]]:
+    """``{kernel name: (ms per call, launches per call)}`` of ``fn``'s CUDA kernels over ``reps``
+    calls under torch.profiler (after one untimed call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    events = [(e.name, e.device_time_total) for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA]
+    return kernel_table(events, reps)
+
+
+def kernel_table(events: Iterable[tuple[str, float]], reps: int) -> dict[str, tuple[float, float]]:
+    """``{name: (ms per call, launches per call)}`` from (kernel name, device microseconds) events of
+    ``reps`` calls, the slowest first."""
+    total: dict[str, list] = {}
+    for name, us in events:
+        t = total.setdefault(name, [0.0, 0])
+        t[0] += us
+        t[1] += 1
+    rows = {n: (us / reps / 1e3, count / reps) for n, (us, count) in total.items()}
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1][0]))
+
+
+def launches(fn: Callable[[], Any], launch_timer: Callable, copy_gbs: float, kdagen: bool) -> list[dict]:
+    """A row's kernels: name, ms and launches per call (``launch_timer(fn)``); for kdagen's, the bytes
+    their tensors hold and ``floor_ms``, the time a copy moves them in (``copy_gbs``: read + written)."""
+    nbytes = launch_bytes(fn) if kdagen else {}
+    out = []
+    for name, (ms, count) in launch_timer(fn).items():
+        b = nbytes.get(name)
+        out.append(dict(name=name, ms=ms, count=count, bytes=b,
+                        floor_ms=None if b is None else b / (copy_gbs * 1e9) * 1e3))
+    return out
 
 
 def _sync_quietly(device: str) -> None:
@@ -261,12 +334,12 @@ def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *,
         timer: Callable = median_timer, graph_timer: Callable | None = None, seed: int = 0,
         echo: Callable[[str], None] = print, copy_bytes: int = 1 << 30,
         on_row: Callable[[dict], None] | None = None, members: Iterable[str] = ("kda",),
-        cases: list | None = None) -> dict:
+        cases: list | None = None, launch_timer: Callable | None = None) -> dict:
     """Check and time every library at every case -- ``cases`` (:class:`kdagen.tuning.bench_cases.Case`),
     or every member at every shape and pass -- (decode from a CUDA graph with ``graph_timer``, see
     :func:`measure`); returns ``{"env", "dtype", "copy_gbs", "rows"}`` (what :func:`write_json`
     writes).  ``on_row(result so far)`` after each row (the command line writes it: a run cut short
-    keeps what it measured)."""
+    keeps what it measured).  ``launch_timer``: see :func:`measure`."""
     if cases is None:
         cases = BC.cases(members, [(s.B, s.T, s.H, s.K, s.V) for s in shapes], passes)
     groups: dict[tuple, list[str]] = {}  # cases on the same inputs share them (and their reference)
@@ -284,7 +357,8 @@ def run(shapes: list[Shape], libraries: list[Library], passes: Iterable[str], *,
         ref = reference(x, member)
         for pass_ in todo:
             for lib in libraries:
-                row = measure(lib, pass_, shape, x, ref, timer, copy, device, graph_timer, member=member)
+                row = measure(lib, pass_, shape, x, ref, timer, copy, device, graph_timer, member=member,
+                              launch_timer=launch_timer)
                 rows.append(row)
                 if on_row is not None:
                     on_row(result)
