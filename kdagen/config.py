@@ -2,7 +2,9 @@
 
 A config is a frozen dataclass; ``to_dict``/``from_dict`` give its canonical JSON form
 (used by the tuning cache and by the generated-source header).  Heuristic defaults, used
-when no tuned winner is cached, live in :mod:`kdagen.cache.heuristics`.
+when no tuned winner is cached, live in :mod:`kdagen.cache.heuristics`; each dataclass's field
+defaults are that heuristic's config for KDA (g given, bound -5) in bf16 at K=V=128 without a
+call shape, and the heuristic's rules are departures from them.
 """
 from __future__ import annotations
 
@@ -130,7 +132,7 @@ class ChunkFwdConfig(_Config):
     # where the solve (channel decay) issues its loads of g, beta, k and q: 0 where each is first
     # read (k after the cumulative sum, q after bk's store), 1 all of a half's at its start, 2 also
     # the second half's before the first half's inverse (more registers live, fewer round trips)
-    solve_load_ahead: int = 0
+    solve_load_ahead: int = 2
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "intra_num_warps", "state_num_warps")
@@ -162,20 +164,20 @@ class ChunkTrainConfig(_Config):
     kernel: ClassVar[str] = "chunk_train"
     chunk_size: int = 32  # C: tokens per chunk
     sub_chunk: int = 16  # BC: tokens per factorised sub-tile (bounded by the gate)
-    intra_block_k: int = 64  # BK tile of the intra-chunk launch
+    intra_block_k: int = 128  # BK tile of the intra-chunk launch
     intra_num_warps: int = 4
     intra_num_stages: int = 2
-    state_block_v: int = 64  # BV: V tile owned by one state-pass program
+    state_block_v: int = 32  # BV: V tile owned by one state-pass program
     state_num_warps: int = 4
-    state_num_stages: int = 2
+    state_num_stages: int = 3
     # the triangular inverse's fp32 dots (recursive doubling): exact ("ieee") or tf32
-    inverse_precision: str = "ieee"
+    inverse_precision: str = "tf32"
     cumsum: str = "scan"  # in-sub-tile prefix/suffix sums of the gate: tl.cumsum, or an fp32 dot with a triangle
-    diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
+    diag_precision: str = "tf32"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
     state_prefetch: bool = False  # the state pass loads U of the next chunk one iteration ahead (G_n always)
     # the intra launch issues every row-block's q, k and g loads at the top of its K tile (every member's
     # template branch but general DPLR's, which ignores it)
-    intra_load_ahead: bool = False
+    intra_load_ahead: bool = True
     # a gate bound the caller promises (g given, safe_gate) checked, so g below it (or -inf) still gets the
     # recurrence's answer: KDA's and GLA's kernels flag the chunks with a sub-tile over the span limit and
     # re-run those in repair launches; general DPLR checks each sub-tile in its kernels, dearer, so its heuristic
@@ -185,8 +187,8 @@ class ChunkTrainConfig(_Config):
     # the output out of the state pass (FLA's split): the pass writes the per-chunk states and V' only
     # (chunk_state with WRITE_O=False) and a chunk-parallel launch (chunk_out, one program per V tile,
     # chunk and value head) forms O = qg S_c + A_qk V' from them.  Training calls only (they store both)
-    split_output: bool = False
-    out_block_v: int = 64  # BV of the output launch
+    split_output: bool = True
+    out_block_v: int = 128  # BV of the output launch
     out_block_k: int = 64  # BK of its K loop
     out_num_warps: int = 4
     out_num_stages: int = 2
@@ -235,26 +237,26 @@ class ChunkBwdConfig(_Config):
     sub_chunk: int = 16  # BC: tokens per sub-tile (same as the forward)
     state_block_v: int = 32  # BV: V tile owned by one reverse-state-pass program
     state_num_warps: int = 4
-    state_num_stages: int = 2
-    dqkw_block_k: int = 64  # BK: K tile owned by one program of the chunk-parallel launch
-    dqkw_block_v: int = 32  # BV tile of its V loop
+    state_num_stages: int = 3
+    dqkw_block_k: int = 128  # BK: K tile owned by one program of the chunk-parallel launch
+    dqkw_block_v: int = 64  # BV tile of its V loop
     dqkw_num_warps: int = 4
     dqkw_num_stages: int = 2
     intra_block_k: int = 32  # BK tile of the intra-chunk gradient launch
-    intra_block_v: int = 32  # BV tile of its V loop (dv, dU V^T)
-    intra_num_warps: int = 4
+    intra_block_v: int = 64  # BV tile of its V loop (dv, dU V^T)
+    intra_num_warps: int = 2
     intra_num_stages: int = 2
     # the triangular inverse's (recursive doubling) and its gradient's fp32 dots: "ieee" or tf32
-    inverse_precision: str = "ieee"
+    inverse_precision: str = "tf32"
     store_intermediates: bool = False  # keep qg/kg/W/U/A_qk/G_n from the forward (else recompute)
     # the intra-chunk gradients as two launches: dE, T, dv, dbeta per (chunk, value head), then
     # dq, dk, dg per (chunk, value head, K tile) (templates/chunk_bwd_intra.py.j2); plans with a rank-1 part
-    intra_split: bool = False
-    diag_precision: str = "input"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
+    intra_split: bool = True
+    diag_precision: str = "tf32"  # the factorised diagonal sub-tiles' operands (DIAG_PRECISIONS)
     rerun_block_k: int = 64  # K tile of one program of recompute mode's re-run (chunk_bwd_rerun)
-    rerun_num_warps: int = 4
+    rerun_num_warps: int = 1
     state_dtype: str = "input"  # per-chunk states and their gradients: the input dtype or fp32
-    state_prefetch: bool = False  # the reverse state pass loads G_n of the chunk before one iteration ahead
+    state_prefetch: bool = True  # the reverse state pass loads G_n of the chunk before one iteration ahead
     check_gate_bound: bool = True  # as ChunkTrainConfig's: a promised gate bound checked (the repair launches)
     # no decay or a scalar one given as g (DeltaNet, Gated DeltaNet), a split intra backward folded into the
     # launches beside it: dqkw finishes dq and dk's A_qk part, chunk_bwd_wy adds dk's rank-1 part (and with
@@ -355,13 +357,13 @@ class RecurrentConfig(_Config):
     """Recurrent (decode) form: one launch per step over (sequence, head, V tile)."""
 
     kernel: ClassVar[str] = "recurrent"
-    block_v: int = 32
-    num_warps: int = 4
+    block_v: int = 64
+    num_warps: int = 2
     num_stages: int = 1
     # where o is read from: "updated" -- o = S_t^T q after the update (two reductions over K in
     # a chain); "loaded" -- from the state as loaded plus the token's own terms, so the reductions
     # are independent of each other and of the update (templates/_recurrent_step.py.j2)
-    readout: str = "updated"
+    readout: str = "loaded"
     # 0: one program per (V tile, sequence, value head); n > 0: n programs per SM, each taking items in turn in
     # a loop Triton's software pipeliner runs num_stages - 1 items ahead (num_stages >= 2;
     # templates/recurrent_persistent.py.j2)

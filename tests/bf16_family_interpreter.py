@@ -29,10 +29,10 @@ def errors(member, B, T, H, HV, K, V, seed=0) -> dict[str, float]:
     """Relative Frobenius error of o, the final state and every gradient against float64
     autograd through the token-by-token recurrence."""
     if member == "deltanet_fold":
-        from kdagen.config import ChunkBwdConfig
         from kdagen.ops.chunk import chunk_bwd_config
+        from plain_configs import plain_bwd
 
-        with chunk_bwd_config(ChunkBwdConfig(intra_split=True, intra_fold=True, intra_block_k=16, dqkw_block_k=32)):
+        with chunk_bwd_config(plain_bwd(intra_split=True, intra_fold=True, intra_block_k=16, dqkw_block_k=32)):
             return errors("deltanet", B, T, H, HV, K, V, seed)
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(B, T, H, K, generator=gen)

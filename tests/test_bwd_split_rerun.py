@@ -28,11 +28,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import F64, TOL, assert_close, make_inputs
+from plain_configs import plain_bwd, plain_train
 
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import family_kernels, render
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
+from kdagen.config import ChunkBwdConfig, ConfigError
 from kdagen.ops.chunk import chunk_kda_bwd_launches
 from kdagen.ops.member import chunk_member_launches
 from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
@@ -94,7 +95,7 @@ SPLIT_CASES = [
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
 def test_split_intra_equals_the_fused_launch(case):
     _, builder, extra = case
-    base = ChunkBwdConfig(intra_block_v=16, **extra)
+    base = plain_bwd(intra_block_v=16, **extra)
     kinds_f, fused = _run(builder(base.replace(intra_split=False)))
     kinds_s, split = _run(builder(base.replace(intra_split=True)))
     assert kinds_f == ["chunk_bwd_rerun", "chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
@@ -131,7 +132,7 @@ FOLD_CASES = [
 def test_folded_split_matches_the_split(case):
     cid, dtype, K, V, extra = case
     member = "gdn" if cid.endswith("-gdn") else "deltanet"
-    split_cfg = ChunkBwdConfig(intra_block_v=16, intra_split=True, **extra)
+    split_cfg = plain_bwd(intra_block_v=16, intra_split=True, **extra)
     _, split = _run(_member(member, dtype, K, V, split_cfg))
     kinds, fold = _run(_member(member, dtype, K, V, split_cfg.replace(intra_fold=True)))
     rerun = [] if extra.get("store_intermediates") else ["chunk_bwd_rerun"]
@@ -175,7 +176,7 @@ def test_folded_gradients_match_the_recurrence(dtype, member):
     h0 = torch.randn(len(cu) - 1, HV, K, V, generator=gen)
     do = torch.randn(1, T, HV, V, generator=gen).to(dtype)
     dht = torch.randn(h0.shape, generator=gen)
-    cfg = ChunkBwdConfig(intra_split=True, intra_fold=True, intra_block_k=16, intra_block_v=16, dqkw_block_k=16)
+    cfg = plain_bwd(intra_split=True, intra_fold=True, intra_block_k=16, intra_block_v=16, dqkw_block_k=16)
     fwd, bwd, out = chunk_member_launches(S.gdn() if gdn else S.deltanet(), q, k, v, g, beta, training=True,
                                           output_final_state=True, initial_state=h0, cu_seqlens=torch.tensor(cu),
                                           bwd_config=cfg, do=do, dht=dht)
@@ -209,12 +210,12 @@ def test_folded_gradients_match_the_recurrence(dtype, member):
 def test_fold_is_a_no_decay_plans_and_renders_no_second_launch():
     dn = lower(S.deltanet(), 64, 64, "bfloat16", "chunk")
     kda = lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk")
-    fold = ChunkBwdConfig(intra_split=True, intra_fold=True)
+    fold = plain_bwd(intra_split=True, intra_fold=True)
     assert fold.folds_intra(dn) and not fold.folds_intra(kda)
     gdn = lower(S.gdn(), 64, 64, "bfloat16", "chunk")  # a scalar decay given as g folds too
     assert fold.folds_intra(gdn) and "chunk_bwd_intra" not in family_kernels("chunk_bwd", gdn, fold)
     assert "dgr" in render("chunk_bwd_dqkw", gdn, fold).text and "dgr" not in render("chunk_bwd_dqkw", dn, fold).text
-    assert not ChunkBwdConfig(intra_fold=True).folds_intra(dn)  # folds a split only
+    assert not plain_bwd(intra_fold=True).folds_intra(dn)  # folds a split only
     kinds = family_kernels("chunk_bwd", dn, fold)
     assert "chunk_bwd_wy" in kinds and "chunk_bwd_intra" not in kinds
     with pytest.raises(ConfigError, match="folded"):
@@ -233,7 +234,7 @@ def test_rerun_rebuilds_the_forwards_intermediates(gate, dtype, K):
     forward keeps only A_qk and T): the same sums and exps, so equal; W is a dot of the same
     rounded factors, equal to fp32 rounding.  The re-run's qg is q exp(G), the forward's q exp(G) scale
     (the reverse pass applies the scale after its dot): equal once scaled in fp32, to one rounding in fp16."""
-    fwd, bwd, _ = _kda(dtype, K, 32, gate, ChunkBwdConfig(rerun_block_k=32), T=70)
+    fwd, bwd, _ = _kda(dtype, K, 32, gate, plain_bwd(rerun_block_k=32), T=70)
     for ln in fwd:
         ln()
     rerun = bwd[0]
@@ -258,7 +259,7 @@ def test_rerun_rebuilds_the_forwards_intermediates(gate, dtype, K):
 
 
 def test_stored_intermediates_keep_no_T_and_run_no_rerun():
-    fwd, bwd, _ = _kda(F32, 32, 32, "safe", ChunkBwdConfig(store_intermediates=True))
+    fwd, bwd, _ = _kda(F32, 32, 32, "safe", plain_bwd(store_intermediates=True))
     assert not fwd[0].constexprs["STORE_T"]
     assert [ln.kernel for ln in bwd] == ["chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra"]
 
@@ -267,8 +268,8 @@ def test_which_launches_a_plan_and_config_take():
     kda = lower(S.get_spec("kda", lower_bound=-5.0), 64, 64, "bfloat16", "chunk")
     gla = lower(S.gla(), 64, 64, "bfloat16", "chunk")
     dplr = lower(S.dplr(), 64, 64, "bfloat16", "chunk")
-    split, fused, stored = (ChunkBwdConfig(intra_split=True), ChunkBwdConfig(),
-                            ChunkBwdConfig(intra_split=True, store_intermediates=True))
+    split, fused, stored = (plain_bwd(intra_split=True), plain_bwd(),
+                            plain_bwd(intra_split=True, store_intermediates=True))
     base = ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra")
     l2 = ("qk_l2norm_bwd",)  # every backward has the l2-norm's (launched by a call that asks for it)
     assert family_kernels("chunk_bwd", kda, split) == base + ("chunk_bwd_wy", "chunk_bwd_rerun") + l2
@@ -295,11 +296,11 @@ def test_chunks_of_four_sub_tiles_take_neither():
     from kdagen.config import ChunkTrainConfig as Train
 
     x = make_inputs(1, 70, 1, 1, 32, 32, seed=1)
-    asked = ChunkBwdConfig(chunk_size=64, intra_split=True)
+    asked = plain_bwd(chunk_size=64, intra_split=True)
     kda = lower(S.get_spec("kda", lower_bound=-5.0), 32, 32, "float16", "chunk")
     assert not asked.splits_intra(kda) and not asked.reruns_from_saved(kda)
     fwd, bwd, _ = chunk_kda_bwd_launches(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, safe_gate=True,
-                                         lower_bound=-5.0, config=ChunkTrainConfig(chunk_size=64),
+                                         lower_bound=-5.0, config=plain_train(chunk_size=64),
                                          bwd_config=asked, with_rerun=True)
     assert [ln.kernel for ln in fwd] == ["chunk_intra", "chunk_state", "chunk_intra"]
     assert not fwd[0].constexprs["STORE_T"] and not fwd[2].constexprs["STORE_U"]
@@ -320,8 +321,8 @@ def test_split_diagonal_precision_adds_exact_zeros_in_fp32():
     """diag_precision="split" (the backward's upstream diagonal tiles as hi + lo in the dot dtype) runs
     its extra products in the dq/dk/dg launch only; with fp32 inputs the low parts are exactly zero, so
     every gradient equals the default's bit for bit (its effect on bf16: tests/test_bf16_emulated.py)."""
-    kinds, base = _run(_kda(F32, 32, 32, "safe", ChunkBwdConfig(intra_split=True)))
-    launches = _kda(F32, 32, 32, "safe", ChunkBwdConfig(intra_split=True, diag_precision="split"))
+    kinds, base = _run(_kda(F32, 32, 32, "safe", plain_bwd(intra_split=True)))
+    launches = _kda(F32, 32, 32, "safe", plain_bwd(intra_split=True, diag_precision="split"))
     source = {ln.kernel: open(inspect.getsourcefile(ln.fn.fn)).read() for ln in launches[1]}
     assert "b_dQl" in source["chunk_bwd_intra"] and "b_dQl" not in source["chunk_bwd_wy"]
     split_kinds, split = _run(launches)

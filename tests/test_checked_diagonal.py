@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import F64, assert_close, make_inputs
+from plain_configs import plain_bwd, plain_train
 
 import kdagen
 import kdagen.spec as S
@@ -71,8 +72,8 @@ def test_kda_without_a_bound_mixing_both_kinds_of_sub_tile(bwd):
     x = make_inputs(1, 100, 1, 2, 32, 16, gate="below", seed=5)
     spans = _spans(x.g[0])
     assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).sum() >= 4  # both branches are taken
-    _kda_against_float64(x, 11, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32),
-                         ChunkBwdConfig(intra_block_k=32, **bwd))
+    _kda_against_float64(x, 11, plain_train(chunk_size=C, sub_chunk=BC, intra_block_k=32),
+                         plain_bwd(intra_block_k=32, **bwd))
 
 
 def test_gla_without_a_bound_mixing_both_kinds_of_sub_tile():
@@ -95,7 +96,7 @@ def test_gla_without_a_bound_mixing_both_kinds_of_sub_tile():
 def _source(kernel, dtype, bounded=False, config=None):
     sel = select_spec(False, bounded, -5.0 if bounded else None, False, False)
     plan = lower(sel, 64, 64, dtype, "chunk", False)
-    cfg = config or (ChunkTrainConfig(intra_block_k=32) if kernel == "chunk_intra" else ChunkBwdConfig(intra_split=True))
+    cfg = config or (plain_train(intra_block_k=32) if kernel == "chunk_intra" else plain_bwd(intra_split=True))
     return render(kernel, plan, cfg).text
 
 
@@ -112,8 +113,8 @@ def test_kda_training_gives_the_recurrence_where_g_breaks_the_promised_bound(gat
     if gate == "below":
         spans = _spans(x.g[0].float())
         assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).any()  # both branches are taken
-    _kda_against_float64(x, 13, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=True),
-                         ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True),
+    _kda_against_float64(x, 13, plain_train(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=True),
+                         plain_bwd(intra_block_k=32, intra_split=True, check_gate_bound=True),
                          safe_gate=True, lower_bound=-5.0)
 
 
@@ -121,7 +122,7 @@ def test_trusting_the_bound_is_what_the_check_guards_against():
     """The same broken promise with check_gate_bound=False (the unchecked factorised tiles, no repair
     launch): wrong, so the test above passes because of the check, not by luck."""
     x = make_inputs(1, 75, 1, 2, 32, 16, gate="below", seed=7)
-    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False)
+    cfg = plain_train(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False)
     o, _ = kdagen.chunk_kda(x.q, x.k, x.v, x.g.requires_grad_(True), x.beta, initial_state=x.h0,
                             safe_gate=True, lower_bound=-5.0, config=cfg)
     ref, _ = naive_recurrent_kda(x.q.to(F64), x.k.to(F64), x.v.to(F64), x.g.detach().to(F64), x.beta.to(F64),
@@ -140,10 +141,10 @@ def test_the_check_is_in_the_source_where_it_applies(kernel):
     # a promised bound is checked by default (g below it takes the element-wise columns in the repair
     # launch), and trusted when the config says so
     assert check in _source(kernel, "bfloat16", bounded=True)
-    ask = (ChunkTrainConfig(intra_block_k=32, check_gate_bound=True) if kernel == "chunk_intra"
-           else ChunkBwdConfig(intra_split=True, check_gate_bound=True))
-    trust = (ChunkTrainConfig(intra_block_k=32, check_gate_bound=False) if kernel == "chunk_intra"
-             else ChunkBwdConfig(intra_split=True, check_gate_bound=False))
+    ask = (plain_train(intra_block_k=32, check_gate_bound=True) if kernel == "chunk_intra"
+           else plain_bwd(intra_split=True, check_gate_bound=True))
+    trust = (plain_train(intra_block_k=32, check_gate_bound=False) if kernel == "chunk_intra"
+             else plain_bwd(intra_split=True, check_gate_bound=False))
     assert "if span <=" not in _source(kernel, "bfloat16", bounded=True, config=trust)
     assert check in _source(kernel, "bfloat16", config=trust)  # without a bound there is nothing to trust
     # the check runs in the repair launch only (REPAIR): the fast launch factorises outright
@@ -156,13 +157,13 @@ def test_the_check_is_in_the_source_where_it_applies(kernel):
     assert "if span <=" not in render(kernel, plan, ask).text
     # fp16 factors (range 6.5e4) cannot hold exp(81): element-wise unless the diagonal's operands are fp32
     assert "if span <=" not in _source(kernel, "float16")
-    cfg = (ChunkTrainConfig(intra_block_k=32, diag_precision="tf32") if kernel == "chunk_intra"
-           else ChunkBwdConfig(intra_split=True, diag_precision="tf32"))
+    cfg = (plain_train(intra_block_k=32, diag_precision="tf32") if kernel == "chunk_intra"
+           else plain_bwd(intra_split=True, diag_precision="tf32"))
     assert check in _source(kernel, "float16", config=cfg)
     # no per-channel decay: nothing to check
     plan = lower(S.gdn(), 64, 64, "bfloat16", "chunk", False)
-    assert "if span <=" not in render(kernel, plan, ChunkTrainConfig() if kernel == "chunk_intra"
-                                      else ChunkBwdConfig(intra_split=True)).text
+    assert "if span <=" not in render(kernel, plan, plain_train() if kernel == "chunk_intra"
+                                      else plain_bwd(intra_split=True)).text
 
 
 # General DPLR (chunk_dplr_delta_rule) has its own intra templates, checked the same way: gk mixing
@@ -181,8 +182,8 @@ def test_dplr_mixing_both_kinds_of_sub_tile(bound):
     do, dht, ref = _reference_grads(xs)
     # with a bound, the check asked for (check_gate_bound=True; DPLR's heuristic trusts the promise)
     kw = {} if bound is None else dict(safe_gate=True, lower_bound=bound,
-                                       config=ChunkTrainConfig(check_gate_bound=True))
-    with chunk_bwd_config(ChunkBwdConfig(check_gate_bound=True)):
+                                       config=plain_train(check_gate_bound=True))
+    with chunk_bwd_config(plain_bwd(check_gate_bound=True)):
         got = _op_grads(xs, do, dht, **kw)
     for n in NAMES:
         assert_close(got[n], ref[n], TOL, f"d{n}")
@@ -203,8 +204,8 @@ def test_backward_repairs_every_chunk_where_the_forward_wrote_no_flags():
     from kdagen.ops.chunk_bwd import _repair_flags
 
     x = make_inputs(1, 45, 1, 2, 32, 16, seed=8)
-    _kda_against_float64(x, 14, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False),
-                         ChunkBwdConfig(intra_block_k=32, intra_split=True, check_gate_bound=True),
+    _kda_against_float64(x, 14, plain_train(chunk_size=C, sub_chunk=BC, intra_block_k=32, check_gate_bound=False),
+                         plain_bwd(intra_block_k=32, intra_split=True, check_gate_bound=True),
                          safe_gate=True, lower_bound=-5.0)
 
     class _Meta:  # the flags' fallback itself: every program flagged
@@ -220,5 +221,5 @@ def test_the_repair_of_the_k_split_gradients_walks_every_k_tile():
     x = make_inputs(1, 70, 1, 1, 64, 16, gate="below", seed=15)
     spans = _spans(x.g[0])
     assert (spans > SPAN_LIMIT).any() and (spans <= SPAN_LIMIT).any()
-    _kda_against_float64(x, 16, ChunkTrainConfig(chunk_size=C, sub_chunk=BC, intra_block_k=32),
-                         ChunkBwdConfig(intra_block_k=32, intra_split=True))
+    _kda_against_float64(x, 16, plain_train(chunk_size=C, sub_chunk=BC, intra_block_k=32),
+                         plain_bwd(intra_block_k=32, intra_split=True))

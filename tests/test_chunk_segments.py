@@ -23,6 +23,7 @@ from kdagen.spec.reference import (naive_recurrent_deltanet, naive_recurrent_gdn
                                    naive_recurrent_kda)
 
 from conftest import TOL, assert_close, make_inputs, poison, rel_err
+from plain_configs import plain_fwd
 
 F32, F16, F64 = torch.float32, torch.float16, torch.float64
 C = 32
@@ -30,7 +31,7 @@ C = 32
 
 def _cfg(L):
     # tf32 for the solve's inverse, as the heuristic takes for fp16 inputs (fp32 inputs: always exact)
-    return ChunkFwdConfig(chunk_size=C, state_segment_chunks=L, inverse_precision="tf32")
+    return plain_fwd(chunk_size=C, state_segment_chunks=L, inverse_precision="tf32")
 
 
 def _kda(x, L, **kw):
@@ -218,9 +219,9 @@ def test_off_leaves_chunk_pass_as_it_was():
     chunk_pass with the field at 0 was also checked byte-identical to the one before it, over the
     four members, K 48/128, fp32/bf16, C 32/64 and both prefetch settings.)"""
     for name, plan in _plans().items():
-        off = render("chunk_pass", plan, ChunkFwdConfig(chunk_size=32)).text
-        assert render("chunk_pass", plan, ChunkFwdConfig(chunk_size=32, state_segment_chunks=8)).text == off, name
-        seg = render("chunk_seg_pass", plan, ChunkFwdConfig(chunk_size=32, state_segment_chunks=8)).text
+        off = render("chunk_pass", plan, plain_fwd(chunk_size=32)).text
+        assert render("chunk_pass", plan, plain_fwd(chunk_size=32, state_segment_chunks=8)).text == off, name
+        seg = render("chunk_seg_pass", plan, plain_fwd(chunk_size=32, state_segment_chunks=8)).text
         assert "hseg" in seg and "SEG_CHUNKS" in seg and "hseg" not in off and "SEG_CHUNKS" not in off
 
 

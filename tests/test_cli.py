@@ -8,6 +8,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from plain_configs import plain_bwd, plain_fwd
+
 from kdagen.cli import main
 
 
@@ -178,7 +180,6 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     from kdagen.cache.gpus import get_profile
     from kdagen.cache.heuristics import default_config
     from kdagen.cache.store import TuningCache
-    from kdagen.config import ChunkBwdConfig, ChunkFwdConfig
     from kdagen.tuning import compile_pool as CP, driver as D
     from kdagen.tuning.families import lower_for
     from kdagen.ops.inputs import select_spec
@@ -186,7 +187,7 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path))
     spec = select_spec(False, True, -5.0, False, False)
     calls = []
-    fwd_win = ChunkFwdConfig(chunk_size=64)
+    fwd_win = plain_fwd(chunk_size=64)
 
     def fake_tune_family(fam, plan, spec_, spec_args, gpu, dt, shape, space=None, seed=0, progress=True,
                          candidates_by_stage=None, jobs=1, fwd_config=None, isolate=False, worker=None, pool=None,
@@ -196,7 +197,7 @@ def test_tune_and_store_orders_families_and_warns_without_default(tmp_path, monk
                       and state_dtype is torch.float32))
         if fam == "chunk_fwd":
             return fwd_win, 2.0, 2.5, 1e-3, {}
-        return ChunkBwdConfig(), 5.0, None, 2e-3, {}
+        return plain_bwd(), 5.0, None, 2e-3, {}
 
     monkeypatch.setattr(D, "tune_family", fake_tune_family)
     compile_pool = CP.CompilePool(3)  # passed through, never started by the fake

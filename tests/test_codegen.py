@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+from plain_configs import plain_fwd, plain_train
+
 from kdagen import __version__
 from kdagen import spec as S
 from kdagen.codegen.render import render
@@ -137,17 +139,17 @@ def test_a_kernel_is_the_same_source_for_configs_that_differ_only_in_launch_para
 
 def test_generated_source_is_unrolled_per_sub_tile():
     p = _plan()
-    text = render("chunk_intra", p, ChunkTrainConfig(chunk_size=64, sub_chunk=16)).text
+    text = render("chunk_intra", p, plain_train(chunk_size=64, sub_chunk=16)).text
     assert "b_Akk_3_0" in text and "b_Akk_4_0" not in text  # 4 sub-tiles of 16 in a chunk of 64
-    text32 = render("chunk_intra", p, ChunkTrainConfig(chunk_size=32, sub_chunk=16)).text
+    text32 = render("chunk_intra", p, plain_train(chunk_size=32, sub_chunk=16)).text
     assert "b_Akk_1_0" in text32 and "b_Akk_2_0" not in text32
 
 
 def test_the_forward_solve_is_built_from_halves():
     """A chunk of 64 rows is two 32-row halves and their coupling; a chunk of 32 is one half."""
     p = _plan()
-    two = render("chunk_solve", p, ChunkFwdConfig(chunk_size=64)).text
-    one = render("chunk_solve", p, ChunkFwdConfig(chunk_size=32)).text
+    two = render("chunk_solve", p, plain_fwd(chunk_size=64)).text
+    one = render("chunk_solve", p, plain_fwd(chunk_size=32)).text
     assert "b_Lba = " in two and "b_Lba = " not in one
     assert two.count("# ================= rows") == 2 and one.count("# ================= rows") == 1
 

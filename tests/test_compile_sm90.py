@@ -179,9 +179,10 @@ REC_BWD_CASES = [
 def _worker_compile(jobs):
     """Runs in a clean subprocess: build each case's launches and compile them for sm_90."""
     import torch
+    from plain_configs import plain_bwd, plain_decode, plain_fwd, plain_train
     from triton.backends.compiler import GPUTarget
 
-    from kdagen.config import ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig, RecurrentConfig
+    from kdagen.config import RecurrentBwdConfig
     from kdagen.kernels import CompileReport, compile_for_target
     from kdagen.ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
     from kdagen.cache.lookup import resolve
@@ -246,14 +247,14 @@ def _worker_compile(jobs):
                 launches, _ = chunk_kda_launches(
                     q, k, v, g, beta, initial_state=torch.zeros((N, HV, V, K) if vf else (N, HV, K, V)),
                     output_final_state=True, return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
-                    config=None if cfg is None else ChunkFwdConfig(**cfg), state_v_first=vf, **gate_kwargs(gate, K))
+                    config=None if cfg is None else plain_fwd(**cfg), state_v_first=vf, **gate_kwargs(gate, K))
                 results[f"{family}:{cid}"] = [report(ln.kernel, ln) for ln in launches]
             elif family == "schedule":  # a packed call's schedule from device-only offsets
                 from kdagen.ops.chunk_fwd import SCHEDULE
                 from kdagen.ops.schedule import schedule_launch
 
                 plan = lower(select_spec(False, True, -5.0, False, False), K, V, dtype, "chunk")
-                fn = build(plan, ChunkFwdConfig(**cfg)).fns[SCHEDULE]
+                fn = build(plan, plain_fwd(**cfg)).fns[SCHEDULE]
                 cu = torch.tensor([0, 7, 7, 50, 70], dtype=getattr(torch, extra["cu_dtype"]))
                 launch, _ = schedule_launch(cu, 70, cfg["chunk_size"], extra["L"], fn)
                 results[f"{family}:{cid}"] = [report("chunk_schedule", launch)]
@@ -264,21 +265,20 @@ def _worker_compile(jobs):
                 kw = gate_kwargs(gate, K)
                 launches, _, _ = chunk_kda_bwd_launches(
                     q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V), output_final_state=True, cu_seqlens=cu,
-                    config=None if cfg is None else ChunkTrainConfig(**cfg), **kw)
+                    config=None if cfg is None else plain_train(**cfg), **kw)
                 results[f"{family}:{cid}"] = [report("chunk_intra", launches[0]), report("chunk_state", launches[1])]
                 if len(launches) > 2:  # split_output's chunk-parallel output launch
                     results[f"{family}:{cid}"].append(report(launches[2].kernel, launches[2]))
                 if launches[0].then is not None:  # the checked diagonal's repair launch (REPAIR=True)
                     results[f"{family}:{cid}"].append(report("chunk_intra_repair", launches[0].then))
             elif family == "l2norm":
-                from kdagen.config import ChunkBwdConfig
                 from kdagen.ops.l2norm import l2norm_bwd_launch, l2norm_launch
 
                 plan = lower(select_spec(False, True, -5.0, False, False), K, K, dtype, "chunk")
                 x = [torch.zeros(2, 70, 1, K, dtype=getattr(torch, dtype)) for _ in range(6)]
                 r = [torch.zeros(140) for _ in range(2)]
-                fwd = l2norm_launch(build(plan, ChunkTrainConfig()).fn("qk_l2norm"), *x[:4], *r)
-                bwd = l2norm_bwd_launch(build(plan, ChunkBwdConfig()).fn("qk_l2norm_bwd"), *x[:2], *r, *x[2:])
+                fwd = l2norm_launch(build(plan, plain_train()).fn("qk_l2norm"), *x[:4], *r)
+                bwd = l2norm_bwd_launch(build(plan, plain_bwd()).fn("qk_l2norm_bwd"), *x[:2], *r, *x[2:])
                 results[f"{family}:{cid}"] = [report("qk_l2norm", fwd), report("qk_l2norm_bwd", bwd)]
             elif family == "gate":
                 from kdagen.ops.gate import gate_bwd_launch, gate_launch
@@ -289,7 +289,7 @@ def _worker_compile(jobs):
                 else:
                     plan = lower(select_spec(True, False, -5.0 if gate == "gik_lb" else None, True, True), K, K,
                                  dtype, "chunk", True)
-                built = build(plan, ChunkTrainConfig(gate_launch=True))
+                built = build(plan, plain_train(gate_launch=True))
                 z = torch.zeros(2, 70, HV, K, dtype=getattr(torch, dtype))
                 A_log, dt_bias = torch.zeros(HV), torch.zeros(HV * K)
                 g = torch.zeros(2, 70, HV, K)
@@ -340,7 +340,7 @@ def _worker_compile(jobs):
                 spec = select_spec(gik, False, kw.get("lower_bound"), A_log is not None, dt_bias is not None)
                 plan = lower(spec, K, V, as_dtype(q.dtype).name, "recurrent", gik)
                 built = build(plan, token_slot_config(resolve("recurrent", plan, None if cfg is None else
-                                                              RecurrentConfig(block_v=cfg, **extra.get("rc", {})),
+                                                              plain_decode(block_v=cfg, **extra.get("rc", {})),
                                                               {"T": dims.T, "B": dims.B, "N": dims.N}), idx))
                 launch, _ = prepare_recurrent(q, k, v, g, beta, scale=K ** -0.5, initial_state=h0,
                                               output_final_state=True, cu_seqlens=cu, state_indices=idx,

@@ -9,16 +9,17 @@ per-geometry fast path; and against the autograd path, which applies the same fl
 import pytest
 import torch
 
+from plain_configs import plain_decode
+
 import kdagen
 import kdagen.ops.member as M
 import kdagen.ops.recurrent as R
-from kdagen.config import RecurrentConfig
 from kdagen.spec.reference import naive_recurrent_gdn, naive_recurrent_kda
 
 CONFIGS = {
     "one-item": None,
-    "pipelined-updated": RecurrentConfig(block_v=16, programs_per_sm=2, num_stages=3),
-    "pipelined": RecurrentConfig(block_v=16, programs_per_sm=2, num_stages=2, readout="loaded"),
+    "pipelined-updated": plain_decode(block_v=16, programs_per_sm=2, num_stages=3),
+    "pipelined": plain_decode(block_v=16, programs_per_sm=2, num_stages=2, readout="loaded"),
 }
 TOL = {torch.float32: 2e-5, torch.float16: 4e-3}
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TOL, assert_close
+from plain_configs import plain_decode
 
 import kdagen
 from kdagen.cache import heuristics
@@ -106,7 +107,7 @@ def test_shared_slot_nan_on_both_paths(monkeypatch, lens):
     out = torch.zeros(x["v"].shape)
     p = pool.clone()
     kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots, cu_seqlens=cu, out=out,
-                               config=RecurrentConfig(block_v=8, num_warps=1, lean=True))
+                               config=plain_decode(block_v=8, num_warps=1, lean=True))
     R._FAST.clear()
     b = cu.tolist()
     assert torch.isnan(out[:, b[0]:b[1]]).all(), "the earlier sequence on the shared slot: o is not NaN"

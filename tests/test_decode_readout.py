@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TOL, assert_close
+from plain_configs import plain_decode
 
 import kdagen
 from kdagen.codegen.lower import lower
@@ -139,8 +140,8 @@ def test_loaded_readout_in_a_state_pool(pps, stages, v_first):
 
 def test_the_readout_is_a_config_choice_in_the_source():
     plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
-    upd = render("recurrent", plan, RecurrentConfig(readout="updated")).text
-    ld = render("recurrent", plan, RecurrentConfig(readout="loaded")).text
+    upd = render("recurrent", plan, plain_decode(readout="updated")).text
+    ld = render("recurrent", plan, plain_decode(readout="loaded")).text
     assert "readout=updated" in upd and "readout=loaded" in ld  # the header line names it
     assert "b_rq = tl.sum(b_S * b_dq[:, None], axis=0)" in ld and "b_rq" not in upd
     assert "b_o = tl.sum(b_S * b_q[:, None], axis=0)" in upd
@@ -160,8 +161,8 @@ def test_persistent_dplr_with_reverse_and_the_batch_form(reverse):
                                   initial_state=h0[:2], output_final_state=True)
     for pps, stages in ((0, 1), (2, 3)):
         o, ht = kdagen.fused_recurrent_dplr_delta_rule(x["q"], x["k"], x["v"], x["a"], x["b"], x["g"], **kw,
-                                                       config=RecurrentConfig(block_v=16, programs_per_sm=pps,
-                                                                              num_stages=stages))
+                                                       config=plain_decode(block_v=16, programs_per_sm=pps,
+                                                                           num_stages=stages))
         assert_close(flip(o), ro, TOL[F32], f"o, {pps} programs per SM, {stages} stages")
         assert_close(ht, rh, TOL[F32], f"final state, {pps} programs per SM, {stages} stages")
 
@@ -200,11 +201,11 @@ def test_only_persistent_programs_pipeline_their_item_loop():
     """Persistent programs' item loop is a pipelined tl.range of num_stages stages; one program per item keeps
     the source it had, whatever num_stages says."""
     plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
-    piped = render("recurrent", plan, RecurrentConfig(programs_per_sm=2, num_stages=3)).text
-    grid = render("recurrent", plan, RecurrentConfig(programs_per_sm=0, num_stages=3)).text
+    piped = render("recurrent", plan, plain_decode(programs_per_sm=2, num_stages=3)).text
+    grid = render("recurrent", plan, plain_decode(programs_per_sm=0, num_stages=3)).text
     assert "tl.range(it0, n_items, step, num_stages=3)" in piped and "item_n" not in piped
     assert "tl.range" not in grid and "n_items" not in grid
-    assert grid == render("recurrent", plan, RecurrentConfig(programs_per_sm=0, num_stages=1)).text
+    assert grid == render("recurrent", plan, plain_decode(programs_per_sm=0, num_stages=1)).text
 
 
 def test_the_lean_body_is_validated_and_in_the_source():
@@ -217,8 +218,8 @@ def test_the_lean_body_is_validated_and_in_the_source():
     with pytest.raises(ConfigError, match="lean"):
         RecurrentConfig(lean=1)
     plan = lower(S.kda(), 128, 128, "bfloat16", "recurrent")
-    lean = render("recurrent", plan, RecurrentConfig(block_v=8, lean=True)).text
-    plain = render("recurrent", plan, RecurrentConfig(block_v=8)).text
+    lean = render("recurrent", plan, plain_decode(block_v=8, lean=True)).text
+    plain = render("recurrent", plan, plain_decode(block_v=8)).text
     assert "m_kv = tl.full([BK, BV], 1, tl.int1)" in lean and "for i_t in range(bos, eos):" in lean
     assert "tl.full([BK, BV], 1, tl.int1)" not in plain and "for i_t in range(bos + 1, eos):" in plain
     with pytest.raises(ConfigError, match="divides K and V"):

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TOL, assert_close
+from plain_configs import plain_decode
 
 import kdagen
 from kdagen.cache import heuristics
@@ -149,7 +150,7 @@ def test_shared_slots_give_nan_not_stale_output(slot_grid_on, lean):
     out = torch.zeros(x["v"].shape)
     p = pool.clone()
     kdagen.fused_recurrent_kda(**x, initial_state=p, ssm_state_indices=slots, out=out,
-                               config=RecurrentConfig(block_v=16, num_warps=1, lean=lean))
+                               config=plain_decode(block_v=16, num_warps=1, lean=lean))
     assert torch.isnan(out[0]).all() and torch.isfinite(out[1:]).all()
     ro, rh = naive_recurrent_kda(*(x[n][2:3] for n in ("q", "k", "v", "g", "beta")),
                                  initial_state=pool[3][None], output_final_state=True)
@@ -171,10 +172,10 @@ def test_when_the_slot_grid_is_taken(monkeypatch):
     slots = torch.tensor([1, 0, 3, 2], dtype=torch.int32)
     big = dict(initial_state=pool.clone(), ssm_state_indices=slots)
     monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1)
-    grid, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16))
-    pers, *_ = R.fused_recurrent_kda_launch(**x, **big, config=RecurrentConfig(block_v=16, programs_per_sm=2,
-                                                                               num_warps=2, num_stages=2))
-    none, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool[:4].clone(), config=RecurrentConfig(block_v=16))
+    grid, *_ = R.fused_recurrent_kda_launch(**x, **big, config=plain_decode(block_v=16))
+    pers, *_ = R.fused_recurrent_kda_launch(**x, **big, config=plain_decode(block_v=16, programs_per_sm=2,
+                                                                            num_warps=2, num_stages=2))
+    none, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool[:4].clone(), config=plain_decode(block_v=16))
     assert grid.constexprs["SLOT_GRID"] and grid.constexprs["SCAN"] == 16
     assert not pers.constexprs["SLOT_GRID"] and not none.constexprs["SLOT_GRID"]
     assert none.grid[1] == 4 * 2
@@ -291,6 +292,6 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     assert [(c["USE_INDICES"], c["SLOT_GRID"], c["PDL"]) for c, _ in seen] == [(False, False, False), (True, True, pdl)]
     assert {a for _, a in seen} == {arch} and seen[1][0]["SCAN"] == 16
     launch = CP.pool_launch_for(*CP._worker_plan("recurrent", 32, 32, "bfloat16", ())[2:],
-                                RecurrentConfig(block_v=32, programs_per_sm=2, num_warps=2, num_stages=2),
+                                plain_decode(block_v=32, programs_per_sm=2, num_warps=2, num_stages=2),
                                 torch.bfloat16, (8, 1, 2, 2))
     assert not launch.constexprs["SLOT_GRID"]  # persistent programs take their items in turn instead

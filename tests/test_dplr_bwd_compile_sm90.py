@@ -33,7 +33,7 @@ def _worker_compile(cases):
     import torch
     from triton.backends.compiler import GPUTarget
 
-    from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
+    from plain_configs import plain_bwd, plain_train
     from kdagen.kernels import CompileReport, compile_for_target
     from kdagen.ops.dplr import chunk_dplr_bwd_launches
 
@@ -67,8 +67,8 @@ def _worker_compile(cases):
             h0 = torch.zeros(N, HV, K, V)
             C = extra.get("chunk_size", 32)
             bound = extra.get("bound")
-            cfg = ChunkTrainConfig(chunk_size=C)
-            bcfg = ChunkBwdConfig(chunk_size=C, sub_chunk=cfg.sub_chunk, store_intermediates=extra.get("store", False))
+            cfg = plain_train(chunk_size=C)
+            bcfg = plain_bwd(chunk_size=C, sub_chunk=cfg.sub_chunk, store_intermediates=extra.get("store", False))
             fwd, bwd, _ = chunk_dplr_bwd_launches(q, k, v, a, b, gk, config=cfg, bwd_config=bcfg,
                                                   output_final_state=True, initial_state=h0, cu_seqlens=cu,
                                                   safe_gate=bound is not None, lower_bound=bound, with_rerun=True)

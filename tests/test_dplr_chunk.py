@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import F64, TOL, assert_close
+from plain_configs import plain_fwd, plain_train
 
 import kdagen
 from kdagen import spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
-from kdagen.config import ChunkFwdConfig, ChunkTrainConfig
 from kdagen.ops.dplr import chunk_dplr_launches
 from kdagen.ops.member import chunk_member
 from kdagen.spec.reference import naive_recurrent_dplr
@@ -32,10 +32,10 @@ def test_plan_and_sources_take_the_dplr_branch():
     assert lower(S.dplr(S.gate_direct(-5.0)), 64, 64, "bfloat16", "chunk").diag_mode == "factorised"
     for bound in (None, -5.0):
         srcs = {kind: render(kind, lower(S.dplr(S.gate_direct(bound)), 64, 64, "bfloat16", "chunk"),
-                             ChunkTrainConfig(chunk_size=64)).text
+                             plain_train(chunk_size=64)).text
                 for kind in ("chunk_intra", "chunk_state")}
         kda = {kind: render(kind, lower(S.kda(S.gate_direct(bound)), 64, 64, "bfloat16", "chunk"),
-                            ChunkTrainConfig(chunk_size=64)).text
+                            plain_train(chunk_size=64)).text
                for kind in ("chunk_intra", "chunk_state")}
         intra = srcs["chunk_intra"][srcs["chunk_intra"].index("@triton.jit"):]
         # the four products, the inverse of I - A_ab, and no beta
@@ -148,7 +148,7 @@ def test_training_forward_keeps_states_and_pseudo_values():
     with w = -L (a exp(G-))), and the per-chunk states are the states entering each chunk."""
     B, T, C = 2, 37, 16
     q, k, v, a, b, g, h0 = _inputs(B, T, 1, 1, 32, 32, F32, lb=-5.0)
-    cfg = ChunkTrainConfig(chunk_size=C, sub_chunk=16)
+    cfg = plain_train(chunk_size=C, sub_chunk=16)
     fwd, (o, ht, hs) = chunk_dplr_launches(q, k, v, a, b, g, training=True, config=cfg, initial_state=h0,
                                            output_final_state=True, safe_gate=True)
     for launch in fwd:
@@ -193,7 +193,7 @@ def test_refusals_name_the_argument():
         (lambda: op(q, k, v, a, b, g, head_first=False), "head_first"),
         (lambda: op(q, k, v, a, b, g, safe_gate=True, lower_bound=0.5), "lower_bound must be negative"),
         (lambda: op(q, k, v, a, b, g, initial_state=h0[:, :1]), "initial_state must have shape"),
-        (lambda: op(q, k, v, a, b, g, chunk_size=32, config=ChunkTrainConfig(chunk_size=64)), "disagrees"),
+        (lambda: op(q, k, v, a, b, g, chunk_size=32, config=plain_train(chunk_size=64)), "disagrees"),
         (lambda: chunk_member(S.dplr(), q, k, v, g, torch.rand(1, 8, 2)), "general DPLR structure"),
     ]
     for call, match in value_errors:
@@ -202,7 +202,7 @@ def test_refusals_name_the_argument():
     type_errors = [
         (lambda: op(q, k, v, None, b, g), "a must be a torch.Tensor"),
         (lambda: op(q, k, v, a, b, g.to(torch.int32)), "gk must be float32"),
-        (lambda: op(q, k, v, a, b, g, config=ChunkFwdConfig()), "config must be a ChunkTrainConfig"),
+        (lambda: op(q, k, v, a, b, g, config=plain_fwd()), "config must be a ChunkTrainConfig"),
         (lambda: op(q, k, v, a, b, g, bogus=1), "unexpected keyword"),
     ]
     for call, match in type_errors:
@@ -230,7 +230,7 @@ def test_tuning_takes_the_chunk_forward_as_the_chunk_train_family(monkeypatch):
     assert plan.structure == "dplr" and plan.diag_mode == "factorised"
     space = TF.space_for("chunk_train", plan)
     assert space.kernel == "chunk_train" and space.stage_launches == {"intra": "chunk_intra", "state": "chunk_state"}
-    cfg = ChunkTrainConfig(chunk_size=32, intra_block_k=32, cumsum="dot")
+    cfg = plain_train(chunk_size=32, intra_block_k=32, cumsum="dot")
     for launch in ("chunk_intra", "chunk_state"):
         cand = KernelCandidate("chunk_train", launch, plan, sa, F32, (1, 40, 1, 2), device="cpu")
         cand.build(cfg)

@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import F64, assert_close
+from plain_configs import plain_bwd
 from dplr_chunk_ref import chunk_forward
 
 import kdagen
 from kdagen import spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
-from kdagen.config import ChunkBwdConfig
 from kdagen.kernels import dummy_pointer
 from kdagen.ops.chunk_bwd import BwdMeta
 from kdagen.ops.dplr_bwd import run_dplr_bwd
@@ -161,7 +161,7 @@ def test_kernels_on_float64_intermediates(lb):
     NT_total, _, _ = chunk_schedule(None, B, T, C, "cpu")
     dummy = dummy_pointer("cpu")
     meta = BwdMeta(B=B, T=T, H=H, HV=HV, K=K, V=V, N=B, NT=-(-T // C), NT_total=NT_total, C=C, scale=0.3, plan=plan,
-                   config=ChunkBwdConfig(chunk_size=C, sub_chunk=16), is_varlen=False, cu_seqlens=dummy,
+                   config=plain_bwd(chunk_size=C, sub_chunk=16), is_varlen=False, cu_seqlens=dummy,
                    chunk_indices=dummy, chunk_offsets=dummy, fwd_intra=None, inter_dtype=F32)
     inter = {n: fw[n].float() for n in ("qg", "kg", "w", "aqk", "gn", "aqv", "kgv")}
     inputs = dict(q=xs["q"], k=xs["k"], v=xs["v"], a=xs["a"], b=xs["b"], g=xs["gk"])
@@ -173,7 +173,7 @@ def test_kernels_on_float64_intermediates(lb):
 def test_sources_branch_on_the_structure():
     """DPLR's backward sources: its branches of the state and dqkw kernels, its own intra template
     (four products, L = (I - A_ab)^-1, no beta); KDA's have none of it."""
-    cfg = ChunkBwdConfig(chunk_size=64, sub_chunk=16, check_gate_bound=False)  # (the heuristic's for DPLR)
+    cfg = plain_bwd(chunk_size=64, sub_chunk=16, check_gate_bound=False)  # (the heuristic's for DPLR)
     for lb in (None, -5.0):
         dplr = {kind: render(kind, lower(S.dplr(S.gate_direct(lb)), 64, 64, "bfloat16", "chunk"), cfg).text
                 for kind in ("chunk_bwd_state", "chunk_bwd_dqkw", "chunk_bwd_intra")}
@@ -193,7 +193,7 @@ def test_sources_branch_on_the_structure():
         assert intra.count("if span <=") == (8 if lb is None else 0)  # 4 sub-tiles x 2 passes
     # a promised bound checked when the config asks (check_gate_bound=True)
     checked = render("chunk_bwd_intra", lower(S.dplr(S.gate_direct(-5.0)), 64, 64, "bfloat16", "chunk"),
-                     ChunkBwdConfig(chunk_size=64, sub_chunk=16, check_gate_bound=True)).text
+                     plain_bwd(chunk_size=64, sub_chunk=16, check_gate_bound=True)).text
     assert "b_Sx = tl.dot(b_dPqb, b_bb" in checked and checked.count("if span <=") == 8
     # fp16 factors cannot hold exp(81): element-wise without a bound, no check
     fp16 = render("chunk_bwd_intra", lower(S.dplr(S.gate_direct(None)), 64, 64, "float16", "chunk"), cfg).text

@@ -36,7 +36,7 @@ def _worker_compile(cases):
     import torch
     from triton.backends.compiler import GPUTarget
 
-    from kdagen.config import ChunkTrainConfig
+    from plain_configs import plain_train
     from kdagen.kernels import CompileReport, compile_for_target
     from kdagen.ops.dplr import chunk_dplr_launches
 
@@ -70,7 +70,7 @@ def _worker_compile(cases):
             bound = extra.get("bound")
             kw = dict(initial_state=torch.zeros(N, HV, K, V), cu_seqlens=cu, output_final_state=True,
                       safe_gate=bound is not None, lower_bound=bound)
-            cfg = ChunkTrainConfig(**extra["train"]) if "train" in extra else None
+            cfg = plain_train(**extra["train"]) if "train" in extra else None
             out = []
             fwd, _ = chunk_dplr_launches(q, k, v, a, b, gk, config=cfg, **kw)
             out += [report("chunk_intra", fwd[0]), report("chunk_state", fwd[1])]

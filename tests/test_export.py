@@ -29,8 +29,8 @@ from kdagen.spec.reference import naive_recurrent_kda
 NAME = "kda_ci"
 K = V = 32
 WHEN = "2026-11-30T12:00:00+00:00"
-CHUNK_WINNER = ChunkFwdConfig(chunk_size=32, state_block_v=16, state_num_warps=2)
-DECODE_WINNER = RecurrentConfig(block_v=16, num_warps=2)
+CHUNK_WINNER = ChunkFwdConfig(chunk_size=32, state_block_v=16, state_num_warps=2, solve_load_ahead=0)
+DECODE_WINNER = RecurrentConfig(block_v=16, num_warps=2, readout="updated")
 
 
 def _cache_file(d: Path) -> Path:
@@ -49,7 +49,7 @@ def _cache_file(d: Path) -> Path:
         cache.store(cache_key(plan, family, shape, gpu), entry)
     stale = cache_key(rec, "recurrent", {"T": 1, "B": 64, "N": 64}, gpu)
     from dataclasses import replace
-    entry = make_entry(config=RecurrentConfig(block_v=32), kernel="recurrent", time_ms=1.0, error=None)
+    entry = make_entry(config=RecurrentConfig(block_v=32, num_warps=4, readout="updated"), kernel="recurrent", time_ms=1.0, error=None)
     entry["measured_at"] = "2026-12-01T00:00:00+00:00"
     cache.store(replace(stale, source_hash="0" * 16), entry)
     return cache.path
@@ -169,7 +169,7 @@ def test_the_selector_runs_each_gpus_exported_winners(exported, monkeypatch):
     with pytest.warns(UserWarning, match="no configs were exported for this GPU .a100."):
         lookup.resolve("recurrent", rplan, None, {"T": 1, "B": 1, "N": 1})
     # a config whose kernel source was not exported is refused, naming what was exported
-    assert exported_mod.build(plan, pkg.ChunkFwdConfig(chunk_size=32)).fns  # exported (chunk_size=32)
+    assert exported_mod.build(plan, pkg.ChunkFwdConfig(chunk_size=32, solve_load_ahead=0)).fns  # the winner's
     with pytest.raises(ValueError, match="chunk_solve kernel for config .*factor_precision=fp32.* was not exported"
                                          ".*Exported for: spec kda"):
         exported_mod.build(plan, pkg.ChunkFwdConfig(factor_precision="fp32"))

@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import F64, TOL, assert_close
+from plain_configs import plain_bwd, plain_decode, plain_fwd, plain_train
 
 import kdagen
 from kdagen import spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
-from kdagen.config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig, RecurrentConfig
+from kdagen.config import RecurrentBwdConfig
 from kdagen.ops.member import chunk_member, fused_recurrent_member
 from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
 
@@ -38,8 +39,8 @@ def test_plan_fields_come_from_the_structure():
     # branch on the plan, not on the name
     mine = S.Recurrence("mine", "scalar", S.gate_direct(), a=S.gdn().a, b=S.gdn().b, write_key=S.gdn().write_key)
     pm, pg = lower(mine, 64, 64, "float16", "chunk"), lower(S.gdn(), 64, 64, "float16", "chunk")
-    for kernel, cfg in (("chunk_solve", ChunkFwdConfig()), ("chunk_intra", ChunkTrainConfig()),
-                        ("chunk_bwd_intra", ChunkBwdConfig()), ("recurrent", RecurrentConfig()),
+    for kernel, cfg in (("chunk_solve", plain_fwd()), ("chunk_intra", plain_train()),
+                        ("chunk_bwd_intra", plain_bwd()), ("recurrent", plain_decode()),
                         ("recurrent_bwd", RecurrentBwdConfig())):
         form = "recurrent" if kernel.startswith("recurrent") else "chunk"
         a = render(kernel, lower(mine, 64, 64, "float16", form), cfg).text
@@ -50,14 +51,14 @@ def test_plan_fields_come_from_the_structure():
 
 
 def test_sources_read_the_gate_by_its_layout():
-    gdn = render("chunk_solve", lower(S.gdn(), 64, 64, "bfloat16", "chunk"), ChunkFwdConfig()).text
+    gdn = render("chunk_solve", lower(S.gdn(), 64, 64, "bfloat16", "chunk"), plain_fwd()).text
     assert "g_c = g + t0 * HV + i_hv" in gdn and "b_Gs = tl.cumsum(" in gdn
     assert "for d in range(K)" not in gdn and "span" not in gdn  # no element-wise fallback, no bound check
-    dn = render("chunk_solve", lower(S.deltanet(), 64, 64, "bfloat16", "chunk"), ChunkFwdConfig()).text
+    dn = render("chunk_solve", lower(S.deltanet(), 64, 64, "bfloat16", "chunk"), plain_fwd()).text
     assert not re.search(r"\bg_c\b", dn) and "b_Gs" not in dn and "b_E" not in dn  # no gate, no decay factors
-    rec = render("recurrent", lower(S.deltanet(), 64, 64, "bfloat16", "recurrent"), RecurrentConfig()).text
+    rec = render("recurrent", lower(S.deltanet(), 64, 64, "bfloat16", "recurrent"), plain_decode()).text
     assert "tl.exp(b_g)" not in rec and "g +" not in rec
-    for kernel, cfg in (("chunk_intra", ChunkTrainConfig()), ("chunk_bwd_intra", ChunkBwdConfig())):
+    for kernel, cfg in (("chunk_intra", plain_train()), ("chunk_bwd_intra", plain_bwd())):
         src = render(kernel, lower(S.gdn(), 64, 64, "float16", "chunk"), cfg).text
         assert "p_g + " in src and "b_G[:, None, :] - b_G[None, :, :]" not in src, kernel
 
@@ -328,7 +329,7 @@ def test_both_chunk_lengths(member):
     do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(2))
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + rh.sum(), [x64[n] for n in names])
     for C in (32, 64):
-        cfg = ChunkFwdConfig(chunk_size=C, state_prefetch=C == 64, state_num_stages=2)  # both state passes
+        cfg = plain_fwd(chunk_size=C, state_prefetch=C == 64, state_num_stages=2)  # both state passes
         o, ht = _chunk(member, q, k, v, g, beta, initial_state=h0, output_final_state=True, config=cfg)
         assert_close(o, ro.detach(), TOL[F32], f"C={C} o")
         assert_close(ht, rh.detach(), TOL[F32], f"C={C} final state")
@@ -382,10 +383,10 @@ def test_gdn_training_over_several_k_tiles():
     ref = torch.autograd.grad(ro.sum() + rh.sum(), leaves64)
     leaves = [x.clone().requires_grad_() for x in (q, k, z, A_log, dt_bias, h0)]
     ql, kl, zl, Al, bl, hl = leaves
-    with chunk_bwd_config(ChunkBwdConfig(intra_block_k=16)):
+    with chunk_bwd_config(plain_bwd(intra_block_k=16)):
         o, ht = kdagen.chunk_gated_delta_rule(ql, kl, v, zl, beta, initial_state=hl, output_final_state=True,
                                               use_gate_in_kernel=True, A_log=Al, dt_bias=bl,
-                                              config=ChunkTrainConfig(chunk_size=32, intra_block_k=16, cumsum="dot"))
+                                              config=plain_train(chunk_size=32, intra_block_k=16, cumsum="dot"))
     assert_close(o.detach(), ro.detach(), TOL[F32], "o")
     grads = torch.autograd.grad(o.sum() + ht.sum(), leaves)
     for n, a, b in zip(("dq", "dk", "dz", "dA_log", "ddt_bias", "dh0"), grads, ref):

@@ -70,7 +70,8 @@ def _worker_compile(cases):
     from kdagen import spec as S
     from kdagen.cache.lookup import resolve
     from kdagen.codegen.lower import lower
-    from kdagen.config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig
+    from kdagen.config import RecurrentBwdConfig
+    from plain_configs import plain_bwd, plain_fwd, plain_train
     from kdagen.kernels import CompileReport, build, compile_for_target
     from kdagen.ops.family import gdn_spec, gla_spec
     from kdagen.ops.inputs import check_inputs
@@ -114,11 +115,11 @@ def _worker_compile(cases):
             gate = dict(use_gate_in_kernel=True, A_log=torch.zeros(HV), dt_bias=torch.zeros(HV)) if gik else {}
             kw = dict(initial_state=h0, cu_seqlens=cu, state_v_first=vf, **gate)
             out = []
-            cfg = ChunkFwdConfig(**extra["fwd"]) if "fwd" in extra else None
+            cfg = plain_fwd(**extra["fwd"]) if "fwd" in extra else None
             fwd, _ = chunk_member_launches(spec, q, k, v, g, beta, output_final_state=True, config=cfg, **kw)
             out += [report("chunk_solve", fwd[0]), report("chunk_pass", fwd[1])]
-            tcfg = ChunkTrainConfig(**extra["train"]) if "train" in extra else None
-            bcfg = ChunkBwdConfig(**extra["bwd"]) if "bwd" in extra else None
+            tcfg = plain_train(**extra["train"]) if "train" in extra else None
+            bcfg = plain_bwd(**extra["bwd"]) if "bwd" in extra else None
             tf, tb, _ = chunk_member_launches(spec, q, k, v, g, beta, training=True, output_final_state=True,
                                               config=tcfg, bwd_config=bcfg, **kw)
             out += [report(x.kernel, x) for x in list(tf) + list(tb)]  # (chunk_out: the output split)
@@ -173,7 +174,7 @@ def test_family_kernels_compile_for_sm90(case, compiled):
     fold = (bwd.get("intra_fold", False) if bwd is not None
             else split and (member == "deltanet" or (member == "gdn" and not case[5].get("gik"))))
     # the training forward splits its output out of the state pass (chunk_out) in half precision at K <= 128
-    # (a case's own ChunkTrainConfig keeps the dataclass default, the fused pass)
+    # (a case's own training config is the plain one, tests/plain_configs.py: the fused pass)
     out = case[2] in ("bfloat16", "float16") and case[3] <= 128 and "train" not in case[5]
     kinds = [k for k in KINDS if (k != "chunk_bwd_wy" or split) and (k != "chunk_out" or out)
              and (k != "chunk_bwd_intra" or not fold)]

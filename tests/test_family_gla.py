@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import F64, TOL, assert_close
+from plain_configs import plain_bwd, plain_decode, plain_fwd, plain_train
 
 import kdagen
 from kdagen import spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
-from kdagen.config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, RecurrentBwdConfig, RecurrentConfig
+from kdagen.config import RecurrentBwdConfig
 from kdagen.spec.reference import naive_recurrent_gla
 
 F32, F16 = torch.float32, torch.float16
@@ -27,10 +28,10 @@ def test_plan_and_sources_have_no_rank1_part():
     p = lower(S.gla(), 48, 32, "float16", "chunk")
     assert (p.structure, p.decay, p.has_rank1) == ("gla", "channel", False)
     assert lower(S.kda(), 48, 32, "float16", "chunk").has_rank1
-    for kernel, cfg in (("chunk_solve", ChunkFwdConfig()), ("chunk_pass", ChunkFwdConfig()),
-                        ("chunk_intra", ChunkTrainConfig()), ("chunk_state", ChunkTrainConfig()),
-                        ("chunk_bwd_state", ChunkBwdConfig()), ("chunk_bwd_dqkw", ChunkBwdConfig()),
-                        ("chunk_bwd_intra", ChunkBwdConfig()), ("recurrent", RecurrentConfig()),
+    for kernel, cfg in (("chunk_solve", plain_fwd()), ("chunk_pass", plain_fwd()),
+                        ("chunk_intra", plain_train()), ("chunk_state", plain_train()),
+                        ("chunk_bwd_state", plain_bwd()), ("chunk_bwd_dqkw", plain_bwd()),
+                        ("chunk_bwd_intra", plain_bwd()), ("recurrent", plain_decode()),
                         ("recurrent_bwd", RecurrentBwdConfig())):
         form = "recurrent" if kernel.startswith("recurrent") else "chunk"
         src = render(kernel, lower(S.gla(S.gate_direct(-5.0)), 64, 64, "bfloat16", form), cfg).text

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from plain_configs import plain_train
+
 import kdagen
 import kdagen.ops.chunk_call as C
 from kdagen.codegen.lower import lower
@@ -31,7 +33,7 @@ def _gate_against_float64(plan, z0, A0, b0, dg, reference):
     """The plan's gate launches (layer_gate) on z0, A0, b0 against ``reference`` (its formula in float64
     autograd): g and, for upstream dg, dz, dA_log and ddt_bias, each within 2e-6 (fp32 z) or 2e-3 (fp16 z:
     dz is stored in fp16) of the reference's largest entry.  Returns (g, z, A, b), the grads on the leaves."""
-    built = build(plan, ChunkTrainConfig(gate_launch=True))
+    built = build(plan, plain_train(gate_launch=True))
     z, A, b = (t.clone().requires_grad_(True) for t in (z0, A0, b0))
     g = layer_gate(z, A, b, built.fn("gate"), built.fn("gate_bwd"))
     assert g.dtype == F32 and g.shape == z.shape
@@ -89,7 +91,7 @@ def test_a_layer_call_runs_the_plain_plan_on_the_launched_gate(monkeypatch):
         x = {n: t.clone().requires_grad_(True) for n, t in x0.items()}
         o, _ = kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"], dt_bias=x["dt_bias"],
                                 use_gate_in_kernel=True, lower_bound=-5.0, use_qk_l2norm_in_kernel=True,
-                                config=ChunkTrainConfig(gate_launch=launched))
+                                config=plain_train(gate_launch=launched))
         (o * do).sum().backward()
         outs[launched] = (o.detach(), {n: t.grad for n, t in x.items()})
     (g_on, run_on), (g_off, run_off) = seen
@@ -107,7 +109,7 @@ def test_a_layer_call_runs_the_plain_plan_on_the_launched_gate(monkeypatch):
 
 def test_the_gate_launches_render_only_where_they_apply():
     layer = _plan(-5.0, 64)
-    on, off = ChunkTrainConfig(gate_launch=True), ChunkTrainConfig()
+    on, off = plain_train(gate_launch=True), plain_train()
     assert family_kernels("chunk_train", layer, on)[0] == "gate" and family_kernels("chunk_train", layer, on)[-1] == "gate_bwd"
     assert not {"gate", "gate_bwd"} & set(family_kernels("chunk_train", layer, off))
     plain = lower(select_spec(False, True, -5.0, False, False), 64, 64, "float32", "chunk")
@@ -214,7 +216,7 @@ def test_gated_deltanet_layer_call_runs_the_plain_member_on_the_launched_gate(mo
     runs = {}
     for launched in (True, False):
         x = {n: (t.to(dtype) if n in half else t).clone().requires_grad_(True) for n, t in x0.items()}
-        cfg = None if dtype == F16 and launched else ChunkTrainConfig(gate_launch=launched)
+        cfg = None if dtype == F16 and launched else plain_train(gate_launch=launched)
         o, ht = kdagen.chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["z"], x["beta"], initial_state=x["h0"],
                                               output_final_state=True, use_gate_in_kernel=True, A_log=x["A_log"],
                                               dt_bias=x["dt_bias"], config=cfg)

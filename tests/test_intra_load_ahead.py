@@ -15,7 +15,9 @@ import torch
 
 from test_state_prefetch import CASES, F32, _kda, _run, _state_source, _text
 
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
+from plain_configs import plain_bwd, plain_train
+
+from kdagen.config import ChunkTrainConfig, ConfigError
 
 LA_CASES = CASES + [
     # two K tiles per program: the loads are issued at the top of each
@@ -26,7 +28,7 @@ LA_CASES = CASES + [
 @pytest.mark.parametrize("case", LA_CASES, ids=[c[0] for c in LA_CASES])
 def test_load_ahead_equals_the_default(case):
     _, build = case
-    base_t, base_b = ChunkTrainConfig(state_block_v=16), ChunkBwdConfig(state_block_v=16)
+    base_t, base_b = plain_train(state_block_v=16), plain_bwd(state_block_v=16)
     plain_launches = build(base_t, base_b)
     assert "b_q_1" not in _text(plain_launches[0][0])
     plain = _run(plain_launches)
@@ -40,8 +42,8 @@ def test_load_ahead_equals_the_default(case):
 
 
 def test_load_ahead_is_named_in_the_header_and_checked():
-    off = _state_source("chunk_intra", ChunkTrainConfig())
-    on = _state_source("chunk_intra", ChunkTrainConfig(intra_load_ahead=True))
+    off = _state_source("chunk_intra", plain_train())
+    on = _state_source("chunk_intra", plain_train(intra_load_ahead=True))
     assert "intra_load_ahead=True" in on and "intra_load_ahead=False" in off
     # issued ahead in the loaded dtype, widened where used
     assert "b_q, b_k, b_z = b_q_1.to(tl.float32)" in on

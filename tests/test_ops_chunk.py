@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import F64, TOL, assert_close, cdiv, make_inputs, params, rel_err, run_poisoned
+from plain_configs import plain_fwd
 
 import kdagen
 from kdagen.config import ChunkFwdConfig
@@ -149,7 +150,7 @@ def _config(case: Case):
     cfg = dict(case.cfg or {})
     if case.dtype == F16:  # bf16 operands are wrong in Triton's interpreter: the tf32 inverse
         cfg.setdefault("inverse_precision", "tf32")
-    return ChunkFwdConfig(chunk_size=case.C or 64, **cfg)
+    return plain_fwd(chunk_size=case.C or 64, **cfg)
 
 
 # the cases the interpreter takes well over half a second for (the quick subset leaves them out)
@@ -231,7 +232,7 @@ def test_chunk_kda_intermediate_states(C, cu, gate):
     kw = dict(safe_gate=True, lower_bound=-5.0) if gate == "safe" else {}
     out = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
                            return_intermediate_states=True, cu_seqlens=x.cu_seqlens,
-                           config=ChunkFwdConfig(chunk_size=C), **kw)
+                           config=plain_fwd(chunk_size=C), **kw)
     assert len(out) == 3
     o, ht, hs = out
     seqlens = cu if cu else [0, T]
@@ -307,7 +308,7 @@ def test_explicit_sub_chunk_beyond_the_gate_bound_is_refused_or_exact():
     overflow silently."""
     x = make_inputs(1, 64, 1, 1, 32, 32, seed=9)
     try:
-        cfg = ChunkFwdConfig(chunk_size=64, sub_chunk=32)
+        cfg = plain_fwd(chunk_size=64, sub_chunk=32)
         o, ht = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
                                  safe_gate=True, lower_bound=-5.0, config=cfg)
     except ValueError as e:

@@ -24,9 +24,9 @@ import pytest
 import torch
 
 from conftest import F64, assert_close, make_inputs, params, poison, rel_err
+from plain_configs import plain_bwd, plain_train
 
 import kdagen
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.kernels import Launch
 from kdagen.ops.chunk import chunk_bwd_config, chunk_kda_bwd_launches
 from kdagen.spec.reference import kda_gate, naive_recurrent_kda
@@ -159,7 +159,7 @@ def _config(case: Case):
     if case.C is None and not case.train:
         return None
     chunking = {} if case.C is None else dict(chunk_size=case.C, sub_chunk=case.BC)
-    return ChunkTrainConfig(**chunking, **case.train)
+    return plain_train(**chunking, **case.train)
 
 
 # the cases the interpreter takes well over half a second for (the quick subset leaves them out)
@@ -178,7 +178,7 @@ SLOW = {
 def test_chunk_kda_gradients_match_reference(case: Case):
     leaves, kw, cu = _inputs(case)
     x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
-    bwd_cfg = ChunkBwdConfig(**case.bwd)
+    bwd_cfg = plain_bwd(**case.bwd)
     with chunk_bwd_config(bwd_cfg):
         o, ht = kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x.get("initial_state"),
                                  output_final_state=case.final_state, cu_seqlens=cu, A_log=x.get("A_log"),
@@ -262,8 +262,8 @@ def test_backward_writes_every_element(gate):
     fwd, bwd, out = chunk_kda_bwd_launches(
         leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], initial_state=leaves["initial_state"],
         output_final_state=True, cu_seqlens=cu, A_log=leaves.get("A_log"), dt_bias=leaves.get("dt_bias"),
-        do=do, dht=dht, bwd_config=ChunkBwdConfig(state_block_v=32, dqkw_block_k=16, rerun_block_k=16,
-                                                  intra_block_k=16, intra_split=gate == "gik_lb"), **kw)
+        do=do, dht=dht, bwd_config=plain_bwd(state_block_v=32, dqkw_block_k=16, rerun_block_k=16,
+                                             intra_block_k=16, intra_split=gate == "gik_lb"), **kw)
     poison(fwd[1].args["vn"])  # V', written by the forward's state pass for the backward
     for launch in fwd:
         launch()
@@ -304,7 +304,7 @@ def test_state_storage_dtype(dtype, state_dtype, expect):
     """The per-chunk states the training forward keeps, and their gradients, are stored in
     ChunkBwdConfig.state_dtype (default: the input dtype, but float32 for fp16 inputs)."""
     leaves, kw, cu = _inputs(Case("sdt", 1, 40, 1, 1, 32, 32, dtype=dtype))
-    cfg = None if state_dtype is None else ChunkBwdConfig(state_dtype=state_dtype)
+    cfg = None if state_dtype is None else plain_bwd(state_dtype=state_dtype)
     fwd, bwd, _ = chunk_kda_bwd_launches(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                                          initial_state=leaves["initial_state"], bwd_config=cfg, **kw)
     assert fwd[1].args["hs"].dtype == expect
@@ -411,8 +411,8 @@ COMPILE_CASES = [
 _WORKER = r'''
 import json, sys, torch
 from triton.backends.compiler import GPUTarget
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.kernels import compile_for_target
+from plain_configs import plain_bwd, plain_train
 from kdagen.ops.chunk import chunk_kda_bwd_launches
 out = {}
 for cid, dtype, K, V, gate, cfg, bcfg in json.loads(sys.stdin.read()):
@@ -432,8 +432,8 @@ for cid, dtype, K, V, gate, cfg, bcfg in json.loads(sys.stdin.read()):
     try:
         _, bwd, _ = chunk_kda_bwd_launches(q, k, v, g, beta, initial_state=torch.zeros(N, HV, K, V),
                                            output_final_state=True, cu_seqlens=cu,
-                                           config=None if cfg is None else ChunkTrainConfig(**cfg),
-                                           bwd_config=None if bcfg is None else ChunkBwdConfig(**bcfg),
+                                           config=None if cfg is None else plain_train(**cfg),
+                                           bwd_config=None if bcfg is None else plain_bwd(**bcfg),
                                            **kw)
         res = []
         for l in [x for ln in bwd for x in (ln, ln.then) if x is not None]:  # each launch, then its repair launch
@@ -460,7 +460,7 @@ def compiled_bwd():
     env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile
     env["PYTHONWARNINGS"] = "ignore"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(COMPILE_CASES), capture_output=True,
                           text=True, env=env, cwd=str(REPO), timeout=540)
     marker = proc.stdout.rfind("@@RESULTS@@")

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from conftest import F64, TOL, assert_close, make_inputs, nan_tensor, params, poison, rel_err
+from plain_configs import plain_decode
 
 import kdagen
 from kdagen.spec.reference import kda_gate, naive_recurrent_kda
@@ -241,7 +242,6 @@ def test_decode_loop_repeated_calls():
 def test_launch_description_matches_the_op():
     """fused_recurrent_kda_launch (what the tuner times) computes what the op returns, and a
     second launch() rewrites the same outputs with the same values."""
-    from kdagen.config import RecurrentConfig
     from kdagen.ops.recurrent import fused_recurrent_kda_launch
 
     torch.manual_seed(0)
@@ -249,7 +249,7 @@ def test_launch_description_matches_the_op():
     q, k = torch.randn(B, 1, H, K), torch.nn.functional.normalize(torch.randn(B, 1, H, K), dim=-1)
     v, g = torch.randn(B, 1, HV, V), -torch.rand(B, 1, HV, K)
     beta, h0 = torch.rand(B, 1, HV), torch.randn(B, HV, K, V)
-    cfg = RecurrentConfig(block_v=8, num_warps=2, num_stages=1)
+    cfg = plain_decode(block_v=8, num_warps=2, num_stages=1)
     o_ref, h_ref = kdagen.fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                               config=cfg)
     launch, (o, h), (scale, dims) = fused_recurrent_kda_launch(q, k, v, g, beta, initial_state=h0,

@@ -12,10 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from plain_configs import plain_bwd, plain_train
+
 import kdagen
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.kernels import build
 from kdagen.ops.l2norm import ELEMENTS_PER_PROGRAM, qk_l2norm
 
@@ -25,7 +26,7 @@ TOL = {F32: 2e-6, F16: 2e-3}  # relative to the largest magnitude of the referen
 
 def _fns(K, dtype):
     plan = lower(S.kda(), K, K, "float32" if dtype == F32 else "float16", "chunk")
-    return build(plan, ChunkTrainConfig()).fn("qk_l2norm"), build(plan, ChunkBwdConfig()).fn("qk_l2norm_bwd")
+    return build(plan, plain_train()).fn("qk_l2norm"), build(plan, plain_bwd()).fn("qk_l2norm_bwd")
 
 
 def _close(a, ref, tol, what):
@@ -129,8 +130,8 @@ def test_every_tile_geometry_gives_the_same_bits(monkeypatch, geometry):
     import kdagen.ops.l2norm as L
 
     plan = lower(S.kda(), 128, 128, "float32", "chunk")
-    fwd_fn = build(plan, ChunkTrainConfig()).fn("qk_l2norm")
-    bwd_fn = build(plan, ChunkBwdConfig()).fn("qk_l2norm_bwd")
+    fwd_fn = build(plan, plain_train()).fn("qk_l2norm")
+    bwd_fn = build(plan, plain_bwd()).fn("qk_l2norm_bwd")
     gen = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 37, 2, 40, generator=gen) for _ in range(2))
     dqn, dkn = torch.randn_like(q), torch.randn_like(k)

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from conftest import F64, assert_close
+from plain_configs import plain_bwd, plain_train
 
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.ops.member import chunk_member, chunk_member_launches
 from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
 
@@ -36,7 +36,7 @@ def test_only_plans_without_a_decay_read_q_and_k_raw():
     plans = {name: lower(S.get_spec("kda", lower_bound=-5.0) if name == "kda" else S.get_spec(name), 64, 64,
                          "bfloat16", "chunk") for name in ("kda", "gdn", "deltanet", "gla", "dplr")}
     assert {n for n, p in plans.items() if p.raw_qk} == {"deltanet"}
-    cfg, bcfg = ChunkTrainConfig(), ChunkBwdConfig()
+    cfg, bcfg = plain_train(), plain_bwd()
     for name in ("deltanet", "kda"):
         writes = [render("chunk_intra", plans[name], cfg).text, render("chunk_bwd_rerun", plans[name], bcfg).text]
         for src in writes:
@@ -57,7 +57,7 @@ def _inputs(dtype, T, HV, K, V, N, seed, H=1):
 def test_the_launches_pass_the_inputs_where_qg_and_kg_were():
     q, k, v, beta, h0 = _inputs(F32, 40, 2, 32, 16, 1, seed=1)
     fwd, bwd, _ = chunk_member_launches(S.deltanet(), q, k, v, None, beta, training=True, initial_state=h0,
-                                        config=ChunkTrainConfig(split_output=True))
+                                        config=plain_train(split_output=True))
     intra, state, out = fwd
     assert intra.args["qg"].numel() <= 1 and intra.args["kg"].numel() <= 1  # dummies: nothing allocated
     assert state.args["kg"] is k and out.args["qg"] is q and state.constexprs["H"] == 1
@@ -74,7 +74,7 @@ def test_the_launches_pass_the_inputs_where_qg_and_kg_were():
 def test_q_and_k_from_the_inputs_match_the_recurrence(member, dtype, stored, split):
     """DeltaNet (q and k raw) and Gated DeltaNet (in fp16 their rows scaled by the readers; in fp32 qg and kg
     written) against float64 autograd, GDN with a reset (g = -inf) inside a chunk."""
-    _check_against_the_recurrence(member, dtype, stored, split, ChunkTrainConfig(split_output=split, state_block_v=16))
+    _check_against_the_recurrence(member, dtype, stored, split, plain_train(split_output=split, state_block_v=16))
 
 
 @pytest.mark.parametrize("member", ["gdn", "deltanet"])
@@ -86,10 +86,10 @@ def test_64_row_chunks_match_the_recurrence(member):
     lengths 0, 1, 19 and 33 (each one partial 64-row chunk), GVA, a reset mid-chunk."""
     from kdagen.ops.chunk import chunk_bwd_config
 
-    bwd = ChunkBwdConfig(chunk_size=64, sub_chunk=32, intra_split=True, intra_fold=True, intra_block_k=32,
-                         intra_block_v=16, intra_num_warps=2, dqkw_block_k=32, dqkw_block_v=16, state_block_v=32,
-                         state_num_stages=3, state_prefetch=True, rerun_num_warps=1)
-    train = ChunkTrainConfig(chunk_size=64, sub_chunk=32, split_output=True, state_block_v=32)
+    bwd = plain_bwd(chunk_size=64, sub_chunk=32, intra_split=True, intra_fold=True, intra_block_k=32,
+                    intra_block_v=16, intra_num_warps=2, dqkw_block_k=32, dqkw_block_v=16, state_block_v=32,
+                    state_num_stages=3, state_prefetch=True, rerun_num_warps=1)
+    train = plain_train(chunk_size=64, sub_chunk=32, split_output=True, state_block_v=32)
     with chunk_bwd_config(bwd):
         _check_against_the_recurrence(member, F16, False, True, train, expect_chunk=64)
 
@@ -149,7 +149,7 @@ def test_half_precision_scalar_decay_plans_form_qg_and_kg_in_their_readers():
         {("gdn", "bfloat16"), ("gdn", "float16")} | {("deltanet", dt) for dt in ("bfloat16", "float16", "float32")})
     from kdagen.ops.family import gdn_spec
     assert not lower(gdn_spec(True, True), 64, 64, "bfloat16", "chunk", True).qk_row_scaled  # the in-kernel gate
-    cfg, bcfg = ChunkTrainConfig(), ChunkBwdConfig()
+    cfg, bcfg = plain_train(), plain_bwd()
     for dt, written in (("float16", False), ("float32", True)):
         plan = plans[("gdn", dt)]
         for src in (render("chunk_intra", plan, cfg).text, render("chunk_bwd_rerun", plan, bcfg).text):

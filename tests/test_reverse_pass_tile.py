@@ -14,6 +14,7 @@ from kdagen.ops.member import chunk_member_launches
 from kdagen.spec.reference import naive_recurrent_deltanet
 
 from conftest import TOL, assert_close
+from plain_configs import plain_bwd, plain_train
 
 
 def test_min_tile_is_half_the_chunk():
@@ -63,8 +64,8 @@ def test_training_at_64_row_chunks_runs_the_wide_tile():
     v, beta = torch.randn(1, 70, 2, 32, generator=gen), torch.rand(1, 70, 2, generator=gen)
     h0 = torch.randn(1, 2, 32, 32, generator=gen)
     spec = kdagen.load_spec("deltanet")
-    _, bwd, _ = chunk_member_launches(spec, q, k, v, None, beta, training=True, config=ChunkTrainConfig(chunk_size=64, sub_chunk=32),
-                                      bwd_config=ChunkBwdConfig(state_block_v=16).with_chunking(64, 32),
+    _, bwd, _ = chunk_member_launches(spec, q, k, v, None, beta, training=True, config=plain_train(chunk_size=64, sub_chunk=32),
+                                      bwd_config=plain_bwd(state_block_v=16).with_chunking(64, 32),
                                       initial_state=h0, output_final_state=True)
     state = [ln for ln in bwd if ln.kernel == "chunk_bwd_state"][0]
     assert (state.constexprs["BT"], state.constexprs["BV"]) == (64, 32)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import F64, TOL, assert_close, make_inputs, run_poisoned
+from plain_configs import plain_fwd
 
 import kdagen
-from kdagen.config import ChunkFwdConfig
 from kdagen.kernels import build
 from kdagen.ops import schedule as S
 from kdagen.ops.chunk import chunk_kda_launches
@@ -82,7 +82,7 @@ def _schedule_kernel():
     from kdagen.codegen.lower import lower
     from kdagen.ops.chunk_fwd import SCHEDULE
 
-    return build(lower(SP.kda(SP.gate_direct(-5.0)), 16, 16, "float32", "chunk"), ChunkFwdConfig()).fns[SCHEDULE]
+    return build(lower(SP.kda(SP.gate_direct(-5.0)), 16, 16, "float32", "chunk"), plain_fwd()).fns[SCHEDULE]
 
 
 def test_the_schedule_kernel_is_where_the_ops_look_for_it():
@@ -165,7 +165,7 @@ def test_a_packed_call_with_device_offsets_matches_the_recurrence(monkeypatch, c
     programs returning at once): bit-identical to the host-scheduled call, within the float32
     bound of the float64 recurrence, with length-0/1 sequences and the sequence-parallel pass."""
     x = make_inputs(1, cu[-1], 1, 2, 32, 32, seed=9, cu_seqlens=cu)
-    config = ChunkFwdConfig(chunk_size=C, state_segment_chunks=L)
+    config = plain_fwd(chunk_size=C, state_segment_chunks=L)
     kw = dict(initial_state=x.h0, output_final_state=True, cu_seqlens=x.cu_seqlens, safe_gate=True,
               lower_bound=-5.0, config=config)
     host = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, **kw)

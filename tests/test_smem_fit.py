@@ -13,13 +13,13 @@ import torch
 from triton.runtime.errors import OutOfResources
 
 from conftest import TOL, assert_close
+from plain_configs import plain_train
 from test_dplr_chunk import _inputs, _ref
 
 import kdagen
 from kdagen import spec as S
 from kdagen.cache import smem
 from kdagen.cache.gpus import get_profile
-from kdagen.config import ChunkTrainConfig
 from kdagen.kernels import Launch
 from kdagen.ops import chunk_call as C
 from kdagen.ops import fallback
@@ -84,7 +84,7 @@ def test_heuristic_configs_that_fit_are_not_stepped_down(member, dt, K, shape):
 
 def test_step_down_is_deterministic_and_ends():
     call = _dplr_call(torch.float16, 256, False)
-    cfg = ChunkTrainConfig(chunk_size=64, state_block_v=64, state_num_stages=4)
+    cfg = plain_train(chunk_size=64, state_block_v=64, state_num_stages=4)
     seq = [cfg]
     while (nxt := smem.step_down("chunk_train", call.plan, seq[-1], "chunk_state")) is not None:
         seq.append(nxt)
@@ -98,7 +98,7 @@ def test_a_config_that_does_not_compile_falls_back(monkeypatch):
     one warning, the next config down runs, and o and the final state are the float64 recurrence's."""
     B, T, H, HV, K, V = 1, 70, 1, 2, 48, 40
     q, k, v, a, b, g, h0 = _inputs(B, T, H, HV, K, V, F32)
-    first = ChunkTrainConfig(chunk_size=64, state_block_v=16, state_num_stages=3)
+    first = plain_train(chunk_size=64, state_block_v=16, state_num_stages=3)
     ran, real_call = [], Launch.__call__
 
     def call(self):

@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from plain_configs import plain_decode
+
 import kdagen
 from kdagen.cache.keys import TOKEN_SLOTS_SUFFIX, call_bucket
 from kdagen.codegen.lower import lower
@@ -239,8 +241,8 @@ def test_the_plain_kernel_source_is_unchanged_by_the_feature():
     """token_slots renders a kernel of its own (num_accepted_tokens and the row length as arguments); at its
     default the source has none of it and its header does not name the field."""
     plan = lower(load_spec("kda"), 16, 16, "float32", "recurrent", False)
-    plain = render("recurrent", plan, RecurrentConfig()).text
-    slots = render("recurrent", plan, RecurrentConfig(token_slots=True)).text
+    plain = render("recurrent", plan, plain_decode()).text
+    slots = render("recurrent", plan, plain_decode(token_slots=True)).text
     assert "accepted" not in plain and "TS" not in plain and "token_slots" not in plain
     assert "cu_seqlens, accepted," in slots and "ACCEPTED: tl.constexpr" in slots and "token_slots=True" in slots
 

@@ -19,12 +19,13 @@ import torch
 import torch.nn.functional as F
 
 from conftest import kda_training_launches as _kda, F64, assert_close, make_inputs
+from plain_configs import plain_bwd, plain_train
 
 import kdagen
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import family_kernels, render
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig, ConfigError
+from kdagen.config import ChunkTrainConfig, ConfigError
 from kdagen.ops.dplr import chunk_dplr_bwd_launches, chunk_dplr_launches
 from kdagen.ops.member import chunk_member_launches
 from kdagen.spec.reference import naive_recurrent_gdn, naive_recurrent_kda
@@ -94,7 +95,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_split_equals_the_fused_pass(case):
     _, build, dt = case
-    base_t, base_b = ChunkTrainConfig(state_block_v=16), ChunkBwdConfig(state_block_v=16)
+    base_t, base_b = plain_train(state_block_v=16), plain_bwd(state_block_v=16)
     fused = _run(build(base_t, base_b), split=False)
     split = _run(build(base_t.replace(**SPLIT), base_b), split=True)
     assert set(fused) == set(split) and {"o", "hs", "vn", "ht", "dq", "dk", "dv"} <= set(fused)
@@ -112,7 +113,7 @@ def test_kda_op_with_the_split_against_float64():
     x = make_inputs(1, 41, 1, 2, 40, 24, dtype=F32, seed=11, cu_seqlens=[0, 1, 1, 30, 41])
     names = ("q", "k", "v", "g", "beta", "h0")
     leaves = {n: getattr(x, n).clone().requires_grad_() for n in names}
-    cfg = ChunkTrainConfig(state_block_v=16, **SPLIT)
+    cfg = plain_train(state_block_v=16, **SPLIT)
     o, ht = kdagen.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                              initial_state=leaves["h0"], output_final_state=True, cu_seqlens=x.cu_seqlens,
                              safe_gate=True, lower_bound=-5.0, config=cfg)
@@ -140,7 +141,7 @@ def test_gdn_op_with_the_split_fp16_against_float64():
     h0 = torch.randn(1, 2, K, V, generator=gen)
     leaves = {n: t.half().requires_grad_() for n, t in x.items()}
     o, ht = kdagen.chunk_gated_delta_rule(leaves["q"], leaves["k"], leaves["v"], g, leaves["beta"], initial_state=h0,
-                                          output_final_state=True, config=ChunkTrainConfig(state_block_v=16, **SPLIT))
+                                          output_final_state=True, config=plain_train(state_block_v=16, **SPLIT))
     r = {n: t.half().to(F64).requires_grad_() for n, t in x.items()}
     ro, rh = naive_recurrent_gdn(r["q"], r["k"], r["v"], g.to(F64), r["beta"], initial_state=h0.to(F64),
                                  output_final_state=True)
@@ -156,7 +157,7 @@ def test_gdn_op_with_the_split_fp16_against_float64():
 
 def test_sources_and_the_calls_that_take_it():
     plan = lower(S.kda(), 64, 64, "bfloat16", "chunk")
-    off, on = ChunkTrainConfig(), ChunkTrainConfig(split_output=True)
+    off, on = plain_train(), plain_train(split_output=True)
     assert family_kernels("chunk_train", plan, off) == ("chunk_intra", "chunk_state", "qk_l2norm")
     assert family_kernels("chunk_train", plan, on)[-1] == "chunk_out"
     text = render("chunk_out", plan, on).text
@@ -170,12 +171,12 @@ def test_sources_and_the_calls_that_take_it():
     q, k, v = (torch.randn(1, 20, 1, 32, generator=gen) for _ in range(3))
     a = F.normalize(torch.randn(1, 20, 1, 32, generator=gen), dim=-1)
     b, gk = -0.5 * a, F.logsigmoid(torch.randn(1, 20, 1, 32, generator=gen) + 2.0)
-    launches, (o_inf, _, _) = chunk_dplr_launches(q, k, v, a, b, gk, config=ChunkTrainConfig(**SPLIT))
+    launches, (o_inf, _, _) = chunk_dplr_launches(q, k, v, a, b, gk, config=plain_train(**SPLIT))
     assert [ln.kernel for ln in launches] == ["chunk_intra", "chunk_state"] and launches[1].constexprs["WRITE_O"]
     for ln in launches:
         ln()
     launches, (o_train, _, _) = chunk_dplr_launches(q, k, v, a, b, gk, training=True,
-                                                                    config=ChunkTrainConfig(**SPLIT))
+                                                                    config=plain_train(**SPLIT))
     assert [ln.kernel for ln in launches] == ["chunk_intra", "chunk_state", "chunk_out"]
     for ln in launches:
         ln()

@@ -17,14 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from conftest import kda_training_launches as _kda
+from plain_configs import plain_bwd, plain_train
 
-from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
+
 from kdagen.ops.dplr import chunk_dplr_bwd_launches
 
 F32 = torch.float32
 C = 32
-FUSED = ChunkTrainConfig(state_block_v=16, split_output=False)  # the pass that forms O itself
-BWD = ChunkBwdConfig(state_block_v=16)
+FUSED = plain_train(state_block_v=16, split_output=False)  # the pass that forms O itself
+BWD = plain_bwd(state_block_v=16)
 
 
 def _dplr(T=45):

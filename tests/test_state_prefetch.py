@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import kda_training_launches as _kda
+from plain_configs import plain_bwd, plain_train
 
 import kdagen.spec as S
 from kdagen.codegen.lower import lower
@@ -75,7 +76,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_prefetch_equals_the_plain_pass(case):
     _, build = case
-    base_t, base_b = ChunkTrainConfig(state_block_v=16), ChunkBwdConfig(state_block_v=16)
+    base_t, base_b = plain_train(state_block_v=16), plain_bwd(state_block_v=16)
     plain = _run(build(base_t, base_b), prefetch=False)
     pre = _run(build(base_t.replace(state_prefetch=True), base_b.replace(state_prefetch=True)), prefetch=True)
     assert set(plain) == set(pre) and {"o", "hs", "dq", "dk", "dv"} <= set(plain)
@@ -93,13 +94,13 @@ def test_prefetch_is_in_the_source_and_named_in_its_header():
     """The option changes the generated source (a loop-carried next-chunk tile) and the header line
     names it, so a cached kernel of one setting is never taken for the other."""
     # (the forward pass loads G_n a chunk ahead either way: the option is U's there)
-    for kernel, cfg, tile in (("chunk_state", ChunkTrainConfig(), "b_u_next"),
-                              ("chunk_bwd_state", ChunkBwdConfig(), "b_gn_next")):
+    for kernel, cfg, tile in (("chunk_state", plain_train(), "b_u_next"),
+                              ("chunk_bwd_state", plain_bwd(), "b_gn_next")):
         off = _state_source(kernel, cfg)
         on = _state_source(kernel, cfg.replace(state_prefetch=True))
         assert tile in on and tile not in off
         assert "state_prefetch=True" in on and "state_prefetch=False" in off
-    assert "b_gn_next" in _state_source("chunk_state", ChunkTrainConfig())
+    assert "b_gn_next" in _state_source("chunk_state", plain_train())
 
 
 def test_prefetch_must_be_a_bool():

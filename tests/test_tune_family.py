@@ -15,6 +15,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from plain_configs import plain_fwd
+
 from kdagen import spec as S
 from kdagen.cache.gpus import get_profile
 from kdagen.cache.heuristics import default_config, default_train_config
@@ -413,11 +415,10 @@ def test_the_sequence_parallel_pass_is_timed_only_where_it_can_win(tmp_path, mon
     programs (below twice the heuristic's 48, at BV=32) and enough chunks for 4 segments: at the
     default build shapes the stage times 48 candidates, not 96 (run 60: ~75 s a shape)."""
     from kdagen.cache.heuristics import worth_timing
-    from kdagen.config import ChunkFwdConfig
     from kdagen.tuning import driver as D
 
     plan = lower(S.kda(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk")
-    seg = ChunkFwdConfig(chunk_size=64, state_segment_chunks=32)
+    seg = plain_fwd(chunk_size=64, state_segment_chunks=32)
     assert worth_timing("chunk_fwd", plan, seg, {"N": 1, "HV": 8, "T": 65536})  # 32 programs, 1,024 chunks
     assert not worth_timing("chunk_fwd", plan, seg, {"N": 2, "HV": 16, "T": 16384})  # 128 programs
     assert not worth_timing("chunk_fwd", plan, seg, {"N": 1, "HV": 8, "T": 4096})  # 64 chunks: 2 segments

@@ -4,11 +4,13 @@ import warnings
 
 import pytest
 
+from plain_configs import plain_decode, plain_fwd
+
 import kdagen.cache.keys as keys
 import kdagen.spec as S
 import kdagen.cache.lookup as tuned
 from kdagen.cache.store import TuningCache, make_entry
-from kdagen.config import ChunkFwdConfig, RecurrentConfig
+from kdagen.config import RecurrentConfig
 from kdagen.cache.gpus import get_profile
 from kdagen.cache.heuristics import (default_chunk_bwd_config, default_chunk_config, default_recurrent_config,
                                      default_train_config)
@@ -36,7 +38,7 @@ SHAPE = {"T": 4096, "B": 4, "N": 4}
 
 def test_cached_winner_is_used_for_its_exact_key(h200):
     plan = _plan()
-    won = ChunkFwdConfig(chunk_size=32, intra_num_warps=8, state_block_v=16)
+    won = plain_fwd(chunk_size=32, intra_num_warps=8, state_block_v=16)
     assert won != default_chunk_config(plan)
     TuningCache(h200.name).store(keys.cache_key(plan, "chunk_fwd", SHAPE, h200),
                                  make_entry(config=won.to_dict(), kernel="chunk_fwd", time_ms=1.0, error=0.0))
@@ -47,7 +49,7 @@ def test_cached_winner_is_used_for_its_exact_key(h200):
     other = _plan(K=96)
     assert chunk_kernels(other, None, SHAPE) == default_chunk_config(other)
     # an explicit config always wins
-    mine = ChunkFwdConfig(chunk_size=64)
+    mine = plain_fwd(chunk_size=64)
     assert chunk_kernels(plan, mine, SHAPE) == mine
 
 
@@ -95,7 +97,7 @@ def test_recurrent_winner_and_fallback(h200):
     more = tuned.resolve("recurrent", plan, None, {"T": 1, "B": 1024, "N": 1024, "HV": 32}, "bfloat16")
     assert (more.programs_per_sm, more.num_stages) == (16, 2)
     assert tuned.resolve("recurrent", plan, None, {"T": 1, "B": 256, "N": 256, "HV": 32}) == default_recurrent_config(plan)
-    won = RecurrentConfig(block_v=16, num_warps=2)
+    won = plain_decode(block_v=16, num_warps=2)
     TuningCache(h200.name).store(keys.cache_key(plan, "recurrent", {"T": 1, "B": 8, "N": 8}, h200),
                                  make_entry(config=won.to_dict(), kernel="recurrent", time_ms=0.01, error=0.0))
     tuned._MEMO.clear()

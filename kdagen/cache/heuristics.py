@@ -5,17 +5,16 @@ The heuristics are one declarative table per config family (:data:`RULES`): a li
 :class:`Rule` -- a name, the decision record (``docs/decisions/``) that chose it, a predicate
 over the call's :class:`Features` and the config fields it sets -- applied in order.  A family's
 config is its dataclass's defaults overwritten by every rule that matches (the recurrent form's
-rules end at the first match: each sets a whole config).  The features are computed once from the
-plan, the call's shape, its state's dtype and layout and whether it is a decode step; every
-threshold is a named constant below, next to the record that chose it.  The functions after the
-table only evaluate it (they hold no numbers).
+rules end at the first match).  The features are computed once from the plan, the call's shape,
+its state's dtype and layout and whether it is a decode step; every threshold is a named constant
+below, next to the record that chose it.  The functions after the table only evaluate it (they
+hold no numbers).
 
-The config dataclasses' field defaults (kdagen/config.py) are construction defaults, what a config built with
-a few fields named takes, not what this table runs: for KDA in bf16 at K=V=128 they differ in many fields
-(``RecurrentConfig``'s 32 / 4 warps / "updated" against the table's 64 / 2 / "loaded", the training and
-backward configs' half-precision tiles; tests/test_heuristic_rules.py lists them).  They are kept: configs
-built by hand, in tests and as search candidates name only the fields they change, and config.py is an input
-of every family's source hash (a change to it would drop every tuned winner)."""
+The config dataclasses' field defaults (kdagen/config.py) are this table's config for the reference
+call -- KDA (g given, bound -5) in bf16 at K=V=128 without a shape (an fp32 decode state): no rule
+matches it, and every rule states a departure from it (fp32 or fp16 inputs, K above the measured 128
+or above 256, head dims narrower than the default tiles, other members, the call shape's programs,
+sequences, pairs and items; tests/test_heuristic_rules.py holds the two equal)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -191,6 +190,29 @@ class Features:
         (docs/decisions/0013-gate-bound-checked-by-repair-launches.md)."""
         return not self.dplr
 
+    @property
+    def output_apart(self) -> bool:
+        """The training forward's output in a launch of its own (split_output) rather than in the state pass: in
+        half precision with K within the measured tiles, not for general DPLR
+        (docs/decisions/0009-split-output-launch.md)."""
+        return self.half_measured and not self.dplr
+
+    @property
+    def inverse_on_tf32(self) -> bool:
+        """The training launches' triangular inverse on tf32 dots: for bf16 plans (tf32's operands are finer
+        than bf16's rounding of the result); otherwise fp32 FMAs ("ieee"): fp16's rounding is tf32's, and tf32
+        dots put fp16's output error above FLA's on ill-conditioned keys; general DPLR keeps fp32
+        (docs/decisions/0014-training-inverse-tf32.md)."""
+        return self.dtype == "bfloat16" and not self.dplr
+
+    @property
+    def diag_on_tf32(self) -> bool:
+        """The training launches' factorised diagonal sub-tiles on fp32 operands and tf32 dots: for bf16 plans
+        with a rank-1 part whose per-channel diagonal is factorised; otherwise in the input dtype
+        (docs/decisions/0015-diag-precision-tf32.md)."""
+        factorised = self.decay == "channel" and self.diag_mode == "factorised" and not self.dplr
+        return self.dtype == "bfloat16" and factorised and self.has_rank1
+
     # -- shape
     @property
     def has_programs(self) -> bool:
@@ -280,19 +302,25 @@ class Rule:
         return out
 
 
-def _always(f, c):
-    return True
+def _within_heads(name: str, record: str, k_tiles: tuple[str, ...] = (), v_tiles: tuple[str, ...] = ()) -> Rule:
+    """A rule that narrows the tiles ``k_tiles`` to the plan's BK and ``v_tiles`` to its BV where they are
+    wider (the defaults' tiles are K=V=128's)."""
 
+    def when(f, c):
+        return any(c[n] > f.BK for n in k_tiles) or any(c[n] > f.BV for n in v_tiles)
 
-def _inverse(f, c):
-    return "tf32" if f.dtype == "float16" else "bf16"
+    set_ = {n: (lambda f, c, n=n: min(c[n], f.BK)) for n in k_tiles}
+    set_.update({n: (lambda f, c, n=n: min(c[n], f.BV)) for n in v_tiles})
+    return Rule(name, record, when, set_)
 
 
 CHUNK_FWD_RULES = [
-    Rule("64-row chunks, pipelined state pass", "0002-inference-forward-64-row-chunks.md", _always, dict(
-        chunk_size=64, intra_num_warps=4, state_block_v=lambda f, c: min(32, f.BV), state_num_warps=4,
-        state_num_stages=3, state_prefetch=True, inverse_precision=_inverse,
-        solve_load_ahead=lambda f, c: 0 if f.diag_mode == "scalar" else 2)),
+    _within_heads("V narrower than the state pass's tile", "0002-inference-forward-64-row-chunks.md",
+                  v_tiles=("state_block_v",)),
+    Rule("fp16: the solve's inverse on tf32 dots", "0002-inference-forward-64-row-chunks.md",
+         lambda f, c: f.dtype == "float16", dict(inverse_precision="tf32")),
+    Rule("one decay per token: each of the solve's loads where it is first read",
+         "0002-inference-forward-64-row-chunks.md", lambda f, c: f.diag_mode == "scalar", dict(solve_load_ahead=0)),
     Rule("many short sequences: 32-row chunks, no prefetch", "0003-packed-short-sequences-32-row-chunks.md",
          lambda f, c: (f.has_tokens and f.programs(COUNTING_TILE) >= MANY_PROGRAMS
                        and f.tokens <= SHORT_MEAN_TOKENS * f.N),
@@ -305,43 +333,47 @@ CHUNK_FWD_RULES = [
          dict(state_segment_chunks=SEGMENT_CHUNKS, state_block_v=lambda f, c: min(64, f.BV), state_prefetch=False)),
     Rule("K > 128: 32-row chunks, 8-warp solve, two stages", "0002-inference-forward-64-row-chunks.md",
          lambda f, c: f.BK > MEASURED_MAX_K, dict(
-             chunk_size=32, intra_num_warps=8, state_block_v=lambda f, c: min(32, f.BV), state_num_warps=4,
-             state_num_stages=2, state_prefetch=True, state_segment_chunks=0, solve_load_ahead=0)),
+             chunk_size=32, intra_num_warps=8, state_block_v=lambda f, c: min(32, f.BV), state_num_stages=2,
+             state_prefetch=True, state_segment_chunks=0, solve_load_ahead=0)),
     Rule("K > 256: 16-wide tiles on 8 warps, unpipelined", "0033-wide-state-rows.md",
          lambda f, c: f.wide_state, dict(state_block_v=lambda f, c: min(16, f.BV), state_num_warps=8,
                                           state_num_stages=1)),
 ]
 
 CHUNK_TRAIN_RULES = [
-    Rule("32-row chunks, the whole K row in one intra tile, 32-wide state tiles",
-         "0007-training-state-pass-three-stages.md", _always, dict(
-             chunk_size=32, sub_chunk=16, intra_block_k=lambda f, c: min(128, f.BK), intra_num_warps=4,
-             intra_num_stages=2, state_block_v=lambda f, c: min(32, f.BV),
-             state_num_warps=lambda f, c: 2 if f.K <= MEASURED_MAX_K else 4,
-             state_num_stages=lambda f, c: 3 if f.half_measured else 2)),
-    Rule("promised gate bound checked (DPLR trusts it)", "0013-gate-bound-checked-by-repair-launches.md",
-         _always, dict(check_gate_bound=lambda f, c: f.checks_gate_bound)),
-    Rule("row-block loads ahead in half precision", "0008-training-intra-loads-ahead.md",
-         _always, dict(intra_load_ahead=lambda f, c: f.half)),
-    Rule("the inverse on tf32 dots in bf16", "0014-training-inverse-tf32.md",
-         _always, dict(inverse_precision=lambda f, c: _train_inverse_precision(f))),
-    Rule("bf16 factorised diagonal in fp32 on tf32 dots", "0015-diag-precision-tf32.md",
-         _always, dict(diag_precision=lambda f, c: _train_diag_precision(f))),
+    _within_heads("heads narrower than the tiles (the intra launch takes the whole K row)",
+                  "0007-training-state-pass-three-stages.md", k_tiles=("intra_block_k", "out_block_k"),
+                  v_tiles=("state_block_v", "out_block_v")),
+    Rule("fp32, or K > 128: the state pass two stages deep", "0007-training-state-pass-three-stages.md",
+         lambda f, c: not f.half_measured, dict(state_num_stages=2)),
+    Rule("fp32, K > 128 or general DPLR: the output formed in the state pass", "0009-split-output-launch.md",
+         lambda f, c: not f.output_apart, dict(split_output=False, out_block_v=64, out_block_k=64)),
+    Rule("the output formed in the state pass, K <= 128: the pass on 2 warps",
+         "0007-training-state-pass-three-stages.md",
+         lambda f, c: not f.output_apart and f.K <= MEASURED_MAX_K, dict(state_num_warps=2)),
+    Rule("general DPLR trusts a promised gate bound", "0013-gate-bound-checked-by-repair-launches.md",
+         lambda f, c: not f.checks_gate_bound, dict(check_gate_bound=False)),
+    Rule("fp32: each row-block's loads where they are first read", "0008-training-intra-loads-ahead.md",
+         lambda f, c: not f.half, dict(intra_load_ahead=False)),
+    Rule("the inverse on exact fp32 dots but in bf16 (general DPLR: always)", "0014-training-inverse-tf32.md",
+         lambda f, c: not f.inverse_on_tf32, dict(inverse_precision="ieee")),
+    Rule("the factorised diagonal in the input dtype but for bf16 KDA", "0015-diag-precision-tf32.md",
+         lambda f, c: not f.diag_on_tf32, dict(diag_precision="input")),
     Rule("element-wise diagonal: a [BC, BC, BK] tile, 32-wide K", "0012-bounded-tiles-for-checked-diagonal.md",
          lambda f, c: f.diag_mode == "elementwise" and not f.checked_like_bounded, dict(intra_block_k=32)),
     Rule("GLA with a checked bound keeps its 32-wide intra tile", "0013-gate-bound-checked-by-repair-launches.md",
          lambda f, c: (f.diag_mode == "factorised" and f.checks_gate_bound and not f.gate_in_kernel
                        and not f.has_rank1),
          dict(intra_block_k=lambda f, c: min(32, f.BK))),
-    Rule("few state programs: 16-wide tiles on 4 warps", "0006-narrow-state-tiles-few-programs.md",
-         lambda f, c: f.BV >= COUNTING_TILE and bool(f.few_programs), dict(state_block_v=16, state_num_warps=4)),
+    Rule("the output formed in the state pass, few programs: 16-wide tiles on 4 warps",
+         "0006-narrow-state-tiles-few-programs.md",
+         lambda f, c: not f.output_apart and f.BV >= COUNTING_TILE and bool(f.few_programs),
+         dict(state_block_v=16, state_num_warps=4)),
     Rule("general DPLR's 32-wide pass: two stages", "0007-training-state-pass-three-stages.md",
          lambda f, c: f.dplr and c["state_block_v"] >= COUNTING_TILE, dict(state_num_stages=2)),
-    Rule("the output out of the state pass; 64-wide pass tiles with many programs", "0009-split-output-launch.md",
-         lambda f, c: f.half_measured and not f.dplr, dict(
-             state_block_v=lambda f, c: min(64 if f.few_programs is False else 32, f.BV), state_num_warps=4,
-             state_num_stages=3, split_output=True, out_block_v=lambda f, c: min(128, f.BV),
-             out_block_k=lambda f, c: min(64, f.BK), out_num_warps=4, out_num_stages=2)),
+    Rule("the output out of the state pass, many programs: 64-wide pass tiles", "0009-split-output-launch.md",
+         lambda f, c: f.output_apart and f.few_programs is False,
+         dict(state_block_v=lambda f, c: min(64, f.BV))),
     Rule("an in-kernel gate launched apart in half precision", "0010-gate-launched-apart.md",
          lambda f, c: f.half and f.gate_launchable, dict(gate_launch=True)),
     Rule("K > 256: 16-wide state tiles on 8 warps, unpipelined", "0033-wide-state-rows.md",
@@ -353,27 +385,27 @@ CHUNK_TRAIN_RULES = [
 ]
 
 CHUNK_BWD_RULES = [
-    Rule("reverse pass, dqkw and intra tiles", "0016-backward-tiles.md", _always, dict(
-        chunk_size=lambda f, c: f.chunking[0], sub_chunk=lambda f, c: f.chunking[1],
-        state_block_v=lambda f, c: min(32, f.BV), state_num_warps=4, state_num_stages=2,
-        dqkw_block_k=lambda f, c: min(64, f.BK), dqkw_block_v=lambda f, c: min(32, f.BV), dqkw_num_warps=4,
-        dqkw_num_stages=2, intra_block_k=lambda f, c: min(32, f.BK), intra_block_v=lambda f, c: min(32, f.BV),
-        intra_num_warps=4, intra_num_stages=2, rerun_block_k=lambda f, c: min(64, f.BK), rerun_num_warps=4,
-        state_dtype=lambda f, c: "fp32" if f.dtype == "float16" else "input")),
-    Rule("promised gate bound checked (DPLR trusts it)", "0013-gate-bound-checked-by-repair-launches.md",
-         _always, dict(check_gate_bound=lambda f, c: f.checks_gate_bound)),
-    Rule("the inverse's gradient on tf32 dots in bf16", "0014-training-inverse-tf32.md",
-         _always, dict(inverse_precision=lambda f, c: _train_inverse_precision(f))),
-    Rule("bf16 factorised diagonal in fp32 on tf32 dots", "0015-diag-precision-tf32.md",
-         _always, dict(diag_precision=lambda f, c: _train_diag_precision(f))),
-    Rule("half precision: dqkw on [128, 64] tiles", "0016-backward-tiles.md",
-         lambda f, c: f.half_measured, dict(dqkw_block_k=lambda f, c: min(128, f.BK),
-                                            dqkw_block_v=lambda f, c: min(64, f.BV))),
-    Rule("half precision: the reverse pass loads ahead, three stages", "0018-reverse-state-pass.md",
-         lambda f, c: f.half_measured, dict(state_num_stages=3, state_prefetch=True)),
-    Rule("reverse pass tiles by programs: 32-wide with few, 64-wide with many", "0018-reverse-state-pass.md",
-         lambda f, c: f.half_measured and f.few_programs is not None,
-         dict(state_block_v=lambda f, c: min(32 if f.few_programs else 64, f.BV))),
+    Rule("the training forward's chunk lengths", "0016-backward-tiles.md",
+         lambda f, c: f.chunking != (c["chunk_size"], c["sub_chunk"]),
+         dict(chunk_size=lambda f, c: f.chunking[0], sub_chunk=lambda f, c: f.chunking[1])),
+    _within_heads("heads narrower than the tiles", "0016-backward-tiles.md",
+                  k_tiles=("dqkw_block_k", "intra_block_k", "rerun_block_k"),
+                  v_tiles=("state_block_v", "dqkw_block_v", "intra_block_v")),
+    Rule("fp16: per-chunk states and their gradients in fp32", "0016-backward-tiles.md",
+         lambda f, c: f.dtype == "float16", dict(state_dtype="fp32")),
+    Rule("general DPLR trusts a promised gate bound", "0013-gate-bound-checked-by-repair-launches.md",
+         lambda f, c: not f.checks_gate_bound, dict(check_gate_bound=False)),
+    Rule("the inverse's gradient on exact fp32 dots but in bf16 (general DPLR: always)",
+         "0014-training-inverse-tf32.md", lambda f, c: not f.inverse_on_tf32, dict(inverse_precision="ieee")),
+    Rule("the factorised diagonal in the input dtype but for bf16 KDA", "0015-diag-precision-tf32.md",
+         lambda f, c: not f.diag_on_tf32, dict(diag_precision="input")),
+    Rule("fp32, or K > 128: dqkw on [64, 32] tiles", "0016-backward-tiles.md",
+         lambda f, c: not f.half_measured, dict(dqkw_block_k=lambda f, c: min(64, f.BK),
+                                                dqkw_block_v=lambda f, c: min(32, f.BV))),
+    Rule("fp32, or K > 128: the reverse pass two stages deep, no load ahead", "0018-reverse-state-pass.md",
+         lambda f, c: not f.half_measured, dict(state_num_stages=2, state_prefetch=False)),
+    Rule("reverse pass tiles by programs: 64-wide with many", "0018-reverse-state-pass.md",
+         lambda f, c: f.half_measured and f.few_programs is False, dict(state_block_v=lambda f, c: min(64, f.BV))),
     Rule("few programs on short chunks: four stages", "0018-reverse-state-pass.md",
          lambda f, c: f.half_measured and f.few_programs is True and f.chunking[0] == TRAIN_CHUNKING[0],
          dict(state_num_stages=4)),
@@ -381,9 +413,9 @@ CHUNK_BWD_RULES = [
          "0011-64-row-chunks-gdn-deltanet-training.md",
          lambda f, c: f.half_measured and f.few_programs is False and f.long_chunks and f.trains_on_64_row_chunks,
          dict(state_num_warps=8)),
-    Rule("two sub-tiles: the intra gradients split, the re-run on one warp",
-         "0017-recompute-mode-split-intra.md", lambda f, c: f.half_measured and f.two_subtiles,
-         dict(intra_split=True, intra_block_v=lambda f, c: min(64, f.BV), intra_num_warps=2, rerun_num_warps=1)),
+    Rule("fp32, K > 128 or other than two sub-tiles: the intra gradients in one launch, the re-run on 4 warps",
+         "0017-recompute-mode-split-intra.md", lambda f, c: not (f.half_measured and f.two_subtiles),
+         dict(intra_split=False, intra_block_v=lambda f, c: min(32, f.BV), intra_num_warps=4, rerun_num_warps=4)),
     Rule("element-wise diagonal: the intra gradients on 4 warps", "0019-elementwise-diagonal-backward-4-warps.md",
          lambda f, c: (f.half_measured and f.two_subtiles and f.diag_mode == "elementwise" and f.has_rank1
                        and not f.checked_like_bounded), dict(intra_num_warps=4)),
@@ -393,46 +425,44 @@ CHUNK_BWD_RULES = [
     Rule("K > 256: dS on 16-wide tiles over 8 warps, unpipelined", "0033-wide-state-rows.md",
          lambda f, c: f.wide_state, dict(state_block_v=lambda f, c: min(16, f.BV), state_num_warps=8,
                                           state_num_stages=1)),
-    Rule("the reverse pass's V tile at least C/2", "0028-reverse-pass-min-tile.md", _always,
-         dict(state_block_v=lambda f, c: max(c["state_block_v"], min_state_block_v(f.chunking[0])))),
+    Rule("the reverse pass's V tile at least C/2", "0028-reverse-pass-min-tile.md",
+         lambda f, c: c["state_block_v"] < min_state_block_v(f.chunking[0]),
+         dict(state_block_v=lambda f, c: min_state_block_v(f.chunking[0]))),
 ]
 
-# The recurrent form's rules: the first that matches sets the whole config (the other fields: defaults).
+# The recurrent form's rules: the first that matches sets the config (the other fields: the defaults, KDA's
+# fp32 state with many pairs, 64-wide tiles on 2 warps with the loaded readout); none matches KDA's defaults.
 RECURRENT_RULES = [
     Rule("K > 128: 32-wide tiles on 4 warps", "0022-decode-fp32-tiles-by-pairs.md",
-         lambda f, c: f.K > MEASURED_MAX_K, dict(block_v=lambda f, c: min(32, f.BV), num_warps=4, num_stages=1,
+         lambda f, c: f.K > MEASURED_MAX_K, dict(block_v=lambda f, c: min(32, f.BV), num_warps=4,
                                                    readout="updated")),
     Rule("half-width pool, many items: pipelined persistent programs", "0021-decode-half-pool-persistent.md",
          lambda f, c: f.state_dtype in HALF and f.items >= PERSISTENT_ITEMS, dict(
-             block_v=lambda f, c: min(64, f.BV), num_warps=2, num_stages=2, readout="loaded",
+             block_v=lambda f, c: min(64, f.BV), num_stages=2,
              programs_per_sm=lambda f, c: (MANY_PERSISTENT_PROGRAMS if f.items >= MANY_ITEMS_FACTOR * PERSISTENT_ITEMS
                                            else PERSISTENT_PROGRAMS))),
     Rule("half-width pool: 32-wide tiles on one warp", "0021-decode-half-pool-persistent.md",
-         lambda f, c: f.state_dtype in HALF,
-         dict(block_v=lambda f, c: min(32, f.BV), num_warps=1, num_stages=1, readout="loaded")),
+         lambda f, c: f.state_dtype in HALF, dict(block_v=lambda f, c: min(32, f.BV), num_warps=1)),
     Rule("KDA's fp32 [V, K] state, few pairs: narrow contiguous tiles", "0025-decode-vk-pool.md",
          lambda f, c: f.kda_like and f.state_v_first and 0 < f.pairs <= SOME_PAIRS,
-         dict(block_v=lambda f, c: min(4 if f.pairs <= FEW_PAIRS else 8, f.BV), num_warps=1, num_stages=1,
-              readout="loaded")),
+         dict(block_v=lambda f, c: min(4 if f.pairs <= FEW_PAIRS else 8, f.BV), num_warps=1)),
     Rule("KDA's fp32 [V, K] pool, a decode step on the slot grid: lean 8-row tiles",
          "0026-lean-decode-step-vk-fp32.md",
          lambda f, c: (f.kda_like and f.state_v_first and f.pairs > SOME_PAIRS and f.P and f.decode_step
                        and slot_grid(f.N or 0, f.HV or 0, f.P)),
-         dict(block_v=lambda f, c: min(8, f.BV), num_warps=1, num_stages=1, readout="loaded",
-              lean=lambda f, c: f.lean_fits(min(8, f.BV)))),
+         dict(block_v=lambda f, c: min(8, f.BV), num_warps=1, lean=lambda f, c: f.lean_fits(min(8, f.BV)))),
     Rule("fp32 state, few pairs: 16-wide tiles on one warp", "0022-decode-fp32-tiles-by-pairs.md",
          lambda f, c: 0 < f.pairs <= FEW_PAIRS,
-         dict(block_v=lambda f, c: min(16, f.BV), num_warps=1, num_stages=1,
+         dict(block_v=lambda f, c: min(16, f.BV), num_warps=1,
               readout=lambda f, c: "updated" if f.dplr else "loaded")),
     Rule("general DPLR's fp32 state: 32-wide tiles on 2 warps", "0022-decode-fp32-tiles-by-pairs.md",
-         lambda f, c: f.dplr and f.pairs > 0,
-         dict(block_v=lambda f, c: min(32, f.BV), num_warps=2, num_stages=1, readout="updated")),
+         lambda f, c: f.dplr and f.pairs > 0, dict(block_v=lambda f, c: min(32, f.BV), readout="updated")),
     Rule("fp32 state, some pairs: 32-wide tiles on one warp", "0022-decode-fp32-tiles-by-pairs.md",
-         lambda f, c: 0 < f.pairs <= SOME_PAIRS,
-         dict(block_v=lambda f, c: min(32, f.BV), num_warps=1, num_stages=1, readout="loaded")),
-    Rule("fp32 state, many pairs: 64-wide tiles on 2 warps, KDA's loaded readout", "0023-decode-loaded-readout.md",
-         _always, dict(block_v=lambda f, c: min(64, f.BV), num_warps=2, num_stages=1,
-                       readout=lambda f, c: "loaded" if f.kda_like else "updated")),
+         lambda f, c: 0 < f.pairs <= SOME_PAIRS, dict(block_v=lambda f, c: min(32, f.BV), num_warps=1)),
+    Rule("fp32 state, many pairs, other members than KDA: the updated readout", "0023-decode-loaded-readout.md",
+         lambda f, c: not f.kda_like, dict(block_v=lambda f, c: min(c["block_v"], f.BV), readout="updated")),
+    _within_heads("fp32 state, many pairs, V narrower than the tile", "0022-decode-fp32-tiles-by-pairs.md",
+                  v_tiles=("block_v",)),
 ]
 
 # family -> (config class, rules, whether the first match ends the table)
@@ -451,7 +481,7 @@ def applied(family: str, f: Features) -> list[Rule]:
 
 def _evaluate(family: str, f: Features):
     cls, rules, first = RULES[family]
-    config, taken = {}, []
+    config, taken = cls().to_dict(), []
     for rule in rules:
         if rule.when(f, config):
             config = rule.apply(f, config)
@@ -459,22 +489,6 @@ def _evaluate(family: str, f: Features):
             if first:
                 break
     return cls(**config), taken
-
-
-def _train_inverse_precision(f: Features) -> str:
-    """The training launches' triangular inverse on tf32 dots for bf16 plans (tf32's operands are finer than
-    bf16's rounding of the result), fp32 FMAs ("ieee") otherwise: fp16's rounding is tf32's, and tf32 dots
-    put fp16's output error above FLA's on ill-conditioned keys; general DPLR keeps fp32
-    (docs/decisions/0014-training-inverse-tf32.md)."""
-    return "tf32" if f.dtype == "bfloat16" and not f.dplr else "ieee"
-
-
-def _train_diag_precision(f: Features) -> str:
-    """The training launches' factorised diagonal sub-tiles: fp32 operands on tf32 dots for bf16 plans with a
-    rank-1 part whose per-channel diagonal is factorised, the input dtype otherwise
-    (docs/decisions/0015-diag-precision-tf32.md)."""
-    factorised = f.decay == "channel" and f.diag_mode == "factorised" and not f.dplr
-    return "tf32" if f.dtype == "bfloat16" and factorised and f.has_rank1 else "input"
 
 
 # --------------------------------------------------------------------------- the entry points

@@ -333,7 +333,8 @@ def prefill_graph(replays=4):
               f"the eager call {worst:.1e}")
         # the schedule built on the device (one program of the schedule kernel) against the host's
         lens = cu.tolist()
-        for form, kw2 in (("chunks", {}), ("segments", dict(config=ChunkFwdConfig(state_segment_chunks=2)))):
+        segments = ChunkFwdConfig(state_segment_chunks=2, solve_load_ahead=0)
+        for form, kw2 in (("chunks", {}), ("segments", dict(config=segments))):
             dev = kdagen.chunk_kda(**x, cu_seqlens=cu, **base, **kw2)
             host = kdagen.chunk_kda(**x, cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(lens), **base, **kw2)
             same = torch.equal(dev[0], host[0]) and torch.equal(dev[1], host[1])
@@ -480,7 +481,7 @@ def lean_items():
             o = torch.zeros_like(x["v"])
             kdagen.fused_recurrent_kda(**x, initial_state=pool, ssm_state_indices=idx, cu_seqlens=cu, out=o,
                                        state_v_first=v_first,
-                                       config=RecurrentConfig(block_v=8, num_warps=1, lean=True))
+                                       config=RecurrentConfig(block_v=8, num_warps=1, lean=True, readout="updated"))
             got_pool = pool.transpose(-1, -2) if v_first else pool
             bad = [f"padding sequence {n}: o not 0" for n in range(N)
                    if not 0 <= slots[n] < P and not (o[:, b[n]:b[n + 1]] == 0).all()]
