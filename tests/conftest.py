@@ -66,6 +66,12 @@ def _boolean_masks_only():
 _boolean_masks_only()
 
 
+# the interpreter's per-call overheads taken out (tests/interpreter_speed.py)
+from interpreter_speed import install as _faster_interpreter  # noqa: E402
+
+_faster_interpreter()
+
+
 def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
 
