@@ -34,8 +34,8 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 # intra-op threads are shared out among them rather than each taking every core.  The processes a
 # test starts (the compile workers, the emulation scripts, the CLI, the spawned ranks) inherit the
 # same share through OMP_NUM_THREADS (torch's and OpenBLAS's default): with every core taken by a
-# worker, a child's extra threads only wait on each other (the bf16 emulation scripts: ~40% more
-# CPU time for the same work).
+# worker, a child's extra threads only wait on each other (a bf16 emulation script took 1.6x the CPU
+# time for the same work).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     _THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     torch.set_num_threads(_THREADS)
