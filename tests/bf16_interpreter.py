@@ -50,6 +50,9 @@ def round_to_bf16(x: np.ndarray) -> np.ndarray:
 
 
 def install() -> None:
+    import interpreter_speed  # (beside this script)
+
+    interpreter_speed.install()
     render_vars = codegen._template_vars
 
     exact = set(filter(None, os.environ.get("KDAGEN_EMULATE_EXACT", "").split(",")))

@@ -31,9 +31,15 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
 
 
 # Under pytest-xdist (the README's `-n auto`) each worker is a process of its own: torch's
-# intra-op threads are shared out among them rather than each taking every core.
+# intra-op threads are shared out among them rather than each taking every core.  The processes a
+# test starts (the compile workers, the emulation scripts, the CLI, the spawned ranks) inherit the
+# same share through OMP_NUM_THREADS (torch's and OpenBLAS's default): with every core taken by a
+# worker, a child's extra threads only wait on each other (a bf16 emulation script took 1.6x the CPU
+# time for the same work).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_THREADS)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
 
 
 def _boolean_masks_only():
@@ -58,6 +64,12 @@ def _boolean_masks_only():
 
 
 _boolean_masks_only()
+
+
+# the interpreter's per-call overheads taken out (tests/interpreter_speed.py)
+from interpreter_speed import install as _faster_interpreter  # noqa: E402
+
+_faster_interpreter()
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -273,3 +285,42 @@ def h200(tmp_path, monkeypatch):
     yield prof
     lookup._cache_for.cache_clear()
     lookup._MEMO.clear()
+
+
+# ------------------------------------------------------------------------------------ xdist
+
+
+# `--dist loadscope` hands out a module at a time, by default those with the most tests first: a module of a
+# few long tests (a compile worker's fixture, an emulation script, spawned processes) then comes near the end,
+# and one worker runs it alone while the others have finished.  These modules go first, the longest first
+# (roughly their seconds on one worker of two CPUs; only the order counts); every other module follows in
+# xdist's order.  A module missing here only starts later.
+LONG_SCOPES = {
+    "test_family_compile_sm90.py": 250, "test_compile_sm90.py": 210, "test_bf16_emulated.py": 180,
+    "test_dplr_compile_sm90.py": 155, "test_gla_wide_heads.py": 150, "test_ops_chunk_bwd.py": 120,
+    "test_cp.py": 100, "test_dplr_bwd_compile_sm90.py": 95, "test_cli.py": 95, "test_smem_fit_sm90.py": 85,
+    "test_chunk16_compile_sm90.py": 75, "test_examples.py": 70, "test_isolation.py": 70,
+    "test_gla_wide_heads_compile_sm90.py": 60, "test_tune_family.py": 60, "test_kept_binaries.py": 55,
+    "test_export.py": 55, "test_tune.py": 55, "test_autotune.py": 50, "test_serving.py": 45,
+    "test_pipelined_loads_sm90.py": 35, "test_family_bf16.py": 30, "test_dplr_bwd_bf16.py": 20,
+    "test_decode_slot_grid.py": 20, "test_dplr_decode.py": 20, "test_library.py": 20,
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist's: none without it)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongScopesFirst(LoadScopeScheduling):
+        def _assign_work_unit(self, node):
+            if not getattr(self, "_long_first", False):  # the first assignment: the queue is complete
+                self._long_first = True
+                order = sorted(self.workqueue, key=lambda scope: -LONG_SCOPES.get(scope.rsplit("/", 1)[-1], 0))
+                self.workqueue = OrderedDict((scope, self.workqueue[scope]) for scope in order)
+            super()._assign_work_unit(node)
+
+    return LongScopesFirst(config, log)

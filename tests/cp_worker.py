@@ -125,6 +125,9 @@ def reference(case):
 def worker(rank, world, init_file, cases_file, out_dir):
     os.environ["KDAGEN_CACHE_DIR"] = os.path.join(out_dir, f"cache{rank}")
     torch.set_num_threads(1)
+    import interpreter_speed  # (a spawned process: the conftest's interpreter set-up is not imported here)
+
+    interpreter_speed.install()
     import torch.distributed as dist
     import kdagen
     import kdagen.ops.cp as cp_module
