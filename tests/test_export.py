@@ -5,6 +5,7 @@ exported winners per GPU and bucket; the same inputs give byte-identical files. 
 serves FLA's default gate (safe_gate=False) and the bounded one; `--gates` narrows it, and the
 package refuses the gate it was not exported for."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -69,6 +70,16 @@ def exported(tmp_path_factory):
     cache = _cache_file(d / "cache")
     output = _export(d / "out", cache)
     return d, cache, d / "out" / NAME, output
+
+
+def _package_env(home: Path, pythonpath: str) -> dict:
+    """The environment a package's subprocess runs in: this process's, so that the numeric libraries
+    pick the same kernels (OpenBLAS reads OPENBLAS_CORETYPE, and the interpreter's dots run through
+    numpy's BLAS: another core type rounds the last bits differently), with its own home, no kdagen
+    cache and only the package (and the test's helpers) on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "KDAGEN_"))}
+    return {**env, "PYTHONPATH": pythonpath, "HOME": str(home), "TRITON_INTERPRET": "1",
+            "KDAGEN_CACHE_DIR": str(home / "nocache")}
 
 
 def _files(root: Path) -> dict:
@@ -327,8 +338,7 @@ def test_the_package_runs_without_kdagen_and_gives_kdagens_bits(exported, tmp_pa
     (tmp_path / "calls.py").write_text(CALLS)
     script = tmp_path / "run.py"
     script.write_text(SUBPROCESS.replace("NAME", NAME))
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{root}:{tmp_path}", "HOME": str(tmp_path),
-           "TRITON_INTERPRET": "1", "KDAGEN_CACHE_DIR": str(tmp_path / "nocache")}
+    env = _package_env(tmp_path, f"{root}:{tmp_path}")
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "in.pt"), str(root / "tests"),
                         str(tmp_path / "out.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
@@ -403,8 +413,7 @@ def test_a_narrowed_export_refuses_the_other_gate(exported, tmp_path, gates, ref
         print(str(e.value))
         sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", sys.argv[1]]))
     ''')
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / name), "HOME": str(tmp_path),
-           "TRITON_INTERPRET": "1", "KDAGEN_CACHE_DIR": str(tmp_path / "nocache")}
+    env = _package_env(tmp_path, str(tmp_path / name))
     run = subprocess.run([sys.executable, "-c", check, str(tmp_path / name / "tests")], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
