@@ -3,8 +3,8 @@ process: it patches the interpreter and the renderer for the whole process).
 
 Triton 3.6's interpreter cannot run bf16 (it stores bf16 as uint16 and computes with fp16's
 range), and fp16 hides what bf16's 8-bit mantissa exposes: on the H200, commit bce5f2d's
-factorised backward diagonal left dg with 3.4x the error of every other gradient (bench/RESULTS.md,
-run 9), and no fp16 or fp32 test saw it.  Here the kernels are rendered for float32 inputs with
+factorised backward diagonal left dg with 3.4x the error of every other gradient, and no fp16
+or fp32 test saw it.  Here the kernels are rendered for float32 inputs with
 the dot dtype set to float64 (a marker), and the interpreter's float32 -> float64 cast rounds to
 bf16's mantissa (round to nearest even) while keeping float32's range.  So every operand the
 templates cast to the dot dtype is rounded exactly as a bf16 operand is on the GPU; the dots

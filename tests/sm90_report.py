@@ -23,7 +23,7 @@ mma.sync = the Ampere path) and whether loads are asynchronous (cp.async).
 --mix reads the SASS (cuobjdump, also in Triton's wheel) of each launch of the training step (forward:
 intra, state, output; backward: re-run, reverse pass, dqkw, wy, pass 2): these launches run straight-line
 code per program (their K loop runs once), so the static count is the instructions each warp issues
-(pass 2: 3,480 static against Nsight Compute's 3,517 issued per warp, lab journal run 104, in git history).  The
+(pass 2: 3,480 static against Nsight Compute's 3,517 issued per warp, measured on an H200).  The
 columns: total, FP32 (FFMA / FMUL / FADD), shuffles, shared memory (LDS+STS+LDSM), barriers, spill traffic
 (LDL+STL), MUFU (exp, rcp), HMMA.
 

@@ -4,7 +4,7 @@
 Every output and gradient must stay within a few units of bf16's rounding (2^-9 = 1.95e-3) of
 the float64 recurrence, and dg, which is a reverse cumsum of terms that cancel in pairs, must
 not be worse than the other gradients: the H200 showed dg at 3.4x their error when the
-backward's dG was formed from unrounded factors (bench/RESULTS.md, run 9); this emulation
+backward's dG was formed from unrounded factors (commit bce5f2d's template); this emulation
 gives 7.7e-3 and 8.1e-3 for that template on the first and third case below.
 """
 from __future__ import annotations
@@ -83,8 +83,9 @@ def test_emulation_rounds_like_bf16():
 
 def test_fp32_diagonal_operands_take_out_what_bf16_adds_to_o_dv_and_dg(errors):
     """The factorised diagonal's bf16 operands are what lift o's, dv's and dg's errors over dq's
-    (on the H200, run 72: dg 1.4x and dv 1.15x FLA's, whose diagonal is element-wise in fp32):
-    with fp32 operands there they come down to the unbounded plan's level -- dg to dq's."""
+    (on the H200: dg 1.4x and dv 1.15x FLA's, whose diagonal is element-wise in fp32): with fp32
+    operands there they come down to the unbounded plan's level -- dg to dq's
+    (docs/decisions/0015-diag-precision-tf32.md)."""
     bf16, fp32 = errors["safe"], errors["safe-diag-ieee"]
     assert bf16["dg"] > 1.2 * bf16["dq"]  # what there is to take out (3.57e-3 vs 2.82e-3 when written)
     assert fp32["dg"] <= 1.05 * fp32["dq"] and fp32["dg"] < 0.85 * bf16["dg"]
@@ -109,9 +110,10 @@ def test_split_upstream_tiles_take_out_most_of_dg_excess_and_change_nothing_else
 
 def test_the_unbounded_plans_checked_diagonal_rounds_as_the_bounded_one_unless_asked_for_fp32(errors):
     """Without a gate bound the training kernels now take the factorised diagonal wherever a sub-tile's
-    span allows (bench/RESULTS.md, run 85), so by default its bf16 operands round o, dv and dg as the
-    bounded plan's do (3.5e-3 / 4.2e-3 / 4.2e-3 when written); diag_precision="ieee" (or "tf32" on the GPU)
-    gives the checked path fp32 operands and takes that out (2.7e-3 / 3.6e-3 / 3.6e-3), dg below dq."""
+    span allows (docs/decisions/0012-bounded-tiles-for-checked-diagonal.md), so by default its bf16 operands
+    round o, dv and dg as the bounded plan's do (3.5e-3 / 4.2e-3 / 4.2e-3 when written); diag_precision="ieee"
+    (or "tf32" on the GPU) gives the checked path fp32 operands and takes that out (2.7e-3 / 3.6e-3 / 3.6e-3),
+    dg below dq."""
     bf16, fp32 = errors["free"], errors["free-diag-ieee"]
     assert fp32["dg"] <= 1.05 * fp32["dq"] and fp32["dg"] < 0.9 * bf16["dg"]
     assert fp32["dv"] < 0.9 * bf16["dv"] and fp32["o"] < 0.9 * bf16["o"]
@@ -141,9 +143,9 @@ def test_dh0_error_is_the_reverse_pass_operands_rounding(errors):
 def test_dh0s_error_is_one_rounding_of_q_exp_G_as_FLAs():
     """The reverse pass's qg is q exp(G) rounded once, the scale applied to the dot's fp32 result (FLA's
     order).  Emulated at bench.py's second check case (K=96, V=192) at input seeds 0-2, dh0's error sits
-    within 5% of FLA 0.6.0's on the H200 for the same inputs (1.397 / 1.497 / 1.639e-3, bench/RESULTS.md
-    run 118); rounding q exp(G) scale instead gave 1.81 / 1.51 / 1.80e-3 here (session 21), and over 13
-    input draws on the H200 dh0's error was 1.14x FLA's (run 120)."""
+    within 5% of FLA 0.6.0's on the H200 for the same inputs (1.397 / 1.497 / 1.639e-3); rounding
+    q exp(G) scale instead gave 1.81 / 1.51 / 1.80e-3 here, and over 13 input draws on the H200 dh0's error
+    was 1.14x FLA's (docs/decisions/0029-dh0-rounding-of-qg.md)."""
     fla = {0: 1.397e-3, 1: 1.497e-3, 2: 1.639e-3}
     err = _emulate({f"s{s}": f"2,200,2,2,96,192:bench:seed{s}" for s in fla})
     for s, ref in fla.items():

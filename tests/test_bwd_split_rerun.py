@@ -289,7 +289,8 @@ def test_which_launches_a_plan_and_config_take():
 
 def test_chunks_of_four_sub_tiles_take_neither():
     """C=64 (four 16-row sub-tiles): the split and the re-run from kept tiles are not taken (they
-    gave non-finite gradients on the H200 there, cause not found: bench/RESULTS.md, runs 73-75),
+    gave non-finite gradients on the H200 there, cause not found:
+    docs/decisions/0017-recompute-mode-split-intra.md),
     whatever the config asks -- the fused launch after a re-run of the forward's intra launch,
     which keeps no T; the heuristic at that chunking is the fused launch on 4 warps."""
     from kdagen.cache.heuristics import default_config
@@ -309,8 +310,8 @@ def test_chunks_of_four_sub_tiles_take_neither():
     cfg = default_config("chunk_bwd", kda, None, Train(chunk_size=64))
     assert (cfg.chunk_size, cfg.intra_split, cfg.intra_num_warps, cfg.rerun_num_warps) == (64, False, 4, 4)
     cfg32 = default_config("chunk_bwd", kda, None, Train())
-    # (fp16 with a -5 bound keeps element-wise diagonal tiles: its intra gradients run on 4 warps, run 85;
-    # a factorised plan's on 2)
+    # (fp16 with a -5 bound keeps element-wise diagonal tiles: its intra gradients run on 4 warps,
+    # docs/decisions/0019-elementwise-diagonal-backward-4-warps.md; a factorised plan's on 2)
     assert (cfg32.chunk_size, cfg32.intra_split, cfg32.intra_num_warps, cfg32.rerun_num_warps) == (32, True, 4, 1)
     bf16 = lower(S.get_spec("kda", lower_bound=-5.0), 32, 32, "bfloat16", "chunk")
     assert bf16.diag_mode == "factorised" and default_config("chunk_bwd", bf16, None, Train()).intra_num_warps == 2

@@ -191,7 +191,7 @@ def test_data_dirs_are_found():
 @pytest.mark.parametrize("kernel", ["chunk_intra", "chunk_bwd_rerun"])
 def test_training_kg_takes_the_decay_to_come_by_difference_in_half_precision(kernel):
     """kg = k exp(G_n - G): half-precision plans take G_n - G as the difference of the cumsum they hold
-    (one scan of the gate per sub-tile; run 106: the forward intra launch 1.397 -> 1.211 ms and the re-run
+    (one scan of the gate per sub-tile; on the H200 the forward intra launch 1.397 -> 1.211 ms and the re-run
     0.444 -> 0.366 at (2, 16384, 16, 128)); fp32 plans keep the reverse cumsum of the rows after each row,
     whose rounding does not grow with |G| (codegen.render._rest_by_difference)."""
     from kdagen.cache.heuristics import default_chunk_bwd_config

@@ -3,8 +3,8 @@
 `kdagen build` compiles every candidate for the named GPU without that GPU; on the matching
 GPU the tuner then builds each candidate through Triton's JIT.  Both must produce the same
 kernel -- the same specialisation of every argument and the same options, hence the same
-on-disk cache key -- or every kernel is compiled twice (run 10 spent 81 s compile-checking and
-then compiled again on the device).  Checked here without a GPU:
+on-disk cache key -- or every kernel is compiled twice (a tuning run on an H200 spent 81 s
+compile-checking and then compiled again on the device).  Checked here without a GPU:
 
 1. :func:`kdagen.kernels.compile_for_target` and Triton's own JIT (``JITFunction.warmup``
    under a stand-in driver that reports an sm_90 device) give the same cache key;

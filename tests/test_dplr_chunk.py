@@ -250,8 +250,9 @@ def test_tuning_takes_the_chunk_forward_as_the_chunk_train_family(monkeypatch):
 
 def test_the_op_looks_up_its_winners_on_a_gpu(monkeypatch):
     """On a GPU the inference call looks up a tuned winner of the chunk_train family: the cache's
-    shape bucket knows that family (the H200 run 42 found the look-up raising "unknown kernel kind
-    'chunk_train'", which the CPU suite never reached: without a GPU there is no look-up)."""
+    shape bucket knows that family (general DPLR's first call on an H200 found the look-up raising
+    "unknown kernel kind 'chunk_train'", which the CPU suite never reached: without a GPU there is no
+    look-up)."""
     from kdagen.cache import lookup
     from kdagen.cache.gpus import get_profile
     from kdagen.cache.keys import shape_bucket

@@ -41,13 +41,15 @@ CASES = [
     # the split as it ran before the fold became DeltaNet's half-precision default: both intra launches
     ("deltanet-bf16-K128V128-unfolded-split", "deltanet", "bfloat16", 128, 128,
      dict(bwd=dict(intra_split=True, intra_block_v=64, intra_num_warps=2, dqkw_block_k=128, dqkw_block_v=64))),
-    # Gated DeltaNet's split unfolded (as before the fold became its half-precision default, session 26), and
+    # Gated DeltaNet's split unfolded (as before the fold became its half-precision default,
+    # docs/decisions/0020-intra-backward-folded.md), and
     # folded over two masked K tiles of 64 in dqkw (its dg shares summed by the wy launch), varlen
     ("gdn-bf16-K128V128-unfolded-split", "gdn", "bfloat16", 128, 128,
      dict(bwd=dict(intra_split=True, intra_block_v=64, intra_num_warps=2, dqkw_block_k=128, dqkw_block_v=64))),
     ("gdn-fp16-K96V64-varlen-fold", "gdn", "float16", 96, 64,
      dict(varlen=True, bwd=dict(intra_split=True, intra_fold=True, intra_block_k=64, dqkw_block_k=64))),
-    # Gated DeltaNet's bf16 training on 64-row chunks (the heuristic since session 27) as it runs with many state
+    # Gated DeltaNet's bf16 training on 64-row chunks (the heuristic,
+    # docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md) as it runs with many state
     # programs: the reverse pass on 64-wide V tiles and 8 warps (the case above, two heads, takes 32-wide tiles on 4)
     ("gdn-bf16-K128V128-C64-reverse-pass-8-warps", "gdn", "bfloat16", 128, 128,
      dict(bwd=dict(chunk_size=64, sub_chunk=32, intra_split=True, intra_fold=True, intra_block_k=64, intra_block_v=64,
@@ -169,7 +171,8 @@ def test_family_kernels_compile_for_sm90(case, compiled):
     # intra-chunk gradients split (a rank-1 part in half precision: the heuristic)
     split = member != "gla" and case[2] in ("bfloat16", "float16") and case[3] <= 128
     # no second intra launch where dqkw and the wy launch do its work: a case's own config says; the heuristic
-    # folds DeltaNet's split in half precision (run 115), and Gated DeltaNet's with g given (session 26)
+    # folds DeltaNet's split in half precision, and Gated DeltaNet's with g given
+    # (docs/decisions/0020-intra-backward-folded.md)
     bwd = case[5].get("bwd")
     fold = (bwd.get("intra_fold", False) if bwd is not None
             else split and (member == "deltanet" or (member == "gdn" and not case[5].get("gik"))))

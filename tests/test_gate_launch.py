@@ -126,7 +126,7 @@ def test_the_gate_launches_render_only_where_they_apply():
 
 
 def test_half_precision_layer_calls_launch_their_gate_by_default(monkeypatch):
-    """Issue 17 (bench/RESULTS.md, run 117): the heuristic's training forward launches a half-precision
+    """Issue 17 (docs/decisions/0010-gate-launched-apart.md): the heuristic's training forward launches a half-precision
     layer call's per-channel in-kernel gate apart (both gates); fp32 plans and plans whose gate is given
     keep gate_launch off (so their sources and cache keys are as before).  A default call with fp16 inputs
     goes through the gate launches."""

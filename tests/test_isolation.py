@@ -103,7 +103,7 @@ def test_fatal_markers():
 
 
 def test_a_faulting_config_does_not_poison_the_study(tmp_path):
-    """The failure mode seen on an H200 (bench/RESULTS.md, run 8): one faulting config made
+    """The failure mode seen on an H200 during `kdagen build`'s tuning: one faulting config made
     every later trial in the process fail.  Isolated, only that trial fails."""
     with IsolatedCandidate(Flaky, timeout_s=30.0) as c:
         res = tune(["fault", "a", "crash", "b"], c, study_name="iso", storage_path=tmp_path / "j.log",

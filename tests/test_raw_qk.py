@@ -80,7 +80,8 @@ def test_q_and_k_from_the_inputs_match_the_recurrence(member, dtype, stored, spl
 @pytest.mark.parametrize("member", ["gdn", "deltanet"])
 def test_64_row_chunks_match_the_recurrence(member):
     """Gated DeltaNet's bf16 training step, and DeltaNet's with few state programs, run on 64-row chunks with
-    the folded backward (the heuristic since session 27, kdagen/cache/heuristics.py trains_on_64_row_chunks);
+    the folded backward (the heuristic, kdagen/cache/heuristics.py trains_on_64_row_chunks:
+    docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md);
     the same launches in fp16 (the interpreter runs no bf16), q and k from the inputs (GDN's rows scaled),
     recompute mode, against float64 autograd: varlen with sequences of
     lengths 0, 1, 19 and 33 (each one partial 64-row chunk), GVA, a reset mid-chunk."""

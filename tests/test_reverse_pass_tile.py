@@ -1,5 +1,5 @@
 """The backward's reverse state pass never runs 64-row chunks on 16-wide V tiles: on the H200 that
-combination gave wrong dk, dv, dbeta and dh0 (bench/RESULTS.md, runs 93-95; exact in the
+combination gave wrong dk, dv, dbeta and dh0 (docs/decisions/0028-reverse-pass-min-tile.md; exact in the
 interpreter), so configs refuse it, the heuristic and the tuner widen the tile, and a head dim
 too narrow for the wider tile is refused with a message that names the way out."""
 import pytest
@@ -40,10 +40,11 @@ def test_with_chunking_widens_only_what_is_too_narrow():
 
 
 def test_heuristic_few_program_tile_on_short_and_long_chunks():
-    """Few state programs (2 x 16 value heads): the 32-wide tile four stages deep on 32-row chunks (run
-    102; 16-wide before run 100), 32-wide (the least there) three deep on 64-row ones -- four stages of
-    64-row tiles exceed shared memory -- whether the heuristic is asked for 64-row chunks or its
-    32-row config is moved onto them (with_chunking, as a training call at chunk_size=64 does)."""
+    """Few state programs (2 x 16 value heads): the 32-wide tile four stages deep on 32-row chunks
+    (docs/decisions/0018-reverse-state-pass.md; 16-wide before its A_qk tile was loaded ahead), 32-wide (the
+    least there) three deep on 64-row ones -- four stages of 64-row tiles exceed shared memory -- whether the
+    heuristic is asked for 64-row chunks or its 32-row config is moved onto them (with_chunking, as a training
+    call at chunk_size=64 does)."""
     plan = lower(S.get_spec("kda", lower_bound=-5.0), 128, 128, "bfloat16", "chunk")
     few = {"N": 2, "HV": 16}
     c32 = default_chunk_bwd_config(plan, few)

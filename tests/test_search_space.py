@@ -57,8 +57,9 @@ def test_recurrent_space():
     space = load_space("recurrent")
     assert space.size == 192
     cands = space.candidates(dict(K=128, V=128, smem_limit=H100_SMEM))
-    # persistent programs on one warp are left out (bench/RESULTS.md, run 45), persistent programs
-    # are the pipelined ones (num_stages 2), and pipelining is a persistent program's choice only:
+    # persistent programs on one warp are left out (slower on the H200), persistent programs are the
+    # pipelined ones (num_stages 2: docs/decisions/0021-decode-half-pool-persistent.md), and pipelining
+    # is a persistent program's choice only:
     # per block_v and readout, one-item programs on 4 warp counts, pipelined ones at 4 and 16 per SM on 3
     assert len(cands) == 4 * 2 * (4 + 3 + 3) and all(isinstance(c, RecurrentConfig) for c in cands)
     assert not [c for c in cands if c.programs_per_sm and c.num_warps == 1]

@@ -413,7 +413,8 @@ def test_a_gdn_tuning_run_end_to_end_through_the_real_engine(tmp_path, monkeypat
 def test_the_sequence_parallel_pass_is_timed_only_where_it_can_win(tmp_path, monkeypatch):
     """The forward's state stage times state_segment_chunks > 0 only at shapes with few state-pass
     programs (below twice the heuristic's 48, at BV=32) and enough chunks for 4 segments: at the
-    default build shapes the stage times 48 candidates, not 96 (run 60: ~75 s a shape)."""
+    default build shapes the stage times 48 candidates, not 96 (~75 s a shape:
+    docs/decisions/0004-sequence-parallel-segment-pass.md)."""
     from kdagen.cache.heuristics import worth_timing
     from kdagen.tuning import driver as D
 

@@ -54,10 +54,11 @@ def test_cached_winner_is_used_for_its_exact_key(h200):
 
 
 def test_the_forward_heuristic():
-    """Measured on the H200 (bench/RESULTS.md, runs 50-52 and 58): with the solve's loads issued ahead
-    (solve_load_ahead=2) the layer's call (gate, l2-norm and beta sigmoid in the kernel) is faster
-    with 64-row chunks, as the plain call; many short packed sequences take 32-row chunks.  A
-    scalar decay's solve has no choice of load order (the field is not read: it keeps 0)."""
+    """Measured on the H200 (docs/decisions/0002-inference-forward-64-row-chunks.md): with the solve's
+    loads issued ahead (solve_load_ahead=2) the layer's call (gate, l2-norm and beta sigmoid in the kernel)
+    is faster with 64-row chunks, as the plain call; many short packed sequences take 32-row chunks
+    (docs/decisions/0003-packed-short-sequences-32-row-chunks.md).  A scalar decay's solve has no choice of
+    load order (the field is not read: it keeps 0)."""
     given = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk")
     in_kernel = lower(select_spec(True, True, -5.0, True, True), 128, 128, "bfloat16", "chunk", True)
     for plan in (given, in_kernel):
@@ -67,9 +68,10 @@ def test_the_forward_heuristic():
     # 64 sequences of 512 tokens on average, 32 heads: 8,192 state-pass programs of few chunks each
     packed = {"T": 32768, "B": 1, "N": 64, "HV": 32, "T_max": 1030}
     d = default_chunk_config(given, packed)
-    assert (d.chunk_size, d.state_block_v, d.state_prefetch) == (32, 32, False)  # run 58: no hand prefetch there
+    assert (d.chunk_size, d.state_block_v, d.state_prefetch) == (32, 32, False)  # no hand prefetch there
     assert default_chunk_config(given, dict(packed, T_max=32768)) == d  # device-only offsets: T_max unknown (T)
-    # one long sequence of few heads: the sequence-parallel pass on 64-wide V tiles (run 58)
+    # one long sequence of few heads: the sequence-parallel pass on 64-wide V tiles
+    # (docs/decisions/0004-sequence-parallel-segment-pass.md)
     long = default_chunk_config(given, {"T": 65536, "B": 1, "N": 1, "HV": 8})
     assert (long.state_segment_chunks, long.state_block_v, long.state_prefetch) == (32, 64, False)
     assert default_chunk_config(given).state_prefetch and default_chunk_config(given).state_segment_chunks == 0
@@ -240,9 +242,9 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     assert (few.state_block_v, few.state_num_warps, few.split_output) == (16, 4, False)
     assert (many.state_block_v, many.state_num_warps, many.split_output) == (32, 2, False)
     assert default_train_config(plan32) == many  # no shape: the default measured at (1, 8192, 96, 128)
-    # half precision, K <= 128: the output split out of the pass (run 97), the states-only pass on 4 warps,
-    # 3 stages, 32-wide tiles with few programs (and without a shape), 64-wide with many (run 102), the
-    # output launch on [C, 128] tiles over 64-wide K
+    # half precision, K <= 128: the output split out of the pass, the states-only pass on 4 warps,
+    # 3 stages, 32-wide tiles with few programs (and without a shape), 64-wide with many, the
+    # output launch on [C, 128] tiles over 64-wide K (docs/decisions/0009-split-output-launch.md)
     plan = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
     for shape, bv in (({"N": 2, "HV": 16}, 32), ({"N": 1, "HV": 96}, 64), (None, 32)):
         c = default_train_config(plan, shape)
@@ -254,8 +256,9 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     assert not default_train_config(lower(select_spec(False, True, -5.0, False, False), 256, 256, "bfloat16",
                                           "chunk", False)).split_output
     # a KDA call without a bound (checked diagonal, element-wise columns as its fallback) takes the bounded
-    # call's tiles (run 86): intra gradients on 2 warps, the whole K row in the forward's intra tile; fp16
-    # (element-wise diagonal, no check) keeps 4 warps and 32-wide tiles; GLA (no rank-1 part) its 32-wide tile
+    # call's tiles (docs/decisions/0012-bounded-tiles-for-checked-diagonal.md): intra gradients on 2 warps,
+    # the whole K row in the forward's intra tile; fp16 (element-wise diagonal, no check) keeps 4 warps and
+    # 32-wide tiles; GLA (no rank-1 part) its 32-wide tile
     free = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "chunk", False)
     assert default_chunk_bwd_config(free).intra_num_warps == default_chunk_bwd_config(plan).intra_num_warps == 2
     assert default_train_config(free).intra_block_k == default_train_config(plan).intra_block_k == 128
@@ -263,12 +266,14 @@ def test_default_state_tile_of_the_training_forward_follows_the_number_of_state_
     assert default_chunk_bwd_config(free16).intra_num_warps == 4 and default_train_config(free16).intra_block_k == 32
     gla = lower(S.gla(S.gate_direct(None)), 128, 128, "bfloat16", "chunk", False)
     gla5 = lower(S.gla(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
-    assert default_train_config(gla).intra_block_k == default_train_config(gla5).intra_block_k == 32  # (run 91)
+    # GLA's 32-wide tile with a promised bound as without (docs/decisions/0013-gate-bound-checked-by-repair-launches.md)
+    assert default_train_config(gla).intra_block_k == default_train_config(gla5).intra_block_k == 32
     # a promised bound checked by repair launches, except general DPLR's (its check is in-kernel: 5-7%)
     assert default_train_config(plan).check_gate_bound and default_chunk_bwd_config(plan).check_gate_bound
     dplr = lower(S.dplr(S.gate_direct(-5.0)), 128, 128, "bfloat16", "chunk", False)
     assert not default_train_config(dplr).check_gate_bound and not default_chunk_bwd_config(dplr).check_gate_bound
-    # the intra launch's loads issued ahead in half precision (run 83), not for fp32 inputs (unmeasured)
+    # the intra launch's loads issued ahead in half precision (docs/decisions/0008-training-intra-loads-ahead.md),
+    # not for fp32 inputs (unmeasured)
     assert all(default_train_config(plan, s).intra_load_ahead for s in ({"N": 2, "HV": 16}, {"N": 1, "HV": 96}))
     fp32 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "float32", "chunk", False)
     assert not default_train_config(fp32).intra_load_ahead
@@ -288,10 +293,10 @@ def test_default_inference_forward_by_head_dim():
 
 
 def test_backward_heuristic_takes_the_measured_tiles_for_half_precision():
-    """bench/RESULTS.md, run 63: for bf16, K=V=128, the chunk-parallel launch on [128, 64] (K, V)
-    tiles, the reverse state pass on 64-wide V tiles with >= 256 programs at BV=32, 32-wide below
-    (run 100; 16-wide before its A_qk tile was loaded ahead); fp32 (unmeasured) and K > 128 keep the
-    narrower tiles."""
+    """docs/decisions/0016-backward-tiles.md: for bf16, K=V=128, the chunk-parallel launch on [128, 64] (K, V)
+    tiles; docs/decisions/0018-reverse-state-pass.md: the reverse state pass on 64-wide V tiles with >= 256
+    programs at BV=32, 32-wide below (16-wide before its A_qk tile was loaded ahead); fp32 (unmeasured) and
+    K > 128 keep the narrower tiles."""
     from kdagen.cache.heuristics import default_chunk_bwd_config, default_config
 
     bf16 = lower(select_spec(False, True, -5.0, False, False), 128, 128, "bfloat16", "chunk", False)
@@ -299,7 +304,7 @@ def test_backward_heuristic_takes_the_measured_tiles_for_half_precision():
     few = default_chunk_bwd_config(bf16, {"N": 2, "HV": 16})  # 128
     assert (many.dqkw_block_k, many.dqkw_block_v, many.state_block_v) == (128, 64, 64)
     assert (few.dqkw_block_k, few.dqkw_block_v, few.state_block_v) == (128, 64, 32)
-    assert (few.state_num_stages, many.state_num_stages) == (4, 3)  # run 102
+    assert (few.state_num_stages, many.state_num_stages) == (4, 3)  # docs/decisions/0018-reverse-state-pass.md
     assert default_chunk_bwd_config(bf16).state_block_v == 32  # no shape: the middle
     # the family entry point hands the shape through
     assert default_config("chunk_bwd", bf16, {"T": 16384, "B": 2, "N": 2, "HV": 16}).state_block_v == 32
@@ -315,9 +320,10 @@ def test_backward_heuristic_takes_the_measured_tiles_for_half_precision():
 def test_float32_decode_takes_narrow_tiles_for_few_pairs():
     """A float32 decode state with few (sequence, value head) pairs: the 16-wide tile on one warp
     (B=1 at H=32), the 32-wide one up to 1,024 pairs (B=16), the 64-wide tile on 2 warps beyond
-    (B=256) with KDA's loaded readout (run 161: 272.5 against the updated readout's 275.3 us, one
-    process); general DPLR keeps its updated readout and takes 32 / 2 warps beyond the few (runs
-    93-94), and the other structures keep the updated readout at many pairs (measured with it).
+    (B=256) with KDA's loaded readout (272.5 against the updated readout's 275.3 us, one process:
+    docs/decisions/0023-decode-loaded-readout.md); general DPLR keeps its updated readout and takes 32 / 2
+    warps beyond the few (docs/decisions/0022-decode-fp32-tiles-by-pairs.md), and the other structures keep
+    the updated readout at many pairs (measured with it).
     Without a shape hint: the 64-wide tile."""
     def tile(c):
         return c.block_v, c.num_warps, c.readout
@@ -340,7 +346,7 @@ def test_float32_decode_takes_narrow_tiles_for_few_pairs():
 
 
 def test_training_diagonal_in_fp32_for_bf16_bounded_gates_only():
-    """Issue 17's error bar (bench/RESULTS.md, runs 107-108): the factorised diagonal sub-tiles' operands in
+    """Issue 17's error bar (docs/decisions/0015-diag-precision-tf32.md): the factorised diagonal sub-tiles' operands in
     fp32 on tf32 dots, in the training forward and the backward, for bf16 KDA-structure plans whose diagonal is
     factorised (a promised bound, or the in-kernel gate's); unbounded gates (element-wise diagonal), fp16, GLA
     and general DPLR keep the input dtype (unmeasured); and the rendered launches carry it."""
@@ -389,7 +395,7 @@ def test_training_inverse_on_tf32_dots_in_bf16_only():
 
 
 def test_deltanet_backward_folds_its_split_intra_launch_by_default():
-    """Issue 15 (bench/RESULTS.md, run 115; session 26 for Gated DeltaNet): without a decay, or with a scalar
+    """Issue 15 (docs/decisions/0020-intra-backward-folded.md): without a decay, or with a scalar
     one given as g, the half-precision backward's split intra gradients are folded into dqkw and the wy
     launch (no chunk_bwd_intra launch), with the wy launch's K loop on 64-wide tiles; a per-channel decay,
     an in-kernel gate, fp32 plans and 64-row chunks keep the launches as they were."""
@@ -417,11 +423,11 @@ def test_deltanet_backward_folds_its_split_intra_launch_by_default():
 
 
 def test_gated_deltanet_and_few_head_deltanet_train_on_64_row_chunks_in_bf16():
-    """Issue 15 (bench/RESULTS.md, runs 138-142): Gated DeltaNet's bf16 training step (g given, the folded
-    backward) runs on 64-row chunks of two 32-row sub-tiles, forward and backward alike, with the reverse
-    pass on 64-wide V tiles and 8 warps when there are many state programs and on 32-wide tiles and 4 warps
-    when there are few (or the shape is not known); DeltaNet's with few state programs only; fp16, fp32, KDA
-    and the in-kernel gate's plan keep 32."""
+    """Issue 15 (docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md): Gated DeltaNet's bf16 training
+    step (g given, the folded backward) runs on 64-row chunks of two 32-row sub-tiles, forward and backward
+    alike, with the reverse pass on 64-wide V tiles and 8 warps when there are many state programs and on
+    32-wide tiles and 4 warps when there are few (or the shape is not known); DeltaNet's with few state
+    programs only; fp16, fp32, KDA and the in-kernel gate's plan keep 32."""
     from kdagen.cache.heuristics import default_config, trains_on_64_row_chunks
     from kdagen.ops.family import gdn_spec
 
@@ -435,7 +441,8 @@ def test_gated_deltanet_and_few_head_deltanet_train_on_64_row_chunks_in_bf16():
         assert b.folds_intra(gdn) and b.reruns_from_saved(gdn), shape
     narrow = lower(S.gdn(S.gate_direct(None)), 64, 64, "bfloat16", "chunk", False)
     assert default_train_config(narrow).chunk_size == 64
-    # DeltaNet: 64 rows with few state programs only (run 142: +2.5% there, run 140: -3 to -8% with many)
+    # DeltaNet: 64 rows with few state programs only (+2.5% there, -3 to -8% with many:
+    # docs/decisions/0011-64-row-chunks-gdn-deltanet-training.md)
     dn = lower(S.deltanet(), 128, 128, "bfloat16", "chunk", False)
     for shape, chunk in (({"N": 2, "HV": 16}, 64), ({"N": 1, "HV": 96}, 32), (None, 32)):
         assert trains_on_64_row_chunks(dn, shape) == (chunk == 64)
@@ -456,10 +463,10 @@ def test_gated_deltanet_and_few_head_deltanet_train_on_64_row_chunks_in_bf16():
 
 
 def test_gated_deltanets_bf16_inference_forward_takes_32_row_chunks_with_many_state_programs():
-    """Runs 147-149: a scalar decay's bf16 inference forward is faster on 32-row chunks once the state
-    pass has more programs than one per SM (192 and up: 2.6-11%), slower with fewer (128: +23%).  The
-    in-kernel gate's plan follows; KDA, DeltaNet, fp16 and an unknown shape keep 64 rows; the pass keeps
-    its prefetch (only the packed-short-sequence rule turns it off)."""
+    """docs/decisions/0005-gdn-inference-32-row-chunks.md: a scalar decay's bf16 inference forward is
+    faster on 32-row chunks once the state pass has more programs than one per SM (192 and up: 2.6-11%),
+    slower with fewer (128: +23%).  The in-kernel gate's plan follows; KDA, DeltaNet, fp16 and an unknown
+    shape keep 64 rows; the pass keeps its prefetch (only the packed-short-sequence rule turns it off)."""
     from kdagen.cache.heuristics import SCALAR_DECAY_C32_PROGRAMS, infers_on_32_row_chunks
     from kdagen.ops.family import gdn_spec
 
@@ -523,9 +530,9 @@ def test_the_32_row_inference_forward_matches_the_recurrence(layer):
 
 
 def test_a_v_first_fp32_state_takes_narrower_tiles_with_few_pairs():
-    """KDA on a [V, K] float32 state (bench/RESULTS.md, run 169): 4-wide tiles on one warp at B=1 (32 pairs),
-    8-wide at B=16 (512 pairs), and the [K, V] choice (64 / 2) with many pairs; other structures, and
-    [K, V] states, as before."""
+    """KDA on a [V, K] float32 state (docs/decisions/0025-decode-vk-pool.md): 4-wide tiles on one warp at
+    B=1 (32 pairs), 8-wide at B=16 (512 pairs), and the [K, V] choice (64 / 2) with many pairs; other
+    structures, and [K, V] states, as before."""
     kda = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "recurrent", False)
     got = lambda plan, n, vf: default_recurrent_config(plan, "float32", {"N": n, "HV": 32, "state_v_first": vf})  # noqa: E731
     pick = lambda c: (c.block_v, c.num_warps, c.readout, c.programs_per_sm)  # noqa: E731
@@ -543,10 +550,10 @@ def test_a_v_first_fp32_state_takes_narrower_tiles_with_few_pairs():
 def test_a_v_first_fp32_pool_on_the_slot_grid_takes_lean_eight_row_tiles():
     """KDA's fp32 pool laid out [V, K] with many pairs, where a decode step's call (no more tokens than
     sequences, packed or batch) runs on the slot grid (a pool of at most twice the sequences): 8-row tiles on one
-    warp with the lean body, no register cap (bench/RESULTS.md, session 41: on an H200 97.1-97.4% of copy uncapped
-    against 96.4-96.5% under 72); with more tokens than sequences (row 0 would run the longer items one at a time),
-    without a pool, with one too large for the slot grid, on a [K, V] pool or with a K the tile does not cover
-    whole, not."""
+    warp with the lean body, no register cap (docs/decisions/0026-lean-decode-step-vk-fp32.md: on an H200
+    97.1-97.4% of copy uncapped against 96.4-96.5% under 72); with more tokens than sequences (row 0 would
+    run the longer items one at a time), without a pool, with one too large for the slot grid, on a [K, V]
+    pool or with a K the tile does not cover whole, not."""
     kda = lower(select_spec(False, False, None, False, False), 128, 128, "bfloat16", "recurrent", False)
 
     def got(n, vf, P, plan=kda, B=1, T=None):  # packed by default: B=1, T = n tokens

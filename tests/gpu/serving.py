@@ -520,8 +520,8 @@ def graph_us(fn, per_graph=10) -> float:
 
 def eager_us(fn, n=1000, repeats=5) -> float:
     """Microseconds per eager call: the median of ``repeats`` loops of ``n`` calls, each loop ended by a
-    synchronisation (a single short loop moved by up to 2 us with the host's state in run 96: the same
-    Python path measured 13.2 and 15.0 us)."""
+    synchronisation (a single short loop moved by up to 2 us with the host's state on an H200 machine: the
+    same Python path measured 13.2 and 15.0 us)."""
     fn()
     torch.cuda.synchronize()
     per = []
