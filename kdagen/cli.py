@@ -526,11 +526,17 @@ _tuning_options = _options(
               help="GPU profile name (h100, h800, h200, h20, a100, ...) or 'auto' (the GPU here)")
 @_tuning_options
 @click.option("--compile-only", is_flag=True, help="never tune, even on a matching GPU")
+@click.option("--check-all", is_flag=True,
+              help="compile every candidate config of the search spaces for the GPU, also where this machine "
+                   "does not tune (by default a build that does not tune compiles only what the ops run there; "
+                   "the tuner compiles the candidates on that GPU)")
 def build(gpu_name, **kw):
-    """Generate the kernels for a spec and head dims, compile-check every candidate config
-    for the GPU's architecture (no GPU needed), and -- when the current GPU is that GPU --
-    tune them and store the winners in the cache.  Ends with a summary: what compiled, what
-    was dropped and why, the winners against the defaults, and where everything is.
+    """Generate the kernels for a spec and head dims and compile, for the GPU's architecture (no
+    GPU needed), the configs the ops will run there -- kept, so that a first call on that GPU
+    loads them.  On that GPU (or with ``--check-all``, or a ``--space`` of your own) it first
+    compile-checks every candidate config of the search space, and on that GPU it tunes them
+    and stores the winners in the cache.  Ends with a summary: what compiled, what was dropped
+    and why, the winners against the defaults, and where everything is.
     """
     _build(gpu_name, "build", **kw)
 
@@ -539,7 +545,7 @@ def build(gpu_name, **kw):
 @_tuning_options
 def tune(**kw):
     """Tune on the current GPU and store the winners (``kdagen build --gpu auto``)."""
-    _build("auto", "tune", compile_only=False, **kw)
+    _build("auto", "tune", compile_only=False, check_all=False, **kw)
 
 
 def _resolve_gpu(name: str, command: str):
@@ -559,9 +565,10 @@ def _resolve_gpu(name: str, command: str):
 
 
 def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bound, families, space_path,
-           compile_only, shapes, batches, seed, quiet, jobs):
-    """``kdagen build`` (and ``tune``): every argument checked, then the compile-check, the
-    tuning on a matching GPU, and the summary."""
+           compile_only, check_all, shapes, batches, seed, quiet, jobs):
+    """``kdagen build`` (and ``tune``): every argument checked, then the compile-check of every
+    candidate (on a matching GPU, with ``check_all`` or a space of the user's), the tuning on a
+    matching GPU, the configs the ops run compiled and kept, and the summary."""
     from .cache.gpus import detect_current
     from .cache.paths import cache_dir_problem, studies_dir
     from .tuning import driver
@@ -615,12 +622,17 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
         raise click.UsageError(f"kdagen {command} tunes on this {gpu.name} with optuna, which is not installed: "
                                "`pip install optuna` (or `--compile-only` to compile-check without tuning)")
 
+    # every candidate is compiled where the tuner will load them (this GPU), or when asked; elsewhere the
+    # tuner on that GPU compiles them itself, and a build compiles what the ops run there
+    survey = will_tune or check_all or user_space is not None
     spec = driver.family_spec("chunk_fwd", spec_args)
     cc = gpu.compute_capability
+    doing = ("compile-check and tune" if will_tune else
+             "compile-check only" if survey else
+             "compile-check only: the configs the ops run there (--check-all: every candidate config)")
     click.echo(f"kdagen {__version__}: build for {gpu.name} (sm_{cc[0]}{cc[1]}, "
                f"{gpu.sm_count} SMs, {gpu.smem_per_block_bytes // 1024} KiB smem/block); spec {spec.name} "
-               f"hash {spec.hash} ({_gate_text(spec)}); "
-               f"{'compile-check and tune' if will_tune else 'compile-check only'}")
+               f"hash {spec.hash} ({_gate_text(spec)}); {doing}")
     if asked.gate is not None and asked.gate.name != "direct":
         click.echo(f"  ({asked.name} hash {asked.hash}: its gate, {_gate_text(asked)}, is computed inside its kernels, "
                    "which are tuned as the spec above, with g given)")
@@ -643,14 +655,17 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
     cache = None
     # one set of compile processes for the compile-check and the tuner's compiles ahead
     with CompilePool(jobs or default_jobs()) as pool:
-        try:
-            surveys, n_empty = driver.compile_all(gpu, spec_args, dtype, head_dims, families, shapes, batches, pool,
-                                                  space=user_space, quiet=quiet, echo=progress.echo,
-                                                  state_dtype=state_dtype, on_progress=progress.compile_step)
-        finally:
-            progress.close()
-        summary.add_surveys(surveys)
-        click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
+        if survey:
+            try:
+                surveys, n_empty = driver.compile_all(gpu, spec_args, dtype, head_dims, families, shapes, batches,
+                                                      pool, space=user_space, quiet=quiet, echo=progress.echo,
+                                                      state_dtype=state_dtype, on_progress=progress.compile_step)
+            finally:
+                progress.close()
+            summary.add_surveys(surveys)
+            click.echo(f"compile-check done in {time.time() - t_start:.0f}s")
+        else:
+            surveys, n_empty = driver.plans_for(spec_args, dtype, head_dims, families), 0
         if n_empty:
             _print_summary(summary, gpu, None, head_dims, lower_bound, shapes, will_tune, spec_name, asked,
                            chunk_missing is not None)
@@ -681,13 +696,19 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
                 progress.close()
         # the binaries the ops will run on this GPU, kept for their first call (the winners where tuned)
         t_keep = time.time()
-        n_kept, keep_failed = driver.keep_binaries(gpu, spec_args, dtype, surveys, shapes, batches, pool,
-                                                   cache=cache, state_dtype=state_dtype)
-        for why in keep_failed:
-            click.echo(f"  warning: not kept: {why}", err=True)
-        click.echo(f"kept the binaries of {n_kept - len(keep_failed)} config(s) in {time.time() - t_keep:.0f}s")
+        kept = driver.keep_binaries(gpu, spec_args, dtype, surveys, shapes, batches, pool, cache=cache,
+                                    state_dtype=state_dtype)
+        failed = [k for k in kept if k.why is not None]
+        for k in failed:
+            click.echo(f"  {'warning: not kept' if survey else 'error: does not compile'}: {k.family} K={k.K} "
+                       f"V={k.V} {k.config.short()}: {k.why}", err=True)
+        click.echo(f"kept the binaries of {len(kept) - len(failed)} config(s) in {time.time() - t_keep:.0f}s")
+        summary.add_kept(kept)
     _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_name, asked,
-                   chunk_missing is not None)
+                   chunk_missing is not None, surveyed=survey)
+    if failed and not survey:  # what the ops run there is the whole check of this build
+        click.echo(f"error: some configs the ops run on a {gpu.name} do not compile for it (above)", err=True)
+        sys.exit(1)
     click.echo(f"build done in {time.time() - t_start:.0f}s")
 
 
@@ -701,7 +722,7 @@ def _triton_cache_dir() -> str:
 
 
 def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tune, spec_ref="kda",
-                   spec=None, recurrent_only: bool = False) -> None:
+                   spec=None, recurrent_only: bool = False, surveyed: bool = True) -> None:
     """The closing table, where the results are, and the next command (for ``spec``, the spec
     ``spec_ref`` names; ``recurrent_only``: only its recurrent family was built)."""
     from .cache.binaries import binaries_dir
@@ -715,7 +736,7 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
         click.echo(f"tuning cache:      {cache.path} ({len(summary.tuned)} family and shape(s) tuned)")
     click.echo(f"generated sources: {generated_dir()}")
     click.echo(f"kept binaries:     {binaries_dir()} (loaded by the ops' first calls on a {gpu.name} with this "
-               f"Triton; every candidate compiled is in {_triton_cache_dir()})")
+               f"Triton{f'; every candidate compiled is in {_triton_cache_dir()}' if surveyed else ''})")
     dims = _dims_text(head_dims)
     own_gate = spec is not None and spec.gate is not None and spec.gate.name != "direct"
     bound = "" if lower_bound == float(DEFAULT_LOWER_BOUND) or own_gate else \

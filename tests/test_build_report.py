@@ -144,13 +144,13 @@ def fake_compile(monkeypatch):
 
     monkeypatch.setattr(D, "compile_check", fake)
     kept = []  # the configs kept for the GPU (compiles faked: none fails)
-    monkeypatch.setattr(D, "_keep", lambda targets, *a, **k: kept.extend(targets) or [])
+    monkeypatch.setattr(D, "_keep", lambda targets, *a, **k: kept.extend(targets) or [None] * len(targets))
     return kept
 
 
 def test_build_shows_gate_padding_progress_and_a_summary(runner, fake_compile):
     r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "80", "--family", "recurrent",
-                             "--decode-batches", "2"])
+                             "--decode-batches", "2", "--check-all"])
     assert r.exit_code == 0, r.output
     out = r.output
     assert "(gate direct, g >= -5)" in out
@@ -166,6 +166,52 @@ def test_build_shows_gate_padding_progress_and_a_summary(runner, fake_compile):
     assert "next: on a machine with this GPU (h800), `kdagen tune --head-dim 80`" in out
     r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--family", "recurrent", "--quiet"])
     assert r.exit_code == 0 and "[recurrent" not in r.stderr and "summary:" in r.output
+
+
+def test_a_build_that_does_not_tune_compiles_what_the_ops_run(runner, fake_compile, monkeypatch):
+    """Without the GPU here (and without --check-all or a space of one's own) the candidates are not
+    compiled -- the tuner on that GPU compiles them -- but the configs the ops run there at every tuning
+    shape are, and are kept; the summary lists them, and one that does not compile fails the build."""
+    from kdagen.cache.heuristics import default_config
+    from kdagen.tuning import driver as D
+
+    def no_survey(*a, **k):
+        raise AssertionError("compile_check called by a build that does not tune")
+
+    monkeypatch.setattr(D, "compile_check", no_survey)
+    r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--family", "recurrent",
+                             "--family", "chunk_fwd", "--decode-batches", "2,64", "--shapes", "1,1024,4,64;2,64,8,64"])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "compile-check only: the configs the ops run there (--check-all: every candidate config)" in out
+    assert "summary: candidate configs compiled" not in out and "compile-check done" not in out
+    assert [(f, p.K, s) for f, p, _, s, _, _ in fake_compile] == [
+        ("chunk_fwd", 64, (1, 1024, 4, 4)), ("chunk_fwd", 64, (2, 64, 8, 8)),
+        ("recurrent", 64, (2, 1, 32, 32)), ("recurrent", 64, (64, 1, 32, 32))]
+    for fam, plan, _, shape, config, _ in fake_compile:
+        B, T = shape[:2]
+        assert config == default_config(fam, plan, dict(T=T, B=B, N=B) if fam == "chunk_fwd" else
+                                        dict(T=1, B=B, N=B, state_v_first=False))
+    assert "kept the binaries of 4 config(s)" in out
+    assert "summary: what the ops run on a h800 at each tuning shape, compiled for it and kept" in out
+    assert re.search(r"chunk_fwd\s+64x64\s+B=1 T=1024 H=4\s+heuristic\s+kept", out)
+    assert re.search(r"recurrent\s+64x64\s+B=64 H=32\s+heuristic\s+kept", out)
+    assert "every candidate compiled is in" not in out  # nothing but the kept configs was compiled
+    # one of them does not compile for the GPU: said, and the build fails
+    monkeypatch.setattr(D, "_keep", lambda targets, *a, **k: [None] * (len(targets) - 1) + ["needs 300000 B of "
+                                                                                           "shared memory"])
+    r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--family", "recurrent", "--quiet"])
+    assert r.exit_code == 1, r.output
+    assert "error: does not compile: recurrent K=64 V=64" in r.output and "needs 300000 B" in r.output
+    assert re.search(r"B=256 H=32\s+heuristic\s+failed: needs 300000 B of shared memory", r.output)
+    assert "error: some configs the ops run on a h800 do not compile for it" in r.output
+    # with --check-all the same build compile-checks every candidate first
+    monkeypatch.setattr(D, "compile_check", lambda fam, plan, *a, **k: [])
+    r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--family", "recurrent", "--check-all",
+                             "--quiet"])
+    assert r.exit_code == 0, r.output  # (there a config left unkept is a warning: the candidates were checked)
+    assert "compile-check done" in r.output and "every candidate compiled is in" in r.output
+    assert "warning: not kept: recurrent K=64 V=64" in r.output
 
 
 def test_build_on_the_matching_gpu_summarises_the_winners(runner, fake_compile, monkeypatch, tmp_path):

@@ -345,7 +345,7 @@ def test_tuner_candidates_run_the_dplr_op_against_its_own_recurrence(monkeypatch
 
 
 def test_build_compile_checks_the_recurrent_family_of_dplr(tmp_path, monkeypatch):
-    """`kdagen build --spec dplr` (no --family) compile-checks what this build generates: its chunk
+    """`kdagen build --spec dplr --check-all` (no --family) compile-checks what this build generates: its chunk
     forward (the chunk_train family) and recurrent family; a build without the chunk form checks
     the recurrent family alone, saying so, and the summary's next command inspects that form."""
     from click.testing import CliRunner
@@ -362,7 +362,8 @@ def test_build_compile_checks_the_recurrent_family_of_dplr(tmp_path, monkeypatch
         return [CP.CompileSurvey(fam, None, 1, [default_config(fam, plan)])]
 
     monkeypatch.setattr(D, "compile_check", fake)
-    r = CliRunner().invoke(main, ["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "32", "--quiet"])
+    r = CliRunner().invoke(main, ["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "32", "--check-all",
+                                  "--quiet"])
     assert r.exit_code == 0, r.output
     assert "spec dplr hash" in r.output and "compile-check only" in r.output
     # the chunk forward is the chunk_train family (the training-path kernels); the backward's configs
@@ -371,7 +372,8 @@ def test_build_compile_checks_the_recurrent_family_of_dplr(tmp_path, monkeypatch
     assert sorted(asked) == [("chunk_train", "dplr"), ("recurrent", "dplr")], asked
     monkeypatch.setattr("kdagen.codegen.forms.CHUNK_STRUCTURES", frozenset({"kda", "gla"}))  # a build without it
     asked.clear()
-    r = CliRunner().invoke(main, ["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "32", "--quiet"])
+    r = CliRunner().invoke(main, ["build", "--gpu", "h800", "--spec", "dplr", "--head-dim", "32", "--check-all",
+                                  "--quiet"])
     assert r.exit_code == 0, r.output
     # without the chunk form: the recurrent family alone, and the build says so
     assert asked == [("recurrent", "dplr")]

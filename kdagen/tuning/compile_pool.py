@@ -321,22 +321,21 @@ def keep_binaries(targets: list[tuple[str, Plan, dict, tuple, dict, ChunkTrainCo
     """Compile and keep (:mod:`kdagen.cache.binaries`) the kernels the ops will run on ``gpu``: each target
     is ``(family, plan, spec_args, shape, config, training forward config or None)``, compiled specialised as
     the ops specialise ``shape`` (B, T, H, HV) -- every launch of the config, the training forward's with a
-    backward's.  Returns why each target that did not compile failed (empty: all kept)."""
-    futs, errors = [], []
-    ex = pool.get() if pool.jobs > 1 and len(targets) > 1 else None
+    backward's.  Returns, for each target in order, why it did not compile (None: kept).  Targets that
+    compile the same kernels (the same config at two shapes the ops specialise alike) compile once."""
+    calls = {}  # the compile of each distinct call, by its arguments
+    order = []
     for family, plan, spec_args, shape, config, fwd in targets:
         common, gpu_args, kw = _compile_args(family, plan, dtype, spec_args, check_shape(family, shape), gpu,
                                              state_dtype)
         call = (*common, config.to_dict(), None, *gpu_args, None if fwd is None else fwd.to_dict())
-        kw = {**kw, "keep": True}
-        if ex is None:
-            why = _compile_one(*call, **kw)
-            if why:
-                errors.append(f"{family} K={plan.K} V={plan.V} {config.short()}: {why}")
-        else:
-            futs.append((ex.submit(_compile_one, *call, **kw), family, plan, config))
-    for fut, family, plan, config in futs:
-        why = fut.result()
-        if why:
-            errors.append(f"{family} K={plan.K} V={plan.V} {config.short()}: {why}")
-    return errors
+        key = repr((call, sorted(kw.items())))
+        calls.setdefault(key, (call, {**kw, "keep": True}))
+        order.append(key)
+    if pool.jobs > 1 and len(calls) > 1:
+        ex = pool.get()
+        futs = {key: ex.submit(_compile_one, *call, **kw) for key, (call, kw) in calls.items()}
+        whys = {key: fut.result() for key, fut in futs.items()}
+    else:
+        whys = {key: _compile_one(*call, **kw) for key, (call, kw) in calls.items()}
+    return [whys[key] for key in order]

@@ -1,8 +1,9 @@
 """The tuning driver: tune one family at one shape (:func:`tune_family`: every stage searched
 by the engine, :mod:`kdagen.tuning.engine`, and the fastest stages combined per chunk length),
-and what ``kdagen build`` runs -- the compile-check of every family and head dim
-(:func:`compile_all`), on the matching GPU the tuning of every shape with the winners
-stored in the cache (:func:`tune_and_store`), and the binaries the ops will run kept
+and what ``kdagen build`` runs -- the plans of every family and head dim (:func:`plans_for`), the
+compile-check of every candidate config (:func:`compile_all`: on the matching GPU, where the tuner then
+loads them, or when asked), on the matching GPU the tuning of every shape with the winners stored in the
+cache (:func:`tune_and_store`), and the binaries the ops will run, compiled and kept
 (:func:`keep_binaries`)."""
 from __future__ import annotations
 
@@ -188,6 +189,17 @@ def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
     return [((B, T, H, H), dict(T=T, B=B, N=B)) for B, T, H, Ks in shapes if Ks == K]
 
 
+def plans_for(spec_args: dict, dtype, head_dims: list[tuple[int, int]], families: list[str]) -> dict:
+    """``{(K, V, family): (plan, spec)}`` of every family this build generates at every head dim (a
+    general DPLR spec's families are those :func:`~.families.families_for` maps them to)."""
+    plans = {}
+    for K, V in head_dims:
+        for fam in families_for(spec_args, families):
+            spec = family_spec(fam, spec_args)
+            plans[(K, V, fam)] = (lower_for(spec, fam, K, V, dtype), spec)
+    return plans
+
+
 def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[int, int]], families: list[str],
                 shapes, decode_batches, pool: CompilePool, space: SearchSpace | None = None, quiet: bool = False,
                 echo: Callable[..., None] = _print, state_dtype="fp32", on_progress=None) -> tuple[dict, int]:
@@ -198,22 +210,19 @@ def compile_all(gpu: GpuProfile, spec_args: dict, dtype, head_dims: list[tuple[i
     a general DPLR spec compiles the families :func:`~.families.families_for` maps them to
     (its chunk forward is ``chunk_train``)."""
     surveys_all, n_empty = {}, 0
-    for K, V in head_dims:
-        for fam in families_for(spec_args, families):
-            spec = family_spec(fam, spec_args)
-            plan = lower_for(spec, fam, K, V, dtype)
-            first = tuning_shapes(fam, K, shapes, decode_batches)[:1]
-            surveys = compile_check(fam, plan, spec, spec_args, gpu, as_dtype(dtype).torch, space=space,
-                                    progress=not quiet, jobs=pool.jobs, shape=first[0][0] if first else None,
-                                    pool=pool, state_dtype=as_dtype(state_dtype).torch, on_progress=on_progress)
-            for s in surveys:
-                label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
-                echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
-                     f"{gpu.name}; {len(s.failures)} dropped")
-                for cfg, why in s.failures[:5]:
-                    echo(f"      dropped {cfg.short()}: {why}")
-                n_empty += not s.survivors
-            surveys_all[(K, V, fam)] = (plan, spec, surveys)
+    for (K, V, fam), (plan, spec) in plans_for(spec_args, dtype, head_dims, families).items():
+        first = tuning_shapes(fam, K, shapes, decode_batches)[:1]
+        surveys = compile_check(fam, plan, spec, spec_args, gpu, as_dtype(dtype).torch, space=space,
+                                progress=not quiet, jobs=pool.jobs, shape=first[0][0] if first else None,
+                                pool=pool, state_dtype=as_dtype(state_dtype).torch, on_progress=on_progress)
+        for s in surveys:
+            label = f"{fam}{'/' + s.stage if s.stage else ''} K={K} V={V}"
+            echo(f"  {label}: {len(s.survivors)}/{s.total} candidate configs compiled for "
+                 f"{gpu.name}; {len(s.failures)} dropped")
+            for cfg, why in s.failures[:5]:
+                echo(f"      dropped {cfg.short()}: {why}")
+            n_empty += not s.survivors
+        surveys_all[(K, V, fam)] = (plan, spec, surveys)
     return surveys_all, n_empty
 
 
@@ -260,18 +269,34 @@ def tune_and_store(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, s
     return cache
 
 
-def keep_binaries(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, shapes, decode_batches,
-                  pool: CompilePool, cache: TuningCache | None = None, state_dtype="fp32") -> tuple[int, list[str]]:
+class Kept(NamedTuple):
+    """A config the ops run on the build's GPU at one tuning shape, compiled for it and kept."""
+
+    family: str
+    K: int
+    V: int
+    shape: tuple  # (B, T, H, HV)
+    config: Any
+    tuned: bool  # a stored winner (else the heuristic's config)
+    why: str | None  # why it did not compile (None: kept)
+
+
+def keep_binaries(gpu: GpuProfile, spec_args: dict, dtype, plans: dict, shapes, decode_batches,
+                  pool: CompilePool, cache: TuningCache | None = None, state_dtype="fp32") -> list[Kept]:
     """Compile for ``gpu`` and keep (:mod:`kdagen.cache.binaries`) what the ops will run there at each
     family's tuning shapes: the winner ``cache`` holds for the shape, else the heuristic's config (a
-    backward with the training forward it runs beside).  Returns (the configs kept, why any failed)."""
+    backward with the training forward it runs beside).  ``plans``: :func:`plans_for`'s (or
+    :func:`compile_all`'s) dict, the plan first in each value."""
     state = as_dtype(state_dtype)
     tuned = cache or TuningCache(gpu.name)
-    targets = []
-    for (K, V, fam), (plan, _spec, _surveys) in surveys_all.items():
+    targets, rows = [], []
+    for (K, V, fam), (plan, *_) in plans.items():
         for shape, hint in tuning_shapes(fam, K, shapes, decode_batches):
+            found = []
+
             def pick(family, **kw):
                 entry = tuned.lookup(cache_key(plan, family, hint, gpu, state.name))
+                found.append(entry is not None)
                 return config_from_dict(family, entry["config"]) if entry else default_config(family, plan, hint, **kw)
             fwd = None
             if fam == "chunk_bwd":
@@ -280,4 +305,6 @@ def keep_binaries(gpu: GpuProfile, spec_args: dict, dtype, surveys_all: dict, sh
             else:
                 config = pick(fam)
             targets.append((fam, plan, spec_args, shape, config, fwd))
-    return len(targets), _keep(targets, as_dtype(dtype).torch, gpu, pool, state_dtype=state.torch)
+            rows.append((fam, K, V, shape, config, all(found)))
+    whys = _keep(targets, as_dtype(dtype).torch, gpu, pool, state_dtype=state.torch)
+    return [Kept(*row, why) for row, why in zip(rows, whys)]

@@ -48,6 +48,13 @@ def drop_reasons(failures: Sequence[tuple[Any, str]]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
 
 
+def departures(config) -> str:
+    """A config's fields that differ from its dataclass's defaults (the heuristic's config for the
+    reference call), as ``name=value``; "-" where none does."""
+    default = type(config)().to_dict()
+    return " ".join(f"{k}={v}" for k, v in config.to_dict().items() if default[k] != v) or "-"
+
+
 def _isatty(stream) -> bool:
     try:
         return stream.isatty()
@@ -161,6 +168,7 @@ class BuildSummary:
         self.gpu_name = gpu_name
         self.compiled: list[tuple] = []  # (family, stage, K, V, survivors, total, failures)
         self.tuned: list[tuple] = []  # (family, K, V, shape, winner, ms, default_ms, error)
+        self.kept: list = []  # the configs the ops run there, compiled and kept (driver.Kept)
 
     def add_surveys(self, surveys_all: dict) -> None:
         """The compile-check's result (:func:`kdagen.tuning.driver.compile_all`)."""
@@ -173,13 +181,31 @@ class BuildSummary:
         """One family tuned at one shape (``winner`` None: no candidate passed)."""
         self.tuned.append((family, K, V, tuple(shape), winner, ms, default_ms, error))
 
+    def add_kept(self, kept: Sequence) -> None:
+        """The configs the ops run on the GPU, compiled and kept (:func:`kdagen.tuning.driver.keep_binaries`)."""
+        self.kept.extend(kept)
+
     def lines(self, duration: Callable[[float], str], error_text: Callable[[float | None], str]) -> list[str]:
-        """The summary: the compile table, the tuning table (when something was tuned);
-        ``duration`` and ``error_text`` format a time and an error."""
-        out = [f"summary: candidate configs compiled for {self.gpu_name} (each family at its first tuning shape)"]
-        out += table(["family", "stage", "KxV", "compiled", "dropped", "why dropped"],
-                     [(fam, st, _dims(K, V), f"{ok}/{total}", len(fails), drop_reasons(fails) or "-")
-                      for fam, st, K, V, ok, total, fails in self.compiled], align="lllrr")
+        """The summary: the compile table (when every candidate was compiled), the configs the ops run
+        there and whether each compiled, the tuning table (when something was tuned); ``duration`` and
+        ``error_text`` format a time and an error."""
+        out = []
+        if self.compiled:
+            out.append(f"summary: candidate configs compiled for {self.gpu_name} (each family at its first "
+                       "tuning shape)")
+            out += table(["family", "stage", "KxV", "compiled", "dropped", "why dropped"],
+                         [(fam, st, _dims(K, V), f"{ok}/{total}", len(fails), drop_reasons(fails) or "-")
+                          for fam, st, K, V, ok, total, fails in self.compiled], align="lllrr")
+        if self.kept:
+            out.append(f"{'summary: ' if not out else ''}what the ops run on a {self.gpu_name} at each tuning shape, "
+                       "compiled for it and kept")
+            rows = []
+            for k in self.kept:
+                B, T, H, _ = k.shape
+                where = f"B={B} H={H}" if k.family == "recurrent" else f"B={B} T={T} H={H}"
+                rows.append((k.family, _dims(k.K, k.V), where, "winner" if k.tuned else "heuristic",
+                             "kept" if k.why is None else f"failed: {k.why}", departures(k.config)))
+            out += table(["family", "KxV", "shape", "config", "binary", "fields other than the defaults"], rows)
         if self.tuned:
             out.append(f"winners measured on this {self.gpu_name} (median times; speed-up: the heuristic default's "
                        "time over the winner's)")
