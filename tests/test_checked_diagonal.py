@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import F64, assert_close, make_inputs
+from cases import make_inputs
+from conftest import F64, assert_close
 from plain_configs import plain_bwd, plain_train
 
 import kdagen

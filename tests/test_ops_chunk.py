@@ -13,7 +13,8 @@ from typing import Optional
 import pytest
 import torch
 
-from conftest import F64, TOL, assert_close, cdiv, make_inputs, params, rel_err, run_poisoned
+from cases import make_inputs
+from conftest import F64, TOL, assert_close, cdiv, params, rel_err, run_poisoned
 from plain_configs import plain_fwd
 
 import kdagen

@@ -23,7 +23,8 @@ from typing import Optional
 import pytest
 import torch
 
-from conftest import F64, assert_close, make_inputs, params, poison, rel_err
+from cases import make_inputs
+from conftest import F64, assert_close, params, poison, rel_err
 from plain_configs import plain_bwd, plain_train
 
 import kdagen

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import F64, TOL, assert_close, make_inputs, nan_tensor, params, poison, rel_err
+from cases import make_inputs
+from conftest import F64, TOL, assert_close, nan_tensor, params, poison, rel_err
 from plain_configs import plain_decode
 
 import kdagen

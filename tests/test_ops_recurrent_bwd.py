@@ -18,7 +18,8 @@ from typing import Optional
 import pytest
 import torch
 
-from conftest import F64, assert_close, make_inputs, poison
+from cases import make_inputs
+from conftest import F64, assert_close, poison
 
 import kdagen
 from kdagen.config import RecurrentBwdConfig
