@@ -16,12 +16,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 _SESSION_CACHE = tempfile.mkdtemp(prefix="kdagen-test-cache-")
 os.environ["KDAGEN_CACHE_DIR"] = _SESSION_CACHE
 
-from dataclasses import dataclass  # noqa: E402
-from typing import Optional  # noqa: E402
-
 import pytest  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 F64 = torch.float64
 NAN = float("nan")
@@ -144,75 +140,10 @@ def run_poisoned(launches, outputs):
 # ------------------------------------------------------------------------------------ inputs
 
 
-@dataclass
-class KDAInputs:
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    h0: Optional[torch.Tensor]
-    cu_seqlens: Optional[torch.Tensor] = None
-
-    def ref_args(self):
-        """The inputs as the float64 reference sees them (the kernel's rounded values)."""
-        up = lambda x: None if x is None else x.detach().to(F64)  # noqa: E731
-        return up(self.q), up(self.k), up(self.v), up(self.g), up(self.beta)
-
-
-def make_inputs(B, T, H, HV, K, V, *, dtype=torch.float32, seed=0, n_seqs=None, h0=True,
-                gate="random", beta="random", cu_seqlens=None, g_lo=-5.0) -> KDAInputs:
-    """Seeded KDA inputs.
-
-    q ~ N(0, 1); k ~ N(0, 1) l2-normalised per head; v ~ N(0, 1);
-    gate="random": g in [g_lo, 0) (default [-5, 0)) with ~10% of the entries exactly g_lo;
-    gate="lb": g == -5 everywhere;
-    gate="raw": N(0, 1.5^2) raw gate input for the in-kernel gate;
-    gate="below": in [-5, 0) but 20 tokens at -8 and one at -20 (below a -5 bound);
-    gate="inf": in [-5, 0) with -inf (a reset) at one token and in some channels of another;
-    beta="random": in (0, 1) with some tokens exactly 0 and exactly 1; "zero" / "one": constant.
-    q, k, v, beta are in ``dtype``; g and the initial state stay float32."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), p=2, dim=-1)
-    v = torch.randn(B, T, HV, V, generator=gen)
-    if gate == "random":
-        g = -g_lo * (torch.rand(B, T, HV, K, generator=gen) - 1.0)  # (U[0,1) - 1) in [-1, 0)
-        g = torch.where(torch.rand(B, T, HV, K, generator=gen) < 0.1, torch.full_like(g, g_lo), g)
-    elif gate == "lb":
-        g = torch.full((B, T, HV, K), -5.0)
-    elif gate == "raw":
-        g = 1.5 * torch.randn(B, T, HV, K, generator=gen)
-    elif gate in ("below", "inf"):
-        g = -5.0 * torch.rand(B, T, HV, K, generator=gen)
-        if gate == "below":  # 20 tokens at -8 (160 per 20 tokens: over any 16-token budget of 80), one at -20
-            g[:, T // 4:T // 4 + 20] = -8.0
-            g[:, (2 * T) // 3] = -20.0
-        else:  # resets: a whole token, and some channels of another
-            g[:, T // 3] = float("-inf")
-            g[:, min(T - 1, T // 3 + 2), :, : K // 3] = float("-inf")
-    else:
-        raise ValueError(gate)
-    if beta == "random":
-        b = 0.01 + 0.98 * torch.rand(B, T, HV, generator=gen)
-        flat = b.view(-1)
-        flat[3::7] = 0.0
-        flat[5::11] = 1.0
-    elif beta == "zero":
-        b = torch.zeros(B, T, HV)
-    elif beta == "one":
-        b = torch.ones(B, T, HV)
-    else:
-        raise ValueError(beta)
-    N = n_seqs if n_seqs is not None else (len(cu_seqlens) - 1 if cu_seqlens is not None else B)
-    s0 = torch.randn(N, HV, K, V, generator=gen) if h0 else None
-    cu = torch.tensor(cu_seqlens, dtype=torch.int64) if cu_seqlens is not None else None
-    return KDAInputs(q.to(dtype), k.to(dtype), v.to(dtype), g, b.to(dtype), s0, cu)
-
-
 def kda_training_launches(dtype, K, V, config, bwd_config, T=45, cu=None, HV=2):
     """chunk_kda's training launches ``(fwd, bwd, bwd outputs)`` on seeded inputs (one q/k head, ``HV``
     value heads, g >= -5 promised) with random dO and dht: for tests that compare configs launch by launch."""
+    from cases import make_inputs
     from kdagen.ops.chunk import chunk_kda_bwd_launches
 
     x = make_inputs(1, T, 1, HV, K, V, dtype=dtype, seed=3, cu_seqlens=cu)
@@ -226,6 +157,8 @@ def kda_training_launches(dtype, K, V, config, bwd_config, T=45, cu=None, HV=2):
 
 @pytest.fixture
 def inputs_factory():
+    from cases import make_inputs
+
     return make_inputs
 
 

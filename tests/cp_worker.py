@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
+
+from cases import inputs
 
 OPS = {  # op -> (token tensor names after q, k, v), has beta
     "chunk_kda": ("g", "beta"),
@@ -21,6 +22,8 @@ OPS = {  # op -> (token tensor names after q, k, v), has beta
 }
 
 
+MEMBER = {"chunk_kda": "kda", "chunk_gated_delta_rule": "gdn", "chunk_delta_rule": "delta", "chunk_gla": "gla",
+          "chunk_dplr_delta_rule": "dplr"}
 PARAMS = ("A_log", "dt_bias")
 SUMMED = ("initial_state",) + PARAMS  # not split along T: each rank's gradient is its share
 
@@ -36,50 +39,42 @@ def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=Fal
     with ``check_inputs=True``, after the ranks agreed on the shapes).  ``split_wide``: the widened call
     runs as its two halves (as for V + K above the op's head-dim limit)."""
     flags = dict(flags or {})
-    g_ = torch.Generator().manual_seed(seed)
     T = sum(lengths)
-
-    def r(*s):
-        return torch.randn(*s, generator=g_)
-    x = {"q": r(1, T, H, K), "k": r(1, T, H, K), "v": r(1, T, HV, V)}
-    l2 = flags.get("use_qk_l2norm_in_kernel", False)
-    if not l2 and op != "chunk_dplr_delta_rule":
-        x["q"], x["k"] = F.normalize(x["q"], dim=-1), F.normalize(x["k"], dim=-1)
-    if op == "chunk_kda":
-        if flags.get("use_gate_in_kernel"):
-            x["g"] = r(1, T, HV, K)
-            x["A_log"] = torch.rand(HV, generator=g_).log()
-            x["dt_bias"] = 0.5 * r(HV * K)
-        elif gate == "bound":  # every log decay at the promised bound
-            x["g"] = torch.full((1, T, HV, K), -5.0)
-        else:
-            x["g"] = -torch.rand(1, T, HV, K, generator=g_) * 0.7
-    elif op == "chunk_gated_delta_rule":
-        if flags.get("use_gate_in_kernel"):
-            x["g"] = r(1, T, HV)
-            x["A_log"] = torch.rand(HV, generator=g_).log()
-            x["dt_bias"] = 0.5 * r(HV)
-        else:
-            x["g"] = -torch.rand(1, T, HV, generator=g_) * 0.5
-    elif op == "chunk_gla":
-        x["g"] = -torch.rand(1, T, HV, K, generator=g_) * 0.5
-    if op == "chunk_dplr_delta_rule":
-        kk = F.normalize(r(1, T, HV, K), dim=-1)
-        bb = torch.rand(1, T, HV, 1, generator=g_)
-        x["q"], x["k"] = 0.5 * x["q"], 0.5 * x["k"]
-        x["a"], x["b"] = -kk, kk * bb
-        x["gk"] = -torch.rand(1, T, HV, K, generator=g_) * 0.5
-    elif "beta" in OPS[op]:
-        x["beta"] = r(1, T, HV) if flags.get("use_beta_sigmoid_in_kernel") else torch.rand(1, T, HV, generator=g_)
-    N = len(lengths)
     svf = flags.get("state_v_first", False)
-    hshape = (N, HV, V, K) if svf else (N, HV, K, V)
+    hshape = (len(lengths), HV, V, K) if svf else (len(lengths), HV, K, V)
+    c = inputs(MEMBER[op], 1, T, H, HV, K, V, seed=seed, N=len(lengths), h0=h0, state_scale=0.5, v_first=svf,
+               **_draws(op, flags, gate))
+    x = {"q": c.q, "k": c.k, "v": c.v}
+    x.update({n: getattr(c, n) for n in OPS[op]})
+    x.update({n: getattr(c, n) for n in PARAMS if getattr(c, n) is not None})
     if h0:
-        x["initial_state"] = 0.5 * r(*hshape)
+        x["initial_state"] = c.h0
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64)
-    up = {"do": r(1, T, HV, V), "dht": r(*hshape)}
+    up = {"do": torch.randn(1, T, HV, V, generator=c.gen), "dht": torch.randn(*hshape, generator=c.gen)}
     return {"op": op, "x": x, "flags": flags, "cu": cu, "final": final, "up": up, "rank_lengths": rank_lengths,
             "grad": grad, "fla_context": fla_context, "mutate": mutate, "split_wide": split_wide}
+
+
+def _draws(op, flags, gate):
+    """tests/cases.py's options for an op's case: q and k l2-normalised, or raw for the kernel's l2-norm (DPLR's
+    raw and halved, a = -k', b = u k'); KDA's gate -0.7 U[0, 1) (-5 everywhere at the bound), the others' -0.5
+    U[0, 1), or the in-kernel gate's raw input with A_log = log U[0, 1), dt_bias = 0.5 N(0, 1); beta U[0, 1), or
+    N(0, 1) for the kernel's sigmoid; the initial state 0.5 N(0, 1)."""
+    raw = flags.get("use_qk_l2norm_in_kernel", False)
+    o = dict(query="normal" if raw else "unit", key="raw" if raw else "unit", order=("ab", "gate", "params", "beta"))
+    if op == "chunk_dplr_delta_rule":
+        return dict(o, query="normal", q_scale=0.5, key="raw", k_scale=0.5, ab="delta", gate="uniform", g_scale=0.5)
+    if op in ("chunk_kda", "chunk_gated_delta_rule") and flags.get("use_gate_in_kernel"):
+        o.update(gate="raw", params="log")
+    elif op == "chunk_kda" and gate == "bound":  # every log decay at the promised bound
+        o.update(gate="lb")
+    elif op == "chunk_kda":
+        o.update(gate="uniform", g_scale=0.7)
+    elif op in ("chunk_gated_delta_rule", "chunk_gla"):
+        o.update(gate="uniform", g_scale=0.5)
+    if "beta" in OPS[op]:
+        o["beta"] = "raw" if flags.get("use_beta_sigmoid_in_kernel") else "uniform"
+    return o
 
 
 FLA_FIELDS = ("group", "cu_seqlens", "cu_seqlens_cpu", "is_last_rank", "pre_num_ranks", "is_first_rank",

@@ -27,7 +27,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import F64, TOL, assert_close, make_inputs
+from cases import make_inputs
+from conftest import F64, TOL, assert_close
 from plain_configs import plain_bwd, plain_train
 
 import kdagen.spec as S

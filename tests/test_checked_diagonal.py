@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import F64, assert_close, make_inputs
+from cases import inputs, make_inputs
+from conftest import F64, assert_close
 from plain_configs import plain_bwd, plain_train
 
 import kdagen
@@ -172,8 +173,8 @@ def test_the_check_is_in_the_source_where_it_applies(kernel):
 # against float64 autograd through the recurrence.
 @pytest.mark.parametrize("bound", [None, -5.0], ids=["unbounded", "promised-broken"])
 def test_dplr_mixing_both_kinds_of_sub_tile(bound):
-    from test_dplr_chunk_bwd import NAMES, _inputs, _op_grads, _reference_grads
-    xs = _inputs(1, 80, 1, 2, 32, 16, torch.float32, seed=9)
+    from test_dplr_chunk_bwd import NAMES, _op_grads, _reference_grads
+    xs = inputs("dplr", 1, 80, 1, 2, 32, 16, seed=9).tensors(*NAMES)
     g = xs["gk"]
     g[0, 20:40, :, :8] = -8.0  # 160 over 20 tokens: over any 16-token budget in those channels
     g[0, 50, 1, 3:6] = -float("inf")

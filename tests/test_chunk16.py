@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import F64, TOL, assert_close
 
 import kdagen
@@ -20,43 +21,20 @@ from kdagen.config import ChunkBwdConfig, ChunkTrainConfig
 from kdagen.kernels import Launch
 from kdagen.ops import chunk_call as C
 from kdagen.ops.member import _prepare_chunk
-from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn, naive_recurrent_gla
 
 F32, F16 = torch.float32, torch.float16
 GRAD_TOL = {F32: 1e-5, F16: 5e-3}  # the family's bar (tests/test_family.py)
 MEMBERS = ("deltanet", "gdn", "gla")
 
 
-def _inputs(member, B, T, H, HV, K, V, dtype, N=None, seed=0, lb=None):
-    """q, k per q/k head; v, beta, g per value head; h0 [N, HV, K, V].  GLA: no beta, a per-channel
-    gate (in [lb, 0) with a bound); GDN: a scalar gate with some strong decays."""
-    gen = torch.Generator().manual_seed(seed)
-    x = dict(q=torch.randn(B, T, H, K, generator=gen), k=F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1),
-             v=torch.randn(B, T, HV, V, generator=gen), beta=torch.rand(B, T, HV, generator=gen), g=None)
-    if member == "gdn":
-        x["g"] = F.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2.0)
-        x["g"] -= 3.0 * (torch.rand(B, T, HV, generator=gen) < 0.1)
-    elif member == "gla":
-        x["beta"] = None
-        x["g"] = (torch.rand(B, T, HV, K, generator=gen) * lb if lb is not None
-                  else F.logsigmoid(torch.randn(B, T, HV, K, generator=gen) + 2.0))
-    x = {n: None if t is None else t.to(dtype) for n, t in x.items()}
-    x["h0"] = torch.randn(B if N is None else N, HV, K, V, generator=gen)
-    return x
+NAMES = ("q", "k", "v", "g", "beta", "h0")  # (beta None for GLA, g for DeltaNet)
+# GLA's case: q, k, v and beta drawn as the other members' (its keys l2-normalised; beta not used), the gate
+# in the inputs' dtype: log-sigmoid without strong decays, or in [lb, 0) under a bound
+GLA = dict(key="unit", beta="unused", order=("beta", "gate"), decays=None, gate_in_dtype=True)
 
 
 def _names(x):
     return [n for n in ("q", "k", "v", "g", "beta", "h0") if x[n] is not None]
-
-
-def _ref(member, x, cu=None):
-    a = [x[n].to(F64) for n in ("q", "k", "v")]
-    kw = dict(initial_state=x["h0"].to(F64), output_final_state=True, cu_seqlens=cu)
-    if member == "gdn":
-        return naive_recurrent_gdn(*a, x["g"].to(F64), x["beta"].to(F64), **kw)
-    if member == "gla":
-        return naive_recurrent_gla(*a, x["g"].to(F64), **kw)
-    return naive_recurrent_deltanet(*a, x["beta"].to(F64), **kw)
 
 
 def _op(member, x, **kw):
@@ -98,11 +76,12 @@ def test_forward_and_gradients_match_the_recurrence(member, case, dt, chunk_rows
     _, B, T, H, HV, K, V, cu = case
     cu = None if cu is None else torch.tensor(cu, dtype=torch.int64)
     lb = -5.0 if member == "gla" and dt == F16 else None  # fp16 GLA with a promised bound (factorised tiles)
-    x = _inputs(member, B, T, H, HV, K, V, dt, N=None if cu is None else cu.numel() - 1, lb=lb)
+    gla = dict(GLA, lb=lb) if member == "gla" else {}
+    x = inputs(member, B, T, H, HV, K, V, dtype=dt, N=None if cu is None else cu.numel() - 1, **gla).tensors(*NAMES)
     kw = dict(cu_seqlens=cu) | (dict(safe_gate=True, lower_bound=lb) if lb is not None else {})
     names = _names(x)
     x64 = {n: x[n].to(F64).requires_grad_() for n in names}
-    ro, rh = _ref(member, x64, cu)
+    ro, rh = reference(member, x64, cu_seqlens=cu)
     gen = torch.Generator().manual_seed(1)
     do, dht = torch.randn(ro.shape, generator=gen), torch.randn(rh.shape, generator=gen)
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
@@ -133,12 +112,12 @@ def test_fla_flags_and_per_chunk_states(member):
     """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel with allow_neg_eigval (applied before the
     training forward's launches), state_v_first, and return_intermediate_states: the state entering each
     16-row chunk, in the call's layout, as at chunk_size=32 with the same states every other chunk."""
-    x = _inputs(member, 1, 45, 1, 1, 32, 32, F32)
+    x = inputs(member, 1, 45, 1, 1, 32, 32).tensors(*NAMES)
     q, k, beta = x["q"] * 3.0, x["k"] * 0.3, torch.randn_like(x["beta"])
     qn, kn = F.normalize(q.to(F64), dim=-1), F.normalize(k.to(F64), dim=-1)
     b = torch.sigmoid(beta.to(F64)) * 2.0
     ref = dict(x, q=qn, k=kn, beta=b)
-    ro, rh = _ref(member, ref)
+    ro, rh = reference(member, ref)
     flags = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True)
     h0t = x["h0"].transpose(-1, -2).contiguous()
     args = (q, k, x["v"]) + ((x["g"],) if member == "gdn" else ()) + (beta,)
@@ -160,12 +139,12 @@ def test_fla_flags_and_per_chunk_states(member):
 def test_gdn_gate_in_kernel():
     """FLA's GDN gate (A_log, dt_bias per value head) at chunk_size=16: the inference forward (the
     training forward's intra launch computes it) and the gradients of z, A_log and dt_bias."""
-    x = _inputs("gdn", 1, 23, 1, 2, 32, 32, F32)
+    x = inputs("gdn", 1, 23, 1, 2, 32, 32).tensors(*NAMES)
     gen = torch.Generator().manual_seed(5)
     z = torch.randn(1, 23, 2, generator=gen)
     A_log, dt_bias = torch.randn(2, generator=gen) * 0.5, torch.randn(2, generator=gen)
     z64, A64, b64 = (t.to(F64).requires_grad_() for t in (z, A_log, dt_bias))
-    ro, rh = _ref("gdn", dict(x, g=-A64.exp() * F.softplus(z64 + b64)))
+    ro, rh = reference("gdn", dict(x, g=-A64.exp() * F.softplus(z64 + b64)))
     ref = torch.autograd.grad(ro.sum() + rh.sum(), (z64, A64, b64))
     kw = dict(initial_state=x["h0"], output_final_state=True, use_gate_in_kernel=True, chunk_size=16)
     with torch.no_grad():
@@ -205,7 +184,7 @@ def test_bf16_configs_pinned_to_16_rows(member):
 
 
 def test_chunk_kda_refuses_16_and_the_members_refuse_other_lengths():
-    x = _inputs("gdn", 1, 4, 1, 1, 32, 32, F32)
+    x = inputs("gdn", 1, 4, 1, 1, 32, 32).tensors(*NAMES)
     gk = -torch.rand(1, 4, 1, 32)
     with pytest.raises(ValueError, match="chunk_size"):
         kdagen.chunk_kda(x["q"], x["k"], x["v"], gk, x["beta"], chunk_size=16)
@@ -224,7 +203,7 @@ def test_plan_of_a_member_at_16_rows_is_the_training_forwards():
     from kdagen.config import ChunkFwdConfig
 
     assert ChunkFwdConfig.CHUNK_SIZES == (32, 64)
-    x = _inputs("deltanet", 1, 20, 1, 1, 32, 32, F32)
+    x = inputs("deltanet", 1, 20, 1, 1, 32, 32).tensors(*NAMES)
     call, _, _ = _prepare_chunk(S.deltanet(), x["q"], x["k"], x["v"], None, x["beta"], training=False)
     assert isinstance(C.chunk_configs(call, None, None, False, 16)[0], ChunkTrainConfig)
     for c in (None, 32, 64):
@@ -238,7 +217,7 @@ def test_offsets_read_back_once_without_host_lengths():
     import dataclasses
 
     cu = torch.tensor([0, 0, 1, 20, 37], dtype=torch.int64)
-    x = _inputs("gdn", 1, 37, 1, 2, 32, 32, F32, N=4)
+    x = inputs("gdn", 1, 37, 1, 2, 32, 32, N=4).tensors(*NAMES)
     call, xs, _ = _prepare_chunk(S.gdn(), x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["h0"],
                                  cu_seqlens=cu, training=False)
     call = dataclasses.replace(call, seqlens=None)
@@ -246,7 +225,7 @@ def test_offsets_read_back_once_without_host_lengths():
     launches, (o, ht, _) = C.forward_launches(call, xs, config, True)
     for launch in launches:
         launch()
-    ro, rh = _ref("gdn", x, cu)
+    ro, rh = reference("gdn", x, cu_seqlens=cu)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
 

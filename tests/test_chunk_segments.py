@@ -22,7 +22,8 @@ from kdagen.ops.schedule import segment_schedule
 from kdagen.spec.reference import (naive_recurrent_deltanet, naive_recurrent_gdn, naive_recurrent_gla,
                                    naive_recurrent_kda)
 
-from conftest import TOL, assert_close, make_inputs, poison, rel_err
+from cases import make_inputs
+from conftest import TOL, assert_close, poison, rel_err
 from plain_configs import plain_fwd
 
 F32, F16, F64 = torch.float32, torch.float16, torch.float64

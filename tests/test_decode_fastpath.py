@@ -3,7 +3,7 @@ validation and planning, stay correct, and any other geometry is validated again
 import pytest
 import torch
 
-from conftest import make_inputs
+from cases import make_inputs
 
 import kdagen
 import kdagen.ops.recurrent as R

@@ -9,6 +9,7 @@ per-geometry fast path; and against the autograd path, which applies the same fl
 import pytest
 import torch
 
+from cases import inputs
 from plain_configs import plain_decode
 
 import kdagen
@@ -32,16 +33,12 @@ def _normalize(x):  # F.normalize in float64: x / max(||x||, 1e-12)
     return x / x.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
-def _inputs(seed, T, H, HV, K, V, dt, kda=False):
-    gen = torch.Generator().manual_seed(seed)
-    q = (3 * torch.randn(1, T, H, K, generator=gen)).to(dt)  # raw: normalised by the kernel
-    k = (2 * torch.randn(1, T, H, K, generator=gen)).to(dt)
-    v = torch.randn(1, T, HV, V, generator=gen).to(dt)
-    z = torch.randn(1, T, HV, K, generator=gen) if kda else torch.randn(1, T, HV, generator=gen)
-    beta = (2 * torch.randn(1, T, HV, generator=gen)).to(dt)  # raw: through the sigmoid
-    A_log = torch.log(1 + 3 * torch.rand(HV, generator=gen))
-    dt_bias = 0.5 * torch.randn(HV * K if kda else HV, generator=gen)
-    return q, k, v, z, beta, A_log, dt_bias
+# the layer's raw inputs (tests/cases.py): q = 3 N(0, 1) and k = 2 N(0, 1) for the kernel's l2-norm, the gate's
+# input z, beta = 2 N(0, 1) through the sigmoid, A_log = log(1 + 3 U[0, 1)), dt_bias = 0.5 N(0, 1) ([HV] for GDN,
+# [HV * K] for KDA); no initial state
+FLAGS = dict(q_scale=3.0, key="raw", k_scale=2.0, gate="raw", beta="raw", beta_scale=2.0, params="log1p",
+             order=("gate", "beta", "params"), gate_in_dtype=False, h0=False)
+NAMES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 
 
 def _pool_ref(ref, q, k, v, gate, beta, pool, idx, cu):
@@ -74,7 +71,7 @@ def test_gated_deltanet_decode_with_the_layer_flags_matches_the_recurrence(progr
     pool = 0.3 * torch.randn(6, HV, K, V, generator=gen)
     M._FAST.clear()
     for step in range(2):
-        q, k, v, z, beta, A_log, dt_bias = _inputs(step, 5, H, HV, K, V, dt)
+        q, k, v, z, beta, A_log, dt_bias = inputs("gdn", 1, 5, H, HV, K, V, dtype=dt, seed=step, **FLAGS).take(*NAMES)
         g = -torch.exp(A_log.double()) * torch.nn.functional.softplus(z.double() + dt_bias.double())
         ro, rpool = _pool_ref(naive_recurrent_gdn, _normalize(q.double()), _normalize(k.double()), v.double(), g,
                               beta.double(), pool, idx.tolist(), cu.tolist())
@@ -94,7 +91,7 @@ def test_kda_decode_with_the_layer_flags_matches_the_recurrence(program):
     """fused_recurrent_kda with the l2-norm, twice the beta sigmoid (allow_neg_eigval: the
     transition's eigenvalue may go negative) and the in-kernel gate, batch form with a final state."""
     B, H, HV, K, V = 3, 1, 2, 20, 36
-    x = [_inputs(s, 1, H, HV, K, V, torch.float32, kda=True) for s in range(B)]
+    x = [inputs("kda", 1, 1, H, HV, K, V, seed=s, **FLAGS).take(*NAMES) for s in range(B)]
     q, k, v, z, beta = (torch.cat([xi[i] for xi in x]) for i in range(5))
     A_log, dt_bias = x[0][5], x[0][6]
     h0 = 0.3 * torch.randn(B, HV, K, V, generator=torch.Generator().manual_seed(4))
@@ -131,7 +128,7 @@ def test_the_decode_step_is_one_launch_on_the_callers_tensors(monkeypatch):
     monkeypatch.setattr(R, "prepare_recurrent", spy)
     monkeypatch.setattr(M, "prepare_recurrent", spy)  # the member ops' decode imports it from kdagen.ops.recurrent
     H, HV, K, V = 1, 2, 16, 16
-    q, k, v, z, beta, A_log, dt_bias = _inputs(0, 2, H, HV, K, V, torch.float32)
+    q, k, v, z, beta, A_log, dt_bias = inputs("gdn", 1, 2, H, HV, K, V, seed=0, **FLAGS).take(*NAMES)
     M._FAST.clear()
     kdagen.fused_recurrent_gated_delta_rule(q, k, v, z, beta=beta, use_qk_l2norm_in_kernel=True,
                                             use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
@@ -141,7 +138,7 @@ def test_the_decode_step_is_one_launch_on_the_callers_tensors(monkeypatch):
     assert kw["qk_l2norm"] and not kw["beta_sigmoid"]
     # and the KDA op: the l2-norm and the sigmoid reach the kernel as flags
     R._FAST.clear()
-    qk, kk, vk, zk, bk, Ak, dk = _inputs(1, 2, H, HV, K, V, torch.float32, kda=True)
+    qk, kk, vk, zk, bk, Ak, dk = inputs("kda", 1, 2, H, HV, K, V, seed=1, **FLAGS).take(*NAMES)
     for _ in range(2):
         o, _ = kdagen.fused_recurrent_kda(qk, kk, vk, zk, bk, use_qk_l2norm_in_kernel=True,
                                           use_beta_sigmoid_in_kernel=True, use_gate_in_kernel=True, A_log=Ak,
@@ -154,7 +151,7 @@ def test_the_autograd_path_and_the_decode_path_agree_on_the_flags():
     """The same call with inputs requiring grad (torch ops for the flags, dt_bias expanded) gives
     the decode kernel's output, and its gradients exist for the raw inputs."""
     H, HV, K, V = 1, 2, 16, 24
-    q, k, v, z, beta, A_log, dt_bias = _inputs(3, 6, H, HV, K, V, torch.float32)
+    q, k, v, z, beta, A_log, dt_bias = inputs("gdn", 1, 6, H, HV, K, V, seed=3, **FLAGS).take(*NAMES)
     kw = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, output_final_state=True)
     with torch.no_grad():
         o0, s0 = kdagen.fused_recurrent_gated_delta_rule(q, k, v, z, beta=beta, dt_bias=dt_bias, **kw)
@@ -167,7 +164,7 @@ def test_the_autograd_path_and_the_decode_path_agree_on_the_flags():
 
 def test_a_dt_bias_of_the_wrong_size_is_refused():
     H, HV, K, V = 1, 2, 16, 16
-    q, k, v, z, beta, A_log, _ = _inputs(0, 1, H, HV, K, V, torch.float32)
+    q, k, v, z, beta, A_log, _ = inputs("gdn", 1, 1, H, HV, K, V, seed=0, **FLAGS).take(*NAMES)
     with pytest.raises(ValueError, match="dt_bias"):
         kdagen.fused_recurrent_gated_delta_rule(q, k, v, z, beta=beta, use_gate_in_kernel=True, A_log=A_log,
                                                 dt_bias=torch.zeros(HV + 1))

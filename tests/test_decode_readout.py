@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import TOL, assert_close
 from plain_configs import plain_decode
 
@@ -20,37 +21,32 @@ from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen import spec as S
 from kdagen.config import ConfigError, RecurrentConfig
-from kdagen.spec.reference import (naive_recurrent_deltanet, naive_recurrent_dplr, naive_recurrent_gdn,
-                                   naive_recurrent_gla, naive_recurrent_kda)
+from kdagen.spec.reference import kda_gate, naive_recurrent_dplr, naive_recurrent_kda
 
 F32, F16 = torch.float32, torch.float16
 MEMBERS = ("kda", "kda_gate", "gdn", "deltanet", "gla", "dplr")
 READOUTS = ("updated", "loaded")
 
 
-def _inputs(member, dt, seed=0):
-    """Two sequences packed (lengths 5 and 0 and 4), GVA 1 -> 2, K=24, V=40 (not powers of two)."""
-    g0 = torch.Generator().manual_seed(seed)
-    T, H, HV, K, V = 9, 1, 2, 24, 40
-    r = lambda *s: torch.randn(*s, generator=g0)  # noqa: E731
-    x = dict(q=r(1, T, H, K), k=F.normalize(r(1, T, H, K), dim=-1), v=r(1, T, HV, V))
-    if member in ("kda", "gla", "dplr"):
-        x["g"] = -torch.rand(1, T, HV, K, generator=g0) * 2
-        x["g"][0, 2, 1, :3] = -float("inf")  # a reset of three channels of one head
-    elif member == "kda_gate":
-        x["g"] = r(1, T, HV, K)  # the raw gate input; A_log, dt_bias below
-    elif member == "gdn":
-        x["g"] = -torch.rand(1, T, HV, generator=g0) * 2
-        x["g"][0, 6, 0] = -float("inf")
-    if member in ("kda", "kda_gate", "gdn", "deltanet"):
-        x["beta"] = torch.rand(1, T, HV, generator=g0)
-    if member == "dplr":
-        x["a"] = -F.normalize(r(1, T, HV, K), dim=-1)
-        x["b"] = F.normalize(r(1, T, HV, K), dim=-1) * torch.rand(1, T, HV, 1, generator=g0)
-    x = {n: t.to(dt) for n, t in x.items()}
-    h0 = r(3, HV, K, V) * 0.3
-    cu = torch.tensor([0, 5, 5, 9])
-    return x, h0, cu
+# Every member's case: two sequences packed (lengths 5 and 0 and 4), GVA 1 -> 2, K=24, V=40 (not powers of
+# two), an initial state of 0.3 N(0, 1); gates -2 U[0, 1) with a reset of three channels of one head (of one
+# head for GDN's scalar gate), kda_gate's the raw gate input (A_log, dt_bias below); everything in the inputs'
+# dtype but the state
+SHAPE, CU = (1, 9, 1, 2, 24, 40), [0, 5, 5, 9]
+_RESET = (0, 2, 1, slice(None, 3))
+DRAWS = {
+    "kda": dict(gate="uniform", g_scale=2.0, reset=_RESET, beta="uniform"),
+    "kda_gate": dict(gate="raw", beta="uniform"),
+    "gdn": dict(gate="uniform", g_scale=2.0, reset=(0, 6, 0), order=("gate", "beta")),
+    "deltanet": dict(),
+    "gla": dict(key="unit", gate="uniform", g_scale=2.0, reset=_RESET),
+    "dplr": dict(key="unit", gate="uniform", g_scale=2.0, reset=_RESET, ab="independent", order=("gate", "ab")),
+}
+DRAWS = {m: dict(d, cu_seqlens=CU, gate_in_dtype=True, state_scale=0.3) for m, d in DRAWS.items()}
+
+
+def _member(member):
+    return "kda" if member == "kda_gate" else member
 
 
 def _op(member, x, h0, cu, cfg, final_state=True):
@@ -73,31 +69,16 @@ _A_LOG = torch.tensor([0.3, -0.2])
 _DT_BIAS = torch.linspace(-0.5, 0.5, 2 * 24).reshape(2, 24)
 
 
-def _ref(member, x, h0, cu):
-    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    if member == "kda":
-        return naive_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
-    if member == "kda_gate":
-        g = kdagen.spec.reference.kda_gate(x["g"], _A_LOG, _DT_BIAS)
-        return naive_recurrent_kda(x["q"], x["k"], x["v"], g, x["beta"], **kw)
-    if member == "gdn":
-        return naive_recurrent_gdn(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
-    if member == "deltanet":
-        return naive_recurrent_deltanet(x["q"], x["k"], x["v"], x["beta"], **kw)
-    if member == "gla":
-        return naive_recurrent_gla(x["q"], x["k"], x["v"], x["g"], **kw)
-    # kdagen's spec writes the rank-1 term as -a' b'^T S: FLA's (a reads, b writes) is a' = -b, b' = a
-    return naive_recurrent_dplr(x["q"], x["k"], x["v"], -x["b"], x["a"], x["g"], **kw)
-
-
 @pytest.mark.parametrize(("pps", "stages"), ((0, 1), (2, 3)), ids=("grid", "pipelined"))
 @pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
 @pytest.mark.parametrize("member", MEMBERS)
 def test_both_readouts_are_the_recurrence(member, dt, pps, stages):
     """(pipelined: 2 programs on the interpreter's one 'SM' for 3 V tiles x 3 sequences x 2 heads; every item
     has more or less than one token, so the second loop runs them all)"""
-    x, h0, cu = _inputs(member, dt)
-    ro, rh = _ref(member, x, h0, cu)
+    c = inputs(_member(member), *SHAPE, dtype=dt, **DRAWS[member])
+    x, h0, cu = c.tensors(), c.h0, c.cu_seqlens
+    g = kda_gate(x["g"], _A_LOG, _DT_BIAS) if member == "kda_gate" else x.get("g")  # (the kernel's gate)
+    ro, rh = reference(_member(member), x, g=g, h0=h0, cu_seqlens=cu)
     outs = {}
     for readout in READOUTS:
         o, ht = _op(member, x, h0, cu, RecurrentConfig(block_v=16, num_warps=1 if pps == 0 else 2, readout=readout,
@@ -153,7 +134,8 @@ def test_the_readout_is_a_config_choice_in_the_source():
 def test_persistent_dplr_with_reverse_and_the_batch_form(reverse):
     """General DPLR's reverse order (the first token, loaded beside the state, is the last) and the batch
     form (no cu_seqlens) as persistent programs, against the float64 recurrence."""
-    x, h0, _ = _inputs("dplr", F32, seed=5)
+    c = inputs("dplr", *SHAPE, seed=5, **DRAWS["dplr"])
+    x, h0 = c.tensors(), c.h0
     x = {n: t[:, :8].reshape(2, 4, *t.shape[2:]).contiguous() for n, t in x.items()}  # B=2, T=4
     kw = dict(initial_state=h0[:2], output_final_state=True, reverse=reverse)
     flip = (lambda t: t.flip(1)) if reverse else (lambda t: t)  # noqa: E731
@@ -173,11 +155,12 @@ def test_pipelined_items_of_one_and_of_several_tokens(member, with_state):
     """The pipelined persistent form with sequences of 1, 3, 0, 1 and 2 tokens in one call: the
     one-token items go through the pipelined loop, the others through the second loop, and both
     kinds share programs (two programs for 3 V tiles x 5 sequences x 2 heads)."""
-    x, h0, _ = _inputs(member, F32, seed=11)
+    c = inputs(member, *SHAPE, seed=11, **DRAWS[member])
+    x, h0 = c.tensors(), c.h0
     x = {n: t[:, :7].contiguous() for n, t in x.items()}
     cu = torch.tensor([0, 1, 4, 4, 5, 7])
     h0 = torch.randn(5, 2, 24, 40) * 0.3
-    ro, rh = _ref(member, x, h0, cu)
+    ro, rh = reference(member, x, h0=h0, cu_seqlens=cu)
     cfg = RecurrentConfig(block_v=16, num_warps=2, readout="loaded", programs_per_sm=2, num_stages=3)
     o, ht = _op(member, x, h0, cu, cfg, final_state=with_state)
     assert_close(o, ro, TOL[F32], "o")

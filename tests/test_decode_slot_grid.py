@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cases import inputs
 from conftest import TOL, assert_close
 from plain_configs import plain_decode
 
@@ -32,13 +33,8 @@ def slot_grid_on(monkeypatch):
     R._FAST.clear()
 
 
-def _case(N=6, HV=2, K=32, V=32, P=9, dt=F32, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q, k = torch.randn(N, 1, HV, K, generator=gen), F.normalize(torch.randn(N, 1, HV, K, generator=gen), dim=-1)
-    v, g = torch.randn(N, 1, HV, V, generator=gen), -2 * torch.rand(N, 1, HV, K, generator=gen)
-    beta = torch.rand(N, 1, HV, generator=gen)
-    pool = 0.3 * torch.randn(P, HV, K, V, generator=gen)
-    return dict(q=q.to(dt), k=k.to(dt), v=v.to(dt), g=g, beta=beta.to(dt)), pool
+# the cases: N sequences of one token, a q/k head per value head, g = -2 U[0, 1), a pool of P states 0.3 N(0, 1)
+SLOTS = dict(gate="uniform", g_scale=2.0, beta="uniform", state_scale=0.3)
 
 
 def _expected(x, pool, slots):
@@ -57,7 +53,8 @@ def _expected(x, pool, slots):
 @pytest.mark.parametrize("readout", ("updated", "loaded"))
 @pytest.mark.parametrize("dt", (F32, F16), ids=("fp32", "fp16"))
 def test_scrambled_slots_padding_and_unused_slots(slot_grid_on, dt, readout):
-    x, pool = _case(dt=dt)
+    c = inputs("kda", 6, 1, 2, 2, 32, 32, dtype=dt, N=9, **SLOTS)
+    x, pool = c.tensors(), c.h0
     slots = torch.tensor([7, 0, -1, 3, 12, 5], dtype=torch.int32)  # -1 and 12 (>= P = 9): padding
     want_o, want, keep = _expected(x, pool, slots)
     cfg = RecurrentConfig(block_v=16, num_warps=1, readout=readout)
@@ -145,7 +142,8 @@ def test_shared_slots_give_nan_not_stale_output(slot_grid_on, lean):
     """Two sequences on one slot is the caller's error (check_inputs=True names it); the slot grid
     applies the later one and writes NaN for the other's o rather than leaving it unwritten (also with
     the lean body, whose scan finds the sequences' offsets after the slots)."""
-    x, pool = _case(N=4, P=5, seed=2)
+    c = inputs("kda", 4, 1, 2, 2, 32, 32, seed=2, N=5, **SLOTS)
+    x, pool = c.tensors(), c.h0
     slots = torch.tensor([3, 1, 3, 0], dtype=torch.int32)
     out = torch.zeros(x["v"].shape)
     p = pool.clone()
@@ -168,7 +166,8 @@ def test_when_the_slot_grid_is_taken(monkeypatch):
     assert not heuristics.slot_grid(16, 32, 20) and not heuristics.slot_grid(64, 32, 68)  # 512, 2,048 pairs
     assert heuristics.slot_grid(128, 32, 132)
     assert not heuristics.slot_grid(2048, 32, 2048)  # past the scan's width
-    x, pool = _case(N=4, P=6)
+    c = inputs("kda", 4, 1, 2, 2, 32, 32, N=6, **SLOTS)
+    x, pool = c.tensors(), c.h0
     slots = torch.tensor([1, 0, 3, 2], dtype=torch.int32)
     big = dict(initial_state=pool.clone(), ssm_state_indices=slots)
     monkeypatch.setattr(heuristics, "SLOT_GRID_MIN_PAIRS", 1)
@@ -265,7 +264,8 @@ def test_pdl_only_on_a_gpu_that_has_it(monkeypatch):
     R._PDL.clear()
     assert launch_options({"PDL": True}) == {"launch_pdl": True}
     assert launch_options({"PDL": False}) == {} and launch_options({"BV": 64}) == {}
-    x, pool = _case(N=4, P=6)
+    c = inputs("kda", 4, 1, 2, 2, 32, 32, N=6, **SLOTS)
+    x, pool = c.tensors(), c.h0
     ln, *_ = R.fused_recurrent_kda_launch(**x, initial_state=pool, ssm_state_indices=torch.arange(4, dtype=torch.int32))
     assert ln.constexprs["PDL"] is False  # the interpreter's CPU tensors
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import F64, TOL, assert_close
 from plain_configs import plain_fwd, plain_train
 
@@ -21,7 +21,6 @@ from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen.ops.dplr import chunk_dplr_launches
 from kdagen.ops.member import chunk_member
-from kdagen.spec.reference import naive_recurrent_dplr
 
 F32, F16 = torch.float32, torch.float16
 
@@ -47,36 +46,10 @@ def test_plan_and_sources_take_the_dplr_branch():
         assert "b_Av" in state and "b_kgv" in state
 
 
-def _inputs(B, T, H, HV, K, V, dtype, seed=0, lb=None, h0=True, N=None, neg_inf=False):
-    """q, k per q/k head; v, a, b, gk per value head.  a is a unit read vector and b = -beta a'
-    with a' a unit vector near a (not parallel: a general rank-1 term), so every step's
-    transition stays a contraction; gk in [lb, 0) with a bound, else log-sigmoid gates with some
-    strong decays (and one -inf with ``neg_inf``)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.randn(B, T, H, K, generator=gen) * K ** -0.5
-    v = torch.randn(B, T, HV, V, generator=gen)
-    a = F.normalize(torch.randn(B, T, HV, K, generator=gen), dim=-1)
-    b = -torch.rand(B, T, HV, 1, generator=gen) * F.normalize(a + 0.5 * torch.randn(B, T, HV, K, generator=gen)
-                                                             * K ** -0.5, dim=-1)
-    if lb is None:
-        g = F.logsigmoid(torch.randn(B, T, HV, K, generator=gen) + 2.0)
-        g -= 4.0 * (torch.rand(B, T, HV, K, generator=gen) < 0.05)
-        if neg_inf:
-            g[0, T // 2, 0, 1] = -float("inf")
-    else:
-        g = torch.rand(B, T, HV, K, generator=gen) * lb
-    N = B if N is None else N
-    s = torch.randn(N, HV, K, V, generator=gen) if h0 else None
-    return [x.to(dtype) for x in (q, k, v, a, b)] + [g, s]
-
-
-def _ref(q, k, v, a, b, g, h0, cu=None, scale=None):
-    """FLA's (a, b) are the spec's (a', b') = (-b, a): S = (D - a' b'^T) S + k v^T = (D + b a^T) S + k v^T."""
-    ro, rh = naive_recurrent_dplr(q.to(F64), k.to(F64), v.to(F64), -b.to(F64), a.to(F64), g.to(F64), scale=scale,
-                                  initial_state=None if h0 is None else h0.to(F64), output_final_state=True,
-                                  cu_seqlens=cu)
-    return ro, rh
+# DPLR's case (tests/cases.py): a a unit read vector, b = -beta a' with a' a unit vector near a (a general
+# rank-1 term, every step's transition a contraction); gk log-sigmoid with some strong decays, or in [lb, 0);
+# a reset: gk = -inf in one channel of one token
+NAMES = ("q", "k", "v", "a", "b", "g", "h0")
 
 
 # (B, T, H, HV, K, V, dtype, lower bound (None: element-wise), chunk_size, h0, -inf in gk)
@@ -93,12 +66,13 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[f"{c[6]}-T{c[1]}-HV{c[3]}-K{c[4]}V{c[5]}-lb{c[7]}-C{c[8]}" for c in CASES])
 def test_forward_matches_the_recurrence(case):
     B, T, H, HV, K, V, dt, lb, C, with_h0, neg_inf = case
-    q, k, v, a, b, g, h0 = _inputs(B, T, H, HV, K, V, dt, lb=lb, h0=with_h0, neg_inf=neg_inf)
+    q, k, v, a, b, g, h0 = inputs("dplr", B, T, H, HV, K, V, dtype=dt, lb=lb, h0=with_h0,
+                                  reset=(0, T // 2, 0, 1) if neg_inf else None).take(*NAMES)
     plan = lower(S.dplr(S.gate_direct(lb)), K, V, {F32: "float32", F16: "float16"}[dt], "chunk")
     assert plan.diag_mode == ("factorised" if lb is not None else "elementwise")
     o, ht = kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, output_final_state=True, chunk_size=C,
                                          safe_gate=lb is not None, lower_bound=lb)
-    ro, rh = _ref(q, k, v, a, b, g, h0)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=g, h0=h0)
     assert o.dtype == v.dtype and ht.dtype == torch.float32
     assert_close(o, ro, TOL[dt], "o")
     assert_close(ht, rh, TOL[dt], "final state")
@@ -108,9 +82,9 @@ def test_forward_matches_the_recurrence(case):
 
 
 def test_scale_and_default_config():
-    q, k, v, a, b, g, h0 = _inputs(1, 19, 1, 1, 32, 32, F32)
+    q, k, v, a, b, g, h0 = inputs("dplr", 1, 19, 1, 1, 32, 32).take(*NAMES)
     o, ht = kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, scale=0.3, initial_state=h0, output_final_state=True)
-    ro, rh = _ref(q, k, v, a, b, g, h0, scale=0.3)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=g, h0=h0, scale=0.3)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
 
@@ -120,10 +94,11 @@ def test_varlen_with_empty_and_single_token_sequences(dt):
     lens = [0, 1, 20, 0, 34, 1]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
     T = int(cu[-1])
-    q, k, v, a, b, g, h0 = _inputs(1, T, 1, 2, 32, 32, dt, N=len(lens), neg_inf=dt == F32)
+    q, k, v, a, b, g, h0 = inputs("dplr", 1, T, 1, 2, 32, 32, dtype=dt, N=len(lens),
+                                  reset=(0, T // 2, 0, 1) if dt == F32 else None).take(*NAMES)
     o, ht = kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                                          cu_seqlens_cpu=cu.clone(), chunk_size=16)
-    ro, rh = _ref(q, k, v, a, b, g, h0, cu=cu)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=g, h0=h0, cu_seqlens=cu)
     assert_close(o, ro, TOL[dt], "o")
     assert_close(ht, rh, TOL[dt], "final state")
     assert torch.equal(ht[0], h0[0]) and torch.equal(ht[3], h0[3])  # empty sequences keep their state
@@ -147,14 +122,14 @@ def test_training_forward_keeps_states_and_pseudo_values():
     """What the backward reads: the state pass's V' is the pseudo-values a_t^T S_{t-1} (u - w S
     with w = -L (a exp(G-))), and the per-chunk states are the states entering each chunk."""
     B, T, C = 2, 37, 16
-    q, k, v, a, b, g, h0 = _inputs(B, T, 1, 1, 32, 32, F32, lb=-5.0)
+    q, k, v, a, b, g, h0 = inputs("dplr", B, T, 1, 1, 32, 32, lb=-5.0).take(*NAMES)
     cfg = plain_train(chunk_size=C, sub_chunk=16)
     fwd, (o, ht, hs) = chunk_dplr_launches(q, k, v, a, b, g, training=True, config=cfg, initial_state=h0,
                                            output_final_state=True, safe_gate=True)
     for launch in fwd:
         launch()
     before, u = _token_states(q, k, v, a, b, g, h0)
-    ro, rh = _ref(q, k, v, a, b, g, h0)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=g, h0=h0)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
     assert_close(fwd[1].args["vn"], u.float(), TOL[F32], "V' (the pseudo-values)")
@@ -167,12 +142,12 @@ def test_training_forward_keeps_states_and_pseudo_values():
 
 @pytest.mark.parametrize("disable_recompute", [False, True])
 def test_training_forward_and_its_backward(disable_recompute):
-    q, k, v, a, b, g, h0 = _inputs(1, 19, 1, 1, 32, 32, F32, lb=-5.0)
+    q, k, v, a, b, g, h0 = inputs("dplr", 1, 19, 1, 1, 32, 32, lb=-5.0).take(*NAMES)
     xs = [x.clone().requires_grad_() for x in (q, k, v, a, b)]
     o, ht = kdagen.chunk_dplr_delta_rule(*xs, g, initial_state=h0, output_final_state=True, safe_gate=True,
                                          disable_recompute=disable_recompute)
     assert o.requires_grad and o.grad_fn is not None  # through kdagen's autograd Function
-    ro, rh = _ref(q, k, v, a, b, g, h0)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=g, h0=h0)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
     (o.sum() + ht.sum()).backward()  # the DPLR backward (its values: tests/test_dplr_chunk_bwd.py)
@@ -180,7 +155,7 @@ def test_training_forward_and_its_backward(disable_recompute):
 
 
 def test_refusals_name_the_argument():
-    q, k, v, a, b, g, h0 = _inputs(1, 8, 1, 2, 32, 32, F32)
+    q, k, v, a, b, g, h0 = inputs("dplr", 1, 8, 1, 2, 32, 32).take(*NAMES)
     op = kdagen.chunk_dplr_delta_rule
     value_errors = [
         (lambda: op(q, k, v, a[..., :16], b, g), r"a must have shape \[B, T, HV, K\]"),
@@ -243,7 +218,7 @@ def test_tuning_takes_the_chunk_forward_as_the_chunk_train_family(monkeypatch):
         return default_config(family, p, shape)
 
     monkeypatch.setattr(D, "resolve", spy)
-    q, k, v, a, b, g, h0 = _inputs(1, 8, 1, 2, 32, 32, F32, lb=-5.0)
+    q, k, v, a, b, g, h0 = inputs("dplr", 1, 8, 1, 2, 32, 32, lb=-5.0).take(*NAMES)
     kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, safe_gate=True, lower_bound=-5.0)
     assert [(f, p.tuning_spec_hash) for f, p in seen] == [("chunk_train", plan.tuning_spec_hash)]
 
@@ -258,7 +233,7 @@ def test_the_op_looks_up_its_winners_on_a_gpu(monkeypatch):
     from kdagen.cache.keys import shape_bucket
 
     assert shape_bucket("chunk_train", 4096, 2, 2) == shape_bucket("chunk_fwd", 4096, 2, 2) == "t8192_s2"
-    q, k, v, a, b, g, h0 = _inputs(1, 8, 1, 2, 32, 32, F32, lb=-5.0)
+    q, k, v, a, b, g, h0 = inputs("dplr", 1, 8, 1, 2, 32, 32, lb=-5.0).take(*NAMES)
     want = kdagen.chunk_dplr_delta_rule(q, k, v, a, b, g, initial_state=h0, output_final_state=True)
     monkeypatch.setattr(lookup, "_current_gpu", lambda: get_profile("h200"))
     lookup._MEMO.clear()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import F64, assert_close
 from plain_configs import plain_bwd
 from dplr_chunk_ref import chunk_forward
@@ -27,41 +27,19 @@ from kdagen.kernels import dummy_pointer
 from kdagen.ops.chunk_bwd import BwdMeta
 from kdagen.ops.dplr_bwd import run_dplr_bwd
 from kdagen.ops.schedule import chunk_schedule
-from kdagen.spec.reference import naive_recurrent_dplr
 
 F32, F16 = torch.float32, torch.float16
 GRAD_TOL = {F32: 1e-5, F16: 5e-3}  # the family's bar (tests/test_family.py)
 NAMES = ("q", "k", "v", "a", "b", "gk", "h0")
-
-
-def _inputs(B, T, H, HV, K, V, dtype, lb=None, N=None, neg_inf=False, seed=0):
-    """q, k per q/k head; v, a, b, gk per value head.  a a unit read vector, b = -beta a' with a'
-    a unit vector near a (a general rank-1 term, each step a contraction); gk in [lb, 0) with a
-    bound, else log-sigmoid gates with some strong decays (and -inf in one channel of one token
-    with ``neg_inf``)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = torch.randn(B, T, H, K, generator=gen) * K ** -0.5
-    v = torch.randn(B, T, HV, V, generator=gen)
-    a = F.normalize(torch.randn(B, T, HV, K, generator=gen), dim=-1)
-    b = -torch.rand(B, T, HV, 1, generator=gen) * F.normalize(
-        a + 0.5 * torch.randn(B, T, HV, K, generator=gen) * K ** -0.5, dim=-1)
-    if lb is None:
-        g = F.logsigmoid(torch.randn(B, T, HV, K, generator=gen) + 2.0)
-        g -= 4.0 * (torch.rand(B, T, HV, K, generator=gen) < 0.05)
-        if neg_inf:
-            g[0, T // 2, 0, 1] = -float("inf")
-    else:
-        g = torch.rand(B, T, HV, K, generator=gen) * lb
-    h0 = torch.randn(B if N is None else N, HV, K, V, generator=gen)
-    return dict(q=q.to(dtype), k=k.to(dtype), v=v.to(dtype), a=a.to(dtype), b=b.to(dtype), gk=g, h0=h0)
+# DPLR's case (tests/cases.py): a a unit read vector, b = -beta a' with a' a unit vector near a (a general rank-1
+# term, each step a contraction); gk log-sigmoid with some strong decays (a reset: -inf in one channel of one
+# token), or in [lb, 0) with a bound
 
 
 def _reference_grads(xs, cu=None, scale=None, seed=1):
     """(do, dht, float64 autograd grads by name) of <o, do> + <final state, dht>."""
     x64 = {n: xs[n].to(F64).requires_grad_() for n in NAMES}
-    ro, rh = naive_recurrent_dplr(x64["q"], x64["k"], x64["v"], -x64["b"], x64["a"], x64["gk"], scale=scale,
-                                  initial_state=x64["h0"], output_final_state=True, cu_seqlens=cu)
+    ro, rh = reference("dplr", x64, scale=scale, cu_seqlens=cu)
     gen = torch.Generator().manual_seed(seed)
     do, dht = torch.randn(ro.shape, generator=gen), torch.randn(rh.shape, generator=gen)
     grads = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in NAMES])
@@ -99,7 +77,8 @@ def test_gradients_match_float64_autograd(case):
     B, T, H, HV, K, V, dt, lb, C, neg_inf = case
     plan = lower(S.dplr(S.gate_direct(lb)), K, V, {F32: "float32", F16: "float16"}[dt], "chunk")
     assert plan.diag_mode == ("factorised" if lb is not None else "elementwise")
-    xs = _inputs(B, T, H, HV, K, V, dt, lb=lb, neg_inf=neg_inf)
+    xs = inputs("dplr", B, T, H, HV, K, V, dtype=dt, lb=lb,
+                reset=(0, T // 2, 0, 1) if neg_inf else None).tensors(*NAMES)
     do, dht, ref = _reference_grads(xs)
     grads = _op_grads(xs, do, dht, chunk_size=C, safe_gate=lb is not None, lower_bound=lb)
     _check(grads, ref, xs, dt, "recompute")
@@ -110,7 +89,7 @@ def test_gradients_match_float64_autograd(case):
 def test_stored_intermediates_and_some_inputs_only():
     """disable_recompute keeps the forward's intermediates (ChunkBwdConfig.store_intermediates): the
     same gradients; inputs that do not require grad get none."""
-    xs = _inputs(1, 37, 1, 2, 48, 48, F32, neg_inf=True)
+    xs = inputs("dplr", 1, 37, 1, 2, 48, 48, reset=(0, 37 // 2, 0, 1)).tensors(*NAMES)
     do, dht, ref = _reference_grads(xs)
     _check(_op_grads(xs, do, dht, chunk_size=32, disable_recompute=True), ref, xs, F32, "stored")
     v = xs["v"].clone().requires_grad_()
@@ -124,9 +103,9 @@ def test_stored_intermediates_and_some_inputs_only():
 
 def test_without_states():
     """No initial state and no final state: the gradients of o alone (dh0 is not asked for)."""
-    xs = _inputs(1, 37, 1, 1, 32, 32, F32, neg_inf=True)
+    xs = inputs("dplr", 1, 37, 1, 1, 32, 32, reset=(0, 37 // 2, 0, 1)).tensors(*NAMES)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in NAMES[:-1]}
-    ro, _ = naive_recurrent_dplr(x64["q"], x64["k"], x64["v"], -x64["b"], x64["a"], x64["gk"])
+    ro, _ = reference("dplr", x64, output_final_state=False)
     do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(1))
     ref = torch.autograd.grad((ro * do.to(F64)).sum(), list(x64.values()))
     xl = {n: xs[n].clone().requires_grad_() for n in NAMES[:-1]}
@@ -141,7 +120,9 @@ def test_without_states():
 def test_varlen_with_empty_and_single_token_sequences(dt):
     lens = [0, 1, 20, 0, 17, 1]
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int64)
-    xs = _inputs(1, int(cu[-1]), 1, 2, 32, 32, dt, N=len(lens), neg_inf=dt == F32)
+    T = int(cu[-1])
+    xs = inputs("dplr", 1, T, 1, 2, 32, 32, dtype=dt, N=len(lens),
+                reset=(0, T // 2, 0, 1) if dt == F32 else None).tensors(*NAMES)
     do, dht, ref = _reference_grads(xs, cu=cu)
     grads = _op_grads(xs, do, dht, cu_seqlens=cu, chunk_size=16)
     _check(grads, ref, xs, dt, "varlen")
@@ -154,7 +135,7 @@ def test_kernels_on_float64_intermediates(lb):
     """The three backward launches alone, on the forward's intermediates computed in float64 torch
     (kdagen.ops.dplr_bwd's chunk form; tests/dplr_chunk_ref.py): no kdagen forward involved."""
     B, T, H, HV, K, V, C = 1, 37, 1, 2, 48, 48, 32
-    xs = _inputs(B, T, H, HV, K, V, F32, lb=lb, neg_inf=lb is None)
+    xs = inputs("dplr", B, T, H, HV, K, V, lb=lb, reset=(0, T // 2, 0, 1) if lb is None else None).tensors(*NAMES)
     do, dht, ref = _reference_grads(xs, scale=0.3)
     fw = chunk_forward(xs["q"], xs["k"], xs["v"], xs["a"], xs["b"], xs["gk"], xs["h0"], 0.3, C)
     plan = lower(S.dplr(S.gate_direct(lb)), K, V, "float32", "chunk")
@@ -164,8 +145,8 @@ def test_kernels_on_float64_intermediates(lb):
                    config=plain_bwd(chunk_size=C, sub_chunk=16), is_varlen=False, cu_seqlens=dummy,
                    chunk_indices=dummy, chunk_offsets=dummy, fwd_intra=None, inter_dtype=F32)
     inter = {n: fw[n].float() for n in ("qg", "kg", "w", "aqk", "gn", "aqv", "kgv")}
-    inputs = dict(q=xs["q"], k=xs["k"], v=xs["v"], a=xs["a"], b=xs["b"], g=xs["gk"])
-    out = run_dplr_bwd(meta, inputs, inter, fw["hs"].float(), fw["vn"].float(), do, dht, True)
+    tensors = dict(q=xs["q"], k=xs["k"], v=xs["v"], a=xs["a"], b=xs["b"], g=xs["gk"])
+    out = run_dplr_bwd(meta, tensors, inter, fw["hs"].float(), fw["vn"].float(), do, dht, True)
     for n in NAMES:
         assert_close(out["dg" if n == "gk" else f"d{n}"], ref[n], GRAD_TOL[F32], f"kernels d{n}")
 

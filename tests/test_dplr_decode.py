@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import F64, TOL, assert_close
 
 import kdagen
@@ -20,45 +20,15 @@ from kdagen.cache.heuristics import default_config
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen.ops.member import chunk_member, fused_recurrent_member
-from kdagen.spec.reference import naive_recurrent_dplr
 
 F32, F16 = torch.float32, torch.float16
 op = kdagen.fused_recurrent_dplr_delta_rule
 
 
-def _inputs(B, T, H, HV, K, V, dtype, N=None, seed=0, h0=True):
-    """FLA-convention inputs: a unit read vector a and a write vector b = -beta a (beta in (0, 1))
-    plus a small independent part, so the transition is a general DPLR one but stays contracting."""
-    gen = torch.Generator().manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    q = rnd(B, T, H, K).to(dtype)
-    k = (rnd(B, T, H, K) * K ** -0.5).to(dtype)
-    v = rnd(B, T, HV, V).to(dtype)
-    a = F.normalize(rnd(B, T, HV, K), dim=-1)
-    beta = torch.rand(B, T, HV, 1, generator=gen)
-    b = (-beta * a + 0.1 * rnd(B, T, HV, K) * K ** -0.5).to(dtype)
-    a = a.to(dtype)
-    gk = F.logsigmoid(rnd(B, T, HV, K) + 2.0)
-    gk -= 4.0 * (torch.rand(B, T, HV, K, generator=gen) < 0.05)  # some strong decays
-    N = B if N is None else N
-    s = torch.randn(N, HV, K, V, generator=gen) if h0 else None
-    return q, k, v, a, b, gk, s
-
-
-def _ref(q, k, v, a, b, gk, h0, cu=None, scale=None, reverse=False):
-    """The float64 reference in the spec's convention: a' = -b, b' = a.  ``reverse``: each
-    sequence's tokens flipped (FLA's reverse walks them last to first)."""
-    x = [t.to(F64) for t in (q, k, v, a, b, gk)]
-    if reverse:
-        bounds = [0, q.shape[1]] if cu is None else cu.tolist()
-        idx = torch.cat([torch.arange(e - 1, s - 1, -1) for s, e in zip(bounds, bounds[1:])]).long()
-        x = [t[:, idx] for t in x]
-    q, k, v, a, b, gk = x
-    o, ht = naive_recurrent_dplr(q, k, v, -b, a, gk, scale=scale, initial_state=None if h0 is None else h0.to(F64),
-                                 output_final_state=True, cu_seqlens=cu)
-    if reverse:
-        o = o[:, idx]  # idx is its own inverse (a flip within each sequence)
-    return o, ht
+# FLA-convention inputs (tests/cases.py's ab="noisy"): a unit read vector a and a write vector b = -beta a (beta
+# in (0, 1)) plus a small independent part, so the transition is a general DPLR one but stays contracting; gk
+# log-sigmoid with some strong decays
+NAMES = ["q", "k", "v", "a", "b", "gk", "h0"]
 
 
 def test_plan_field_decides_the_branch():
@@ -98,16 +68,16 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_matches_the_recurrence(case):
     _, B, T, H, HV, K, V, dt = case
-    q, k, v, a, b, gk, h0 = _inputs(B, T, H, HV, K, V, dt)
+    q, k, v, a, b, gk, h0 = inputs("dplr", B, T, H, HV, K, V, dtype=dt, ab="noisy").take(*NAMES)
     if T > 1:
         gk[0, T // 2, 0, :5] = -float("inf")  # a reset of five channels
-    ro, rh = _ref(q, k, v, a, b, gk, h0)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=gk, h0=h0)
     o, ht = op(q, k, v, a, b, gk, initial_state=h0, output_final_state=True)
     assert o.dtype == dt and ht.dtype == F32 and ht.shape == h0.shape
     assert_close(o, ro, TOL[dt], "o")
     assert_close(ht, rh, TOL[dt], "final state")
     o2, none = op(q, k, v, a, b, gk)  # no initial state, no final state
-    ro2, _ = _ref(q, k, v, a, b, gk, None)
+    ro2, _ = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=gk, h0=None)
     assert none is None
     assert_close(o2, ro2, TOL[dt], "o without h0")
 
@@ -115,8 +85,8 @@ def test_matches_the_recurrence(case):
 def test_decode_steps_carry_the_state():
     """One token at a time (decode), feeding each step's final state into the next: the
     multi-token answer."""
-    q, k, v, a, b, gk, h0 = _inputs(2, 7, 1, 2, 48, 32, F32)
-    ro, rh = _ref(q, k, v, a, b, gk, h0)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 2, 7, 1, 2, 48, 32, ab="noisy").take(*NAMES)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=gk, h0=h0)
     s = h0
     for t in range(7):
         sl = slice(t, t + 1)
@@ -127,8 +97,8 @@ def test_decode_steps_carry_the_state():
 
 
 def test_reverse_scale_and_state_v_first():
-    q, k, v, a, b, gk, h0 = _inputs(1, 19, 1, 2, 48, 32, F32)
-    ro, rh = _ref(q, k, v, a, b, gk, h0, scale=0.3, reverse=True)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 19, 1, 2, 48, 32, ab="noisy").take(*NAMES)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=gk, h0=h0, scale=0.3, reverse=True)
     o, ht = op(q, k, v, a, b, gk, scale=0.3, initial_state=h0, output_final_state=True, reverse=True)
     assert_close(o, ro, TOL[F32], "reverse o")
     assert_close(ht, rh, TOL[F32], "reverse final state")
@@ -145,9 +115,9 @@ CU = [0, 0, 1, 20, 37]  # lengths 0, 1, 19, 17
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
 def test_varlen_with_empty_and_one_token_sequences(reverse):
-    q, k, v, a, b, gk, h0 = _inputs(1, 37, 1, 2, 48, 48, F32, N=4)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 37, 1, 2, 48, 48, N=4, ab="noisy").take(*NAMES)
     cu = torch.tensor(CU, dtype=torch.int64)
-    ro, rh = _ref(q, k, v, a, b, gk, h0, cu, reverse=reverse)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=gk, h0=h0, cu_seqlens=cu, reverse=reverse)
     o, ht = op(q, k, v, a, b, gk, initial_state=h0, output_final_state=True, cu_seqlens=cu, reverse=reverse)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
@@ -158,7 +128,7 @@ def test_state_pool_in_place_with_padding_and_out():
     """Packed decode into a pool: each sequence reads and writes its slot in place, the padding
     slot (-1) writes nothing and gives o = 0, untouched slots stay bit for bit; out= is filled."""
     P, HV, K, V = 6, 2, 48, 32
-    q, k, v, a, b, gk, _ = _inputs(1, 5, 1, HV, K, V, F32, h0=False)
+    q, k, v, a, b, gk, _ = inputs("dplr", 1, 5, 1, HV, K, V, h0=False, ab="noisy").take(*NAMES)
     bounds = [0, 1, 3, 4, 5]  # four sequences: 1, 2, 1, 1 tokens
     cu = torch.tensor(bounds, dtype=torch.int64)
     idx = torch.tensor([4, 0, -1, 2], dtype=torch.int32)
@@ -166,7 +136,7 @@ def test_state_pool_in_place_with_padding_and_out():
     before = pool.clone()
     out = torch.full_like(v, float("nan"))
     rows = torch.tensor([4, 0, 0, 2])  # the pool rows the reference starts from (row 0 for the padding)
-    ro, rh = _ref(q, k, v, a, b, gk, before[rows], cu)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=gk, h0=before[rows], cu_seqlens=cu)
     for step in range(2):  # the second call takes the fast path (same geometry)
         pool.copy_(before)
         out.fill_(float("nan"))
@@ -193,12 +163,12 @@ def test_decode_fast_path(monkeypatch):
     pool = torch.randn(4, 2, 32, 32, generator=torch.Generator().manual_seed(9))
     idx = torch.tensor([2, 0], dtype=torch.int32)
     for step in range(3):
-        q, k, v, a, b, gk, _ = _inputs(2, 1, 1, 2, 32, 32, F32, h0=False, seed=step)
+        q, k, v, a, b, gk, _ = inputs("dplr", 2, 1, 1, 2, 32, 32, h0=False, seed=step, ab="noisy").take(*NAMES)
         before = pool.clone()
         if step == 1:  # from now on this geometry must not lower again
             monkeypatch.setattr(M, "lower", lambda *a, **kw: pytest.fail("the fast path lowered again"))
         o, ht = op(q, k, v, a, b, gk, initial_state=pool, ssm_state_indices=idx)
-        ro, rh = _ref(q, k, v, a, b, gk, before[[2, 0]])
+        ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=gk, h0=before[[2, 0]])
         assert ht is pool
         assert_close(o, ro, TOL[F32], f"step {step} o")
         assert_close(pool[[2, 0]], rh, TOL[F32], f"step {step} pool")
@@ -206,13 +176,14 @@ def test_decode_fast_path(monkeypatch):
         op(q, k, v, a, b, gk, initial_state=pool, ssm_state_indices=idx, reverse=True)
     with pytest.raises(ValueError, match="gk must have shape"):  # a bad input is still refused after the memo
         op(q, k, v, a, b, gk[..., :16].contiguous(), initial_state=pool, ssm_state_indices=idx)
-    q, k, v, a, b, gk, _ = _inputs(3, 1, 1, 2, 32, 32, F32, h0=False)  # another batch: the full path
+    # another batch: the full path
+    q, k, v, a, b, gk, _ = inputs("dplr", 3, 1, 1, 2, 32, 32, h0=False, ab="noisy").take(*NAMES)
     with pytest.raises(pytest.fail.Exception, match="lowered again"):
         op(q, k, v, a, b, gk, initial_state=pool, ssm_state_indices=torch.tensor([1, 2, 3], dtype=torch.int32))
 
 
 def test_value_check_names_a_and_b():
-    q, k, v, a, b, gk, h0 = _inputs(1, 4, 1, 1, 32, 32, F32)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 4, 1, 1, 32, 32, ab="noisy").take(*NAMES)
     for name in ("a", "b"):
         bad = dict(a=a.clone(), b=b.clone())
         bad[name][0, 2, 0, 3] = float("nan")
@@ -225,7 +196,7 @@ def test_value_check_names_a_and_b():
 
 
 def test_bad_inputs_name_the_argument():
-    q, k, v, a, b, gk, h0 = _inputs(1, 4, 1, 2, 32, 32, F32)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 4, 1, 2, 32, 32, ab="noisy").take(*NAMES)
     cases = [
         (lambda: op(q, k, v, a[:, :, :1], b, gk), ValueError, r"a must have shape \[B, T, HV, K\]"),
         (lambda: op(q, k, v, a, b[..., :16], gk), ValueError, r"b must have shape \[B, T, HV, K\]"),
@@ -253,7 +224,6 @@ def test_bad_inputs_name_the_argument():
 
 
 GRAD_TOL = {F32: 1e-5, F16: 5e-3}  # the bar of tests/test_ops_chunk_bwd.py and test_family_gla.py
-NAMES = ["q", "k", "v", "a", "b", "gk", "h0"]
 
 
 def _grads_vs_float64(xs, cu=None, dt=F32, v_first=False):
@@ -264,7 +234,7 @@ def _grads_vs_float64(xs, cu=None, dt=F32, v_first=False):
     N, _, K, _ = xs["h0"].shape
     do, dht = torch.randn(B, T, HV, V, generator=gen), torch.randn(N, HV, K, V, generator=gen)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in NAMES}
-    ro, rh = _ref(*(x64[n] for n in NAMES), cu=cu)
+    ro, rh = reference("dplr", x64, cu_seqlens=cu)
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in NAMES])
     flip = (lambda t: t.transpose(-1, -2)) if v_first else (lambda t: t)  # noqa: E731
     xl = {n: xs[n].clone().requires_grad_() for n in NAMES}
@@ -282,23 +252,23 @@ def _grads_vs_float64(xs, cu=None, dt=F32, v_first=False):
 def test_gradients_match_float64_autograd(dt):
     """Beyond FLA (whose op raises): general DPLR's recurrent backward template, K = 48 (the
     masked tail of a K row), GVA, a gk = -inf reset, against float64 autograd of the reference."""
-    q, k, v, a, b, gk, h0 = _inputs(1, 15, 1, 2, 48, 32, dt)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 15, 1, 2, 48, 32, dtype=dt, ab="noisy").take(*NAMES)
     gk[0, 7, 1, :4] = -float("inf")
     _grads_vs_float64(dict(q=q, k=k, v=v, a=a, b=b, gk=gk, h0=h0), dt=dt)
 
 
 def test_gradients_varlen_and_state_v_first():
-    q, k, v, a, b, gk, h0 = _inputs(1, 37, 1, 1, 32, 48, F32, N=4)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 37, 1, 1, 32, 48, N=4, ab="noisy").take(*NAMES)
     cu = torch.tensor(CU, dtype=torch.int64)
     _grads_vs_float64(dict(q=q, k=k, v=v, a=a, b=b, gk=gk, h0=h0), cu=cu)
-    _grads_vs_float64(dict(zip(NAMES, _inputs(2, 9, 1, 1, 32, 48, F32))), v_first=True)
+    _grads_vs_float64(inputs("dplr", 2, 9, 1, 1, 32, 48, ab="noisy").tensors(*NAMES), v_first=True)
 
 
 def test_reverse_has_no_backward_and_the_pool_no_gradient():
     """reverse=True runs forwards with inputs that require grad (the same answer) and its
     backward raises NotImplementedError naming chunk_dplr_delta_rule; the pool and out= are
     refused under autograd, as for the other recurrent ops."""
-    q, k, v, a, b, gk, h0 = _inputs(1, 6, 1, 1, 32, 32, F32)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 6, 1, 1, 32, 32, ab="noisy").take(*NAMES)
     ref, _ = op(q, k, v, a, b, gk, initial_state=h0, reverse=True)
     qg = q.clone().requires_grad_()
     o, ht = op(qg, k, v, a, b, gk, initial_state=h0, output_final_state=True, reverse=True)
@@ -390,7 +360,7 @@ def test_backward_writes_every_gradient_element():
     from kdagen.ops.inputs import check_inputs
     from kdagen.ops.recurrent_bwd import RecurrentBwdMeta, prepare_recurrent_bwd
 
-    q, k, v, a, b, gk, h0 = _inputs(1, 12, 1, 2, 24, 40, F32, N=3)
+    q, k, v, a, b, gk, h0 = inputs("dplr", 1, 12, 1, 2, 24, 40, N=3, ab="noisy").take(*NAMES)
     cu = torch.tensor([0, 0, 1, 12], dtype=torch.int64)
     dims, seqlens = check_inputs(q, k, v, gk, None, scale=None, initial_state=h0, cu_seqlens=cu, rank1=False)
     plan = lower(S.dplr(), 24, 40, "float32", "recurrent")

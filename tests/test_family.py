@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import F64, TOL, assert_close
 from plain_configs import plain_bwd, plain_decode, plain_fwd, plain_train
 
@@ -20,7 +21,6 @@ from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen.config import RecurrentBwdConfig
 from kdagen.ops.member import chunk_member, fused_recurrent_member
-from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
 
 F32, F16 = torch.float32, torch.float16
 MEMBERS = ("gdn", "deltanet")
@@ -64,31 +64,9 @@ def test_sources_read_the_gate_by_its_layout():
 
 
 # ------------------------------------------------------------------------------ inputs
-def _inputs(member, B, T, H, HV, K, V, dtype, h0=True, N=None, seed=0, reset=False):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen).to(dtype)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(dtype)
-    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
-    beta = torch.rand(B, T, HV, generator=gen).to(dtype)
-    g = None
-    if member == "gdn":
-        g = F.logsigmoid(torch.randn(B, T, HV, generator=gen) + 2.0)
-        g -= 3.0 * (torch.rand(B, T, HV, generator=gen) < 0.1)  # some strong decays
-        if reset:
-            g[:, T // 2, 0] = -float("inf")  # a reset
-        g = g.to(dtype)
-    N = B if N is None else N
-    s = torch.randn(N, HV, K, V, generator=gen) if h0 else None
-    return q, k, v, g, beta, s
-
-
-def _ref(member, q, k, v, g, beta, h0, cu=None):
-    a = [x.to(F64) for x in (q, k, v)]
-    if member == "gdn":
-        return naive_recurrent_gdn(*a, g.to(F64), beta.to(F64), initial_state=None if h0 is None else h0.to(F64),
-                                   output_final_state=True, cu_seqlens=cu)
-    return naive_recurrent_deltanet(*a, beta.to(F64), initial_state=None if h0 is None else h0.to(F64),
-                                    output_final_state=True, cu_seqlens=cu)
+# the members' usual cases (tests/cases.py): l2-normalised keys, beta ~ U[0, 1), GDN's log-sigmoid gates with some
+# strong decays (a reset: -inf at one token of head 0), all in the inputs' dtype but the initial state
+NAMES = ("q", "k", "v", "g", "beta", "h0")  # (g None for DeltaNet)
 
 
 def _chunk(member, q, k, v, g, beta, **kw):
@@ -115,8 +93,9 @@ FWD_CASES = [
 @pytest.mark.parametrize("case", FWD_CASES, ids=[c[0] for c in FWD_CASES])
 def test_forward_and_decode_match_the_recurrence(member, case):
     _, B, T, H, HV, K, V, dt = case
-    q, k, v, g, beta, h0 = _inputs(member, B, T, H, HV, K, V, dt, reset=member == "gdn" and T > 1)
-    ro, rh = _ref(member, q, k, v, g, beta, h0)
+    reset = (slice(None), T // 2, 0) if member == "gdn" and T > 1 else None
+    q, k, v, g, beta, h0 = inputs(member, B, T, H, HV, K, V, dtype=dt, reset=reset).take(*NAMES)
+    ro, rh = reference(member, q=q, k=k, v=v, g=g, beta=beta, h0=h0)
     for fn in (_chunk, _recurrent):
         o, ht = fn(member, q, k, v, g, beta, initial_state=h0, output_final_state=True)
         assert o.dtype == dt and ht.dtype == F32
@@ -129,27 +108,27 @@ def test_forward_and_decode_match_the_recurrence(member, case):
 def test_gdn_reset_is_the_recurrences_answer():
     """g = -inf at token t: the state before t is forgotten, so o after t does not depend on
     anything before t (and the result is the float64 recurrence's)."""
-    q, k, v, g, beta, h0 = _inputs("gdn", 1, 40, 1, 1, 32, 32, F32)
+    q, k, v, g, beta, h0 = inputs("gdn", 1, 40, 1, 1, 32, 32).take(*NAMES)
     g[0, 20, 0] = -float("inf")
     o, _ = kdagen.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0)
     v2 = v.clone()
     v2[0, :20] = torch.randn(20, 1, 32)
     o2, _ = kdagen.chunk_gated_delta_rule(q, k, v2, g, beta, initial_state=torch.zeros_like(h0))
     assert torch.allclose(o[0, 20:], o2[0, 20:], atol=1e-6)
-    assert_close(o, _ref("gdn", q, k, v, g, beta, h0)[0], TOL[F32], "o")
+    assert_close(o, reference("gdn", q=q, k=k, v=v, g=g, beta=beta, h0=h0)[0], TOL[F32], "o")
 
 
 @pytest.mark.parametrize("member", MEMBERS)
 @pytest.mark.parametrize("dt", [F32, F16], ids=["fp32", "fp16"])
 def test_chunk_gradients_match_the_recurrence(member, dt):
     B, T, H, HV, K, V = 1, 37, 1, 2, 48, 32  # K = 48: two K tiles of the backward, the second masked
-    q, k, v, g, beta, h0 = _inputs(member, B, T, H, HV, K, V, dt)
+    q, k, v, g, beta, h0 = inputs(member, B, T, H, HV, K, V, dtype=dt).take(*NAMES)
     names = ["q", "k", "v", "g", "beta", "h0"] if member == "gdn" else ["q", "k", "v", "beta", "h0"]
     xs = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
     gen = torch.Generator().manual_seed(1)
     do, dht = torch.randn(B, T, HV, V, generator=gen), torch.randn(1, HV, K, V, generator=gen)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
-    ro, rh = _ref(member, x64["q"], x64["k"], x64["v"], x64.get("g"), x64["beta"], x64["h0"])
+    ro, rh = reference(member, x64)
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
     for fn in (_chunk, _recurrent) if dt == F32 else (_chunk,):
         xl = {n: xs[n].clone().requires_grad_() for n in names}
@@ -166,9 +145,9 @@ CU = [0, 0, 1, 20, 37]  # lengths 0, 1, 19, 17
 
 @pytest.mark.parametrize("member", MEMBERS)
 def test_varlen_with_empty_and_one_token_sequences(member):
-    q, k, v, g, beta, h0 = _inputs(member, 1, 37, 1, 2, 48, 32, F32, N=4)
+    q, k, v, g, beta, h0 = inputs(member, 1, 37, 1, 2, 48, 32, N=4).take(*NAMES)
     cu = torch.tensor(CU, dtype=torch.int64)
-    ro, rh = _ref(member, q, k, v, g, beta, h0, cu)
+    ro, rh = reference(member, q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu_seqlens=cu)
     o, ht = _chunk(member, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
                    cu_seqlens_cpu=cu)
     assert_close(o, ro, TOL[F32], "chunk o")
@@ -181,7 +160,7 @@ def test_varlen_with_empty_and_one_token_sequences(member):
     names = ["q", "k", "v", "g", "beta", "h0"] if member == "gdn" else ["q", "k", "v", "beta", "h0"]
     xs = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
-    ro, rh = _ref(member, x64["q"], x64["k"], x64["v"], x64.get("g"), x64["beta"], x64["h0"], cu)
+    ro, rh = reference(member, x64, cu_seqlens=cu)
     do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(3))
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + rh.sum(), [x64[n] for n in names])
     xl = {n: xs[n].clone().requires_grad_() for n in names}
@@ -196,14 +175,15 @@ def test_varlen_with_empty_and_one_token_sequences(member):
 def test_decode_state_pool(member):
     """ssm_state_indices: slot 3 and slot 0 updated in place, a negative slot is padding (o = 0,
     nothing written), an untouched slot stays as it was."""
-    q, k, v, g, beta, _ = _inputs(member, 3, 1, 1, 2, 32, 48, F32, h0=False)
+    q, k, v, g, beta, _ = inputs(member, 3, 1, 1, 2, 32, 48, h0=False).take(*NAMES)
     pool = torch.randn(5, 2, 32, 48)
     before = pool.clone()
     idx = torch.tensor([3, -1, 0], dtype=torch.int32)
     o, ht = _recurrent(member, q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx)
     assert ht is pool
     sel = [0, 2]
-    ro, rh = _ref(member, q[sel], k[sel], v[sel], None if g is None else g[sel], beta[sel], before[[3, 0]])
+    ro, rh = reference(member, q=q[sel], k=k[sel], v=v[sel], g=None if g is None else g[sel], beta=beta[sel],
+                       h0=before[[3, 0]])
     assert_close(o[sel], ro, TOL[F32], "o")
     assert torch.equal(o[1], torch.zeros_like(o[1]))
     assert_close(pool[[3, 0]], rh, TOL[F32], "pool slots")
@@ -213,13 +193,13 @@ def test_decode_state_pool(member):
 def _norm_ref(member, q, k, v, g, beta, h0, sigmoid, neg):
     qn, kn = F.normalize(q.to(F64), dim=-1), F.normalize(k.to(F64), dim=-1)
     b = torch.sigmoid(beta.to(F64)) * (2.0 if neg else 1.0) if sigmoid else beta
-    return _ref(member, qn, kn, v, g, b, h0)
+    return reference(member, q=qn, k=kn, v=v, g=g, beta=b, h0=h0)
 
 
 @pytest.mark.parametrize("member", MEMBERS)
 def test_fla_flags(member):
     """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel/allow_neg_eigval and state_v_first."""
-    q, k, v, g, beta, h0 = _inputs(member, 1, 45, 1, 1, 32, 32, F32)  # both halves of a 64-row chunk
+    q, k, v, g, beta, h0 = inputs(member, 1, 45, 1, 1, 32, 32).take(*NAMES)  # both halves of a 64-row chunk
     q, k, beta = q * 3.0, k * 0.3, torch.randn_like(beta)
     kw = dict(use_qk_l2norm_in_kernel=True)
     if member == "gdn":
@@ -240,13 +220,13 @@ def test_fla_flags(member):
 def test_gdn_gate_in_kernel():
     """FLA's GDN gate g = -exp(A_log) softplus(z + dt_bias), A_log and dt_bias per value head:
     forward and gradients of z, A_log and dt_bias, chunk and recurrent."""
-    q, k, v, _, beta, h0 = _inputs("gdn", 1, 23, 1, 2, 32, 32, F32)
+    q, k, v, _, beta, h0 = inputs("gdn", 1, 23, 1, 2, 32, 32).take(*NAMES)
     gen = torch.Generator().manual_seed(5)
     z = torch.randn(1, 23, 2, generator=gen)
     A_log, dt_bias = torch.randn(2, generator=gen) * 0.5, torch.randn(2, generator=gen)
     z64, A64, b64 = (x.to(F64).requires_grad_() for x in (z, A_log, dt_bias))
     g64 = -A64.exp() * F.softplus(z64 + b64)
-    ro, rh = _ref("gdn", q, k, v, g64, beta, h0)
+    ro, rh = reference("gdn", q=q, k=k, v=v, g=g64, beta=beta, h0=h0)
     ref = torch.autograd.grad(ro.sum() + rh.sum(), (z64, A64, b64))
     for fn in (kdagen.chunk_gated_delta_rule, kdagen.fused_recurrent_gated_delta_rule):
         zl, Al, bl = (x.clone().requires_grad_() for x in (z, A_log, dt_bias))
@@ -270,11 +250,12 @@ def test_gdn_gate_in_kernel():
 
 
 def test_fused_recurrent_gated_delta_rule_without_g_is_deltanet_and_gk_is_kda():
-    q, k, v, _, beta, h0 = _inputs("deltanet", 1, 9, 1, 1, 32, 32, F32)
+    q, k, v, _, beta, h0 = inputs("deltanet", 1, 9, 1, 1, 32, 32).take(*NAMES)
     o, _ = kdagen.fused_recurrent_gated_delta_rule(q, k, v, beta=beta, initial_state=h0)
-    assert_close(o, _ref("deltanet", q, k, v, None, beta, h0)[0], TOL[F32], "g=None")
+    assert_close(o, reference("deltanet", q=q, k=k, v=v, beta=beta, h0=h0)[0], TOL[F32], "g=None")
     o1, _ = kdagen.fused_recurrent_delta_rule(q, k, v, initial_state=h0)  # beta None = 1, as in FLA
-    assert_close(o1, _ref("deltanet", q, k, v, None, torch.ones_like(beta), h0)[0], TOL[F32], "beta=None")
+    assert_close(o1, reference("deltanet", q=q, k=k, v=v, beta=torch.ones_like(beta), h0=h0)[0], TOL[F32],
+                 "beta=None")
     gk = -torch.rand(1, 9, 1, 32)
     o, _ = kdagen.fused_recurrent_gated_delta_rule(q, k, v, gk=gk, beta=beta, initial_state=h0)
     ok, _ = kdagen.fused_recurrent_kda(q, k, v, gk, beta, initial_state=h0)
@@ -284,15 +265,15 @@ def test_fused_recurrent_gated_delta_rule_without_g_is_deltanet_and_gk_is_kda():
 def test_member_entries_take_a_users_spec():
     """chunk_member / fused_recurrent_member run a spec the library does not name."""
     mine = S.Recurrence("mine", "scalar", S.gate_direct(), a=S.gdn().a, b=S.gdn().b, write_key=S.gdn().write_key)
-    q, k, v, g, beta, h0 = _inputs("gdn", 1, 19, 1, 1, 32, 32, F32)
-    ro, rh = _ref("gdn", q, k, v, g, beta, h0)
+    q, k, v, g, beta, h0 = inputs("gdn", 1, 19, 1, 1, 32, 32).take(*NAMES)
+    ro, rh = reference("gdn", q=q, k=k, v=v, g=g, beta=beta, h0=h0)
     for fn in (chunk_member, fused_recurrent_member):
         o, ht = fn(mine, q, k, v, g, beta, initial_state=h0, output_final_state=True)
         assert_close(o, ro, TOL[F32], fn.__name__)
 
 
 def test_refusals_name_the_keyword():
-    q, k, v, g, beta, h0 = _inputs("gdn", 1, 4, 1, 1, 32, 32, F32)
+    q, k, v, g, beta, h0 = inputs("gdn", 1, 4, 1, 1, 32, 32).take(*NAMES)
     gk = -torch.rand(1, 4, 1, 32)
     cases = [
         (lambda: kdagen.fused_recurrent_gated_delta_rule(q, k, v, g, gv=torch.zeros_like(v), beta=beta), "gv"),
@@ -321,11 +302,12 @@ def test_both_chunk_lengths(member):
     """chunk_size 32 (one half per chunk; no prefetch in the state pass) and 64 (two halves coupled),
     inference and training (every
     gradient), with g = -inf (a reset) mid-sequence for GDN: the recurrence's answer."""
-    q, k, v, g, beta, h0 = _inputs(member, 1, 45, 1, 1, 32, 32, F32, reset=member == "gdn")
+    reset = (slice(None), 45 // 2, 0) if member == "gdn" else None
+    q, k, v, g, beta, h0 = inputs(member, 1, 45, 1, 1, 32, 32, reset=reset).take(*NAMES)
     names = ["q", "k", "v", "g", "beta", "h0"] if member == "gdn" else ["q", "k", "v", "beta", "h0"]
     xs = dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
-    ro, rh = _ref(member, x64["q"], x64["k"], x64["v"], x64.get("g"), x64["beta"], x64["h0"])
+    ro, rh = reference(member, x64)
     do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(2))
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + rh.sum(), [x64[n] for n in names])
     for C in (32, 64):
@@ -343,7 +325,7 @@ def test_both_chunk_lengths(member):
 
 def test_torch_compile_runs_the_ops_eagerly():
     """No registered op yet: under torch.compile the ops are a graph break, and give the eager answer."""
-    q, k, v, g, beta, _ = _inputs("gdn", 1, 20, 1, 1, 32, 32, F32, h0=False)
+    q, k, v, g, beta, _ = inputs("gdn", 1, 20, 1, 1, 32, 32, h0=False).take(*NAMES)
 
     def f(q, k, v, g, beta):
         return kdagen.chunk_gated_delta_rule(q, k, v, g, beta)[0] * 2 + kdagen.chunk_delta_rule(q, k, v, beta)[0]
@@ -373,13 +355,13 @@ def test_gdn_training_over_several_k_tiles():
     dt_bias per head) and a cumsum-by-dot config (a scalar decay's per-row gate takes tl.cumsum)."""
     from kdagen.ops.chunk import chunk_bwd_config
 
-    q, k, v, _, beta, h0 = _inputs("gdn", 1, 45, 1, 2, 48, 32, F32)
+    q, k, v, _, beta, h0 = inputs("gdn", 1, 45, 1, 2, 48, 32).take(*NAMES)
     gen = torch.Generator().manual_seed(5)
     z = torch.randn(1, 45, 2, generator=gen)
     A_log, dt_bias = torch.randn(2, generator=gen) * 0.5, torch.randn(2, generator=gen)
     leaves64 = [x.to(F64).requires_grad_() for x in (q, k, z, A_log, dt_bias, h0)]
     q64, k64, z64, A64, b64, h64 = leaves64
-    ro, rh = _ref("gdn", q64, k64, v, -A64.exp() * F.softplus(z64 + b64), beta, h64)
+    ro, rh = reference("gdn", q=q64, k=k64, v=v, g=-A64.exp() * F.softplus(z64 + b64), beta=beta, h0=h64)
     ref = torch.autograd.grad(ro.sum() + rh.sum(), leaves64)
     leaves = [x.clone().requires_grad_() for x in (q, k, z, A_log, dt_bias, h0)]
     ql, kl, zl, Al, bl, hl = leaves
@@ -426,15 +408,15 @@ def test_decode_fast_path(member, monkeypatch):
     pool = torch.randn(4, 1, 32, 32)
     idx = torch.tensor([2, 0], dtype=torch.int32)
     for step in range(3):
-        q, k, v, g, beta, _ = _inputs(member, 2, 1, 1, 1, 32, 32, F32, h0=False, seed=step)
+        q, k, v, g, beta, _ = inputs(member, 2, 1, 1, 1, 32, 32, h0=False, seed=step).take(*NAMES)
         before = pool.clone()
         if step == 1:  # from now on this geometry must not lower again
             monkeypatch.setattr(M, "lower", lambda *a, **kw: pytest.fail("the fast path lowered again"))
         o, ht = _recurrent(member, q, k, v, g, beta, initial_state=pool, ssm_state_indices=idx)
-        ro, rh = _ref(member, q, k, v, g, beta, before[[2, 0]])
+        ro, rh = reference(member, q=q, k=k, v=v, g=g, beta=beta, h0=before[[2, 0]])
         assert ht is pool
         assert_close(o, ro, TOL[F32], f"step {step} o")
         assert_close(pool[[2, 0]], rh, TOL[F32], f"step {step} pool")
-    q, k, v, g, beta, _ = _inputs(member, 3, 1, 1, 1, 32, 32, F32, h0=False)  # another batch: the full path
+    q, k, v, g, beta, _ = inputs(member, 3, 1, 1, 1, 32, 32, h0=False).take(*NAMES)  # another batch: the full path
     with pytest.raises(pytest.fail.Exception, match="lowered again"):
         _recurrent(member, q, k, v, g, beta, initial_state=pool, ssm_state_indices=torch.tensor([1, 2, 3]))

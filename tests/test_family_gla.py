@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import F64, TOL, assert_close
 from plain_configs import plain_bwd, plain_decode, plain_fwd, plain_train
 
@@ -18,7 +18,6 @@ from kdagen import spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen.config import RecurrentBwdConfig
-from kdagen.spec.reference import naive_recurrent_gla
 
 F32, F16 = torch.float32, torch.float16
 GRAD_TOL = {F32: 1e-5, F16: 5e-3}  # the bar of tests/test_ops_chunk_bwd.py
@@ -44,25 +43,7 @@ def test_plan_and_sources_have_no_rank1_part():
         assert not [n for n in used if n in body], (kernel, [n for n in used if n in body])
 
 
-def _inputs(B, T, H, HV, K, V, dtype, h0=True, N=None, seed=0, lb=None):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen).to(dtype)
-    k = (torch.randn(B, T, H, K, generator=gen) * K ** -0.5).to(dtype)
-    v = torch.randn(B, T, HV, V, generator=gen).to(dtype)
-    if lb is None:
-        g = F.logsigmoid(torch.randn(B, T, HV, K, generator=gen) + 2.0)
-        g -= 4.0 * (torch.rand(B, T, HV, K, generator=gen) < 0.05)  # some strong decays
-    else:
-        g = torch.rand(B, T, HV, K, generator=gen) * lb
-    N = B if N is None else N
-    s = torch.randn(N, HV, K, V, generator=gen) if h0 else None
-    return q, k, v, g, s
-
-
-def _ref(q, k, v, g, h0, cu=None, scale=None):
-    return naive_recurrent_gla(*(x.to(F64) for x in (q, k, v, g)), scale=scale,
-                               initial_state=None if h0 is None else h0.to(F64), output_final_state=True,
-                               cu_seqlens=cu)
+NAMES = ("q", "k", "v", "g", "h0")
 
 
 # (id, B, T, H, HV, K, V, dtype, lower bound)
@@ -77,10 +58,10 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_forward_and_decode_match_the_recurrence(case):
     _, B, T, H, HV, K, V, dt, lb = case
-    q, k, v, g, h0 = _inputs(B, T, H, HV, K, V, dt, lb=lb)
+    q, k, v, g, h0 = inputs("gla", B, T, H, HV, K, V, dtype=dt, lb=lb).take(*NAMES)  # (in [lb, 0) with a bound)
     if T > 1:
         g[0, T // 2, 0, :5] = -float("inf")  # a reset of five channels
-    ro, rh = _ref(q, k, v, g, h0)
+    ro, rh = reference("gla", q=q, k=k, v=v, g=g, h0=h0)
     kw = dict(safe_gate=True, lower_bound=lb) if lb is not None else {}
     o, ht = kdagen.chunk_gla(q, k, v, g, initial_state=h0, output_final_state=True, **kw)
     assert o.dtype == dt and ht.dtype == F32
@@ -96,13 +77,13 @@ def test_forward_and_decode_match_the_recurrence(case):
 @pytest.mark.parametrize("dt", [F32, F16], ids=["fp32", "fp16"])
 def test_gradients_match_the_recurrence(dt):
     B, T, H, HV, K, V = 1, 37, 1, 2, 48, 32  # K = 48: two K tiles of the backward, the second masked
-    q, k, v, g, h0 = _inputs(B, T, H, HV, K, V, dt)
+    q, k, v, g, h0 = inputs("gla", B, T, H, HV, K, V, dtype=dt).take(*NAMES)
     names = ["q", "k", "v", "g", "h0"]
     xs = dict(q=q, k=k, v=v, g=g, h0=h0)
     gen = torch.Generator().manual_seed(1)
     do, dht = torch.randn(B, T, HV, V, generator=gen), torch.randn(1, HV, K, V, generator=gen)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
-    ro, rh = _ref(x64["q"], x64["k"], x64["v"], x64["g"], x64["h0"])
+    ro, rh = reference("gla", x64)
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
     for fn in (kdagen.chunk_gla, kdagen.fused_recurrent_gla) if dt == F32 else (kdagen.chunk_gla,):
         xl = {n: xs[n].clone().requires_grad_() for n in names}
@@ -117,9 +98,9 @@ CU = [0, 0, 1, 20, 37]  # lengths 0, 1, 19, 17
 
 
 def test_varlen_with_empty_and_one_token_sequences():
-    q, k, v, g, h0 = _inputs(1, 37, 1, 2, 48, 32, F32, N=4)
+    q, k, v, g, h0 = inputs("gla", 1, 37, 1, 2, 48, 32, N=4).take(*NAMES)
     cu = torch.tensor(CU, dtype=torch.int64)
-    ro, rh = _ref(q, k, v, g, h0, cu)
+    ro, rh = reference("gla", q=q, k=k, v=v, g=g, h0=h0, cu_seqlens=cu)
     for fn in (kdagen.chunk_gla, kdagen.fused_recurrent_gla):
         o, ht = fn(q, k, v, g, initial_state=h0, output_final_state=True, cu_seqlens=cu)
         assert_close(o, ro, TOL[F32], f"{fn.__name__} o")
@@ -128,7 +109,7 @@ def test_varlen_with_empty_and_one_token_sequences():
     names = ["q", "k", "v", "g", "h0"]
     xs = dict(q=q, k=k, v=v, g=g, h0=h0)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
-    ro, rh = _ref(x64["q"], x64["k"], x64["v"], x64["g"], x64["h0"], cu)
+    ro, rh = reference("gla", x64, cu_seqlens=cu)
     do = torch.randn(ro.shape, generator=torch.Generator().manual_seed(3))
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + rh.sum(), [x64[n] for n in names])
     xl = {n: xs[n].clone().requires_grad_() for n in names}
@@ -140,8 +121,8 @@ def test_varlen_with_empty_and_one_token_sequences():
 
 
 def test_state_v_first_and_scale():
-    q, k, v, g, h0 = _inputs(1, 21, 1, 1, 32, 32, F32)
-    ro, rh = _ref(q, k, v, g, h0, scale=0.3)
+    q, k, v, g, h0 = inputs("gla", 1, 21, 1, 1, 32, 32).take(*NAMES)
+    ro, rh = reference("gla", q=q, k=k, v=v, g=g, h0=h0, scale=0.3)
     for fn in (kdagen.chunk_gla, kdagen.fused_recurrent_gla):
         o, ht = fn(q, k, v, g, scale=0.3, initial_state=h0.transpose(-1, -2).contiguous(), output_final_state=True,
                    state_v_first=True)
@@ -150,15 +131,15 @@ def test_state_v_first_and_scale():
 
 
 def test_fused_recurrent_gla_without_gk_is_linear_attention():
-    q, k, v, g, h0 = _inputs(1, 9, 1, 1, 32, 32, F32)
+    q, k, v, g, h0 = inputs("gla", 1, 9, 1, 1, 32, 32).take(*NAMES)
     o, ht = kdagen.fused_recurrent_gla(q, k, v, initial_state=h0, output_final_state=True)
-    ro, rh = _ref(q, k, v, torch.zeros_like(g), h0)
+    ro, rh = reference("gla", q=q, k=k, v=v, g=torch.zeros_like(g), h0=h0)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
 
 
 def test_refusals_name_the_keyword():
-    q, k, v, g, h0 = _inputs(1, 4, 1, 1, 32, 32, F32)
+    q, k, v, g, h0 = inputs("gla", 1, 4, 1, 1, 32, 32).take(*NAMES)
     cases = [
         (lambda: kdagen.fused_recurrent_gla(q, k, v, g, gv=torch.zeros_like(v)), "gv"),
         (lambda: kdagen.fused_recurrent_gla(q, k, v, g, reverse=True), "reverse"),

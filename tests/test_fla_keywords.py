@@ -13,7 +13,8 @@ import warnings
 import pytest
 import torch
 
-from conftest import F64, TOL, assert_close, cdiv, make_inputs
+from cases import make_inputs
+from conftest import F64, TOL, assert_close, cdiv
 
 import kdagen
 from kdagen.spec.reference import naive_recurrent_kda

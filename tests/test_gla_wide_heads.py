@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cases import inputs, reference
 from conftest import F64, TOL, assert_close, params
-from test_family_gla import F16, F32, GRAD_TOL, _inputs, _ref
+from test_family_gla import F16, F32, GRAD_TOL, NAMES
 
 import kdagen
 from kdagen import spec as S
@@ -31,7 +32,7 @@ SLOW = [c[0] for c in CASES]  # 20-50 s each in the interpreter (the recurrent b
 @pytest.mark.parametrize("case", params(CASES, [c[0] for c in CASES], SLOW))
 def test_wide_heads_forward_and_gradients_match_the_recurrence(case):
     _, B, T, H, HV, K, V, dt, lb = case
-    q, k, v, g, h0 = _inputs(B, T, H, HV, K, V, dt, lb=lb)
+    q, k, v, g, h0 = inputs("gla", B, T, H, HV, K, V, dtype=dt, lb=lb).take(*NAMES)
     if lb is None:
         g[0, T // 2, 0, :7] = -float("inf")  # a reset of seven channels (an unbounded gate only)
     names = ["q", "k", "v", "g", "h0"]
@@ -39,7 +40,7 @@ def test_wide_heads_forward_and_gradients_match_the_recurrence(case):
     gen = torch.Generator().manual_seed(1)
     do, dht = torch.randn(B, T, HV, V, generator=gen), torch.randn(B, HV, K, V, generator=gen)
     x64 = {n: xs[n].to(F64).requires_grad_() for n in names}
-    ro, rh = _ref(x64["q"], x64["k"], x64["v"], x64["g"], x64["h0"])
+    ro, rh = reference("gla", x64)
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
     ro, rh = ro.detach(), rh.detach()
     kw = dict(safe_gate=True, lower_bound=lb) if lb is not None else {}
@@ -61,8 +62,8 @@ def test_wide_heads_forward_and_gradients_match_the_recurrence(case):
 
 def test_wide_heads_without_initial_state_and_varlen():
     cu = torch.tensor([0, 1, 19, 40], dtype=torch.int64)
-    q, k, v, g, h0 = _inputs(1, 40, 1, 1, 320, 320, F32, N=3)
-    ro, rh = _ref(q, k, v, g, None, cu)
+    q, k, v, g, h0 = inputs("gla", 1, 40, 1, 1, 320, 320, N=3).take(*NAMES)
+    ro, rh = reference("gla", q=q, k=k, v=v, g=g, cu_seqlens=cu)
     for fn in (kdagen.chunk_gla, kdagen.fused_recurrent_gla):
         o, ht = fn(q, k, v, g, output_final_state=True, cu_seqlens=cu)
         assert_close(o, ro, TOL[F32], f"{fn.__name__} o")

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import F64, TOL, assert_close, make_inputs, rel_err
+from cases import make_inputs
+from conftest import F64, TOL, assert_close, rel_err
 
 import kdagen
 from kdagen.spec.reference import naive_recurrent_gdn, naive_recurrent_kda

@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cases import reference
 from conftest import F64, assert_close
 
 import kdagen
-from kdagen.spec import reference as R
 
 T, H, K, V = 130, 1, 32, 32  # three chunks of 64 rows, the last partial
 
@@ -47,15 +47,6 @@ def _op(member, x):
     return kdagen.chunk_dplr_delta_rule(x["q"], bk, x["v"], x["k"], -bk, torch.zeros_like(x["k"]), **kw)
 
 
-def _reference(member, x):
-    kw = dict(initial_state=x["h0"], output_final_state=True)
-    if member == "kda":
-        return R.naive_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
-    if member == "gdn":
-        return R.naive_recurrent_gdn(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
-    return R.naive_recurrent_deltanet(x["q"], x["k"], x["v"], x["beta"], **kw)
-
-
 # (general DPLR's inference runs its training forward: its training case covers both)
 @pytest.mark.parametrize("member, training", [(m, t) for m in ("kda", "gdn", "delta") for t in (False, True)]
                          + [("dplr", True)])
@@ -66,7 +57,7 @@ def test_keys_that_point_alike(member, training):
         o, ht = _op(member, leaves)
     refs = {n: t.to(F64).requires_grad_(training) for n, t in x.items()}
     with torch.set_grad_enabled(training):
-        ro, rht = _reference(member, refs)
+        ro, rht = reference("delta" if member == "dplr" else member, refs)  # (DPLR: the delta rule)
     assert_close(o, ro, 1e-4, "o")
     assert_close(ht, rht, 1e-4, "final state")
     if not training:

@@ -2,7 +2,7 @@
 powers of two: forward, decode and a gradient, against the float64 reference."""
 import torch
 
-from conftest import make_inputs
+from cases import make_inputs
 
 import kdagen
 from kdagen.spec.reference import naive_recurrent_kda

@@ -3,23 +3,16 @@ traces a module that calls chunk_kda (forward and backward) and fused_recurrent_
 graph break and gives eager's bits; torch.library.opcheck passes on every registered op."""
 import pytest
 import torch
-import torch.nn.functional as F
+
+from cases import inputs
 
 import kdagen
 from kdagen.ops import library as L
 
 B, T, H, K = 1, 40, 2, 16  # T straddles the chunks; two heads
-
-
-def _inputs(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, T, H, K, generator=gen)
-    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
-    v = torch.randn(B, T, H, K, generator=gen)
-    g = -5 * torch.rand(B, T, H, K, generator=gen)
-    beta = torch.rand(B, T, H, generator=gen)
-    h0 = torch.randn(B, H, K, K, generator=gen)
-    return q, k, v, g, beta, h0
+# KDA's case (tests/cases.py) at that shape: g = -5 U[0, 1), beta ~ U[0, 1)
+CASE = dict(gate="uniform", g_scale=5.0, beta="uniform")
+NAMES = ("q", "k", "v", "g", "beta", "h0")
 
 
 class _Layer(torch.nn.Module):
@@ -48,7 +41,7 @@ def _run(module, leaves):
 
 @pytest.mark.slow
 def test_fullgraph_compile_matches_eager_bit_for_bit():
-    leaves = _inputs()
+    leaves = inputs("kda", B, T, H, H, K, K, **CASE).take(*NAMES)
     torch._dynamo.reset()
     compiled = torch.compile(_Layer(), backend="aot_eager", fullgraph=True)  # fullgraph: a graph break raises
     got = _run(compiled, leaves)
@@ -62,7 +55,7 @@ def test_fullgraph_compile_matches_eager_bit_for_bit():
 
 
 def test_compiled_inference_on_packed_sequences_matches_eager():
-    q, k, v, g, beta, h0 = _inputs()
+    q, k, v, g, beta, h0 = inputs("kda", B, T, H, H, K, K, **CASE).take(*NAMES)
     cu = torch.tensor([0, 7, 30, T])
     h0 = torch.randn(3, H, K, K)
 
@@ -77,7 +70,7 @@ def test_compiled_inference_on_packed_sequences_matches_eager():
 
 
 def test_compiled_region_refuses_what_it_cannot_trace():
-    q, k, v, g, beta, h0 = _inputs()
+    q, k, v, g, beta, h0 = inputs("kda", B, T, H, H, K, K, **CASE).take(*NAMES)
     torch._dynamo.reset()
     f = torch.compile(lambda q: kdagen.chunk_kda(q, k, v, g, beta, cu_seqlens=torch.tensor([0, T]))[0],
                       backend="aot_eager", fullgraph=True)
@@ -94,7 +87,7 @@ def test_the_eager_path_does_not_dispatch_through_the_registered_ops(monkeypatch
     calls = []
     monkeypatch.setattr(C, "chunk_kda_traced", lambda *a, **kw: calls.append("chunk"))
     monkeypatch.setattr(R, "fused_recurrent_kda_traced", lambda *a, **kw: calls.append("recurrent"))
-    q, k, v, g, beta, h0 = _inputs()
+    q, k, v, g, beta, h0 = inputs("kda", B, T, H, H, K, K, **CASE).take(*NAMES)
     with torch.no_grad():
         o, _ = kdagen.fused_recurrent_kda(q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1])
         o2, _ = kdagen.chunk_kda(q[:, :8], k[:, :8], v[:, :8], g[:, :8], beta[:, :8])
@@ -103,7 +96,7 @@ def test_the_eager_path_does_not_dispatch_through_the_registered_ops(monkeypatch
 
 @pytest.mark.slow
 def test_opcheck_chunk_infer():
-    q, k, v, g, beta, h0 = _inputs()
+    q, k, v, g, beta, h0 = inputs("kda", B, T, H, H, K, K, **CASE).take(*NAMES)
     torch.library.opcheck(L.chunk_kda_infer, (q, k, v, g, beta, h0, None, None, None, True, True, False, False, False,
                                               True, -5.0, None, None, None, False))
     cu = torch.tensor([0, 13, T])
@@ -113,7 +106,7 @@ def test_opcheck_chunk_infer():
 
 @pytest.mark.slow
 def test_opcheck_chunk_train_and_backward():
-    xs = [t.clone().requires_grad_() for t in _inputs()]
+    xs = [t.clone().requires_grad_() for t in inputs("kda", B, T, H, H, K, K, **CASE).take(*NAMES)]
     args = (*xs, None, None, None, True, False, True, -5.0, None, False, False)
     torch.library.opcheck(L.chunk_kda_train, args)
     with torch.no_grad():
@@ -125,7 +118,7 @@ def test_opcheck_chunk_train_and_backward():
 
 
 def test_opcheck_fused_recurrent_with_a_pool():
-    q, k, v, g, beta, _ = _inputs()
+    q, k, v, g, beta, _ = inputs("kda", B, T, H, H, K, K, **CASE).take(*NAMES)
     pool = torch.randn(4, H, K, K)
     torch.library.opcheck(L.fused_recurrent_kda_op, (q[:, :1], k[:, :1], v[:, :1], g[:, :1], beta[:, :1], None, None,
                                                      None, pool, True, False, False, False, False, None, None,

@@ -13,7 +13,8 @@ from typing import Optional
 import pytest
 import torch
 
-from conftest import F64, TOL, assert_close, cdiv, make_inputs, params, rel_err, run_poisoned
+from cases import in_kernel_gate, make_inputs, reference
+from conftest import F64, TOL, assert_close, cdiv, params, rel_err, run_poisoned
 from plain_configs import plain_fwd
 
 import kdagen
@@ -122,9 +123,7 @@ def _gate_kwargs(case: Case, x, gen_seed: int):
         return dict(safe_gate=True, lower_bound=-5.0), x.g.to(F64)
     if case.gate == "free":
         return {}, x.g.to(F64)
-    gen = torch.Generator().manual_seed(gen_seed + 1000)
-    A_log = 0.5 * torch.randn(case.HV, generator=gen)
-    dt_bias = 0.5 * torch.randn(case.HV * case.K, generator=gen)
+    A_log, dt_bias = in_kernel_gate(gen_seed, case.HV, case.K)
     lb = -5.0 if case.gate == "gik_lb" else None
     kw = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias)
     if lb is not None:
@@ -136,12 +135,6 @@ def _inputs(case: Case):
     return make_inputs(case.B, case.Ttot, case.H, case.HV, case.K, case.V, dtype=case.dtype, seed=case.seed,
                        h0=case.h0, gate="raw" if case.gate.startswith("gik") else case.g_mode,
                        beta=case.beta, cu_seqlens=case.cu, g_lo=case.g_lo)
-
-
-def _reference(case: Case, x, g64):
-    q, k, v, _, beta = x.ref_args()
-    return naive_recurrent_kda(q, k, v, g64, beta, initial_state=None if x.h0 is None else x.h0.to(F64),
-                               output_final_state=True, cu_seqlens=x.cu_seqlens)
 
 
 def _config(case: Case):
@@ -168,7 +161,7 @@ def test_chunk_kda_matches_reference(case: Case):
     h0_before = None if x.h0 is None else x.h0.clone()
     o, ht = kdagen.chunk_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
                              cu_seqlens=x.cu_seqlens, config=_config(case), **kw)
-    ro, rh = _reference(case, x, g64)
+    ro, rh = reference("kda", x, g=g64)
     tol = TOL[case.dtype]
     assert o.dtype == case.dtype and tuple(o.shape) == (case.B, case.Ttot, case.HV, case.V)
     assert ht.dtype == torch.float32 and tuple(ht.shape) == tuple(rh.shape)
@@ -197,7 +190,7 @@ def test_chunk_kda_writes_every_element(case: Case):
         x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
         return_intermediate_states=True, cu_seqlens=x.cu_seqlens, config=_config(case), **kw)
     run_poisoned(launches, (o, ht, hs))
-    ro, rh = _reference(case, x, g64)
+    ro, rh = reference("kda", x, g=g64)
     assert_close(o, ro, TOL[case.dtype], "o")
     assert_close(ht, rh, TOL[case.dtype], "final state")
     assert torch.isfinite(hs).all(), "some intermediate state was not written"

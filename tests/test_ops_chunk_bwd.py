@@ -23,7 +23,8 @@ from typing import Optional
 import pytest
 import torch
 
-from conftest import F64, assert_close, make_inputs, params, poison, rel_err
+from cases import in_kernel_gate, make_inputs, reference
+from conftest import F64, assert_close, params, poison, rel_err
 from plain_configs import plain_bwd, plain_train
 
 import kdagen
@@ -107,15 +108,11 @@ CASES = [
 ]
 
 
-def _inputs(case: Case):
+def _leaves(case: Case):
+    """(the case's inputs by name, chunk_kda's keywords for its gate, cu_seqlens)."""
     x = make_inputs(case.B, case.Ttot, case.H, case.HV, case.K, case.V, dtype=case.dtype, seed=case.seed,
-                    h0=case.h0, gate="raw" if case.gate.startswith("gik") else case.g_mode,
+                    h0=case.h0, gate="raw" if case.gate.startswith("gik") else case.g_mode, beta=case.beta,
                     cu_seqlens=case.cu, g_lo=case.g_lo)
-    if case.beta != "random":
-        gen = torch.Generator().manual_seed(case.seed + 7)
-        u = torch.rand(x.beta.shape, generator=gen)
-        b = 1e-3 * (0.5 + u) if case.beta == "small" else 0.999 + 1e-3 * (u - 0.5)
-        x.beta = b.to(case.dtype)
     leaves = dict(q=x.q, k=x.k, v=x.v, g=x.g, beta=x.beta)
     if x.h0 is not None:
         leaves["initial_state"] = x.h0
@@ -123,9 +120,7 @@ def _inputs(case: Case):
     if case.gate == "safe":
         kw = dict(safe_gate=True, lower_bound=case.lb)
     elif case.gate.startswith("gik"):
-        gen = torch.Generator().manual_seed(case.seed + 1000)
-        leaves["A_log"] = 0.5 * torch.randn(case.HV, generator=gen)
-        leaves["dt_bias"] = 0.5 * torch.randn(case.HV * case.K, generator=gen)
+        leaves["A_log"], leaves["dt_bias"] = in_kernel_gate(case.seed, case.HV, case.K)
         kw = dict(use_gate_in_kernel=True)
         if case.gate == "gik_lb":
             kw["lower_bound"] = -5.0
@@ -145,9 +140,8 @@ def _reference_grads(case: Case, leaves, kw, cu, do, dht):
         g64 = kda_gate(ref["g"], ref["A_log"], ref["dt_bias"], lower_bound=kw.get("lower_bound"))
     else:
         g64 = ref["g"]
-    o, ht = naive_recurrent_kda(ref["q"], ref["k"], ref["v"], g64, ref["beta"],
-                                initial_state=ref.get("initial_state"), output_final_state=case.final_state,
-                                cu_seqlens=cu)
+    o, ht = reference("kda", ref, g=g64, h0=ref.get("initial_state"), output_final_state=case.final_state,
+                      cu_seqlens=cu)
     loss = (o * do.to(F64)).sum()
     if dht is not None:
         loss = loss + (ht * dht.to(F64)).sum()
@@ -176,7 +170,7 @@ SLOW = {
 
 @pytest.mark.parametrize("case", params(CASES, [c.id for c in CASES], SLOW))
 def test_chunk_kda_gradients_match_reference(case: Case):
-    leaves, kw, cu = _inputs(case)
+    leaves, kw, cu = _leaves(case)
     x = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
     bwd_cfg = plain_bwd(**case.bwd)
     with chunk_bwd_config(bwd_cfg):
@@ -204,7 +198,7 @@ def test_gradients_only_for_inputs_that_require_them():
     """Only v (and then only the initial state) asks for a gradient; upstream only on the
     final state (o unused: autograd hands the backward a zero dO)."""
     case = Case("partial", 1, 45, 1, 2, 32, 32, gate="free")
-    leaves, kw, cu = _inputs(case)
+    leaves, kw, cu = _leaves(case)
     for wanted in ("v", "initial_state"):
         x = dict(leaves)
         x[wanted] = leaves[wanted].clone().requires_grad_(True)
@@ -256,7 +250,7 @@ def test_backward_writes_every_element(gate):
     unwritten, and no masked-off element may be read.  Varlen with a length-1 sequence, K/V not powers of two, two V
     tiles, GVA; the outputs are reduced by hand and checked against the reference."""
     case = Case("poison", 1, 53, 1, 2, 24, 40, gate=gate, cu=VARLEN)
-    leaves, kw, cu = _inputs(case)
+    leaves, kw, cu = _leaves(case)
     N = len(VARLEN) - 1
     do, dht = _upstream(case, (1, 53, 2, 40), (N, 2, 24, 40))
     fwd, bwd, out = chunk_kda_bwd_launches(
@@ -303,7 +297,7 @@ def test_backward_writes_every_element(gate):
 def test_state_storage_dtype(dtype, state_dtype, expect):
     """The per-chunk states the training forward keeps, and their gradients, are stored in
     ChunkBwdConfig.state_dtype (default: the input dtype, but float32 for fp16 inputs)."""
-    leaves, kw, cu = _inputs(Case("sdt", 1, 40, 1, 1, 32, 32, dtype=dtype))
+    leaves, kw, cu = _leaves(Case("sdt", 1, 40, 1, 1, 32, 32, dtype=dtype))
     cfg = None if state_dtype is None else plain_bwd(state_dtype=state_dtype)
     fwd, bwd, _ = chunk_kda_bwd_launches(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                                          initial_state=leaves["initial_state"], bwd_config=cfg, **kw)
@@ -316,7 +310,7 @@ def test_state_storage_dtype(dtype, state_dtype, expect):
 def test_gradients_are_written_in_the_inputs_dtypes(HV):
     """dq, dk and dbeta leave the kernel in the inputs' dtypes (no conversion pass after it);
     with GVA, dq and dk stay float32 until the sum over each q/k head's value heads."""
-    leaves, kw, cu = _inputs(Case("odt", 1, 40, 1, HV, 32, 32, dtype=F16))
+    leaves, kw, cu = _leaves(Case("odt", 1, 40, 1, HV, 32, 32, dtype=F16))
     fwd, bwd, outs = chunk_kda_bwd_launches(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                                             initial_state=leaves["initial_state"], **kw)
     expect = F16 if HV == 1 else F32
@@ -342,7 +336,7 @@ def test_forward_without_grad_runs_the_inference_kernels(monkeypatch):
         return real_call(self)
 
     monkeypatch.setattr(Launch, "__call__", spy)
-    leaves, kw, cu = _inputs(Case("nograd", 1, 45, 1, 2, 32, 32))
+    leaves, kw, cu = _leaves(Case("nograd", 1, 45, 1, 2, 32, 32))
     o0, h0 = kdagen.chunk_kda(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
                               initial_state=leaves["initial_state"], output_final_state=True, **kw)
     assert len(seen) == 2 and seen[1]["STORE_HS"] is False and not o0.requires_grad
@@ -370,7 +364,7 @@ def test_backward_launch_sequence(monkeypatch):
         return real_call(self)
 
     monkeypatch.setattr(Launch, "__call__", spy)
-    leaves, kw, cu = _inputs(Case("seq", 1, 45, 1, 1, 32, 32))
+    leaves, kw, cu = _leaves(Case("seq", 1, 45, 1, 1, 32, 32))
     leaves = {n: t.clone().requires_grad_(True) for n, t in leaves.items()}
     o, ht = kdagen.chunk_kda(**leaves, output_final_state=True, **kw)
     (o.sum() + ht.sum()).backward()
@@ -382,7 +376,7 @@ def test_backward_launch_sequence(monkeypatch):
 
 
 def test_intermediate_states_with_grad_is_refused(no_launch):
-    leaves, kw, cu = _inputs(Case("refuse", 1, 20, 1, 1, 32, 32))
+    leaves, kw, cu = _leaves(Case("refuse", 1, 20, 1, 1, 32, 32))
     q = leaves["q"].clone().requires_grad_(True)
     with pytest.raises(ValueError, match="inference-only"):
         kdagen.chunk_kda(q, leaves["k"], leaves["v"], leaves["g"], leaves["beta"], return_intermediate_states=True,

@@ -6,22 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import F64, TOL, assert_close, make_inputs, nan_tensor, params, poison, rel_err
+from cases import make_inputs, reference
+from conftest import TOL, assert_close, nan_tensor, params, poison, rel_err
 from plain_configs import plain_decode
 
 import kdagen
-from kdagen.spec.reference import kda_gate, naive_recurrent_kda
+from kdagen.spec.reference import kda_gate
 
 F32, F16 = torch.float32, torch.float16
 VARLEN = [0, 1, 40, 41, 105]
-
-
-def _ref(x, g64=None, h0=None, **kw):
-    q, k, v, g, beta = x.ref_args()
-    h0 = x.h0 if h0 is None else h0
-    return naive_recurrent_kda(q, k, v, g if g64 is None else g64, beta,
-                               initial_state=None if h0 is None else h0.to(F64), output_final_state=True,
-                               cu_seqlens=x.cu_seqlens, **kw)
 
 
 # (id, B, T, H, HV, K, V, dtype, h0, cu)
@@ -47,7 +40,7 @@ def test_fused_recurrent_matches_reference(case):
     before = None if x.h0 is None else x.h0.clone()
     o, ht = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
                                        cu_seqlens=x.cu_seqlens)
-    ro, rh = _ref(x)
+    ro, rh = reference("kda", x)
     assert o.dtype == dtype and ht.dtype == torch.float32
     assert_close(o, ro, TOL[dtype], "o")
     assert_close(ht, rh, TOL[dtype], "final state")
@@ -63,7 +56,7 @@ def test_fused_recurrent_beta_extremes_and_gate_at_bound():
         x = make_inputs(2, 24, 1, 2, 64, 32, seed=5, beta=beta, gate=gate, g_lo=g_lo)
         o, ht = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0,
                                            output_final_state=True)
-        ro, rh = _ref(x)
+        ro, rh = reference("kda", x)
         assert_close(o, ro, TOL[F32], f"o (beta={beta}, gate={gate})")
         assert_close(ht, rh, TOL[F32], f"final state (beta={beta}, gate={gate})")
 
@@ -80,7 +73,7 @@ def test_fused_recurrent_gate_in_kernel(lower_bound):
                                        initial_state=x.h0, output_final_state=True,
                                        use_gate_in_kernel=True, lower_bound=lower_bound)
     g64 = kda_gate(x.g, A_log, dt_bias, lower_bound=lower_bound)
-    ro, rh = _ref(x, g64=g64)
+    ro, rh = reference("kda", x, g=g64)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
 
@@ -89,7 +82,7 @@ def test_fused_recurrent_without_final_state_returns_none():
     x = make_inputs(3, 5, 1, 1, 32, 32, seed=2)
     o, ht = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0)
     assert ht is None
-    ro, _ = _ref(x)
+    ro, _ = reference("kda", x)
     assert_close(o, ro, TOL[F32], "o")
 
 
@@ -129,7 +122,7 @@ def test_state_pool_in_place(layout, idx_dtype):
     # reference: every real sequence from its slot's state; the padding sequence from zeros
     # (only its o rows matter, and they must be 0)
     h0 = torch.stack([pool_before[s] if s >= 0 else torch.zeros(HV, K, V) for s in slots])
-    ro, rh = _ref(x, h0=h0)
+    ro, rh = reference("kda", x, h0=h0)
     bounds = list(zip(cu, cu[1:])) if cu else [(n * T, (n + 1) * T) for n in range(N)]
     o_rows = o.reshape(-1, HV, V) if cu is None else o[0]
     r_rows = ro.reshape(-1, HV, V) if cu is None else ro[0]
@@ -152,7 +145,7 @@ def test_out_argument_is_written_completely():
     o, ht = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True,
                                        cu_seqlens=x.cu_seqlens, out=out)
     assert o is out or o.data_ptr() == out.data_ptr()
-    ro, rh = _ref(x)
+    ro, rh = reference("kda", x)
     assert_close(out, ro, TOL[F32], "out")
     assert_close(ht, rh, TOL[F32], "final state")
 
@@ -174,7 +167,7 @@ def test_bf16_state_pool_close_to_fp32_pool():
     for s in slots:
         assert rel_err(pool16[s].float(), pool32[s]) <= 2e-2, (s, rel_err(pool16[s].float(), pool32[s]))
     # and the fp32-pool result is itself right (so "close to it" means close to the truth)
-    ro, rh = _ref(x, h0=pool_before32[slots])
+    ro, rh = reference("kda", x, h0=pool_before32[slots])
     assert_close(o32, ro, TOL[F32], "o with the fp32 pool")
     assert_close(pool32[slots], rh, TOL[F32], "fp32 pool slots")
 
@@ -187,7 +180,7 @@ def test_chunk_and_recurrent_agree():
     orr, hr = kdagen.fused_recurrent_kda(x.q, x.k, x.v, x.g, x.beta, initial_state=x.h0, output_final_state=True)
     assert_close(oc, orr, TOL[F32], "chunk o vs recurrent o")
     assert_close(hc, hr, TOL[F32], "chunk state vs recurrent state")
-    ro, rh = _ref(x)
+    ro, rh = reference("kda", x)
     assert_close(orr, ro, TOL[F32], "recurrent o")
     assert_close(oc, ro, TOL[F32], "chunk o")
 
@@ -216,7 +209,7 @@ def test_decode_loop_repeated_calls():
         assert ret is pool and o.data_ptr() == out.data_ptr()
         outs.append(o)
     o = torch.cat(outs, dim=1)
-    ro, rh = _ref(x, h0=h0)
+    ro, rh = reference("kda", x, h0=h0)
     live = [n for n, s in enumerate(slots) if s >= 0]
     assert_close(o[live], ro[live], TOL[F32], "o of the live sequences")
     assert torch.equal(o[2], torch.zeros_like(o[2])), "the padding sequence's o must be 0"
@@ -234,7 +227,7 @@ def test_decode_loop_repeated_calls():
         o_t, state = kdagen.fused_recurrent_kda(step(x.q), step(x.k), step(x.v), step(x.g), step(x.beta),
                                                 initial_state=state, output_final_state=True)
         outs.append(o_t)
-    ro, rh = _ref(x, h0=s0)
+    ro, rh = reference("kda", x, h0=s0)
     assert_close(torch.cat(outs, dim=1), ro, TOL[F32], "chained o")
     assert_close(state, rh, TOL[F32], "chained state")
 

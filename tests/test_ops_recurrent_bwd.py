@@ -18,7 +18,8 @@ from typing import Optional
 import pytest
 import torch
 
-from conftest import F64, assert_close, make_inputs, poison
+from cases import in_kernel_gate, make_inputs
+from conftest import F64, assert_close, poison
 
 import kdagen
 from kdagen.config import RecurrentBwdConfig
@@ -79,9 +80,7 @@ def _leaves(case: Case):
     if x.h0 is not None:
         leaves["initial_state"] = x.h0.transpose(-1, -2).contiguous() if case.v_first else x.h0
     if raw:
-        gen = torch.Generator().manual_seed(case.seed + 1000)
-        leaves["A_log"] = 0.5 * torch.randn(case.HV, generator=gen)
-        leaves["dt_bias"] = 0.5 * torch.randn(case.HV * case.K, generator=gen)
+        leaves["A_log"], leaves["dt_bias"] = in_kernel_gate(case.seed, case.HV, case.K)
         kw["use_gate_in_kernel"] = True
         if case.gate == "gik_lb":
             kw["lower_bound"] = -5.0

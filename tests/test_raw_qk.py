@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cases import inputs, reference
 from conftest import F64, assert_close
 from plain_configs import plain_bwd, plain_train
 
@@ -27,7 +28,6 @@ import kdagen.spec as S
 from kdagen.codegen.lower import lower
 from kdagen.codegen.render import render
 from kdagen.ops.member import chunk_member, chunk_member_launches
-from kdagen.spec.reference import naive_recurrent_deltanet, naive_recurrent_gdn
 
 F32, F16 = torch.float32, torch.float16
 
@@ -44,18 +44,11 @@ def test_only_plans_without_a_decay_read_q_and_k_raw():
             assert stores == ((False, False) if name == "deltanet" else (True, True)), name
 
 
-def _inputs(dtype, T, HV, K, V, N, seed, H=1):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, T, H, K, generator=gen).to(dtype)
-    k = F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(dtype)
-    v = torch.randn(1, T, HV, V, generator=gen).to(dtype)
-    beta = torch.rand(1, T, HV, generator=gen).to(dtype)
-    h0 = torch.randn(N, HV, K, V, generator=gen)
-    return q, k, v, beta, h0
+NAMES = ("q", "k", "v", "beta", "h0")
 
 
 def test_the_launches_pass_the_inputs_where_qg_and_kg_were():
-    q, k, v, beta, h0 = _inputs(F32, 40, 2, 32, 16, 1, seed=1)
+    q, k, v, beta, h0 = inputs("deltanet", 1, 40, 1, 2, 32, 16, N=1, seed=1).take(*NAMES)
     fwd, bwd, _ = chunk_member_launches(S.deltanet(), q, k, v, None, beta, training=True, initial_state=h0,
                                         config=plain_train(split_output=True))
     intra, state, out = fwd
@@ -99,7 +92,8 @@ def _check_against_the_recurrence(member, dtype, stored, split, config, expect_c
     gdn = member == "gdn"
     T, H, HV, K, V = 53, 2, 4, 32, 24  # two q/k heads of two value heads each
     cu = [0, 0, 1, 20, 53]
-    q, k, v, beta, h0 = _inputs(dtype, T, HV, K, V, len(cu) - 1, seed=41 if gdn else 31, H=H)
+    q, k, v, beta, h0 = inputs("deltanet", 1, T, H, HV, K, V, dtype=dtype, N=len(cu) - 1,
+                               seed=41 if gdn else 31).take(*NAMES)
     gen = torch.Generator().manual_seed(42 if gdn else 32)
     g = None
     if gdn:
@@ -124,11 +118,7 @@ def _check_against_the_recurrence(member, dtype, stored, split, config, expect_c
                          config=config, disable_recompute=stored)
     mine = torch.autograd.grad((o.float() * do.float()).sum() + (ht * dht).sum(), [xs[n] for n in names])
     x64 = {n: vals[n].to(F64).requires_grad_() for n in names}
-    kw = dict(scale=0.3, initial_state=x64["h0"], output_final_state=True, cu_seqlens=torch.tensor(cu))
-    if gdn:
-        ro, rh = naive_recurrent_gdn(x64["q"], x64["k"], x64["v"], x64["g"], x64["beta"], **kw)
-    else:
-        ro, rh = naive_recurrent_deltanet(x64["q"], x64["k"], x64["v"], x64["beta"], **kw)
+    ro, rh = reference(member, x64, scale=0.3, cu_seqlens=torch.tensor(cu))
     ref = torch.autograd.grad((ro * do.to(F64)).sum() + (rh * dht.to(F64)).sum(), [x64[n] for n in names])
     tol = {F32: 1e-5, F16: 5e-3}[dtype]
     assert_close(o.float(), ro, tol, "o")

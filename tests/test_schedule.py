@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import F64, TOL, assert_close, make_inputs, run_poisoned
+from cases import make_inputs
+from conftest import F64, TOL, assert_close, run_poisoned
 from plain_configs import plain_fwd
 
 import kdagen

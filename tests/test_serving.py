@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TOL, assert_close, make_inputs, nan_tensor
+from cases import make_inputs
+from conftest import TOL, assert_close, nan_tensor
 
 import kdagen
 import kdagen.kernels as kernels_mod

@@ -12,9 +12,9 @@ import pytest
 import torch
 from triton.runtime.errors import OutOfResources
 
+from cases import inputs, reference
 from conftest import TOL, assert_close
 from plain_configs import plain_train
-from test_dplr_chunk import _inputs, _ref
 
 import kdagen
 from kdagen import spec as S
@@ -97,7 +97,7 @@ def test_a_config_that_does_not_compile_falls_back(monkeypatch):
     """The first config's state launch raises OutOfResources (as on an H100 at 64-row chunks, K = V = 100):
     one warning, the next config down runs, and o and the final state are the float64 recurrence's."""
     B, T, H, HV, K, V = 1, 70, 1, 2, 48, 40
-    q, k, v, a, b, g, h0 = _inputs(B, T, H, HV, K, V, F32)
+    q, k, v, a, b, g, h0 = inputs("dplr", B, T, H, HV, K, V).take("q", "k", "v", "a", "b", "g", "h0")
     first = plain_train(chunk_size=64, state_block_v=16, state_num_stages=3)
     ran, real_call = [], Launch.__call__
 
@@ -124,7 +124,7 @@ def test_a_config_that_does_not_compile_falls_back(monkeypatch):
                                                                                       ("chunk_state", 2)]
     assert fallback.replacement("chunk_train", kdagen.ops.dplr._prepare(
         "t", q, k, v, a, b, g, initial_state=h0)[0].plan, first) == first.replace(state_num_stages=2)
-    ro, rh = _ref(q, k, v, a, b, g, h0)
+    ro, rh = reference("dplr", q=q, k=k, v=v, a=a, b=b, g=g, h0=h0)
     assert_close(o, ro, TOL[F32], "o")
     assert_close(ht, rh, TOL[F32], "final state")
     assert torch.equal(o2, o) and torch.equal(ht2, ht)

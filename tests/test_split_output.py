@@ -18,7 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import kda_training_launches as _kda, F64, assert_close, make_inputs
+from cases import make_inputs
+from conftest import kda_training_launches as _kda, F64, assert_close
 from plain_configs import plain_bwd, plain_train
 
 import kdagen

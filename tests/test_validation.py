@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from conftest import make_inputs
+from cases import make_inputs
 
 import kdagen
 

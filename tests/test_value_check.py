@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from conftest import make_inputs, nan_tensor
+from cases import make_inputs
+from conftest import nan_tensor
 
 import kdagen
 import kdagen.ops.recurrent as R
