@@ -1,5 +1,5 @@
-"""Seeded draws for the randomized differential tests (tests/test_decode_random_cases.py,
-tests/test_chunk_random_cases.py): each takes a torch.Generator, so a case is its seed."""
+"""Seeded draws for the randomized differential tests (tests/decode/test_decode_random_cases.py,
+tests/chunk/test_chunk_random_cases.py): each takes a torch.Generator, so a case is its seed."""
 from __future__ import annotations
 
 import torch

@@ -22,7 +22,9 @@ def run_compile_worker(module: str, cases, prefix: str, timeout: float = 900):
     env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
     env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
     env["PYTHONWARNINGS"] = "ignore"
-    code = f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(REPO)!r}]; import {module} as m; m._worker_main()"
+    where = next(HERE.rglob(f"{module}.py")).parent  # the test file's folder (tests/sm90)
+    code = (f"import sys; sys.path[:0] = [{str(where)!r}, {str(HERE)!r}, {str(REPO)!r}]; import {module} as m; "
+            "m._worker_main()")
     proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), capture_output=True, text=True,
                           env=env, cwd=str(REPO), timeout=timeout)
     marker = proc.stdout.rfind(MARKER)

@@ -14,7 +14,7 @@ The config dataclasses' field defaults (kdagen/config.py) are this table's confi
 call -- KDA (g given, bound -5) in bf16 at K=V=128 without a shape (an fp32 decode state): no rule
 matches it, and every rule states a departure from it (fp32 or fp16 inputs, K above the measured 128
 or above 256, head dims narrower than the default tiles, other members, the call shape's programs,
-sequences, pairs and items; tests/test_heuristic_rules.py holds the two equal)."""
+sequences, pairs and items; tests/tuning/test_heuristic_rules.py holds the two equal)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

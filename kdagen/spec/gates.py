@@ -36,7 +36,7 @@ class Gate:
         """(inf, sup) of g over all raw inputs, from sympy limits (or the declaration).
 
         Every non-direct gate here is monotone in its raw input, so the extremes are the
-        limits at -oo and +oo; ``tests/test_spec.py`` checks that assumption for the
+        limits at -oo and +oo; ``tests/spec/test_spec.py`` checks that assumption for the
         built-in gates by differentiating.
         """
         if self.declared_range is not None:

@@ -132,7 +132,7 @@ def space_for(family: str, plan: Plan) -> SearchSpace:
     forward's solve has no factorised sub-tiles) renders its solve kernel without
     ``sub_chunk``'s sub-tiling or ``factor_precision``'s factored tiles: the KDA file's
     ``factor_precision`` choices would time the same kernel twice, so such a plan takes
-    :data:`SCALAR_DIAG_SPACES`' file (tests/test_tune_family.py checks, for gdn and deltanet,
+    :data:`SCALAR_DIAG_SPACES`' file (tests/tuning/test_tune_family.py checks, for gdn and deltanet,
     that the dropped choices render kernel bodies identical to the kept ones, and that the kept
     ones differ).  The backward and decode spaces hold only tiles, warps and stages, which every
     plan reads: those files are shared, except that a plan whose split intra gradients can fold (no

@@ -145,7 +145,7 @@ def sync_free():
     """Every call under sync-debug "error": any synchronising CUDA call raises."""
     if not GPU:
         claim("no host synchronisation on the decode path", None, "needs a GPU (the CPU-side rule is "
-              "tests/test_serving.py::test_decode_reads_no_device_value)")
+              "tests/decode/test_serving.py::test_decode_reads_no_device_value)")
         return
     geo = Geometry(16, 32, 128, 128)  # the timing's shapes: the same compiled kernels serve both
     gen = generator(1)

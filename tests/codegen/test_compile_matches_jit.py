@@ -1,0 +1,114 @@
+"""The compile-check builds the binaries the device will load.
+
+`kdagen build` compiles every candidate for the named GPU without that GPU; on the matching
+GPU the tuner then builds each candidate through Triton's JIT.  Both must produce the same
+kernel -- the same specialisation of every argument and the same options, hence the same
+on-disk cache key -- or every kernel is compiled twice (a tuning run on an H200 spent 81 s
+compile-checking and then compiled again on the device).  Checked here without a GPU:
+
+1. :func:`kdagen.kernels.compile_for_target` and Triton's own JIT (``JITFunction.warmup``
+   under a stand-in driver that reports an sm_90 device) give the same cache key;
+2. the kernels a tuning candidate's build launches at its check shape (the op's code path,
+   launches recorded instead of run) are those the precompile compiles for that shape (the
+   compile-check compiles the family's own launches of them).
+
+Runs in a subprocess without ``TRITON_INTERPRET`` (the conftest sets it for this process).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = r'''
+import json, torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from kdagen.cache.heuristics import default_config
+from kdagen.tuning import candidates as CA, compile_pool as CP, families as F
+import kdagen.kernels as KN
+import kdagen.ops.chunk as OC
+import kdagen.ops.recurrent as OR
+from kdagen.kernels import compile_for_target, jit_source
+
+import pytest
+pytestmark = pytest.mark.slow  # subprocesses, compiles or long interpreter runs
+
+target = GPUTarget("cuda", 90, 32)
+sa = {"safe_gate": True, "lower_bound": -5.0}
+out = {"jit": [], "build": {}}
+
+# 1. compile_for_target's cache key is the JIT's
+class StandInDriver:
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+    def get_current_target(self): return target
+
+plan = F.lower_for(F.family_spec("recurrent", sa), "recurrent", 16, 16, torch.float16)
+shape = F.check_shape("recurrent", (4, 1, 2, 2))
+(ln,) = CP.launches_for(plan, default_config("recurrent", plan), torch.float16, sa, shape)
+rep = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
+driver.set_active(StandInDriver())
+kern = ln.fn.warmup(**ln.args, **ln.constexprs, grid=ln.grid, num_warps=ln.num_warps, num_stages=ln.num_stages,
+                    **KN.compile_options())  # as kdagen.kernels.launch launches it
+# (the stand-in stays: nothing below launches)
+out["jit"] = [rep.cache_key, kern.hash]
+
+# 2. what a candidate's build launches at its check shape is what compile_check compiles for it
+ran = []
+def record(fn, grid, args, constexprs, num_warps, num_stages):
+    src, opts = jit_source(fn, args, constexprs, target, num_warps, num_stages)
+    ran.append([fn.__name__, src.hash(), sorted(opts.items())])
+KN.launch = OR.launch = record
+OC.check_runnable = OR.check_runnable = lambda q: None
+# (chunk_bwd_c32: the backward after the training forward's own heuristic, C=32, as the tuner runs it:
+# the re-run from kept tiles and the split intra launches)
+for key, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2)), ("chunk_bwd_c32", (1, 100, 2, 2)),
+                   ("recurrent", (64, 1, 4, 4))]:
+    fam = key.replace("_c32", "")
+    plan = F.lower_for(F.family_spec(fam, sa), fam, 32, 32, torch.bfloat16)
+    hint = {"N": shape[0], "HV": shape[3]}
+    fwd = None
+    if fam == "chunk_bwd":
+        fwd = default_config("chunk_train" if key.endswith("c32") else "chunk_fwd", plan, hint)
+    cfg = default_config(fam, plan, hint, fwd)
+    ran.clear()
+    CA.KernelCandidate(fam, None, plan, sa, torch.bfloat16, shape, device="cpu", fwd_config=fwd).build(cfg)
+    compiled = []
+    for ln in KN.with_repairs(CP.launches_for(plan, cfg, torch.bfloat16, sa, F.check_shape(fam, shape), fwd,
+                                              with_forward=True)):
+        src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
+        compiled.append([ln.fn.__name__, src.hash(), sorted(opts.items())])
+    out["build"][key] = {"ran": ran[:], "compiled": compiled}
+print(json.dumps(out))
+'''
+
+
+def test_compile_check_builds_what_the_device_jit_loads(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["KDAGEN_CACHE_DIR"] = str(tmp_path)
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, cwd=REPO,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    ours, jits = out["jit"]
+    assert ours and ours == jits
+    for fam, d in out["build"].items():
+        # every kernel the build launched (the backward's: the training forward, then its three
+        # launches) is one the precompile compiles, with the same specialisation and options
+        compiled = {json.dumps(c) for c in d["compiled"]}
+        ran = {json.dumps(c) for c in d["ran"]}
+        # chunk_bwd at the inference forward's C=64: the training forward's three launches (its heuristic
+        # splits the output out of the state pass in bf16: intra, states-only pass, output), the re-run of
+        # its intra launch (four sub-tiles per chunk: no re-run from kept tiles, no split), the reverse
+        # state pass, the chunk-parallel products and the intra-chunk gradients
+        # chunk_bwd_c32: the training forward's three, the re-run from kept tiles, state, dqkw, wy, intra; and
+        # after each launch with a checked diagonal (the training forward's intra, its re-run, wy, the intra
+        # gradients) its repair launch
+        assert len(d["compiled"]) == {"chunk_fwd": 2, "chunk_bwd": 10, "chunk_bwd_c32": 11, "recurrent": 1}[fam]
+        assert ran and ran == compiled, fam

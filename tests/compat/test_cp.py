@@ -1,0 +1,153 @@
+"""Context parallelism (``cp_context``): the ranks of a gloo group (spawned CPU processes, the
+kernels in Triton's interpreter) together give the one-process call's outputs, final states and
+every gradient (tokens concatenated over the ranks; the final state and the gradients of the
+tensors every rank holds whole -- initial_state, A_log, dt_bias -- summed over them).  One spawn
+per group size runs all of its cases; :mod:`cp_worker` is the harness."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import cp_worker as W
+from conftest import TOL, assert_close
+
+import kdagen
+from kdagen.ops.cp import split_context
+
+ALL_FLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                 state_v_first=True)
+
+
+def _cases(world):
+    """Each group size's cases: every chunk op, its in-kernel flags, GVA, initial and final states,
+    sequence boundaries on and off the rank edges, sequences over several ranks, empty ranks,
+    ranks of fewer tokens than a chunk, zero-length sequences, FLA's context object, inference."""
+    if world == 2:
+        return [
+            # KDA, every flag, GVA, a boundary exactly on the rank edge
+            W.make_case("chunk_kda", [48, 30, 18], seed=1, HV=4, h0=True, final=True, flags=ALL_FLAGS),
+            W.make_case("chunk_gated_delta_rule", [70, 26], seed=2, HV=4, h0=True, final=True, flags=ALL_FLAGS),
+            # FLA's context object (no initial/final state there), an inference call
+            W.make_case("chunk_kda", [20, 76], seed=3, fla_context=True),
+            W.make_case("chunk_kda", [60, 36], seed=4, h0=True, final=True, grad=False),
+            # refusals raised on every rank (rank 1 breaks its call), none hanging
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="V"),
+            W.make_case("chunk_gated_delta_rule", [50, 46], seed=5, mutate="cu_seqlens"),
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="shape"),
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="nan", flags=dict(check_inputs=True)),
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="context"),
+        ]
+    if world == 3:
+        return [
+            # one sequence over every rank (the middle rank's transition), gates at the bound
+            W.make_case("chunk_kda", [96], seed=6, h0=True, final=True, gate="bound",
+                        flags=dict(safe_gate=True, lower_bound=-5.0)),
+            # a first rank of 5 tokens (part of one chunk), DeltaNet with GVA
+            W.make_case("chunk_delta_rule", [10, 86], seed=7, HV=4, h0=True, final=True, rank_lengths=[5, 60, 31]),
+            W.make_case("chunk_gla", [50, 46], seed=8, K=32, V=16, h0=True, final=True),
+            # the widened call as two calls ([v] and [0]: V + K above the op's head-dim limit)
+            W.make_case("chunk_kda", [8, 88], seed=12, HV=4, h0=True, final=True, split_wide=True,
+                        flags=ALL_FLAGS),
+        ]
+    return [
+        # an empty rank inside a sequence, a zero-length sequence, uneven ranks
+        W.make_case("chunk_kda", [20, 0, 50, 26], seed=9, HV=4, h0=True, final=True, rank_lengths=[33, 0, 40, 23],
+                    flags=ALL_FLAGS),
+        W.make_case("chunk_dplr_delta_rule", [96], seed=10, h0=True, final=True, rank_lengths=[30, 0, 40, 26]),
+        W.make_case("chunk_gated_delta_rule", [7, 60, 29], seed=11, rank_lengths=[0, 40, 56, 0], final=True),
+    ]
+
+
+EXPECTED = {"V": "disagree on V", "cu_seqlens": "disagrees with cp_context.cu_seqlens",
+            "shape": "per-token input", "nan": "NaN",
+            "context": "built for rank 0 of 2"}
+
+
+@pytest.mark.slow  # spawned processes, each running the interpreter
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_context_parallel_ranks_give_the_one_process_call(world, tmp_path):
+    cases = _cases(world)
+    refs = [None if c["mutate"] else W.reference(c) for c in cases]
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {"KDAGEN_CACHE_DIR": os.environ["KDAGEN_CACHE_DIR"]}
+    mp.spawn(W.worker, args=(world, str(tmp_path / "init"), str(tmp_path / "cases.pt"), str(tmp_path)),
+             nprocs=world)
+    os.environ.update(env)
+    per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for i, case in enumerate(cases):
+        what = f"{case['op']} case {i}"
+        if case["mutate"]:
+            errors = [p[i]["error"] for p in per_rank]
+            assert all(e is not None for e in errors), f"{what}: some rank returned instead of raising: {errors}"
+            assert EXPECTED[case["mutate"]] in errors[1], f"{what}: rank 1 said {errors[1]!r}"
+            others = {"V": EXPECTED["V"], "nan": "call on rank(s) [1]"}.get(case["mutate"], "rank(s) [1]")
+            assert all(others in e for r, e in enumerate(errors) if r != 1), errors
+            continue
+        got = W.gather([p[i] for p in per_rank])
+        for key, ref in refs[i].items():
+            if ref is None:
+                assert got.get(key) is None, f"{what}: {key} should be None"
+                continue
+            assert got[key] is not None, f"{what}: no {key}"
+            assert_close(got[key], ref, 2 * TOL[torch.float32], f"{what}: {key}")
+        if case["final"]:  # each final state comes from exactly one rank
+            owners = (torch.stack([p[i]["ht"].flatten(1).abs().sum(1) > 0 for p in per_rank]).sum(0))
+            assert owners.tolist() == [1] * len(owners), f"{what}: final-state rows per rank {owners.tolist()}"
+
+
+def test_build_cp_context_splits_like_fla_and_refuses_without_a_group():
+    cu = torch.tensor([0, 20, 20, 70, 96])
+    with pytest.raises(ValueError, match="process group"):
+        kdagen.build_cp_context(cu)
+    got = [split_context(cu.tolist(), r, 4, [33, 0, 40, 23]) for r in range(4)]
+    got = [(c["cu_seqlens"], c["pre_num_ranks"], c["post_num_ranks"], c["seq_ids"], c["final_empty"],
+            c["is_first_rank"], c["is_last_rank"]) for c in got]
+    assert got == [([0, 20, 33], 0, 2, (0, 2), (1,), True, False),
+                   ([0], 0, 0, (), (), True, True),
+                   ([0, 37, 40], 2, 1, (2, 3), (), False, False),
+                   ([0, 23], 1, 0, (3,), (), False, True)]
+    # FLA's equal split: 96 tokens over 4 ranks of 24
+    even = [split_context(cu.tolist(), r, 4) for r in range(4)]
+    assert [c["cu_seqlens"] for c in even] == [[0, 20, 24], [0, 24], [0, 22, 24], [0, 24]]
+    assert [(c["pre_num_ranks"], c["post_num_ranks"], c["pre_num_conv_tokens"]) for c in even] == \
+        [(0, 2, 0), (1, 1, 4), (2, 1, 28), (1, 0, 2)]
+    assert [c["final_empty"] for c in even] == [(1,), (), (), ()]
+    with pytest.raises(ValueError, match="multiple"):
+        split_context([0, 10], 1, 4)
+    with pytest.raises(ValueError, match="rank_lengths"):
+        split_context(cu.tolist(), 0, 4, [50, 50, 0, -4])
+
+
+def test_an_op_under_a_context_without_a_process_group_is_a_value_error():
+    x = W.make_case("chunk_kda", [16])["x"]
+    ctx = kdagen.CPContext(cu_seqlens=torch.tensor([0, 16]), pre_num_ranks=0, post_num_ranks=0)
+    for op, args in (("chunk_kda", (x["q"], x["k"], x["v"], x["g"], x["beta"])),
+                     ("chunk_gated_delta_rule", (x["q"], x["k"], x["v"], x["g"][..., 0], x["beta"])),
+                     ("chunk_delta_rule", (x["q"], x["k"], x["v"], x["beta"])),
+                     ("chunk_gla", (x["q"], x["k"], x["v"], x["g"]))):
+        with pytest.raises(ValueError, match="process group"):
+            getattr(kdagen, op)(*args, cp_context=ctx)
+    with pytest.raises(ValueError, match="build_cp_context"):
+        kdagen.chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], cp_context=object())
+
+
+@pytest.mark.slow
+def test_the_gpu_bench_parses_and_runs_its_cpu_dry_run(tmp_path):
+    """tests/gpu/cp_bench.py (run on a GPU by hand) imports, parses its arguments and runs one
+    tiny case in the interpreter, writing its JSON."""
+    import importlib.util
+    import json
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "gpu", "cp_bench.py")
+    spec = importlib.util.spec_from_file_location("cp_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = bench.parse([])
+    assert (args.T, args.H, args.K, args.V, args.splits) == (1 << 20, 32, 128, 128, "2,4,8")
+    out = bench.main(["--T", "64", "--H", "2", "--K", "16", "--V", "16", "--splits", "2", "--mode", "fwd",
+                      "--out", str(tmp_path)])
+    (row,) = out["rows"]
+    assert row["cp"] == 2 and row["rank_ms"] > 0 and row["collective_bytes"] == 4 * 2 * 2 * 16 * 32
+    assert json.load(open(tmp_path / "cp_bench.json"))["rows"][0]["cp"] == 2
