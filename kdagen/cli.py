@@ -696,6 +696,9 @@ def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bo
                 progress.close()
         # the binaries the ops will run on this GPU, kept for their first call (the winners where tuned)
         t_keep = time.time()
+        if not quiet:
+            click.echo(f"compiling what the ops run on a {gpu.name} (sm_{cc[0]}{cc[1]}) at each tuning shape, "
+                       "to keep it")
         kept = driver.keep_binaries(gpu, spec_args, dtype, surveys, shapes, batches, pool, cache=cache,
                                     state_dtype=state_dtype)
         failed = [k for k in kept if k.why is not None]

@@ -185,6 +185,7 @@ def test_a_build_that_does_not_tune_compiles_what_the_ops_run(runner, fake_compi
     out = r.output
     assert "compile-check only: the configs the ops run there (--check-all: every candidate config)" in out
     assert "summary: candidate configs compiled" not in out and "compile-check done" not in out
+    assert "compiling what the ops run on a h800 (sm_90) at each tuning shape, to keep it" in out
     assert [(f, p.K, s) for f, p, _, s, _, _ in fake_compile] == [
         ("chunk_fwd", 64, (1, 1024, 4, 4)), ("chunk_fwd", 64, (2, 64, 8, 8)),
         ("recurrent", 64, (2, 1, 32, 32)), ("recurrent", 64, (64, 1, 32, 32))]
