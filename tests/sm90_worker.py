@@ -18,15 +18,15 @@ MARKER = "@@RESULTS@@"
 def run_compile_worker(module: str, cases, prefix: str, timeout: float = 900):
     """Run ``module._worker_main()`` (a test file's, by module name) on ``cases``; its results."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    tmp = tempfile.mkdtemp(prefix=prefix)
-    env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
-    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
     env["PYTHONWARNINGS"] = "ignore"
     where = next(HERE.rglob(f"{module}.py")).parent  # the test file's folder (tests/sm90)
     code = (f"import sys; sys.path[:0] = [{str(where)!r}, {str(HERE)!r}, {str(REPO)!r}]; import {module} as m; "
             "m._worker_main()")
-    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), capture_output=True, text=True,
-                          env=env, cwd=str(REPO), timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:  # private caches, removed afterwards
+        env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
+        env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
+        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), capture_output=True, text=True,
+                              env=env, cwd=str(REPO), timeout=timeout)
     marker = proc.stdout.rfind(MARKER)
     if proc.returncode != 0 or marker < 0:
         raise RuntimeError(f"compile worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}")

@@ -450,13 +450,13 @@ def compiled_bwd():
     import tempfile
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    tmp = tempfile.mkdtemp(prefix="kdagen-bwd-sm90-")
-    env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
-    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile
     env["PYTHONWARNINGS"] = "ignore"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(COMPILE_CASES), capture_output=True,
-                          text=True, env=env, cwd=str(REPO), timeout=540)
+    with tempfile.TemporaryDirectory(prefix="kdagen-bwd-sm90-") as tmp:  # private caches, removed afterwards
+        env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")
+        env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile
+        proc = subprocess.run([sys.executable, "-c", _WORKER], input=json.dumps(COMPILE_CASES), capture_output=True,
+                              text=True, env=env, cwd=str(REPO), timeout=540)
     marker = proc.stdout.rfind("@@RESULTS@@")
     assert proc.returncode == 0 and marker >= 0, f"compile worker failed (rc={proc.returncode}):\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout[marker + len("@@RESULTS@@"):])

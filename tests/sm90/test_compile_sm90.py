@@ -373,9 +373,6 @@ def _run_worker(jobs, env):
 @pytest.fixture(scope="module")
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    tmp = tempfile.mkdtemp(prefix="kdagen-sm90-")
-    env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")  # generated sources, no tuned winners
-    env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
     env["PYTHONWARNINGS"] = "ignore"
     jobs = ([("chunk", c) for c in CHUNK_CASES] + [("seg", c) for c in SEG_CASES] + [("train", c) for c in TRAIN_CASES]
             + [("schedule", c) for c in SCHEDULE_CASES] + [("l2norm", c) for c in L2NORM_CASES]
@@ -383,7 +380,9 @@ def compiled():
             + [("recurrent", c) for c in REC_CASES] + [("recurrent_bwd", c) for c in REC_BWD_CASES])
     # two workers of similar cost: alternate the (expensive) chunk cases between them
     halves = [jobs[0::2], jobs[1::2]]
-    with ThreadPoolExecutor(2) as ex:
+    with tempfile.TemporaryDirectory(prefix="kdagen-sm90-") as tmp, ThreadPoolExecutor(2) as ex:
+        env["KDAGEN_CACHE_DIR"] = os.path.join(tmp, "kdagen")  # generated sources, no tuned winners
+        env["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")  # really compile, no stale cache hits
         parts = list(ex.map(lambda j: _run_worker(j, env), halves))
     out = {}
     for p in parts:
