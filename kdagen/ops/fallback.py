@@ -19,8 +19,7 @@ _NEXT: dict = {}  # (family, plan, config) -> the config that replaced it
 _WARNED: set = set()
 
 
-def _failures() -> tuple[type, ...]:
-    return (OutOfResources, CompilationError)
+FAILURES = (OutOfResources, CompilationError)  # a failed compile: too much shared memory, or a compiler error
 
 
 def replacement(family: str, plan, config):
@@ -37,7 +36,6 @@ def run(family: str, plan, config, describe, *, after=None):
     replacement, :func:`replacement`, if it has one); on a failed compile, the next config down, until one
     compiles or none is left (then the error is raised).  ``after(launches)``: called once the launches ran.
     Returns ``(config that ran, launches, result)``."""
-    failures = _failures()
     config = replacement(family, plan, config)
     while True:
         launches, result = describe(config)
@@ -46,7 +44,7 @@ def run(family: str, plan, config, describe, *, after=None):
             for launch in launches:
                 failed = launch
                 launch()
-        except failures as e:
+        except FAILURES as e:
             kind = getattr(failed, "kernel", None)
             nxt = smem.step_down(family, plan, config, kind)
             if nxt is None or nxt == config:

@@ -4,13 +4,12 @@ that FLA's gate flags describe, and the pre-processing FLA performs on the host 
 beta sigmoid)."""
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 import textwrap
 import warnings
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 import sympy as sp
 import torch
@@ -446,7 +445,7 @@ def fla_dtypes(out_from: str, operands: tuple[str, ...] = ("q", "k", "v")):
 
         where = tuple(zip(ops_pos, operands))
 
-        @functools.wraps(fn)
+        @wraps(fn)
         def wrapper(*args, **kwargs):
             na = len(args)
             try:
