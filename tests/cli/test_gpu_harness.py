@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
 import fla_swap  # noqa: E402
+import run_fla_op_tests  # noqa: E402
 import spec_decode_bench  # noqa: E402
 import sweep  # noqa: E402
 import triton_versions  # noqa: E402
@@ -25,6 +26,47 @@ def test_fla_swap_replaces_only_ops_kdagen_has():
     for n in names:
         assert callable(getattr(kdagen, n)), n
         assert fla_swap._OURS[n].__wrapped__ is getattr(kdagen, n)
+
+
+_FAKE_FLA_TEST = """
+import pytest
+from fla.ops.kda import chunk_kda
+
+
+def test_calls_the_op():
+    with pytest.raises(Exception):
+        chunk_kda(None, None, None, None, None)  # swapped: kdagen's op refuses it
+
+
+def test_calls_nothing():
+    assert True
+
+
+def test_fails_without_the_op():
+    assert False
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fla_test_runner_says_which_tests_ran_kdagen(tmp_path, monkeypatch, workers):
+    """The runner's record of each test of FLA's files: one a test, and ``kdagen_called`` only where the test
+    called a swapped op -- under pytest-xdist too, whose controller relays each worker's report (it ran no
+    op: its line said False, and which line came first was a race).  A stand-in ``fla`` package on the CPU."""
+    pkg = tmp_path / "site" / "fla" / "ops" / "kda"
+    pkg.mkdir(parents=True)
+    for d in (pkg.parents[1], pkg.parent):
+        (d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("def chunk_kda(*args, **kwargs):\n    raise AssertionError('FLA ran')\n")
+    (tmp_path / "tests" / "ops").mkdir(parents=True)
+    (tmp_path / "tests" / "ops" / "test_fake.py").write_text(_FAKE_FLA_TEST)
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path / 'site'}:{repo}")
+    recs, tail = run_fla_op_tests.run_file(tmp_path / "tests", "fake", tmp_path, workers, timeout=300)
+    got = {r["test"].split("::")[1]: (r["outcome"], r["kdagen_called"]) for r in recs}
+    assert got == {"test_calls_the_op": ("passed", True), "test_calls_nothing": ("passed", False),
+                   "test_fails_without_the_op": ("failed", False)}, tail
+    lines = (tmp_path / "fla_fake.jsonl").read_text().splitlines()
+    assert len(lines) == 3, lines  # the worker's lines alone
 
 
 @pytest.mark.parametrize("member,form", [("dplr", "chunk_bwd"), ("gla", "decode")])

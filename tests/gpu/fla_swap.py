@@ -88,6 +88,8 @@ def pytest_runtest_setup(item):
 def pytest_runtest_logreport(report):
     if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
         return
+    if getattr(report, "node", None) is not None:
+        return  # pytest-xdist's controller relaying a worker's report: the worker, which ran the op, wrote its line
     err = ""
     if report.outcome == "failed":
         text = str(report.longrepr)

@@ -44,7 +44,8 @@ def run_file(tests: Path, name: str, raw: Path, workers: int, timeout: int) -> t
     recs: dict[str, dict] = {}
     for ln in (log.read_text().splitlines() if log.exists() else []):
         r = json.loads(ln)
-        recs.setdefault(r["test"], {**r, "file": name})  # one record a test: its first report
+        first = recs.setdefault(r["test"], {**r, "file": name})  # one record a test: its first report,
+        first["kdagen_called"] = first["kdagen_called"] or r["kdagen_called"]  # kdagen's if any line says so
     return list(recs.values()), tail
 
 
