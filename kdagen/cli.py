@@ -1023,7 +1023,8 @@ def export(gpu_names, spec_name, head_dims, dtypes, lower_bound, gates, gate_in_
         what = f"{m['entries']} tuned winners from {paths[g.name]}" if m["entries"] else "heuristic configs"
         click.echo(f"  {g.name}: {what}")
     if aot:
-        click.echo(f"  binaries compiled ahead of time: {len(contents.binaries)} (in {root / name / 'binaries'})")
+        click.echo(f"  binaries compiled ahead of time: {len(contents.binaries)}, with {len(contents.modules)} launch "
+                   f"modules (in {root / name / 'binaries'})")
     click.echo(f"next: `pip install {root}` or copy {root / name} into a project; "
                f"`TRITON_INTERPRET=1 python -m pytest {root / 'tests'}` checks it on a CPU")
 

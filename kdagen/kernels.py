@@ -168,6 +168,18 @@ def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num
     return ASTSource(fn, signature, consts, attrs), options.__dict__
 
 
+_MODULES_NOT_KEPT: list[str] = []
+
+
+def _warn_modules_not_kept(e: Exception) -> None:
+    """One warning a process: the launch modules could not be built here."""
+    if _MODULES_NOT_KEPT:
+        return
+    _MODULES_NOT_KEPT.append(f"{type(e).__name__}: {e}")
+    warnings.warn(f"the kernels' launch modules were not kept ({type(e).__name__}: {str(e)[:200]}): a first "
+                  "launch on the GPU builds them with its C compiler (about 0.2 s each)", stacklevel=3)
+
+
 def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int,
                        num_stages: int, keep: dict | None = None) -> CompileReport:
     """Compile a jitted kernel for ``target`` (a triton GPUTarget) with no GPU present, as the
@@ -181,6 +193,11 @@ def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], tar
     if keep is not None:
         binaries.keep(out.hash, {**keep, "kernel": fn.__name__, "target": f"{target.backend}:{target.arch}",
                                  "num_warps": num_warps, "num_stages": num_stages})
+        if target.backend == "cuda":  # and the C modules its first launch would build (its launcher)
+            try:
+                binaries.keep_launch_modules(src, out.metadata, {"gpu": keep.get("gpu")})
+            except Exception as e:  # noqa: BLE001 - no C compiler here: the first launch builds them, as before
+                _warn_modules_not_kept(e)
     md = out.metadata
     return CompileReport(name=fn.__name__, target=f"{target.backend}:{target.arch}",
                          shared_bytes=int(getattr(md, "shared", 0)), num_warps=num_warps,

@@ -13,12 +13,25 @@ Loading: :func:`install` sets Triton's cache manager to a ``FileCacheManager`` w
 cache directory looks in the kept folder (:func:`binaries_dir`: the cache dir's; in an exported package,
 the package's) and copies a hit into Triton's cache directory, where Triton then loads it as its own.
 A cache manager the user set (``TRITON_CACHE_MANAGER``) is left alone.
+
+Launch modules: a kernel's first launch also builds two C extensions with the host's C compiler --
+Triton's driver utilities (``cuda_utils``, once per Triton and machine) and a launcher for the kernel's
+argument signature (``__triton_launcher``) -- each cached by Triton under the hash of its C source and
+the platform.  :func:`keep_launch_modules` builds them as Triton would and keeps them beside the kernels,
+under that same key, with the Python extension suffix in the file's name; the cache manager serves them
+like the kernels (a Python or platform other than the build's has another name or key and builds its
+own).  On a machine without the CUDA driver they are linked against a stub that names ``libcuda.so.1``,
+so the driver's library is loaded with the module where it runs.  A module that fails to load there is
+rebuilt by Triton, as when none was kept.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -72,6 +85,75 @@ def keep(key: str, info: dict) -> Path:
     return final
 
 
+def module_key(src: str) -> str:
+    """Triton's cache key of the C extension built from ``src`` (``triton.runtime.build.compile_module_from_src``)."""
+    from triton.runtime.build import platform_key
+    return hashlib.sha256((src + platform_key()).encode("utf-8")).hexdigest()
+
+
+def launch_module_sources(src, metadata) -> dict[str, str]:
+    """The C sources Triton's CUDA driver builds at the first launch of the kernel compiled from the
+    ``ASTSource`` ``src`` (with ``metadata``): its driver utilities and the kernel's launcher, by module
+    name -- as ``CudaUtils`` and ``CudaLauncher`` (Triton 3.6) make them."""
+    from triton.backends.nvidia import driver as nv
+    arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x  # noqa: E731
+    constants = {arg_idx(idx): value for idx, value in getattr(src, "constants", {}).items()}
+    launcher = nv.make_launcher(constants, dict(src.signature), getattr(metadata, "tensordesc_meta", None))
+    return {"cuda_utils": Path(nv.dirname, "driver.c").read_text(), "__triton_launcher": launcher}
+
+
+def _cuda_library_dirs(text: str, scratch: Path) -> list[str]:
+    """The library folders Triton links the C extension ``text`` with: the driver's where it is installed,
+    else a stub ``libcuda.so.1`` defining the driver functions the source names (empty bodies, never run:
+    the linker records the library, which is the real one where the module is loaded)."""
+    from triton.backends.nvidia import driver as nv
+    try:
+        return list(nv.library_dirs())
+    except Exception:  # noqa: BLE001 - no CUDA driver on this machine (libcuda_dirs asserts)
+        from triton.runtime.build import _build
+        stub = scratch / "stub"
+        stub.mkdir()
+        names = sorted(set(re.findall(r"\b(cu[A-Z][A-Za-z0-9_]*)\b", text)))
+        (stub / "stub.c").write_text("".join(f"void {n}(void) {{}}\n" for n in names))
+        so = _build("stub", str(stub / "stub.c"), str(stub), [], [], [], ["-Wl,-soname,libcuda.so.1"])
+        os.replace(so, stub / "libcuda.so.1")
+        return [nv.libdevice_dir, str(stub)]
+
+
+def keep_launch_modules(src, metadata, info: dict) -> list[Path]:
+    """Build and keep (see the module's docstring) the C extensions a first launch of the kernel compiled
+    from ``src`` builds; the kept folders.  Modules kept already are not built again.  Raises what the C
+    compiler raises (none on the machine, a failed build)."""
+    from triton.backends.nvidia import driver as nv
+    from triton.runtime.build import _build
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    out = []
+    for name, text in launch_module_sources(src, metadata).items():
+        key = module_key(text)
+        final = binaries_dir() / _triton_folder(key).name  # the folder Triton's cache manager looks in
+        if not (final / INFO).exists():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(prefix=f".{key[:12]}-", dir=final.parent) as tmp:
+                scratch = Path(tmp)
+                (scratch / f"{name}.c").write_text(text)
+                so = _build(name, str(scratch / f"{name}.c"), tmp, _cuda_library_dirs(text, scratch), nv.include_dirs,
+                            nv.libraries, [])
+                folder = scratch / "kept"
+                folder.mkdir()
+                shutil.copyfile(so, folder / f"{name}{suffix}")
+                import triton
+                from triton.runtime.build import platform_key
+                (folder / INFO).write_text(json.dumps({**info, "module": name, "key": key, "folder": final.name,
+                                                       "suffix": suffix, "platform": platform_key(),
+                                                       "triton": triton.__version__}, sort_keys=True))
+                try:
+                    os.rename(folder, final)
+                except OSError:  # another process kept it first
+                    pass
+        out.append(final)
+    return out
+
+
 def restore(key: str, dest: Path) -> bool:
     """Copy the kept binary ``key`` (a cache manager's key: its folder's name) into Triton's cache folder
     ``dest``; False when it was not kept."""
@@ -100,9 +182,18 @@ def _write_atomic(dst: Path, data: str) -> None:
     os.replace(tmp, dst)
 
 
-def kept() -> list[dict]:
-    """The info of every kept binary."""
+def _infos() -> list[dict]:
     return [json.loads((d / INFO).read_text()) for d in sorted(binaries_dir().glob("*")) if (d / INFO).exists()]
+
+
+def kept() -> list[dict]:
+    """The info of every kept kernel binary."""
+    return [i for i in _infos() if "module" not in i]
+
+
+def kept_modules() -> list[dict]:
+    """The info of every kept launch module (:func:`keep_launch_modules`)."""
+    return [i for i in _infos() if "module" in i]
 
 
 def _manager_class():
@@ -120,6 +211,12 @@ def _manager_class():
             if group is None and self._serves_kept and restore(self.key, Path(self.cache_dir)):
                 group = super().get_group(filename)
             return group
+
+        def get_file(self, filename: str):  # a C extension's look-up (a launch module's)
+            path = super().get_file(filename)
+            if path is None and self._serves_kept and restore(self.key, Path(self.cache_dir)):
+                path = super().get_file(filename)
+            return path
 
     KeptBinaryCache.__qualname__ = KeptBinaryCache.__name__
     return KeptBinaryCache

@@ -61,6 +61,7 @@ class Contents:
     winner_meta: dict = field(default_factory=dict)  # gpu -> {"entries", "versions", "newest", "stale"}
     warnings: list[str] = field(default_factory=list)
     binaries: list[dict] = field(default_factory=list)  # the kept binaries shipped (--aot): their info.json
+    modules: list[dict] = field(default_factory=list)  # the kept launch modules shipped with them (--aot)
 
 
 def read_cache_file(path: str) -> dict:
@@ -153,10 +154,13 @@ def collect(req: Request) -> Contents:
 
 def _binaries(c: Contents) -> None:
     """The kept binaries (:mod:`kdagen.cache.binaries`) of the package's kernels for its GPUs' targets."""
-    from ..cache.binaries import kept
+    from ..cache.binaries import kept, kept_modules
 
     targets = {f"cuda:{g.arch}" for g in c.request.gpus}
     c.binaries = [b for b in kept() if b.get("kernel") in c.sources and b.get("target") in targets]
+    # the C modules their first launches build (a launcher per signature, the driver's utilities): all that were
+    # kept -- a few tens of KiB each; those of another Python or platform are never looked up
+    c.modules = kept_modules() if c.binaries else []
     have = {b["target"] for b in c.binaries}
     for g in c.request.gpus:
         if f"cuda:{g.arch}" not in have:

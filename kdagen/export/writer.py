@@ -109,6 +109,8 @@ def _manifest(c: Contents, contract: str, files: dict[str, str]) -> dict:
         # compiled ahead of time (--aot): loaded by a first call on the same target with the same Triton build
         "binaries": [{k: b[k] for k in ("kernel", "target", "triton", "key", "gpu")} for b in
                      sorted(c.binaries, key=lambda b: (b["kernel"], b["target"], b["key"]))],
+        "launch_modules": [{k: m[k] for k in ("module", "key", "suffix", "platform", "triton")} for m in
+                           sorted(c.modules, key=lambda m: (m["module"], m["key"]))],
         "runtime": {p: _sha(t) for p, t in sorted(files.items()) if p.startswith(f"{r.name}/{RUNTIME}/")},
         "requires": ["torch", "triton"],
     }
@@ -129,6 +131,6 @@ def write(c: Contents, out_dir: str | Path) -> Path:
         path.write_text(text, encoding="utf-8")
     if c.binaries:
         from ..cache.binaries import binaries_dir
-        for b in c.binaries:  # the kept folders as they are (the package's runtime serves them from here)
+        for b in c.binaries + c.modules:  # the kept folders as they are (the package's runtime serves them from here)
             shutil.copytree(binaries_dir() / b["folder"], root / c.request.name / "binaries" / b["folder"])
     return root

@@ -30,6 +30,14 @@ import json, sys, time
 t_import = time.perf_counter()
 lib, op, B, T, H, K, N = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
 import torch
+import triton.runtime.build as _tb
+from triton import knobs
+_built, _hits = [], []
+_orig_build = _tb._build
+def _timed_build(name, *a, **kw):  # the C modules a first launch builds (launchers, the driver's utilities)
+    t = time.perf_counter(); so = _orig_build(name, *a, **kw); _built.append(time.perf_counter() - t); return so
+_tb._build = _timed_build
+knobs.compilation.listener = lambda **kw: _hits.append(bool(kw["cache_hit"]))
 if lib == "fla":
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
 else:
@@ -59,7 +67,8 @@ times = []
 for _ in range(3):
     torch.cuda.synchronize(); t0 = time.perf_counter(); call(); torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
-print("@@" + json.dumps(dict(import_s=t_import, first_s=times[0], warm_s=min(times[1:]))))
+print("@@" + json.dumps(dict(import_s=t_import, first_s=times[0], warm_s=min(times[1:]), c_builds=len(_built),
+                             c_build_s=sum(_built), compiles=_hits.count(False), cache_hits=_hits.count(True))))
 '''
 
 
@@ -94,8 +103,11 @@ def main() -> None:
                             "--jobs", str(a.jobs), "--quiet"], capture_output=True, text=True, env=env, cwd=REPO)
     build_s = time.time() - t0
     (a.out / "build.log").write_text(build.stdout + build.stderr)
-    n_kept = len(list((kept / "binaries").glob("*/info.json")))
-    print(f"build (compile-only, keep): {build_s:.0f} s, rc {build.returncode}, {n_kept} kept binaries", flush=True)
+    infos = [json.loads(p.read_text()) for p in (kept / "binaries").glob("*/info.json")]
+    n_kept = sum("kernel" in i for i in infos)
+    n_modules = len(infos) - n_kept
+    print(f"build (compile-only, keep): {build_s:.0f} s, rc {build.returncode}, {n_kept} kept binaries, "
+          f"{n_modules} kept launch modules", flush=True)
     rows = []
     for op in ("chunk", "decode"):
         for lib, label, kcache in [("kdagen", "cold", work / f"kdagen-empty-{op}"), ("kdagen", "kept", kept)] + \
@@ -106,7 +118,9 @@ def main() -> None:
                 print(f"{op:6s} {label:9s} ERROR {r['error'][-300:]}", flush=True)
             else:
                 print(f"{op:6s} {label:9s} first {r['first_s'] * 1e3:10.1f} ms  warm {r['warm_s'] * 1e3:8.2f} ms  "
-                      f"first/warm {r['first_s'] / r['warm_s']:8.1f}x  (import {r['import_s']:.1f} s)", flush=True)
+                      f"first/warm {r['first_s'] / r['warm_s']:8.1f}x  (import {r['import_s']:.1f} s; "
+                      f"{r['compiles']} compiled, {r['cache_hits']} loaded, {r['c_builds']} C modules built in "
+                      f"{r['c_build_s']:.1f} s)", flush=True)
     (a.out / "first_call.json").write_text(json.dumps(dict(shape=[B, T, H, K], batch=a.batch, build_s=build_s,
                                                            kept=n_kept, rows=rows), indent=1))
 

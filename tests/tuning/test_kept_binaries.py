@@ -46,8 +46,24 @@ launch, _ = prepare_recurrent(**x, scale=0.25, initial_state=None, output_final_
 rep = kn.compile_for_target(launch.fn, launch.args, launch.constexprs, GPUTarget("cuda", args.get("arch", 90), 32),
                             launch.num_warps, launch.num_stages,
                             keep=dict(gpu="h800", family="recurrent") if args.get("keep") else None)
-print("@@" + json.dumps(dict(key=rep.cache_key, hits=hits, installed=knobs.cache.manager_class is binaries.manager_class(),
-                             manager=str(knobs.cache.manager_class))))
+result = dict(key=rep.cache_key, hits=list(hits), installed=knobs.cache.manager_class is binaries.manager_class(),
+              manager=str(knobs.cache.manager_class))
+if args.get("modules"):  # the C sources Triton's driver builds at this kernel's first launch, captured
+    from unittest import mock
+    from triton.backends.nvidia import driver as nv
+    src, options = kn.jit_source(launch.fn, launch.args, launch.constexprs, GPUTarget("cuda", 90, 32),
+                                 launch.num_warps, launch.num_stages)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    seen = {}
+    def capture(src, name, **kw):
+        seen[name] = src
+        return mock.MagicMock()
+    with mock.patch.object(nv, "compile_module_from_src", capture), mock.patch.object(nv, "library_dirs", list):
+        nv.CudaUtils.__init__(object.__new__(nv.CudaUtils))
+        nv.CudaLauncher(src, compiled.metadata)
+    ours = binaries.launch_module_sources(src, compiled.metadata)
+    json.dump(dict(triton=seen, ours=ours), open(args["modules"], "w"))
+print("@@" + json.dumps(result))
 '''
 
 
@@ -65,14 +81,14 @@ def _compile(tmp: Path, triton_cache: str, **args) -> dict:
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kept")
-    first = _compile(tmp, "triton-build", keep=True)
+    first = _compile(tmp, "triton-build", keep=True, modules=str(tmp / "modules.json"))
     return tmp, first
 
 
 def test_a_kept_binary_is_what_the_first_compile_elsewhere_loads(kept):
     tmp, first = kept
     assert first["installed"] and first["hits"] == [False]  # compiled at the build, then kept
-    (path,) = (tmp / "kdagen" / "binaries").glob("*/info.json")
+    (path,) = [p for p in (tmp / "kdagen" / "binaries").glob("*/info.json") if "kernel" in json.loads(p.read_text())]
     info, folder = json.loads(path.read_text()), path.parent
     assert info["key"] == first["key"] and info["target"] == "cuda:90" and info["gpu"] == "h800"
     import triton
@@ -84,6 +100,75 @@ def test_a_kept_binary_is_what_the_first_compile_elsewhere_loads(kept):
     restored = tmp / "triton-fresh" / folder.name
     group = json.loads(next(restored.glob("__grp__*")).read_text())["child_paths"]
     assert all(Path(p).parent == restored and Path(p).exists() for p in group.values())
+
+
+# A fresh process with an empty Triton cache and no C compiler (Triton's build raises): each C source is looked
+# up as Triton's driver looks it up at a first launch; prints where each module came from.  A stand-in for the
+# driver's library (the kept modules name libcuda.so.1) is loaded first, so that they load on this CPU machine.
+_MODULE_WORKER = r'''
+import ctypes, json, sys
+args = json.loads(sys.argv[1])
+ctypes.CDLL(args["driver"], mode=ctypes.RTLD_GLOBAL)
+import triton.runtime.build as tb
+built = []
+def no_compiler(name, *a, **kw):
+    built.append(name)
+    raise RuntimeError("no C compiler here")
+tb._build = no_compiler
+import kdagen.kernels  # installs the kept-binary cache manager (as the ops do on import)
+served = {}
+for name, src in args["sources"].items():
+    try:
+        served[name] = tb.compile_module_from_src(src=src, name=name).__file__
+    except RuntimeError:
+        served[name] = None
+print("@@" + json.dumps(dict(served=served, built=built)))
+'''
+
+
+def test_the_launch_modules_a_first_launch_builds_are_kept_and_served(kept, tmp_path):
+    """Beside the kernel, the build keeps the C modules Triton's driver builds at its first launch -- its
+    launcher and the driver utilities -- from exactly the sources Triton's own ``CudaLauncher`` and
+    ``CudaUtils`` build (captured), under Triton's key for them, linked to name ``libcuda.so.1``.  A fresh
+    process with an empty Triton cache loads them from the kept folder without building; another source (another
+    signature's launcher) is not served and is built."""
+    import re
+    import sysconfig
+
+    from kdagen.cache import binaries
+
+    tmp, _ = kept
+    sources = json.loads((tmp / "modules.json").read_text())
+    assert sources["ours"] == sources["triton"] and set(sources["ours"]) == {"cuda_utils", "__triton_launcher"}
+    infos = {json.loads(p.read_text())["module"]: (json.loads(p.read_text()), p.parent)
+             for p in (tmp / "kdagen" / "binaries").glob("*/info.json") if "module" in json.loads(p.read_text())}
+    assert set(infos) == {"cuda_utils", "__triton_launcher"}
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    for name, (info, folder) in infos.items():
+        assert info["key"] == binaries.module_key(sources["ours"][name]) and info["folder"] == folder.name
+        so = folder / f"{name}{suffix}"
+        needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True).stdout
+        assert re.search(r"NEEDED.*\[libcuda\.so\.1\]", needed), needed
+    # the stand-in driver library: every cu* function the modules name, empty
+    names = sorted(set(re.findall(r"\b(cu[A-Z][A-Za-z0-9_]*)\b", "".join(sources["ours"].values()))))
+    (tmp_path / "drv.c").write_text("".join(f"void {n}(void) {{}}\n" for n in names))
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp_path / "libcuda.so.1"),
+                    str(tmp_path / "drv.c")], check=True)
+    other = sources["ours"]["__triton_launcher"].replace("int gridX", "int  gridX", 1)
+    assert other != sources["ours"]["__triton_launcher"]
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_MANAGER")}
+    env.update(KDAGEN_CACHE_DIR=str(tmp / "kdagen"), TRITON_CACHE_DIR=str(tmp_path / "triton-fresh"),
+               PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""), PYTHONWARNINGS="ignore")
+    args = dict(driver=str(tmp_path / "libcuda.so.1"), sources={**sources["ours"], "other": other})
+    p = subprocess.run([sys.executable, "-c", _MODULE_WORKER, json.dumps(args)], capture_output=True, text=True,
+                       env=env, cwd=str(tmp_path), timeout=300)
+    assert p.returncode == 0 and "@@" in p.stdout, p.stderr[-4000:]
+    r = json.loads(p.stdout.rsplit("@@", 1)[1])
+    assert r["built"] == ["other"] and r["served"]["other"] is None
+    for name, (info, folder) in infos.items():
+        path = Path(r["served"][name])
+        assert path.parent == tmp_path / "triton-fresh" / info["folder"]
+        assert path.read_bytes() == (folder / f"{name}{suffix}").read_bytes()
 
 
 @pytest.mark.parametrize("change", [dict(arch=80), dict(num_warps=2), dict(T=16), dict(other_triton=True)],
@@ -128,6 +213,8 @@ def test_an_exported_package_ships_and_serves_the_kept_binaries(kept, tmp_path):
     (entry,) = manifest["binaries"]
     assert entry["key"] == first["key"] and entry["target"] == "cuda:90" and entry["kernel"] in manifest["sources"]
     assert [p.parent.name for p in (pkg / "binaries").glob("*/info.json")] != []
+    assert sorted(m["module"] for m in manifest["launch_modules"]) == ["__triton_launcher", "cuda_utils"]
+    assert sorted(p.name.split(".")[0] for p in (pkg / "binaries").glob("*/*.so")) == ["__triton_launcher", "cuda_utils"]
     served = _compile(tmp_path, "triton-package", root="kda_aot._runtime",
                       env={"PYTHONPATH": str(tmp_path / "kda_aot"), "KDAGEN_CACHE_DIR": str(tmp_path / "none")})
     assert served["installed"] and served["key"] == first["key"] and served["hits"] == [True]
