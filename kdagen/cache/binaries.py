@@ -91,11 +91,22 @@ def module_key(src: str) -> str:
     return hashlib.sha256((src + platform_key()).encode("utf-8")).hexdigest()
 
 
+def builds_launchers() -> bool:
+    """Whether this Triton's CUDA driver builds a C launcher per kernel signature at first launch (Triton 3.6;
+    from 3.7 one generic launcher lives in the driver utilities, built once per machine under a key that names
+    the machine's driver folder, so there is nothing worth keeping)."""
+    from triton.backends.nvidia import driver as nv
+    return hasattr(nv, "make_launcher") and hasattr(nv, "compile_module_from_src")
+
+
 def launch_module_sources(src, metadata) -> dict[str, str]:
     """The C sources Triton's CUDA driver builds at the first launch of the kernel compiled from the
     ``ASTSource`` ``src`` (with ``metadata``): its driver utilities and the kernel's launcher, by module
-    name -- as ``CudaUtils`` and ``CudaLauncher`` (Triton 3.6) make them."""
+    name -- as ``CudaUtils`` and ``CudaLauncher`` (Triton 3.6) make them; none where the driver builds no
+    launcher per signature (:func:`builds_launchers`)."""
     from triton.backends.nvidia import driver as nv
+    if not builds_launchers():
+        return {}
     arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x  # noqa: E731
     constants = {arg_idx(idx): value for idx, value in getattr(src, "constants", {}).items()}
     launcher = nv.make_launcher(constants, dict(src.signature), getattr(metadata, "tensordesc_meta", None))
