@@ -195,7 +195,7 @@ def compile_for_target(fn, args: dict[str, Any], constexprs: dict[str, Any], tar
                                  "num_warps": num_warps, "num_stages": num_stages})
         if target.backend == "cuda":  # and the C modules its first launch would build (its launcher)
             try:
-                binaries.keep_launch_modules(src, out.metadata, {"gpu": keep.get("gpu")})
+                binaries.keep_launch_modules(src, out.metadata)
             except Exception as e:  # noqa: BLE001 - no C compiler here: the first launch builds them, as before
                 _warn_modules_not_kept(e)
     md = out.metadata

@@ -131,7 +131,7 @@ def _cuda_library_dirs(text: str, scratch: Path) -> list[str]:
         return [nv.libdevice_dir, str(stub)]
 
 
-def keep_launch_modules(src, metadata, info: dict) -> list[Path]:
+def keep_launch_modules(src, metadata) -> list[Path]:
     """Build and keep (see the module's docstring) the C extensions a first launch of the kernel compiled
     from ``src`` builds; the kept folders.  Modules kept already are not built again.  Raises what the C
     compiler raises (none on the machine, a failed build)."""
@@ -154,7 +154,7 @@ def keep_launch_modules(src, metadata, info: dict) -> list[Path]:
                 shutil.copyfile(so, folder / f"{name}{suffix}")
                 import triton
                 from triton.runtime.build import platform_key
-                (folder / INFO).write_text(json.dumps({**info, "module": name, "key": key, "folder": final.name,
+                (folder / INFO).write_text(json.dumps({"module": name, "key": key, "folder": final.name,
                                                        "suffix": suffix, "platform": platform_key(),
                                                        "triton": triton.__version__}, sort_keys=True))
                 try:
