@@ -728,7 +728,7 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
                    spec=None, recurrent_only: bool = False, surveyed: bool = True) -> None:
     """The closing table, where the results are, and the next command (for ``spec``, the spec
     ``spec_ref`` names; ``recurrent_only``: only its recurrent family was built)."""
-    from .cache.binaries import binaries_dir
+    from .cache.binaries import binaries_dir, kept, kept_modules
     from .cache.paths import generated_dir
     from .tuning.driver import duration, error_text
 
@@ -738,8 +738,9 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
     if cache is not None:
         click.echo(f"tuning cache:      {cache.path} ({len(summary.tuned)} family and shape(s) tuned)")
     click.echo(f"generated sources: {generated_dir()}")
-    click.echo(f"kept binaries:     {binaries_dir()} (loaded by the ops' first calls on a {gpu.name} with this "
-               f"Triton{f'; every candidate compiled is in {_triton_cache_dir()}' if surveyed else ''})")
+    click.echo(f"kept binaries:     {binaries_dir()} ({len(kept())} kernels and {len(kept_modules())} C modules their "
+               f"launches build, loaded by the ops' first calls on a {gpu.name} with this Triton"
+               f"{f'; every candidate compiled is in {_triton_cache_dir()}' if surveyed else ''})")
     dims = _dims_text(head_dims)
     own_gate = spec is not None and spec.gate is not None and spec.gate.name != "direct"
     bound = "" if lower_bound == float(DEFAULT_LOWER_BOUND) or own_gate else \

@@ -1,8 +1,10 @@
 """The kdagen command line, end to end (CPU only: compile-only builds)."""
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,6 +116,13 @@ def test_build_recurrent_compile_only(runner, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "recurrent K=96 V=48: 3/3 candidate configs compiled for h20" in r.stdout
     assert "[recurrent 3/3] 3 ok, 0 dropped" in r.stderr
+    # the kept decode kernels, and (Triton 3.6) their launchers and the driver utilities their first launches build
+    from kdagen.cache.binaries import builds_launchers
+    m = re.search(r"kept binaries: +(\S+) \((\d+) kernels and (\d+) C modules", r.stdout)
+    infos = [json.loads(p.read_text()) for p in Path(m[1]).glob("*/info.json")]
+    assert int(m[2]) == sum("kernel" in i for i in infos) >= 3 and int(m[3]) == len(infos) - int(m[2])
+    assert sorted({i["module"] for i in infos if "module" in i}) == (["__triton_launcher", "cuda_utils"]
+                                                                      if builds_launchers() else [])
 
 
 @pytest.mark.slow
