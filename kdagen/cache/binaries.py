@@ -132,8 +132,8 @@ def _cuda_library_dirs(text: str, scratch: Path) -> list[str]:
 
 
 def keep_launch_modules(src, metadata) -> list[Path]:
-    """Build and keep (see the module's docstring) the C extensions a first launch of the kernel compiled
-    from ``src`` builds; the kept folders.  Modules kept already are not built again.  Raises what the C
+    """Build and keep (see the module's docstring; docs/decisions/0038-kept-launch-modules.md) the C extensions
+    a first launch of the kernel compiled from ``src`` builds; the kept folders.  Modules kept already are not built again.  Raises what the C
     compiler raises (none on the machine, a failed build)."""
     from triton.backends.nvidia import driver as nv
     from triton.runtime.build import _build
