@@ -51,14 +51,16 @@ def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, in
 
 def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
                  shape: tuple[int, int, int, int] = COMPILE_SHAPE, fwd_config: ChunkTrainConfig | None = None,
-                 with_forward: bool = False, state_dtype=torch.float32):
+                 with_forward: bool = False, state_dtype=torch.float32, pdl: bool | None = None):
     """The launches (kernels + arguments) a config produces for inputs of ``shape`` (B, T, H,
     HV), on CPU tensors.  A backward config: its three launches, after (``with_forward``)
     the training forward's and the backward's re-run of the intra launch (``fwd_config``'s,
-    default: the heuristic at the backward's chunk lengths); ``state_dtype``: initial_state's."""
+    default: the heuristic at the backward's chunk lengths); ``state_dtype``: initial_state's.
+    ``pdl``: whether a decode launch waits on the previous grid (programmatic dependent launch), as the
+    op decides it on the GPU it runs on (:func:`target_pdl`); None: as on these CPU tensors (never)."""
     x = _dummy_inputs(plan, dtype, shape, state_dtype)
     if not uses_kda_ops(spec_args):  # any other spec: the member entries, its inputs in its layout
-        return _member_launches(plan, config, x, spec_args, fwd_config, with_forward)
+        return _member_launches(plan, config, x, spec_args, fwd_config, with_forward, pdl)
     if isinstance(config, ChunkFwdConfig):
         launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **op_args(spec_args))
         return launches
@@ -68,7 +70,16 @@ def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
         fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
                                              with_rerun=with_forward, **op_args(spec_args))
         return list(fwd) + list(bwd) if with_forward else bwd
-    return [_recurrent_launch(plan, config, x, x["initial_state"], None)]
+    return [_recurrent_launch(plan, config, x, x["initial_state"], None, pdl=pdl)]
+
+
+def target_pdl(arch: int) -> bool:
+    """Whether the decode op launches with programmatic dependent launch on a GPU of compute capability
+    ``arch`` (``ops.recurrent``: PDL and sm_90 on) -- part of the kernel's specialisation, so a binary
+    kept for that GPU must be compiled with it."""
+    from ..ops import recurrent
+
+    return bool(recurrent.PDL) and arch >= 90
 
 
 def _recurrent_launch(plan: Plan, config, x: dict, initial_state, state_indices, cu_seqlens=None,
@@ -85,7 +96,8 @@ def _recurrent_launch(plan: Plan, config, x: dict, initial_state, state_indices,
     return launch
 
 
-def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, with_forward: bool):
+def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, with_forward: bool,
+                     pdl: bool | None = None):
     """:func:`launches_for` of a spec that runs through the member entries."""
     from . import member_ops as M
 
@@ -102,7 +114,7 @@ def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, w
         fwd, bwd = M.chunk_bwd_launches(spec, x, fwd_cfg, config, with_rerun=with_forward)
         return list(fwd) + list(bwd) if with_forward else bwd
     spec = family_spec("recurrent", spec_args)
-    return [M.recurrent_launch(spec, M.member_inputs(spec, x), config)]
+    return [M.recurrent_launch(spec, M.member_inputs(spec, x), config, pdl=pdl)]
 
 
 def pool_launch_for(plan: Plan, config, dtype: torch.dtype, shape: tuple[int, int, int, int] = COMPILE_SHAPE,
@@ -146,14 +158,14 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
     fcfg = None if fwd_config is None else config_from_dict("chunk_train", fwd_config)
     try:
         launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None,
-                                state_dtype=as_dtype(state_dtype).torch)
+                                state_dtype=as_dtype(state_dtype).torch, pdl=target_pdl(arch))
         # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's), as the
         # tuner times them (families.timed_launches: with dqkw for a fold's intra stage)
         timed = timed_launches(launches, which, plan)
         checked = list(launches if which is None else timed)
         if family == "recurrent" and uses_kda_ops(args):  # and the decode step on a pool, as an engine runs it
             checked.append(pool_launch_for(plan, cfg, dtype, tuple(shape), as_dtype(state_dtype).torch,
-                                           pdl=arch >= 90))
+                                           pdl=target_pdl(arch)))
         # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
         kept = dict(gpu=gpu_name, family=family, K=K, V=V, dtype=dtype_name, config=cfg.canonical()) if keep else None
         for ln in with_repairs(checked):

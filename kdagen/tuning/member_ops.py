@@ -137,9 +137,10 @@ def chunk_bwd_launches(spec: Recurrence, x: dict, fwd_config, bwd_config, do=Non
     return fwd, launches
 
 
-def recurrent_launch(spec: Recurrence, x: dict, config):
+def recurrent_launch(spec: Recurrence, x: dict, config, pdl: bool | None = None):
     """The recurrent form's one launch for ``config`` (not run; calling it again rewrites the same
-    outputs): what the member's decode step launches, without the op's Python work."""
+    outputs): what the member's decode step launches, without the op's Python work; ``pdl``: as
+    prepare_recurrent's (None: as the inputs' device decides)."""
     from ..ops.inputs import check_inputs
     from ..ops.recurrent import prepare_recurrent
 
@@ -153,5 +154,5 @@ def recurrent_launch(spec: Recurrence, x: dict, config):
     beta = dummy_pointer(q.device) if beta is None else beta.contiguous()  # no rank-1 part: not read
     launch, _ = prepare_recurrent(q, k, v, g, beta, scale=dims.K ** -0.5, initial_state=h0,
                                   output_final_state=True, cu_seqlens=None, state_indices=None, dims=dims, plan=plan,
-                                  built=build(plan, config), ab=ab)
+                                  built=build(plan, config), ab=ab, pdl=pdl)
     return launch
