@@ -274,7 +274,8 @@ def test_pdl_only_on_a_gpu_that_has_it(monkeypatch):
 def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     """`kdagen build`'s compile check of a recurrent candidate (kdagen.tuning.compile_pool._compile_one)
     compiles the tuner's batch launch and the launch a serving engine runs: the pool's step over its
-    slots, with the programmatic dependent launch only on an architecture that has it."""
+    slots; both with the programmatic dependent launch exactly where the op takes it on the GPU (an
+    architecture that has it), as the tuner times them there."""
     from kdagen.tuning import compile_pool as CP
     seen = []
 
@@ -289,7 +290,7 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     cfg = RecurrentConfig(block_v=32, num_warps=2, readout="loaded").to_dict()
     why = CP._compile_one("recurrent", 32, 32, "bfloat16", (), (8, 1, 2, 2), cfg, None, arch, 232448, "gpu")
     assert why is None
-    assert [(c["USE_INDICES"], c["SLOT_GRID"], c["PDL"]) for c, _ in seen] == [(False, False, False), (True, True, pdl)]
+    assert [(c["USE_INDICES"], c["SLOT_GRID"], c["PDL"]) for c, _ in seen] == [(False, False, pdl), (True, True, pdl)]
     assert {a for _, a in seen} == {arch} and seen[1][0]["SCAN"] == 16
     launch = CP.pool_launch_for(*CP._worker_plan("recurrent", 32, 32, "bfloat16", ())[2:],
                                 plain_decode(block_v=32, programs_per_sm=2, num_warps=2, num_stages=2),
