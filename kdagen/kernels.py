@@ -168,14 +168,15 @@ def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num
     return ASTSource(fn, signature, consts, attrs), options.__dict__
 
 
-_MODULES_NOT_KEPT: list[str] = []
+_WARNED_MODULES_NOT_KEPT = False
 
 
 def _warn_modules_not_kept(e: Exception) -> None:
     """One warning a process: the launch modules could not be built here."""
-    if _MODULES_NOT_KEPT:
+    global _WARNED_MODULES_NOT_KEPT
+    if _WARNED_MODULES_NOT_KEPT:
         return
-    _MODULES_NOT_KEPT.append(f"{type(e).__name__}: {e}")
+    _WARNED_MODULES_NOT_KEPT = True
     warnings.warn(f"the kernels' launch modules were not kept ({type(e).__name__}: {str(e)[:200]}): a first "
                   "launch on the GPU builds them with its C compiler (about 0.2 s each)", stacklevel=3)
 

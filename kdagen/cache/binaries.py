@@ -135,8 +135,9 @@ def keep_launch_modules(src, metadata) -> list[Path]:
     """Build and keep (see the module's docstring; docs/decisions/0038-kept-launch-modules.md) the C extensions
     a first launch of the kernel compiled from ``src`` builds; the kept folders.  Modules kept already are not built again.  Raises what the C
     compiler raises (none on the machine, a failed build)."""
+    import triton
     from triton.backends.nvidia import driver as nv
-    from triton.runtime.build import _build
+    from triton.runtime.build import _build, platform_key
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     out = []
     for name, text in launch_module_sources(src, metadata).items():
@@ -152,8 +153,6 @@ def keep_launch_modules(src, metadata) -> list[Path]:
                 folder = scratch / "kept"
                 folder.mkdir()
                 shutil.copyfile(so, folder / f"{name}{suffix}")
-                import triton
-                from triton.runtime.build import platform_key
                 (folder / INFO).write_text(json.dumps({"module": name, "key": key, "folder": final.name,
                                                        "suffix": suffix, "platform": platform_key(),
                                                        "triton": triton.__version__}, sort_keys=True))

@@ -156,16 +156,17 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
     args, dtype, plan = _worker_plan(family, K, V, dtype_name, spec_args)
     cfg = config_from_dict(family, config)
     fcfg = None if fwd_config is None else config_from_dict("chunk_train", fwd_config)
+    pdl = target_pdl(arch)  # decode launches as the op makes them on that GPU
     try:
         launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None,
-                                state_dtype=as_dtype(state_dtype).torch, pdl=target_pdl(arch))
+                                state_dtype=as_dtype(state_dtype).torch, pdl=pdl)
         # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's), as the
         # tuner times them (families.timed_launches: with dqkw for a fold's intra stage)
         timed = timed_launches(launches, which, plan)
         checked = list(launches if which is None else timed)
         if family == "recurrent" and uses_kda_ops(args):  # and the decode step on a pool, as an engine runs it
             checked.append(pool_launch_for(plan, cfg, dtype, tuple(shape), as_dtype(state_dtype).torch,
-                                           pdl=target_pdl(arch)))
+                                           pdl=pdl))
         # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
         kept = dict(gpu=gpu_name, family=family, K=K, V=V, dtype=dtype_name, config=cfg.canonical()) if keep else None
         for ln in with_repairs(checked):

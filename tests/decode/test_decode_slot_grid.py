@@ -275,7 +275,9 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     """`kdagen build`'s compile check of a recurrent candidate (kdagen.tuning.compile_pool._compile_one)
     compiles the tuner's batch launch and the launch a serving engine runs: the pool's step over its
     slots; both with the programmatic dependent launch exactly where the op takes it on the GPU (an
-    architecture that has it), as the tuner times them there."""
+    architecture that has it), as the tuner times them there.  PDL is part of the kernel's specialisation:
+    the batch launch once compiled without it was a kept binary never found on an H100 -- the op's own batch
+    launch on a GPU of that capability has the compiled launch's constexprs."""
     from kdagen.tuning import compile_pool as CP
     seen = []
 
@@ -292,6 +294,10 @@ def test_build_compile_checks_the_pool_step_too(monkeypatch, arch, pdl):
     assert why is None
     assert [(c["USE_INDICES"], c["SLOT_GRID"], c["PDL"]) for c, _ in seen] == [(False, False, pdl), (True, True, pdl)]
     assert {a for _, a in seen} == {arch} and seen[1][0]["SCAN"] == 16
+    monkeypatch.setattr(R, "_pdl_capable", lambda device: pdl)  # the op's device check, on that GPU
+    plan = CP._worker_plan("recurrent", 32, 32, "bfloat16", ())[2]
+    x = CP._dummy_inputs(plan, torch.bfloat16, (8, 1, 2, 2))
+    assert CP._recurrent_launch(plan, RecurrentConfig.from_dict(cfg), x, x["initial_state"], None).constexprs == seen[0][0]
     launch = CP.pool_launch_for(*CP._worker_plan("recurrent", 32, 32, "bfloat16", ())[2:],
                                 plain_decode(block_v=32, programs_per_sm=2, num_warps=2, num_stages=2),
                                 torch.bfloat16, (8, 1, 2, 2))

@@ -232,39 +232,3 @@ def test_an_exported_package_ships_and_serves_the_kept_binaries(kept, tmp_path):
     plain = tmp_path / "plain" / "kda_aot" / "kda_aot"
     assert json.loads((plain / "manifest.json").read_text())["binaries"] == [] and not (plain / "binaries").exists()
 
-
-@pytest.mark.parametrize("arch", [90, 80])
-def test_the_build_keeps_decode_as_the_op_launches_it_on_that_gpu(monkeypatch, arch):
-    """On sm_90 the decode op launches with programmatic dependent launch (``PDL``, part of the kernel's
-    specialisation), batch or pool.  The build's compile of a decode config for a target makes the launches the
-    op makes on a GPU of that capability -- it compiled the batch launch without PDL before, so a kept decode
-    binary was never found on an H100.  Checked without compiling: a spy in place of the compiler."""
-    import torch
-
-    from kdagen.cache.heuristics import default_config
-    from kdagen.kernels import CompileReport
-    from kdagen.ops import recurrent as R
-    from kdagen.tuning import compile_pool as CP
-    from kdagen.tuning import families as F
-
-    sa = {"safe_gate": True, "lower_bound": -5.0}
-    plan = F.lower_for(F.family_spec("recurrent", sa), "recurrent", 16, 16, torch.bfloat16)
-    cfg = default_config("recurrent", plan)
-    shape = F.check_shape("recurrent", (16, 1, 2, 2))
-    seen = []
-
-    def spy(fn, args, constexprs, target, num_warps, num_stages, keep=None):
-        seen.append(dict(constexprs))
-        return CompileReport(name=fn.__name__, target=f"cuda:{target.arch}", shared_bytes=0, num_warps=num_warps,
-                             n_regs=None, n_spills=None)
-
-    monkeypatch.setattr(CP, "compile_for_target", spy)
-    why = CP._compile_one("recurrent", 16, 16, "bf16", tuple(sa.items()), shape, cfg.to_dict(), None, arch, 232448,
-                          "gpu", keep=False)
-    assert why is None and len(seen) == 2  # the batch launch and the pool launch
-    assert [c["PDL"] for c in seen] == [arch >= 90] * 2
-    # the op's own batch launch on a GPU of that capability (its device decides PDL), the same specialisation
-    monkeypatch.setattr(R, "_pdl_capable", lambda device: arch >= 90)
-    x = CP._dummy_inputs(plan, torch.bfloat16, shape)
-    op_launch = CP._recurrent_launch(plan, cfg, x, x["initial_state"], None)
-    assert op_launch.constexprs == seen[0]
