@@ -234,6 +234,8 @@ def _read(log: Path) -> tuple[list[dict], str | None]:
             r = json.loads(line)
             if r["status"] == "start":
                 started = r["case"]
+            elif r["status"] == "cut":  # stopped by the budget, not by a fault: run it again next time
+                started = None
             else:
                 done.append(r)
                 started = None
@@ -258,6 +260,10 @@ def _group(member: str, K: int, dtype: str, logdir: Path, deadline: float):
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(5, deadline - time.time()))
         except subprocess.TimeoutExpired:
+            _, started = _read(log)
+            if started is not None:
+                with open(log, "a") as f:
+                    f.write(json.dumps({"case": started, "status": "cut"}) + "\n")
             return
         if p.returncode == 0:
             return
@@ -272,7 +278,7 @@ def main():
     ap.add_argument("--members", default=",".join(MEMBERS))
     ap.add_argument("--dims", default=",".join(map(str, DIMS)))
     ap.add_argument("--dtypes", default=",".join(DTYPES))
-    ap.add_argument("--budget", type=float, default=540.0, help="seconds; groups not started by then are skipped")
+    ap.add_argument("--budget", type=float, default=540.0, help="seconds; a case still running then is cut (and rerun by the next sweep into the same --out), later ones are skipped")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
     ap.add_argument("--skip", default="", help=argparse.SUPPRESS)
