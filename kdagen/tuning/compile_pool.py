@@ -51,23 +51,29 @@ def _dummy_inputs(plan: Plan, dtype: torch.dtype, shape: tuple[int, int, int, in
 
 def launches_for(plan: Plan, config, dtype: torch.dtype, spec_args: dict,
                  shape: tuple[int, int, int, int] = COMPILE_SHAPE, fwd_config: ChunkTrainConfig | None = None,
-                 with_forward: bool = False, state_dtype=torch.float32, pdl: bool | None = None):
+                 with_forward: bool = False, state_dtype=torch.float32, pdl: bool | None = None,
+                 with_states: bool = True):
     """The launches (kernels + arguments) a config produces for inputs of ``shape`` (B, T, H,
     HV), on CPU tensors.  A backward config: its three launches, after (``with_forward``)
     the training forward's and the backward's re-run of the intra launch (``fwd_config``'s,
     default: the heuristic at the backward's chunk lengths); ``state_dtype``: initial_state's.
     ``pdl``: whether a decode launch waits on the previous grid (programmatic dependent launch), as the
-    op decides it on the GPU it runs on (:func:`target_pdl`); None: as on these CPU tensors (never)."""
+    op decides it on the GPU it runs on (:func:`target_pdl`); None: as on these CPU tensors (never).
+    ``with_states``: a chunk call with an initial state and output_final_state (False: neither, as a
+    training step calls it -- the state passes' USE_H0 / STORE_HT kernels differ); a decode launch always
+    has its state."""
     x = _dummy_inputs(plan, dtype, shape, state_dtype)
+    if not with_states and isinstance(config, (ChunkFwdConfig, ChunkBwdConfig, ChunkTrainConfig)):
+        x["initial_state"] = None
     if not uses_kda_ops(spec_args):  # any other spec: the member entries, its inputs in its layout
-        return _member_launches(plan, config, x, spec_args, fwd_config, with_forward, pdl)
+        return _member_launches(plan, config, x, spec_args, fwd_config, with_forward, pdl, with_states)
     if isinstance(config, ChunkFwdConfig):
-        launches, _ = chunk_kda_launches(**x, output_final_state=True, config=config, **op_args(spec_args))
+        launches, _ = chunk_kda_launches(**x, output_final_state=with_states, config=config, **op_args(spec_args))
         return launches
     if isinstance(config, ChunkBwdConfig):
         fwd_cfg = (fwd_config or default_train_config(plan)).replace(chunk_size=config.chunk_size,
                                                                      sub_chunk=config.sub_chunk)
-        fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=True, config=fwd_cfg, bwd_config=config,
+        fwd, bwd, _ = chunk_kda_bwd_launches(**x, output_final_state=with_states, config=fwd_cfg, bwd_config=config,
                                              with_rerun=with_forward, **op_args(spec_args))
         return list(fwd) + list(bwd) if with_forward else bwd
     return [_recurrent_launch(plan, config, x, x["initial_state"], None, pdl=pdl)]
@@ -97,21 +103,21 @@ def _recurrent_launch(plan: Plan, config, x: dict, initial_state, state_indices,
 
 
 def _member_launches(plan: Plan, config, x: dict, spec_args: dict, fwd_config, with_forward: bool,
-                     pdl: bool | None = None):
+                     pdl: bool | None = None, with_states: bool = True):
     """:func:`launches_for` of a spec that runs through the member entries."""
     from . import member_ops as M
 
     if isinstance(config, ChunkTrainConfig):  # general DPLR's chunk forward (families.DPLR_CHUNK_FAMILY)
         spec = family_spec("chunk_train", spec_args)
-        return M.chunk_train_launches(spec, M.member_inputs(spec, x), config)
+        return M.chunk_train_launches(spec, M.member_inputs(spec, x), config, final_state=with_states)
     if isinstance(config, (ChunkFwdConfig, ChunkBwdConfig)):
         spec = family_spec("chunk_fwd", spec_args)
         x = M.member_inputs(spec, x)
         if isinstance(config, ChunkFwdConfig):
-            return M.chunk_fwd_launches(spec, x, config)
+            return M.chunk_fwd_launches(spec, x, config, final_state=with_states)
         fwd_cfg = (fwd_config or default_train_config(plan)).replace(chunk_size=config.chunk_size,
                                                                      sub_chunk=config.sub_chunk)
-        fwd, bwd = M.chunk_bwd_launches(spec, x, fwd_cfg, config, with_rerun=with_forward)
+        fwd, bwd = M.chunk_bwd_launches(spec, x, fwd_cfg, config, with_rerun=with_forward, final_state=with_states)
         return list(fwd) + list(bwd) if with_forward else bwd
     spec = family_spec("recurrent", spec_args)
     return [M.recurrent_launch(spec, M.member_inputs(spec, x), config, pdl=pdl)]
@@ -144,6 +150,26 @@ def _worker_plan(family: str, K: int, V: int, dtype_name: str, spec_args: tuple)
     return args, dtype, lower_for(family_spec(family, args), family, K, V, dtype)
 
 
+def checked_launches(family: str, plan: Plan, cfg, dtype: torch.dtype, args: dict, shape: tuple, fcfg,
+                     which: str | None, state_dtype: torch.dtype, pdl: bool, keep: bool) -> list:
+    """The launches :func:`_compile_one` compiles for a candidate (before their repair launches): a stage's
+    kernel, or every launch of the config (``which`` None); a decode config's pool step beside its batch
+    launch; and, when the binaries are kept, a chunk call without states too (a training step's: its state
+    passes are other kernels, USE_H0 / STORE_HT off), so that a first call finds either."""
+    launches = launches_for(plan, cfg, dtype, args, shape, fcfg, with_forward=which is None,
+                            state_dtype=state_dtype, pdl=pdl)
+    # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's), as the
+    # tuner times them (families.timed_launches: with dqkw for a fold's intra stage)
+    checked = list(launches if which is None else timed_launches(launches, which, plan))
+    if family == "recurrent" and uses_kda_ops(args):  # and the decode step on a pool, as an engine runs it
+        checked.append(pool_launch_for(plan, cfg, dtype, shape, state_dtype, pdl=pdl))
+    if keep and family != "recurrent":
+        bare = launches_for(plan, cfg, dtype, args, shape, fcfg, with_forward=which is None,
+                            state_dtype=state_dtype, pdl=pdl, with_states=False)
+        checked += list(bare if which is None else timed_launches(bare, which, plan))
+    return checked
+
+
 def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,
                  which: str | None, arch: int, smem_limit: int, gpu_name: str,
                  fwd_config: dict | None = None, state_dtype: str = "fp32", keep: bool = False) -> str | None:
@@ -158,15 +184,8 @@ def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple,
     fcfg = None if fwd_config is None else config_from_dict("chunk_train", fwd_config)
     pdl = target_pdl(arch)  # decode launches as the op makes them on that GPU
     try:
-        launches = launches_for(plan, cfg, dtype, args, tuple(shape), fcfg, with_forward=which is None,
-                                state_dtype=as_dtype(state_dtype).torch, pdl=pdl)
-        # a stage's kernel, or the launches standing in for it (the sequence-parallel state pass's), as the
-        # tuner times them (families.timed_launches: with dqkw for a fold's intra stage)
-        timed = timed_launches(launches, which, plan)
-        checked = list(launches if which is None else timed)
-        if family == "recurrent" and uses_kda_ops(args):  # and the decode step on a pool, as an engine runs it
-            checked.append(pool_launch_for(plan, cfg, dtype, tuple(shape), as_dtype(state_dtype).torch,
-                                           pdl=pdl))
+        checked = checked_launches(family, plan, cfg, dtype, args, tuple(shape), fcfg, which,
+                                   as_dtype(state_dtype).torch, pdl, keep)
         # each launch and the repair launch that follows it (a checked diagonal's: REPAIR=True)
         kept = dict(gpu=gpu_name, family=family, K=K, V=V, dtype=dtype_name, config=cfg.canonical()) if keep else None
         for ln in with_repairs(checked):

@@ -109,31 +109,33 @@ def reference(spec: Recurrence, r: dict):
                            initial_state=r["initial_state"], output_final_state=True)
 
 
-def chunk_train_launches(spec: Recurrence, x: dict, config):
-    """General DPLR's chunk forward launches (intra, state) for ``config`` (a ChunkTrainConfig), not run."""
+def chunk_train_launches(spec: Recurrence, x: dict, config, final_state: bool = True):
+    """General DPLR's chunk forward launches (intra, state) for ``config`` (a ChunkTrainConfig), not run;
+    ``final_state``: output_final_state."""
     from ..ops.dplr import chunk_dplr_launches
 
-    launches, _ = chunk_dplr_launches(**_dplr_args(x, spec), config=config, output_final_state=True)
+    launches, _ = chunk_dplr_launches(**_dplr_args(x, spec), config=config, output_final_state=final_state)
     return launches
 
 
-def chunk_fwd_launches(spec: Recurrence, x: dict, config):
-    """The inference forward's launches of a chunk call (not run)."""
+def chunk_fwd_launches(spec: Recurrence, x: dict, config, final_state: bool = True):
+    """The inference forward's launches of a chunk call (not run); ``final_state``: output_final_state."""
     from ..ops.member import chunk_member_launches
 
-    launches, _ = chunk_member_launches(spec, **x, training=False, config=config, output_final_state=True)
+    launches, _ = chunk_member_launches(spec, **x, training=False, config=config, output_final_state=final_state)
     return launches
 
 
-def chunk_bwd_launches(spec: Recurrence, x: dict, fwd_config, bwd_config, do=None, with_rerun: bool = False):
+def chunk_bwd_launches(spec: Recurrence, x: dict, fwd_config, bwd_config, do=None, with_rerun: bool = False,
+                       final_state: bool = True):
     """``(forward launches, backward launches)`` of a training call (not run); ``with_rerun``:
     the forward's end with the backward's re-run of the intra launch when the backward config
     recomputes the intermediates (everything a training step compiles), as
-    :func:`kdagen.ops.chunk.chunk_kda_bwd_launches` does for KDA."""
+    :func:`kdagen.ops.chunk.chunk_kda_bwd_launches` does for KDA; ``final_state``: output_final_state."""
     from ..ops.member import chunk_member_launches
 
     fwd, launches, _ = chunk_member_launches(spec, **x, training=True, config=fwd_config, bwd_config=bwd_config,
-                                             output_final_state=True, do=do, with_rerun=with_rerun)
+                                             output_final_state=final_state, do=do, with_rerun=with_rerun)
     return fwd, launches
 
 

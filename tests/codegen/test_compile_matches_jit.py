@@ -84,6 +84,24 @@ for key, shape in [("chunk_fwd", (2, 4096, 16, 16)), ("chunk_bwd", (1, 100, 2, 2
         src, opts = jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
         compiled.append([ln.fn.__name__, src.hash(), sorted(opts.items())])
     out["build"][key] = {"ran": ran[:], "compiled": compiled}
+
+# 3. a kept build keeps what a training step without states runs (FLA's default call: no initial state, no
+# final state -- other state-pass kernels than the tuner's call with both), and the compile-check alone does not
+fam, shape = "chunk_bwd", (1, 100, 2, 2)
+plan = F.lower_for(F.family_spec(fam, sa), fam, 32, 32, torch.bfloat16)
+cfg = default_config(fam, plan, {"N": 1, "HV": 2})
+fwd_cfg = default_config("chunk_train", plan, {"N": 1, "HV": 2}).replace(chunk_size=cfg.chunk_size,
+                                                                        sub_chunk=cfg.sub_chunk)
+def ident(launches):
+    return sorted({json.dumps([ln.fn.__name__, jit_source(ln.fn, ln.args, ln.constexprs, target, ln.num_warps,
+                                                          ln.num_stages)[0].hash()]) for ln in KN.with_repairs(launches)})
+x = CP._dummy_inputs(plan, torch.bfloat16, F.check_shape(fam, shape))
+x["initial_state"] = None
+f, b, _ = OC.chunk_kda_bwd_launches(**x, output_final_state=False, config=fwd_cfg, bwd_config=cfg, with_rerun=True,
+                                    **F.op_args(sa))
+out["bare"] = {"step": ident(list(f) + list(b)),
+               **{f"keep={k}": ident(CP.checked_launches(fam, plan, cfg, torch.bfloat16, sa, F.check_shape(fam, shape),
+                                                         fwd_cfg, None, torch.float32, False, k)) for k in (True, False)}}
 print(json.dumps(out))
 '''
 
@@ -112,3 +130,8 @@ def test_compile_check_builds_what_the_device_jit_loads(tmp_path):
         # gradients) its repair launch
         assert len(d["compiled"]) == {"chunk_fwd": 2, "chunk_bwd": 10, "chunk_bwd_c32": 11, "recurrent": 1}[fam]
         assert ran and ran == compiled, fam
+    step, kept, checked = (set(out["bare"][k]) for k in ("step", "keep=True", "keep=False"))
+    assert step <= kept  # a first training step finds every kernel kept
+    # its state passes (forward USE_H0/STORE_HT off, backward USE_DHT/STORE_DH0 off) are only kept, not checked
+    assert sorted(json.loads(s)[0].rsplit("_", 1)[0] for s in step - checked) == ["kda_chunk_bwd_state",
+                                                                                   "kda_chunk_state"]
