@@ -18,7 +18,7 @@ launched, so a fault names its kernel (``CUDA_LAUNCH_BLOCKING=1`` is set for the
 the failing launch is the last one).
 
     python tests/gpu/sweep.py --out DIR [--workers 12] [--members kda,gdn] [--dims 60,100]
-        [--dtypes float16,bfloat16] [--budget 540]
+        [--dtypes float16,bfloat16] [--budget 540] [--cases CASES.json]
 
 Prints one line per case and a table at the end; writes ``DIR/sweep.json``.
 """
@@ -242,8 +242,15 @@ def _read(log: Path) -> tuple[list[dict], str | None]:
     return done, started
 
 
-def _group(member: str, K: int, dtype: str, logdir: Path, deadline: float):
+def _cases(member: str, K: int, dtype: str) -> list[str]:
+    return [f"{member}/{form}/K{K}/{dtype}/{layout}" for layout in LAYOUTS for form in FORMS]
+
+
+def _group(member: str, K: int, dtype: str, logdir: Path, deadline: float, only: set[str] | None = None):
+    """Run one group's cases not yet in its log (``only``: just these) in worker processes, restarting a
+    worker that died after the case it died on."""
     log = logdir / f"{member}_{K}_{dtype}.jsonl"
+    others = set() if only is None else set(_cases(member, K, dtype)) - only
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
     for _ in range(len(LAYOUTS) * len(FORMS)):
         done, crashed = _read(log)
@@ -252,7 +259,7 @@ def _group(member: str, K: int, dtype: str, logdir: Path, deadline: float):
                 f.write(json.dumps({"case": crashed, "status": "crash", "member": member, "K": K, "dtype": dtype,
                                     "form": crashed.split("/")[1], "layout": crashed.split("/")[-1]}) + "\n")
             done, _ = _read(log)
-        skip = {r["case"] for r in done}
+        skip = {r["case"] for r in done} | others
         if len(skip) >= len(LAYOUTS) * len(FORMS) or time.time() > deadline:
             return
         cmd = [sys.executable, __file__, "--worker", f"{member},{K},{dtype}", "--log", str(log),
@@ -279,6 +286,7 @@ def main():
     ap.add_argument("--dims", default=",".join(map(str, DIMS)))
     ap.add_argument("--dtypes", default=",".join(DTYPES))
     ap.add_argument("--budget", type=float, default=540.0, help="seconds; a case still running then is cut (and rerun by the next sweep into the same --out), later ones are skipped")
+    ap.add_argument("--cases", help="a JSON file listing case names (member/form/K../dtype/layout): run only those")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
     ap.add_argument("--skip", default="", help=argparse.SUPPRESS)
@@ -292,8 +300,12 @@ def main():
     logdir.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + a.budget
     groups = [(m, int(K), dt) for dt in a.dtypes.split(",") for K in a.dims.split(",") for m in a.members.split(",")]
+    only = None
+    if a.cases:
+        only = set(json.loads(Path(a.cases).read_text()))
+        groups = [g for g in groups if only & set(_cases(*g))]
     with ThreadPoolExecutor(a.workers) as ex:
-        list(ex.map(lambda g: _group(*g, logdir, deadline), groups))
+        list(ex.map(lambda g: _group(*g, logdir, deadline, only), groups))
     results = []
     for m, K, dt in groups:
         done, _ = _read(logdir / f"{m}_{K}_{dt}.jsonl")
