@@ -311,16 +311,16 @@ def main():
         done, _ = _read(logdir / f"{m}_{K}_{dt}.jsonl")
         results += done
     (out / "sweep.json").write_text(json.dumps(results, indent=1))
-    _table(results, groups)
+    _table(results, groups, len(only) if only is not None else len(groups) * len(FORMS) * len(LAYOUTS))
 
 
-def _table(results: list[dict], groups) -> None:
+def _table(results: list[dict], groups, asked: int) -> None:
     by = {(r["member"], r["form"], r["K"], r["dtype"], r["layout"]): r for r in results}
     counts: dict[str, int] = {}
     for r in results:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     bad = [r for r in results if r["status"] != "pass"]
-    print(f"\n{len(results)} cases run of {len(groups) * len(FORMS) * len(LAYOUTS)}: "
+    print(f"\n{len(results)} cases run of {asked}: "
           + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     for r in sorted(bad, key=lambda r: (r["member"], r["form"], r["K"], r["dtype"], r["layout"])):
         what = r.get("error") or f"worst {r.get('worst', float('nan')):.2e} " + json.dumps(
