@@ -40,7 +40,6 @@ from . import fallback
 from .chunk_call import ChunkFunction, chunk_configs, prepare_chunk, requires_grad, training_launches
 from .chunk_train import prepare_chunk_train
 from .cp import cp_call
-from .traced import eager_under_compile
 from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
 from .inputs import check_kwargs, check_runnable, fla_dtypes, gate_choice
 from .member import fused_recurrent_member
@@ -127,7 +126,7 @@ def _check_chunk_size(op: str, chunk_size, config) -> None:
         raise ValueError(f"{op}: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
 
 
-@eager_under_compile  # no registered op (yet): torch.compile runs it eagerly, a graph break
+@torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
 @fla_dtypes("q", ("q", "k", "v", "a", "b"))
 def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                           gk: torch.Tensor, scale: float | None = None, initial_state: torch.Tensor | None = None,

@@ -25,7 +25,6 @@ from ..kernels import build, dummy_pointer
 from . import checks, fallback, recurrent_bwd
 from .chunk_call import (chunk_configs, fla_layout, forward_launches, prepare_chunk, requires_grad, train,
                          training_step_launches, with_plan)
-from .traced import eager_under_compile
 from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_inplace_final_state, check_kwargs,
                      check_rank1_vectors, check_runnable, check_token_slots, host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
@@ -140,7 +139,7 @@ def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices,
                         a=None if ab is None else ab[0], b=None if ab is None else ab[1], accepted=accepted)
 
 
-@eager_under_compile  # no registered op (yet): torch.compile runs it eagerly, a graph break
+@torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
 def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
                  output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                  use_gate_in_kernel: bool = False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel: bool = False,
@@ -251,7 +250,7 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
     return training_step_launches(call, x, config, bwd_config, output_final_state, do, dht, with_rerun)
 
 
-@eager_under_compile  # as chunk_member
+@torch.compiler.disable  # as chunk_member
 def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
                            output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                            use_gate_in_kernel: bool = False, A_log=None, dt_bias=None,

@@ -19,14 +19,6 @@ OPS: dict = {}  # op name -> its OpOverload (filled by .library)
 CHECKED_BEFORE_ROUTING = ("cp_context", "use_graph", "max_num_seqs")
 
 
-def eager_under_compile(fn):
-    """``torch.compiler.disable(fn)`` (torch.compile runs ``fn`` eagerly, a graph break) with torch._dynamo imported
-    at the first call instead of at kdagen's import, where it costs every process 0.5 s: torch's own lazy form
-    ``torch._disable_dynamo`` (Dynamo skips its wrapper as torch's code), where this torch has it."""
-    lazy = getattr(torch, "_disable_dynamo", None)
-    return lazy(fn) if lazy is not None else torch.compiler.disable(fn)
-
-
 def _op(name: str):
     try:
         return OPS[name]
