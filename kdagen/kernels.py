@@ -225,6 +225,12 @@ def _spec_key(v):
     return ("c", v)
 
 
+def specialisation(fn, vals, constexprs: dict, num_warps: int, num_stages: int) -> tuple:
+    """What Triton tells launches of ``fn`` apart by (``vals``: the argument values in order): launches with equal
+    keys on one device run one compiled kernel."""
+    return (fn, tuple(_spec_key(v) for v in vals), tuple(constexprs.values()), num_warps, num_stages)
+
+
 # Floating-point fusion (a * b + c contracted to one fused multiply-add by LLVM and ptxas): Triton enables it
 # by default up to 3.9 and disables it by default from 3.10 (TRITON_DEFAULT_FP_FUSION; 3.9 warns).  kdagen's
 # kernels were tuned and checked against float64 with it on, so every compile asks for it explicitly and a
@@ -252,8 +258,8 @@ def launch(fn, grid, args: dict, constexprs: dict, num_warps: int, num_stages: i
         fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options())
         return
     vals = list(args.values())
-    key = (fn, tuple(_spec_key(v) for v in vals), tuple(constexprs.values()), num_warps, num_stages,
-           vals[0].device.index if isinstance(vals[0], torch.Tensor) else None)
+    key = specialisation(fn, vals, constexprs, num_warps, num_stages) + (
+        vals[0].device.index if isinstance(vals[0], torch.Tensor) else None,)
     kernel = _COMPILED.get(key)
     if kernel is None:
         kernel = fn[grid](**args, **constexprs, num_warps=num_warps, num_stages=num_stages, **compile_options(),

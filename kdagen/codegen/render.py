@@ -96,10 +96,10 @@ def _plain_vars(kernel: str, plan: Plan, config: _Config) -> dict:
 def _state_vars(kernel: str, plan: Plan, config: _Config) -> dict:
     # the next chunk's element-wise operands loaded one iteration ahead by hand: the forward pass's U (its G_n
     # always is), the reverse pass's G_n
-    # a state row past 256 (GLA's wide heads): kg loaded after the output's products, not live across them
-    # (docs/decisions/0033-wide-state-rows.md)
+    # a state row past 256 (GLA's wide heads): the [BT, K] tile the pass reads last is loaded where it is read,
+    # not live across the products before it (docs/decisions/0033-wide-state-rows.md)
     return {**_base_vars(plan), **_raw_qk_vars(plan, True), "k_mask": plan.K != plan.BK,
-            "prefetch": config.state_prefetch, "kg_after_output": plan.BK > WIDE_STATE_BK}
+            "prefetch": config.state_prefetch, "load_at_use": plan.BK > WIDE_STATE_BK}
 
 
 def _bwd_state_vars(kernel: str, plan: Plan, config: ChunkBwdConfig) -> dict:
@@ -109,7 +109,6 @@ def _bwd_state_vars(kernel: str, plan: Plan, config: ChunkBwdConfig) -> dict:
     # docs/decisions/0029-dh0-rounding-of-qg.md).  qg from the forward's intra launch carries the scale.
     # no decay (raw_qk): q itself, the scale after the product, whichever launch would have written qg
     v["qg_unscaled"] = config.reruns_from_saved(plan) or plan.qk_from_inputs
-    v["qg_after_dvn"] = v.pop("kg_after_output")  # the reverse pass's tile read last, loaded where it is read
     return v
 
 

@@ -19,7 +19,7 @@ from ..cache.heuristics import default_config, default_train_config
 from ..codegen.lower import Plan
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, config_from_dict
 from ..dtypes import dtype as as_dtype
-from ..kernels import build, compile_for_target, with_repairs
+from ..kernels import build, compile_for_target, specialisation, with_repairs
 from ..ops.chunk import chunk_kda_bwd_launches, chunk_kda_launches
 from ..ops.inputs import check_inputs
 from ..ops.recurrent import prepare_recurrent
@@ -163,11 +163,17 @@ def checked_launches(family: str, plan: Plan, cfg, dtype: torch.dtype, args: dic
     checked = list(launches if which is None else timed_launches(launches, which, plan))
     if family == "recurrent" and uses_kda_ops(args):  # and the decode step on a pool, as an engine runs it
         checked.append(pool_launch_for(plan, cfg, dtype, shape, state_dtype, pdl=pdl))
-    if keep and family != "recurrent":
+    if keep and family != "recurrent":  # (only the kernels that differ: the state passes)
         bare = launches_for(plan, cfg, dtype, args, shape, fcfg, with_forward=which is None,
                             state_dtype=state_dtype, pdl=pdl, with_states=False)
-        checked += list(bare if which is None else timed_launches(bare, which, plan))
+        seen = {_specialisation(ln) for ln in checked}
+        checked += [ln for ln in (bare if which is None else timed_launches(bare, which, plan))
+                    if _specialisation(ln) not in seen]
     return checked
+
+
+def _specialisation(ln) -> tuple:
+    return specialisation(ln.fn, list(ln.args.values()), ln.constexprs, ln.num_warps, ln.num_stages)
 
 
 def _compile_one(family: str, K: int, V: int, dtype_name: str, spec_args: tuple, shape: tuple, config: dict,

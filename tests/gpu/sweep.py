@@ -196,31 +196,29 @@ def worker(member: str, K: int, dtype: str, skip: set[str], log: Path) -> int:
     """Run one group's cases; append one JSON line per case start and end to ``log``."""
     last = _last_launch()
     with open(log, "a") as f:
-        for layout in LAYOUTS:
-            for form in FORMS:
-                case = f"{member}/{form}/K{K}/{dtype}/{layout}"
-                if case in skip:
-                    continue
-                f.write(json.dumps({"case": case, "status": "start"}) + "\n")
-                f.flush()
-                t0 = time.time()
-                rec = {"case": case, "member": member, "form": form, "K": K, "dtype": dtype, "layout": layout}
-                try:
-                    res = run_case(member, K, dtype, layout, form)
-                    rec.update(res, status="pass" if res["ok"] else "wrong")
-                except Exception as e:  # noqa: BLE001 - every failure is a result here
-                    msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                    fault = "CUDA error" in msg or "an illegal" in msg or "misaligned" in msg
-                    rec.update(status="fault" if fault else "error", error=msg, kernel=last["kernel"],
-                               trace=traceback.format_exc()[-1500:])
-                    if fault:
-                        rec["seconds"] = round(time.time() - t0, 2)
-                        f.write(json.dumps(rec) + "\n")
-                        f.flush()
-                        return 3  # the context is lost: the driver restarts after this case
-                rec["seconds"] = round(time.time() - t0, 2)
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
+        for case, layout, form in _cases(member, K, dtype):
+            if case in skip:
+                continue
+            f.write(json.dumps({"case": case, "status": "start"}) + "\n")
+            f.flush()
+            t0 = time.time()
+            rec = {"case": case, "member": member, "form": form, "K": K, "dtype": dtype, "layout": layout}
+            try:
+                res = run_case(member, K, dtype, layout, form)
+                rec.update(res, status="pass" if res["ok"] else "wrong")
+            except Exception as e:  # noqa: BLE001 - every failure is a result here
+                msg = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                fault = "CUDA error" in msg or "an illegal" in msg or "misaligned" in msg
+                rec.update(status="fault" if fault else "error", error=msg, kernel=last["kernel"],
+                           trace=traceback.format_exc()[-1500:])
+                if fault:
+                    rec["seconds"] = round(time.time() - t0, 2)
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    return 3  # the context is lost: the driver restarts after this case
+            rec["seconds"] = round(time.time() - t0, 2)
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
     return 0
 
 
@@ -242,15 +240,16 @@ def _read(log: Path) -> tuple[list[dict], str | None]:
     return done, started
 
 
-def _cases(member: str, K: int, dtype: str) -> list[str]:
-    return [f"{member}/{form}/K{K}/{dtype}/{layout}" for layout in LAYOUTS for form in FORMS]
+def _cases(member: str, K: int, dtype: str) -> list[tuple[str, str, str]]:
+    """A group's cases in the order a worker runs them: (name, layout, form)."""
+    return [(f"{member}/{form}/K{K}/{dtype}/{layout}", layout, form) for layout in LAYOUTS for form in FORMS]
 
 
 def _group(member: str, K: int, dtype: str, logdir: Path, deadline: float, only: set[str] | None = None):
     """Run one group's cases not yet in its log (``only``: just these) in worker processes, restarting a
     worker that died after the case it died on."""
     log = logdir / f"{member}_{K}_{dtype}.jsonl"
-    others = set() if only is None else set(_cases(member, K, dtype)) - only
+    others = set() if only is None else {c for c, _, _ in _cases(member, K, dtype)} - only
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
     for _ in range(len(LAYOUTS) * len(FORMS)):
         done, crashed = _read(log)
@@ -303,7 +302,7 @@ def main():
     only = None
     if a.cases:
         only = set(json.loads(Path(a.cases).read_text()))
-        groups = [g for g in groups if only & set(_cases(*g))]
+        groups = [g for g in groups if only & {c for c, _, _ in _cases(*g)}]
     with ThreadPoolExecutor(a.workers) as ex:
         list(ex.map(lambda g: _group(*g, logdir, deadline, only), groups))
     results = []

@@ -231,4 +231,3 @@ def test_an_exported_package_ships_and_serves_the_kept_binaries(kept, tmp_path):
     assert r.exit_code == 0 and "ahead of time" not in r.output
     plain = tmp_path / "plain" / "kda_aot" / "kda_aot"
     assert json.loads((plain / "manifest.json").read_text())["binaries"] == [] and not (plain / "binaries").exists()
-
