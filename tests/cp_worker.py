@@ -29,20 +29,24 @@ SUMMED = ("initial_state",) + PARAMS  # not split along T: each rank's gradient 
 
 
 def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=False, flags=None, gate=None,
-              rank_lengths=None, grad=True, fla_context=False, mutate=None, split_wide=False):
-    """Global inputs of one case (float32, B = 1, packed by ``lengths``).  ``grad=False``: an
-    inference call (no_grad); ``fla_context``: the ranks pass an object with only FLA's
-    FLACPContext fields; ``mutate``: rank 1 breaks its call that way (the case expects a
+              rank_lengths=None, grad=True, fla_context=False, mutate=None, split_wide=False, batch=1):
+    """Global inputs of one case (float32, B = 1, packed by ``lengths``; ``batch`` > 1: a fixed-length
+    batch of that many rows of ``lengths`` = [T] tokens each, every row split over the ranks alike).
+    ``grad=False``: an inference call (no_grad); ``fla_context``: the ranks pass an object with only
+    FLA's FLACPContext fields; ``mutate``: rank 1 breaks its call that way (the case expects a
     ValueError on every rank): 'V' (another head dim), 'cu_seqlens' (offsets unlike the
     context's), 'shape' (a g of the wrong length), 'context' (a
     context built for another rank), 'nan' (a NaN that rank 1's call refuses,
-    with ``check_inputs=True``, after the ranks agreed on the shapes).  ``split_wide``: the widened call
+    with ``check_inputs=True``, after the ranks agreed on the shapes); or 'rows': every rank passes
+    two rows under a context of several sequences.  ``split_wide``: the widened call
     runs as its two halves (as for V + K above the op's head-dim limit)."""
     flags = dict(flags or {})
     T = sum(lengths)
     svf = flags.get("state_v_first", False)
-    hshape = (len(lengths), HV, V, K) if svf else (len(lengths), HV, K, V)
-    c = inputs(MEMBER[op], 1, T, H, HV, K, V, seed=seed, N=len(lengths), h0=h0, state_scale=0.5, v_first=svf,
+    assert batch == 1 or len(lengths) == 1, "a fixed-length batch is one sequence per row"
+    n = max(batch, len(lengths))
+    hshape = (n, HV, V, K) if svf else (n, HV, K, V)
+    c = inputs(MEMBER[op], batch, T, H, HV, K, V, seed=seed, N=n, h0=h0, state_scale=0.5, v_first=svf,
                **_draws(op, flags, gate))
     x = {"q": c.q, "k": c.k, "v": c.v}
     x.update({n: getattr(c, n) for n in OPS[op]})
@@ -50,9 +54,9 @@ def make_case(op, lengths, *, H=2, HV=2, K=16, V=16, seed=0, h0=False, final=Fal
     if h0:
         x["initial_state"] = c.h0
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64)
-    up = {"do": torch.randn(1, T, HV, V, generator=c.gen), "dht": torch.randn(*hshape, generator=c.gen)}
+    up = {"do": torch.randn(batch, T, HV, V, generator=c.gen), "dht": torch.randn(*hshape, generator=c.gen)}
     return {"op": op, "x": x, "flags": flags, "cu": cu, "final": final, "up": up, "rank_lengths": rank_lengths,
-            "grad": grad, "fla_context": fla_context, "mutate": mutate, "split_wide": split_wide}
+            "grad": grad, "fla_context": fla_context, "mutate": mutate, "split_wide": split_wide, "batch": batch}
 
 
 def _draws(op, flags, gate):
@@ -106,11 +110,12 @@ def _call(op, x, case, **kw):
 def reference(case):
     """The one-process call on all tokens: o, final state and every input's gradient."""
     x, names = _leaves(case)
+    cu = None if case["batch"] > 1 else case["cu"]
     if not case["grad"]:
         with torch.no_grad():
-            o, ht = _call(case["op"], x, case, cu_seqlens=case["cu"])
+            o, ht = _call(case["op"], x, case, cu_seqlens=cu)
         return {"o": o, "ht": ht}
-    o, ht = _call(case["op"], x, case, cu_seqlens=case["cu"])
+    o, ht = _call(case["op"], x, case, cu_seqlens=cu)
     loss = (o * case["up"]["do"]).sum() + ((ht * case["up"]["dht"]).sum() if case["final"] else 0)
     loss.backward()
     return {"o": o.detach(), "ht": None if ht is None else ht.detach(),
@@ -151,6 +156,8 @@ def worker(rank, world, init_file, cases_file, out_dir):
                 elif case["mutate"] == "nan":  # found by check_inputs inside rank 1's own call
                     x["q"] = x["q"].detach().clone()
                     x["q"][0, 3, 0, 0] = float("nan")
+            if case["mutate"] == "rows":  # every rank: two rows under a context of several sequences
+                x = {n: t if n in SUMMED else torch.cat([t, t]).detach() for n, t in x.items()}
             if case["mutate"]:
                 try:
                     _call(case["op"], x, case, cp_context=ctx, **kw)

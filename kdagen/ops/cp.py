@@ -34,6 +34,12 @@ and value head) the outputs the recurrence gives from the start state I and zero
 Before the all-gather, one small all-gather of each rank's shapes and flags (a few int64 words)
 lets every rank refuse a disagreement with the same ValueError instead of hanging.
 
+A fixed-length batch (q [B, T_local, H, K], B > 1; beyond FLA, which takes B = 1): each row is one
+sequence, split over the ranks as the context's one sequence (``build_cp_context(torch.tensor([0, T]))``
+with T one row's global length).  The chain above then runs per row: the pieces are [B, HV, K, V + K]
+(CP x B x HV x K x (K + V) words in the all-gather), every row widened where the rank continues them,
+``initial_state`` and the final state are [B, HV, K, V].
+
 Beyond FLA: ``initial_state`` ([N_global, HV, K, V], the same tensor on every rank: each rank
 reads the rows of the sequences that *start* on it) and ``output_final_state=True`` (each rank
 returns [N_global, HV, K, V] holding the final states of the sequences that *end* on it, zero
@@ -310,25 +316,31 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
     q, k, v = tokens[:3]
     h_in = initial_state
     errors = []  # local refusals: raised on every rank after the agreement gather, so none hangs
-    if q.dim() != 4 or v.dim() != 4 or q.shape[0] != 1:
-        errors.append(f"{op}: under cp_context the inputs are the rank's tokens, q [1, T_local, H, K] "
-                      f"(B = 1, sequences given by the context's cu_seqlens), got q {tuple(q.shape)}")
-        T = H = K = HV = V = 0
+    if q.dim() != 4 or v.dim() != 4:
+        errors.append(f"{op}: under cp_context the inputs are the rank's tokens, q [B, T_local, H, K], got q "
+                      f"{tuple(q.shape)}")
+        B = T = H = K = HV = V = 0
     else:
-        T, H, K = q.shape[1], q.shape[2], q.shape[3]
+        B, T, H, K = q.shape
         HV, V = v.shape[2], v.shape[3]
+    # B > 1: a fixed-length batch, each row one sequence split over the ranks as the context's one sequence
+    rows = B > 1
     if errors:
         pass
     elif c.world_mismatch:
         errors.append(c.world_mismatch)
+    elif rows and (len(c.cu) > 2 or (c.num_global or 1) != 1 or cu_seqlens is not None):
+        errors.append(f"{op}: a batch of B = {B} rows under cp_context needs a context built from one row's offsets "
+                      "(build_cp_context(torch.tensor([0, T])): every row is split over the ranks alike); packed "
+                      "sequences take B = 1")
     elif c.cu[0] != 0 or c.cu[-1] != T or any(b <= a for a, b in zip(c.cu, c.cu[1:])):
         errors.append(f"{op}: cp_context.cu_seqlens {c.cu} does not describe this rank's {T} tokens "
                       "(it must start at 0, rise and end at T_local)")
     elif cu_seqlens is not None and [int(x) for x in cu_seqlens.cpu().tolist()] != c.cu:
         errors.append(f"{op}: cu_seqlens {cu_seqlens.cpu().tolist()} disagrees with cp_context.cu_seqlens {c.cu}; "
                       "under cp_context pass cu_seqlens=None (the context's local offsets are used)")
-    elif any(isinstance(x, torch.Tensor) and (x.dim() < 2 or x.shape[:2] != (1, T)) for x in tokens):
-        errors.append(f"{op}: every per-token input must be [1, T_local = {T}, ...] under cp_context, got "
+    elif any(isinstance(x, torch.Tensor) and (x.dim() < 2 or x.shape[:2] != (B, T)) for x in tokens):
+        errors.append(f"{op}: every per-token input must be [B = {B}, T_local = {T}, ...] under cp_context, got "
                       f"{[tuple(x.shape) for x in tokens if isinstance(x, torch.Tensor)]}")
     elif (h_in is not None or output_final_state) and c.seq_ids is None:
         errors.append(f"{op}: initial_state / output_final_state=True under cp_context need kdagen's context "
@@ -336,16 +348,17 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
     elif h_in is not None:
         if state_v_first:
             h_in = h_in.transpose(-1, -2)
-        if tuple(h_in.shape) != (c.num_global, HV, K, V):
+        n_states = B if rows else c.num_global
+        if tuple(h_in.shape) != (n_states, HV, K, V):
             errors.append(f"{op}: under cp_context initial_state holds every global sequence's state, "
-                          f"[{c.num_global}, {HV}, {K}, {V}] (the same tensor on every rank), got "
+                          f"[{n_states}, {HV}, {K}, {V}] (the same tensor on every rank), got "
                           f"{tuple(initial_state.shape)}")
     grads = [x for x in tuple(tokens) + tuple(params) + (h_in,) if isinstance(x, torch.Tensor)]
     training = torch.is_grad_enabled() and any(x.requires_grad for x in grads)
     N = len(c.cu) - 1
     shapes = [d for x in tokens[3:] for d in ((-1,) if x is None else (x.dim(),) + tuple(x.shape[2:]))]
     shared = list(extra_flags) + [
-        ("H", H), ("HV", HV), ("K", K), ("V", V), ("q's dtype", _DTYPES.get(q.dtype, 9)),
+        ("B", B), ("H", H), ("HV", HV), ("K", K), ("V", V), ("q's dtype", _DTYPES.get(q.dtype, 9)),
         ("v's dtype", _DTYPES.get(v.dtype, 9)), ("device type", int(v.device.type == "cuda")),
         ("training", int(training)), ("initial_state", int(h_in is not None)),
         ("output_final_state", int(output_final_state)), ("state_v_first", int(state_v_first)),
@@ -353,35 +366,41 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
     _agree(op, c, shared, [c.pre, c.post, N], errors[0] if errors else None)
 
     dev = v.device
-    eye = torch.eye(K, device=dev, dtype=torch.float32).expand(HV, K, K)
-    zero_e = torch.zeros(HV, K, V, device=dev, dtype=torch.float32)
-    own = [None] * N  # the local sequences' own initial states (all but a first one continued from before)
-    if h_in is not None:
-        own = [None if (i == 0 and c.pre > 0) else h_in[c.seq_ids[i]].float() for i in range(N)]
+    S = B if rows else 1  # the chain's rows: each row of a fixed-length batch, else the first local sequence
+    eye = torch.eye(K, device=dev, dtype=torch.float32).expand(S, HV, K, K)
+    zero_e = torch.zeros(S, HV, K, V, device=dev, dtype=torch.float32)
+    blank = torch.cat([zero_e, eye], dim=-1)  # [0 | I]: no tokens, the state passed on unchanged
+    if rows:  # the rows' own initial states where they start here
+        own = [h_in.float().contiguous() if h_in is not None and c.pre == 0 else None] * N
+    else:  # the local sequences' own initial states (all but a first one continued from before)
+        own = [None] * N
+        if h_in is not None:
+            own = [None if (i == 0 and c.pre > 0) else h_in[c.seq_ids[i]].float() for i in range(N)]
     wide = N > 0 and c.pre > 0
+    cu_dev, cu_cpu = (None, None) if rows else (c.cu_dev, c.cu_cpu)
     failure = None
     try:
         if N == 0:
-            o, ht, piece = q.new_zeros(1, 0, HV, V), None, torch.cat([zero_e, eye], dim=-1)
+            o, ht, piece = q.new_zeros(B, 0, HV, V), None, blank
         elif not wide:  # every local sequence starts here: the call is exact before the collective
-            h0 = None if all(r is None for r in own) else torch.stack([zero_e if r is None else r for r in own])
-            o, ht = call(tokens, h0, c.cu_dev, c.cu_cpu)
-            piece = torch.cat([ht[-1] if c.post > 0 else zero_e, eye], dim=-1)
-        else:  # the first sequence: values [v | 0] from [0 | I]; the others as they are
+            h0 = own[0] if rows else (None if all(r is None for r in own) else
+                                      torch.stack([zero_e[0] if r is None else r for r in own]))
+            o, ht = call(tokens, h0, cu_dev, cu_cpu)
+            piece = torch.cat([ht[-S:] if c.post > 0 else zero_e, eye], dim=-1)
+        else:  # the first sequence (every row): values [v | 0] from [0 | I]; the others as they are
             t1 = c.cu[1]
             first = tuple(x[:, :t1] if isinstance(x, torch.Tensor) else x for x in tokens)
-            start = torch.cat([zero_e, eye], dim=-1)[None].contiguous()
-            ow, htw = _wide_call(call, first, start, V, K, max_width)
+            ow, htw = _wide_call(call, first, blank.contiguous(), V, K, max_width)
             if N == 1:
-                piece = htw[0]
+                piece = htw
             else:
                 rest = tuple(x[:, t1:] if isinstance(x, torch.Tensor) else x for x in tokens)
-                h0 = None if all(r is None for r in own[1:]) else torch.stack([zero_e if r is None else r
+                h0 = None if all(r is None for r in own[1:]) else torch.stack([zero_e[0] if r is None else r
                                                                               for r in own[1:]])
                 o_rest, ht_rest = call(rest, h0, c.cu_dev[1:] - t1, c.cu_cpu[1:] - t1)
-                piece = torch.cat([ht_rest[-1] if c.post > 0 else zero_e, eye], dim=-1)
+                piece = torch.cat([ht_rest[-1:] if c.post > 0 else zero_e, eye], dim=-1)
     except Exception as err:  # still joins the collective (flagged), so no other rank waits for it
-        failure, piece = err, torch.cat([zero_e, eye], dim=-1)
+        failure, piece = err, blank
     # the piece and one flag word (a local call that raised) travel together
     flat = torch.cat([piece.float().reshape(-1), piece.new_full((1,), float(failure is not None), dtype=torch.float32)])
     if training and not flat.requires_grad:
@@ -393,15 +412,15 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
     if bad:
         raise ValueError(f"{op}: the call on rank(s) {bad} of the cp_context's group raised (see the error raised "
                          "there); every rank stops")
-    gathered = gathered[:, :-1].reshape(c.world, HV, K, V + K)
+    gathered = gathered[:, :-1].reshape(c.world, S, HV, K, V + K)
 
-    if wide:  # the chain gives the first sequence's start h; its outputs and state are corrected by it
+    if wide:  # the chain gives the first sequence's (each row's) start h; its outputs and state are corrected by it
         r0 = c.rank - c.pre
-        h = gathered[r0, :, :, :V]
+        h = gathered[r0, ..., :V]
         for j in range(r0 + 1, c.rank):
-            h = torch.matmul(gathered[j, :, :, V:], h) + gathered[j, :, :, :V]
-        o = (ow[..., :V].float() + torch.einsum("bthk,hkv->bthv", ow[..., V:].float(), h)).to(ow.dtype)
-        ht = (htw[0, :, :, :V] + torch.matmul(htw[0, :, :, V:], h))[None]
+            h = torch.matmul(gathered[j, ..., V:], h) + gathered[j, ..., :V]
+        o = (ow[..., :V].float() + torch.einsum("bthk,bhkv->bthv", ow[..., V:].float(), h)).to(ow.dtype)
+        ht = htw[..., :V] + torch.matmul(htw[..., V:], h)
         if N > 1:
             o, ht = torch.cat([o, o_rest], dim=1), torch.cat([ht, ht_rest])
     if training:
@@ -409,17 +428,20 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
 
     final = None
     if output_final_state:
-        final = torch.zeros(c.num_global, HV, K, V, device=dev, dtype=torch.float32)
-        idx, src = [], []
-        for i in range(N):
-            if i < N - 1 or c.post == 0:
-                idx.append(c.seq_ids[i])
-                src.append(ht[i])
-        for n in c.final_empty:
-            idx.append(n)
-            src.append(h_in[n].float() if h_in is not None else zero_e)
-        if idx:
-            final = final.index_copy(0, torch.tensor(idx, device=dev), torch.stack(src))
+        if rows:  # every row ends on the last rank holding tokens
+            final = ht.float() if N and c.post == 0 else torch.zeros(B, HV, K, V, device=dev, dtype=torch.float32)
+        else:
+            final = torch.zeros(c.num_global, HV, K, V, device=dev, dtype=torch.float32)
+            idx, src = [], []
+            for i in range(N):
+                if i < N - 1 or c.post == 0:
+                    idx.append(c.seq_ids[i])
+                    src.append(ht[i])
+            for n in c.final_empty:
+                idx.append(n)
+                src.append(h_in[n].float() if h_in is not None else zero_e[0])
+            if idx:
+                final = final.index_copy(0, torch.tensor(idx, device=dev), torch.stack(src))
         if training:
             final = _Tie.apply(final, gathered)
         if state_v_first:

@@ -24,7 +24,8 @@ ALL_FLAGS = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, use_beta
 def _cases(world):
     """Each group size's cases: every chunk op, its in-kernel flags, GVA, initial and final states,
     sequence boundaries on and off the rank edges, sequences over several ranks, empty ranks,
-    ranks of fewer tokens than a chunk, zero-length sequences, FLA's context object, inference."""
+    ranks of fewer tokens than a chunk, zero-length sequences, FLA's context object, inference,
+    fixed-length batches of several rows."""
     if world == 2:
         return [
             # KDA, every flag, GVA, a boundary exactly on the rank edge
@@ -39,6 +40,9 @@ def _cases(world):
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="shape"),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="nan", flags=dict(check_inputs=True)),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="context"),
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="rows"),
+            # a fixed-length batch: every row split over the ranks, every flag, GVA
+            W.make_case("chunk_kda", [80], seed=13, batch=2, HV=4, h0=True, final=True, flags=ALL_FLAGS),
         ]
     if world == 3:
         return [
@@ -58,12 +62,14 @@ def _cases(world):
                     flags=ALL_FLAGS),
         W.make_case("chunk_dplr_delta_rule", [96], seed=10, h0=True, final=True, rank_lengths=[30, 0, 40, 26]),
         W.make_case("chunk_gated_delta_rule", [7, 60, 29], seed=11, rank_lengths=[0, 40, 56, 0], final=True),
+        # a fixed-length batch of three rows over uneven ranks, one empty and one of part of a chunk
+        W.make_case("chunk_gla", [72], seed=14, batch=3, h0=True, final=True, rank_lengths=[36, 0, 5, 31]),
     ]
 
 
 EXPECTED = {"V": "disagree on V", "cu_seqlens": "disagrees with cp_context.cu_seqlens",
             "shape": "per-token input", "nan": "NaN",
-            "context": "built for rank 0 of 2"}
+            "context": "built for rank 0 of 2", "rows": "needs a context built from one row's offsets"}
 
 
 @pytest.mark.slow  # spawned processes, each running the interpreter
@@ -82,6 +88,9 @@ def test_context_parallel_ranks_give_the_one_process_call(world, tmp_path):
         if case["mutate"]:
             errors = [p[i]["error"] for p in per_rank]
             assert all(e is not None for e in errors), f"{what}: some rank returned instead of raising: {errors}"
+            if case["mutate"] == "rows":  # refused on every rank alike
+                assert all(EXPECTED["rows"] in e for e in errors), errors
+                continue
             assert EXPECTED[case["mutate"]] in errors[1], f"{what}: rank 1 said {errors[1]!r}"
             others = {"V": EXPECTED["V"], "nan": "call on rank(s) [1]"}.get(case["mutate"], "rank(s) [1]")
             assert all(others in e for r, e in enumerate(errors) if r != 1), errors
