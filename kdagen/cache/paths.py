@@ -1,5 +1,6 @@
 """Where kdagen writes: the user cache directory and what lives under it (tuning-cache files,
-generated sources, Optuna journals), and where generated sources go when it cannot be written."""
+generated sources, Jinja's compiled templates, Optuna journals), and where generated sources go when it
+cannot be written."""
 from __future__ import annotations
 
 import atexit
@@ -71,6 +72,11 @@ def fall_back_for_sources(error: OSError) -> Path:
 def generated_dir() -> Path:
     """Generated Triton sources (Triton's JIT reads a kernel's source from its file)."""
     return cache_dir() / "generated"
+
+
+def compiled_templates_dir(version: str) -> Path:
+    """Jinja's compiled templates (kdagen ``version``'s): a fresh process renders without compiling them."""
+    return cache_dir() / "templates" / version
 
 
 def studies_dir() -> Path:

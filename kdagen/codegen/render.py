@@ -15,6 +15,7 @@ from typing import Callable
 import jinja2
 
 from ..cache.heuristics import WIDE_STATE_BK
+from ..cache.paths import compiled_templates_dir
 from ..config import (SEGMENT_MAX_BK, ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig, ConfigError,
                       RecurrentBwdConfig, RecurrentConfig, _Config)
 from ..dtypes import dtype
@@ -332,6 +333,29 @@ class GeneratedSource:
     source_hash: str
 
 
+class _CompiledTemplates(jinja2.FileSystemBytecodeCache):
+    """Jinja's compiled templates kept under the cache directory, so that a fresh process (a first call
+    with kept binaries) does not parse and compile the templates again: Jinja checks each entry against
+    its template's source (a checksum) and the Python version (its magic header); a directory of its
+    own per kdagen version (the environment's options are fixed per version).  A cache directory that
+    cannot be written costs only the compile."""
+
+    def dump_bytecode(self, bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+def _compiled_templates() -> jinja2.BytecodeCache | None:
+    d = compiled_templates_dir(__version__)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return _CompiledTemplates(str(d))
+
+
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     return jinja2.Environment(
@@ -339,6 +363,7 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        bytecode_cache=_compiled_templates(),
     )
 
 

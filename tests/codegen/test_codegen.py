@@ -82,6 +82,50 @@ def test_render_is_identical_in_a_fresh_process():
     assert out == hashlib.sha256(render("chunk_pass", p, default_chunk_config(p)).text.encode()).hexdigest()
 
 
+def test_templates_compiled_once_are_read_back_and_a_changed_template_is_compiled_again(tmp_path, monkeypatch):
+    """A fresh process (a first call with kept binaries) reads Jinja's compiled templates from the cache
+    directory instead of compiling them; a template whose text changed is compiled again; a cache
+    directory that cannot be written costs only the compile."""
+    import jinja2
+
+    import kdagen.codegen.render as R
+
+    compiles = []
+    plain_compile = jinja2.Environment.compile
+
+    def counted(self, source, name=None, *args, **kwargs):
+        compiles.append(name)
+        return plain_compile(self, source, name, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counted)
+    p = _plan()
+    c = default_chunk_config(p)
+    try:
+        monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "cache"))
+        R._env.cache_clear()
+        first = render("chunk_solve", p, c)
+        assert compiles and any((tmp_path / "cache" / "templates" / __version__).iterdir())
+        compiles.clear()
+        R._env.cache_clear()  # as a fresh process
+        assert render("chunk_solve", p, c).text == first.text and compiles == []
+        # another text under the same template name (a checkout whose template was edited): compiled again
+        copy = tmp_path / "templates"
+        import shutil
+        shutil.copytree(templates_dir(), copy)
+        edited = copy / R.KERNELS["chunk_solve"].template(p, R._template_vars("chunk_solve", p, c))
+        edited.write_text(edited.read_text() + "\n# edited\n")
+        monkeypatch.setattr(R, "templates_dir", lambda: copy)
+        R._env.cache_clear()
+        assert render("chunk_solve", p, c).text.endswith("# edited\n") and compiles
+        # a cache directory that is a file: rendering works, nothing is kept
+        (tmp_path / "file").write_text("")
+        monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "file"))
+        R._env.cache_clear()
+        assert render("chunk_solve", p, c).text.endswith("# edited\n")
+    finally:
+        R._env.cache_clear()
+
+
 def test_header_names_spec_config_and_version():
     p = _plan()
     c = default_chunk_config(p)
