@@ -182,11 +182,13 @@ def error_text(error: float | None) -> str:
 def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
                   decode_batches: list[int]) -> list[tuple[tuple, dict]]:
     """((B, T, H, HV), call shape) of each shape a family is tuned at for head dim K: the chunk
-    forms at the ``shapes`` (B, T, H, K) with that K, decode at ``decode_batches`` with 32 heads."""
+    forms at the ``shapes`` (B, T, H, K) with that K, decode at ``decode_batches`` with 32 heads.  The
+    call shape holds every feature the heuristics read from an op's call (its value heads too: the
+    state-pass programs), so the heuristic config tuned against and kept is the one the op runs there."""
     if family == "recurrent":
         # a decode step (one token per sequence) on [.., K, V] states: what the key records (keys.call_bucket)
-        return [((b, 1, 32, 32), dict(T=1, B=b, N=b, state_v_first=False)) for b in decode_batches]
-    return [((B, T, H, H), dict(T=T, B=B, N=B)) for B, T, H, Ks in shapes if Ks == K]
+        return [((b, 1, 32, 32), dict(T=1, B=b, N=b, HV=32, state_v_first=False)) for b in decode_batches]
+    return [((B, T, H, H), dict(T=T, B=B, N=B, HV=H)) for B, T, H, Ks in shapes if Ks == K]
 
 
 def plans_for(spec_args: dict, dtype, head_dims: list[tuple[int, int]], families: list[str]) -> dict:

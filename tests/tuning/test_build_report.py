@@ -162,7 +162,7 @@ def test_build_shows_gate_padding_progress_and_a_summary(runner, fake_compile):
     assert "kept the binaries of 1 config(s)" in out
     (fam, plan, _, shape, config, fwd), = fake_compile
     assert (fam, plan.K, shape, fwd) == ("recurrent", 80, (2, 1, 32, 32), None)
-    assert config == default_config("recurrent", plan, dict(T=1, B=2, N=2, state_v_first=False))
+    assert config == default_config("recurrent", plan, dict(T=1, B=2, N=2, HV=32, state_v_first=False))
     assert "next: on a machine with this GPU (h800), `kdagen tune --head-dim 80`" in out
     r = runner.invoke(main, ["build", "--gpu", "h800", "--head-dim", "64", "--family", "recurrent", "--quiet"])
     assert r.exit_code == 0 and "[recurrent" not in r.stderr and "summary:" in r.output
@@ -189,10 +189,10 @@ def test_a_build_that_does_not_tune_compiles_what_the_ops_run(runner, fake_compi
     assert [(f, p.K, s) for f, p, _, s, _, _ in fake_compile] == [
         ("chunk_fwd", 64, (1, 1024, 4, 4)), ("chunk_fwd", 64, (2, 64, 8, 8)),
         ("recurrent", 64, (2, 1, 32, 32)), ("recurrent", 64, (64, 1, 32, 32))]
-    for fam, plan, _, shape, config, _ in fake_compile:
-        B, T = shape[:2]
-        assert config == default_config(fam, plan, dict(T=T, B=B, N=B) if fam == "chunk_fwd" else
-                                        dict(T=1, B=B, N=B, state_v_first=False))
+    for fam, plan, _, shape, config, _ in fake_compile:  # the heuristic at the op's call shape (value heads too)
+        B, T, _, HV = shape
+        assert config == default_config(fam, plan, dict(T=T, B=B, N=B, HV=HV) if fam == "chunk_fwd" else
+                                        dict(T=1, B=B, N=B, HV=32, state_v_first=False))
     assert "kept the binaries of 4 config(s)" in out
     assert "summary: what the ops run on a h800 at each tuning shape, compiled for it and kept" in out
     assert re.search(r"chunk_fwd\s+64x64\s+B=1 T=1024 H=4\s+heuristic\s+kept", out)

@@ -215,3 +215,39 @@ def test_the_training_inverse_is_tf32_only_in_bf16(member, dtype, expect):
     train = H.default_config("chunk_train", plan)
     assert train.inverse_precision == expect
     assert H.default_config("chunk_bwd", plan, train_config=train).inverse_precision == expect
+
+
+@pytest.mark.parametrize("shape", [(1, 8192, 16, 128), (2, 16384, 16, 128), (4, 4096, 32, 128), (16, 2048, 64, 64)])
+def test_the_config_tuned_against_and_kept_at_a_tuning_shape_is_the_one_the_op_runs_there(h200, shape):
+    """`kdagen build` keeps (and the tuner times as its default) the heuristic config at each tuning shape's
+    call shape: it must be what chunk_kda and fused_recurrent_kda resolve at that shape, or a first call
+    compiles other kernels than the kept ones (a call shape without the value heads gave the backward's
+    reverse pass 3 stages where the op, seeing few state programs, runs 4)."""
+    import torch
+
+    from kdagen.ops.chunk import prepare_kda
+    from kdagen.ops.chunk_call import chunk_configs
+    from kdagen.ops.inputs import check_inputs
+    from kdagen.tuning.driver import tuning_shapes
+
+    B, T, heads, K = shape
+    bf = torch.bfloat16
+    plan = lower(select_spec(False, True, -5.0, False, False), K, K, "bfloat16", "chunk", False)
+    x = [torch.empty(B, T, heads, K, dtype=bf) for _ in range(3)] + [torch.empty(B, T, heads, K),
+                                                                     torch.empty(B, T, heads, dtype=bf)]
+    call, _ = prepare_kda(*x, safe_gate=True, lower_bound=-5.0, in_kernel=False)
+    op_train, op_bwd = chunk_configs(call, None, None, True)
+    op_fwd, _ = chunk_configs(prepare_kda(*x, safe_gate=True, lower_bound=-5.0)[0], None, None, False)
+    ((_, hint),) = tuning_shapes("chunk_bwd", K, [shape], [])
+    fwd = H.default_config("chunk_train", plan, hint)
+    assert (fwd, H.default_config("chunk_bwd", plan, hint, fwd).with_chunking(fwd.chunk_size, fwd.sub_chunk)) == \
+        (op_train, op_bwd)
+    assert H.default_config("chunk_fwd", plan, tuning_shapes("chunk_fwd", K, [shape], [])[0][1]) == op_fwd
+    # decode: a step of B sequences on 32 heads from fp32 states
+    rplan = lower(select_spec(False, True, -5.0, False, False), K, K, "bfloat16", "recurrent", False)
+    ((_, hint),) = tuning_shapes("recurrent", K, [], [B])
+    q = torch.empty(B, 1, 32, K, dtype=bf)
+    dims, _ = check_inputs(q, q, q, torch.empty(B, 1, 32, K), torch.empty(B, 1, 32, dtype=bf), scale=None,
+                           initial_state=torch.empty(B, 32, K, K), cu_seqlens=None)
+    assert H.default_config("recurrent", rplan, hint) == tuned.resolve("recurrent", rplan, None,
+                                                                      dims.decode_shape(False))
