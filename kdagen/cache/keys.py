@@ -76,6 +76,14 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
     raise ValueError(f"shape_bucket: unknown kernel kind {kind!r}; known: chunk_fwd, chunk_bwd, chunk_train, recurrent")
 
 
+# A chunk call's bucket also says how many value heads it has (``_h<n>``, a power of two, capped): the heuristics
+# branch on the state-pass programs (sequences x value heads x tiles), so a winner timed at one head count is found
+# only by calls of that count.  A winner stored before the heads were keyed (no ``_h``) is found by a call of any
+# count (:func:`lookup_buckets`: the bucket with the heads first, then the one without).  The recurrent form's
+# winners are timed at 32 heads whatever the model's (driver.tuning_shapes), so its bucket leaves the heads out.
+HEADS_SUFFIX = "_h"
+HEADS_BUCKET_MAX = 256
+
 # The recurrent form's bucket also says what its heuristic branches on besides the sequences (kdagen.cache.
 # heuristics' Features): the state's layout and whether the call is a decode step.  The bare bucket (every
 # cache written before these suffixes) is the layout and call the tuner has always timed: [.., K, V] states,
@@ -85,9 +93,11 @@ TOKENS_SUFFIX = "_tokens"  # more tokens than sequences: not a decode step
 TOKEN_SLOTS_SUFFIX = "_slots"  # speculative decoding: a pool slot per token, the kernel's token_slots form
 
 
-def call_bucket(kind: str, shape: dict) -> str:
-    """The bucket of a call ``shape`` ({"T", "B", "N"}, and for the recurrent form optionally
-    "state_v_first"): :func:`shape_bucket`'s, and for the recurrent form :data:`V_FIRST_SUFFIX` on a
+def call_bucket(kind: str, shape: dict, heads: bool = True) -> str:
+    """The bucket of a call ``shape`` ({"T", "B", "N"}, optionally "HV", and for the recurrent form optionally
+    "state_v_first"): :func:`shape_bucket`'s, then for the chunk forms (``heads`` and "HV" given)
+    :data:`HEADS_SUFFIX` and the value heads rounded up to a power of two, and for the recurrent form
+    :data:`V_FIRST_SUFFIX` on a
     [.., V, K] state and :data:`TOKENS_SUFFIX` where the call has more tokens than sequences (B * T > N),
     so that a winner is found only by calls of the state layout and step it was timed on; and
     :data:`TOKEN_SLOTS_SUFFIX` for a speculative-decoding call (shape "token_slots": a 2-D ssm_state_indices),
@@ -95,6 +105,8 @@ def call_bucket(kind: str, shape: dict) -> str:
     call's winner."""
     T, B, N = int(shape["T"]), int(shape["B"]), int(shape["N"])
     bucket = shape_bucket(kind, T, B, N)
+    if heads and shape.get("HV") and kind != "recurrent":
+        bucket += f"{HEADS_SUFFIX}{min(_pow2_ceil(int(shape['HV'])), HEADS_BUCKET_MAX)}"
     if kind == "recurrent":
         bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + (TOKENS_SUFFIX if B * T > N else "")
         bucket += TOKEN_SLOTS_SUFFIX if shape.get("token_slots") else ""
@@ -196,13 +208,20 @@ def source_hash(family: str) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32") -> CacheKey:
+def lookup_buckets(kernel: str, shape: dict) -> list[bool]:
+    """The ``heads`` arguments of :func:`call_bucket` (and :func:`cache_key`) a look-up tries, in order: the
+    bucket with the call's value heads, then -- a winner stored before the heads were keyed -- the one
+    without."""
+    return [True, False] if shape.get("HV") and kernel != "recurrent" else [False]
+
+
+def cache_key(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32", heads: bool = True) -> CacheKey:
     """The key of a winner of ``kernel`` (a family) for ``plan`` at a call ``shape`` ({"T", "B",
-    "N"}, for the recurrent form also "state_v_first": :func:`call_bucket`) on ``gpu``, whose state
-    (initial state, decode pool) is ``state_dtype``.  Its spec is the plan's tuning spec
+    "N", "HV"}, for the recurrent form also "state_v_first": :func:`call_bucket`, ``heads`` its) on ``gpu``,
+    whose state (initial state, decode pool) is ``state_dtype``.  Its spec is the plan's tuning spec
     (:func:`kdagen.codegen.lower.tuning_spec`): an in-kernel gate's call finds the winners tuned for
     the direct gate with its bound."""
-    bucket = call_bucket(kernel, shape)
+    bucket = call_bucket(kernel, shape, heads)
     return CacheKey.create(kernel=kernel, spec_hash=plan.tuning_spec_hash, source_hash=source_hash(kernel),
                            K=plan.K, V=plan.V, dtype=plan.dtype, state_dtype=state_dtype,
                            shape_bucket=bucket, gpu=gpu)

@@ -8,7 +8,7 @@ from functools import lru_cache
 from ..codegen.lower import Plan
 from ..config import config_from_dict
 from .heuristics import default_config
-from .keys import cache_key, call_bucket
+from .keys import cache_key, call_bucket, lookup_buckets
 
 
 @lru_cache(maxsize=1)
@@ -45,12 +45,13 @@ def lookup_winner(plan: Plan, kernel: str, shape: dict, state_dtype: str = "floa
     memo_key = (kernel, plan, call_bucket(kernel, shape), state_dtype, gpu.name)
     if memo_key in _MEMO:
         return _MEMO[memo_key]
-    key = cache_key(plan, kernel, shape, gpu, state_dtype)
     cfg = None
     try:
-        entry = _cache_for(gpu.name).lookup(key)
-        if entry is not None:
-            cfg = config_from_dict(kernel, entry["config"])
+        for heads in lookup_buckets(kernel, shape):  # this call's value heads, then a winner stored without them
+            entry = _cache_for(gpu.name).lookup(cache_key(plan, kernel, shape, gpu, state_dtype, heads))
+            if entry is not None:
+                cfg = config_from_dict(kernel, entry["config"])
+                break
     except Exception as e:  # noqa: BLE001 - a bad cache must never break a forward pass
         warnings.warn(f"kdagen: ignoring tuning cache entry: {e}", stacklevel=3)
     _MEMO[memo_key] = cfg

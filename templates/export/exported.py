@@ -79,7 +79,7 @@ def lower(spec, K, V, dtype, form, gate_in_kernel=False):
 
 def lookup_winner(plan, kernel, shape, state_dtype="float32"):
     """The winner exported for this GPU, plan, state dtype and shape bucket, or None."""
-    from .cache.keys import call_bucket
+    from .cache.keys import call_bucket, lookup_buckets
     from .cache.lookup import _current_gpu
     from .config import config_from_dict
 
@@ -93,9 +93,12 @@ def lookup_winner(plan, kernel, shape, state_dtype="float32"):
             warnings.warn(f"{PACKAGE}: no configs were exported for this GPU ({gpu.name}); the heuristic "
                           f"configs run. {exported_for()}", stacklevel=4)
         return None
-    bucket = call_bucket(kernel, shape)  # kdagen's own key: the recurrent form's layout and step included
-    d = per_gpu.get(kernel, {}).get(str(_PLANS.get(plan, -1)), {}).get(state_dtype, {}).get(bucket)
-    return config_from_dict(kernel, d) if d is not None else None
+    table = per_gpu.get(kernel, {}).get(str(_PLANS.get(plan, -1)), {}).get(state_dtype, {})
+    for heads in lookup_buckets(kernel, shape):  # kdagen's own key: value heads, layout and step included
+        d = table.get(call_bucket(kernel, shape, heads))
+        if d is not None:
+            return config_from_dict(kernel, d)
+    return None
 
 
 def build(plan, config):

@@ -338,7 +338,7 @@ def test_build_on_the_gpu_stores_a_user_specs_winners_under_its_own_keys(tmp_pat
     def key(spec, fam, form, hint):
         return cache_key(lower(spec, 32, 32, "float32", form), fam, hint, h200, "float32").key_string()
 
-    chunk_hint, dec_hint = dict(T=64, B=1, N=1), dict(T=1, B=2, N=2)
+    chunk_hint, dec_hint = dict(T=64, B=1, N=1, HV=2), dict(T=1, B=2, N=2)  # (a chunk bucket names its value heads)
     # the spec's own tuning specs: g given, bounded by its gate for the chunk form, unbounded for decode
     assert set(entries) == {key(user.with_gate(S.gate_direct(-3.0)), "chunk_fwd", "chunk", chunk_hint),
                             key(user.with_gate(S.gate_direct(None)), "recurrent", "recurrent", dec_hint)}

@@ -83,6 +83,37 @@ def test_the_recurrent_bucket_carries_the_layout_and_the_decode_step():
     assert keys.call_bucket("chunk_fwd", {"T": 4096, "B": 4, "N": 4, "state_v_first": True}) == "t16384_s4"
 
 
+def test_a_winner_is_found_by_calls_of_its_value_heads_and_an_older_one_by_any():
+    """The heuristics branch on the state-pass programs (sequences x value heads x tiles): a chunk call's bucket
+    carries its value heads (rounded up to a power of two), so a winner timed at 16 heads is not served to
+    a call of 64; a winner stored before the heads were keyed is found by a call of any count."""
+    call = {"T": 8192, "B": 1, "N": 1}
+    assert keys.call_bucket("chunk_fwd", dict(call, HV=16)) == "t8192_s1_h16"
+    assert keys.call_bucket("chunk_fwd", dict(call, HV=12)) == "t8192_s1_h16"
+    assert keys.call_bucket("chunk_fwd", dict(call, HV=16), heads=False) == "t8192_s1"
+    assert keys.lookup_buckets("chunk_fwd", dict(call, HV=16)) == [True, False]
+    assert keys.lookup_buckets("chunk_fwd", call) == [False]
+    # decode winners are timed at 32 heads whatever the model's (driver.tuning_shapes): found by any count
+    assert keys.call_bucket("recurrent", {"T": 1, "B": 48, "N": 48, "HV": 32, "state_v_first": True}) == "s64_vk"
+    assert keys.lookup_buckets("recurrent", {"T": 1, "B": 48, "N": 48, "HV": 32}) == [False]
+
+
+@pytest.mark.parametrize("stored", ["heads", "older"])
+def test_the_ops_find_a_winner_of_their_value_heads_or_an_older_one(h200, stored):
+    plan = _reference("chunk_fwd")
+    call = {"T": 8192, "B": 1, "N": 1, "HV": 16}
+    won = ChunkFwdConfig(state_block_v=16, state_num_warps=2)
+    key = keys.cache_key(plan, "chunk_fwd", call, h200, heads=stored == "heads")
+    TuningCache(h200.name).store(key, make_entry(config=won.to_dict(), kernel="chunk_fwd", time_ms=0.01, error=0.0))
+    tuned._MEMO.clear()
+    assert tuned.resolve("chunk_fwd", plan, None, call) == won
+    assert tuned.resolve("chunk_fwd", plan, None, dict(call, HV=13)) == won  # the same power of two
+    other = dict(call, HV=64)
+    want = won if stored == "older" else H.default_chunk_config(plan, other)
+    assert (tuned.resolve("chunk_fwd", plan, None, other) == won) == (stored == "older")
+    assert tuned.resolve("chunk_fwd", plan, None, other) == want
+
+
 @pytest.mark.parametrize("stored_v_first", [True, False])
 def test_a_winner_is_found_only_by_calls_of_its_state_layout(h200, stored_v_first):
     plan = _rec()
