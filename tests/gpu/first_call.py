@@ -37,7 +37,12 @@ _orig_build = _tb._build
 def _timed_build(name, *a, **kw):  # the C modules a first launch builds (launchers, the driver's utilities)
     t = time.perf_counter(); so = _orig_build(name, *a, **kw); _built.append(time.perf_counter() - t); return so
 _tb._build = _timed_build
-knobs.compilation.listener = lambda **kw: _hits.append(bool(kw["cache_hit"]))
+_compiled = []
+def _listen(**kw):  # every kernel's first launch: loaded (a hit) or compiled (named, so a miss is diagnosable)
+    _hits.append(bool(kw["cache_hit"]))
+    if not kw["cache_hit"]:
+        _compiled.append(getattr(kw["src"], "name", None) or kw["metadata"].get("name", "?"))
+knobs.compilation.listener = _listen
 if lib == "fla":
     from fla.ops.kda import chunk_kda, fused_recurrent_kda
 else:
@@ -68,7 +73,8 @@ for _ in range(3):
     torch.cuda.synchronize(); t0 = time.perf_counter(); call(); torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
 print("@@" + json.dumps(dict(import_s=t_import, first_s=times[0], warm_s=min(times[1:]), c_builds=len(_built),
-                             c_build_s=sum(_built), compiles=_hits.count(False), cache_hits=_hits.count(True))))
+                             c_build_s=sum(_built), compiles=_hits.count(False), cache_hits=_hits.count(True),
+                             compiled=_compiled)))
 '''
 
 
@@ -121,6 +127,8 @@ def main() -> None:
                       f"first/warm {r['first_s'] / r['warm_s']:8.1f}x  (import {r['import_s']:.1f} s; "
                       f"{r['compiles']} compiled, {r['cache_hits']} loaded, {r['c_builds']} C modules built in "
                       f"{r['c_build_s']:.1f} s)", flush=True)
+                if label == "kept" and r.get("compiled"):
+                    print(f"{'':17s}compiled, not kept: {', '.join(r['compiled'])}", flush=True)
     (a.out / "first_call.json").write_text(json.dumps(dict(shape=[B, T, H, K], batch=a.batch, build_s=build_s,
                                                            kept=n_kept, rows=rows), indent=1))
 
