@@ -105,7 +105,7 @@ def call_bucket(kind: str, shape: dict, heads: bool = True) -> str:
     call's winner."""
     T, B, N = int(shape["T"]), int(shape["B"]), int(shape["N"])
     bucket = shape_bucket(kind, T, B, N)
-    if heads and shape.get("HV") and kind != "recurrent":
+    if heads and _keyed_heads(kind, shape):
         bucket += f"{HEADS_SUFFIX}{min(_pow2_ceil(int(shape['HV'])), HEADS_BUCKET_MAX)}"
     if kind == "recurrent":
         bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + (TOKENS_SUFFIX if B * T > N else "")
@@ -208,11 +208,21 @@ def source_hash(family: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _keyed_heads(kind: str, shape: dict) -> bool:
+    """Whether a call's bucket names its value heads (:data:`HEADS_SUFFIX`)."""
+    return bool(shape.get("HV")) and kind != "recurrent"
+
+
 def lookup_buckets(kernel: str, shape: dict) -> list[bool]:
     """The ``heads`` arguments of :func:`call_bucket` (and :func:`cache_key`) a look-up tries, in order: the
     bucket with the call's value heads, then -- a winner stored before the heads were keyed -- the one
     without."""
-    return [True, False] if shape.get("HV") and kernel != "recurrent" else [False]
+    return [True, False] if _keyed_heads(kernel, shape) else [False]
+
+
+def lookup_keys(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32") -> list["CacheKey"]:
+    """The keys a winner of this call is looked up by, in order (:func:`lookup_buckets`)."""
+    return [cache_key(plan, kernel, shape, gpu, state_dtype, heads) for heads in lookup_buckets(kernel, shape)]
 
 
 def cache_key(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32", heads: bool = True) -> CacheKey:

@@ -8,7 +8,7 @@ from functools import lru_cache
 from ..codegen.lower import Plan
 from ..config import config_from_dict
 from .heuristics import default_config
-from .keys import cache_key, call_bucket, lookup_buckets
+from .keys import call_bucket, lookup_keys
 
 
 @lru_cache(maxsize=1)
@@ -47,8 +47,8 @@ def lookup_winner(plan: Plan, kernel: str, shape: dict, state_dtype: str = "floa
         return _MEMO[memo_key]
     cfg = None
     try:
-        for heads in lookup_buckets(kernel, shape):  # this call's value heads, then a winner stored without them
-            entry = _cache_for(gpu.name).lookup(cache_key(plan, kernel, shape, gpu, state_dtype, heads))
+        for key in lookup_keys(plan, kernel, shape, gpu, state_dtype):  # its value heads, then a winner without
+            entry = _cache_for(gpu.name).lookup(key)
             if entry is not None:
                 cfg = config_from_dict(kernel, entry["config"])
                 break

@@ -390,7 +390,7 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
         else:  # the first sequence (every row): values [v | 0] from [0 | I]; the others as they are
             t1 = c.cu[1]
             first = tuple(x[:, :t1] if isinstance(x, torch.Tensor) else x for x in tokens)
-            ow, htw = _wide_call(call, first, blank.contiguous(), V, K, max_width)
+            ow, htw = _wide_call(call, first, blank, V, K, max_width)
             if N == 1:
                 piece = htw
             else:

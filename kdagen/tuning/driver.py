@@ -15,7 +15,7 @@ import torch
 
 from ..cache.gpus import GpuProfile
 from ..cache.heuristics import default_config, default_train_config, worth_timing
-from ..cache.keys import cache_key, lookup_buckets, source_hash
+from ..cache.keys import cache_key, lookup_keys, source_hash
 from ..cache.paths import studies_dir
 from ..cache.store import TuningCache, make_entry
 from ..codegen.lower import Plan
@@ -297,8 +297,8 @@ def keep_binaries(gpu: GpuProfile, spec_args: dict, dtype, plans: dict, shapes, 
             found = []
 
             def pick(family, **kw):
-                entry = next((e for heads in lookup_buckets(family, hint)  # as the ops look winners up
-                              if (e := tuned.lookup(cache_key(plan, family, hint, gpu, state.name, heads)))), None)
+                keys = lookup_keys(plan, family, hint, gpu, state.name)  # as the ops look winners up
+                entry = next((e for e in map(tuned.lookup, keys) if e is not None), None)
                 found.append(entry is not None)
                 return config_from_dict(family, entry["config"]) if entry else default_config(family, plan, hint, **kw)
             fwd = None
