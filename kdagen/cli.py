@@ -849,7 +849,11 @@ def bench(shapes, passes, members, suite, compare, dtype_name, out_prefix, plot_
                         launch_timer=BM.profile_kernels if per_launch else None,
                         on_row=lambda so_far: BM.write_json(so_far, out_prefix + ".json") if out_prefix else None)
     except KeyboardInterrupt:
-        kept = f"; the rows measured so far are in {out_prefix}.json" if out_prefix else ""
+        if out_prefix and os.path.exists(out_prefix + ".json"):
+            kept = f"; the rows measured so far are in {out_prefix}.json"
+        else:
+            kept = " before any row was measured" + (" (FLA's autotuning may still have been warming: its Triton cache "
+                                                       "keeps what it compiled)" if compare == "fla" else "")
         click.echo(f"\ninterrupted{kept}", err=True)
         sys.exit(130)
     _bench_report(BM, result, out_prefix, plot_path, write_json=True, perf_md=perf_md, readme=readme,

@@ -251,6 +251,31 @@ def cpu_bench(monkeypatch):
     return warmed
 
 
+@pytest.mark.parametrize("when", ["warming FLA", "after a row"])
+def test_an_interrupted_bench_says_truly_whether_rows_were_kept(cpu_bench, tmp_path, monkeypatch, when):
+    """Interrupted (a device call's timeout) while FLA's autotuning warms, no row exists to point at; after a
+    row, the JSON holds it."""
+    out = tmp_path / "res"
+    if when == "warming FLA":
+        monkeypatch.setattr(BM, "warm_fla", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    else:
+        plain = BM.run
+
+        def run_then_stop(*a, on_row=None, **k):
+            plain(*a, on_row=on_row, **k)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(BM, "run", run_then_stop)
+    r = CliRunner().invoke(main, ["bench", "--compare", "fla", "--shapes", "1,24,2,16", "--dtype", "fp32",
+                                  "--out", str(out)])
+    assert r.exit_code == 130, r.output
+    if when == "warming FLA":
+        assert "interrupted before any row was measured" in r.output and not out.with_suffix(".json").exists()
+    else:
+        assert f"the rows measured so far are in {out}.json" in r.output
+        assert [row["library"] for row in json.loads(out.with_suffix(".json").read_text())["rows"]] == ["kdagen", "fla"]
+
+
 def test_bench_compare_fla_prints_a_table_and_writes_json_and_csv(cpu_bench, tmp_path, monkeypatch):
     out = tmp_path / "res"
     r = CliRunner().invoke(main, ["bench", "--compare", "fla", "--shapes", "1,24,2,16", "--dtype", "fp32",
