@@ -111,3 +111,25 @@ def test_triton_versions_tabulates_what_sweep_and_bench_write():
     assert "0/1" in sw[3] and sw[3].endswith("kda/decode/K64/float32/fixed:wrong")
     (row,) = [ln for ln in triton_versions._bench_lines([old, new]) if ln.startswith("kda ")]
     assert row.split()[3:] == ["1.5000", "ms", "2.0000", "ms", "2.0e-03", "1.2500", "ms", "failed", "2.0e-03"]
+
+
+def test_triton_versions_takes_an_unpacked_triton_and_can_leave_the_installed_one_out(tmp_path, monkeypatch):
+    """``--overlay`` (a Triton already unpacked, e.g. slimmed to travel where its wheel cannot) is measured as
+    the other Triton, ``--no-installed`` measures it alone, and a folder without a triton package is refused."""
+    measured = []
+    monkeypatch.setattr(triton_versions, "measure",
+                        lambda label, overlay, out, a: measured.append((label, overlay)) or
+                        {"version": label, "sweep": []})
+    (tmp_path / "t39" / "triton").mkdir(parents=True)
+    (tmp_path / "t39" / "triton" / "__init__.py").write_text("__version__ = '3.9.0'\n")
+    for extra, expect in (([], ["installed", "overlay"]), (["--no-installed"], ["overlay"])):
+        measured.clear()
+        monkeypatch.setattr(sys, "argv", ["triton_versions.py", "--overlay", str(tmp_path / "t39"), "--no-bench",
+                                          "--out", str(tmp_path / "out")] + extra)
+        triton_versions.main()
+        assert [m[0].split()[0] for m in measured] == expect
+        assert measured[-1][1] == (tmp_path / "t39").resolve()
+        assert (tmp_path / "out" / "table.txt").exists()
+    monkeypatch.setattr(sys, "argv", ["triton_versions.py", "--overlay", str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match="no triton/ package"):
+        triton_versions.main()

@@ -8,10 +8,14 @@ checked against float64).  The wheel's Triton is installed into a folder of its 
 kdagen -- is the same for both.  Each Triton gets fresh Triton and kdagen caches: both run kdagen's
 heuristic configs (tuned winners are keyed by the Triton version anyway).
 
-    python tests/gpu/triton_versions.py --wheels DIR [--out triton-versions] [--budget 900]
+    python tests/gpu/triton_versions.py (--wheels DIR | --overlay DIR) [--out triton-versions] [--budget 900]
         [--members kda,gdn,gla,dplr] [--dims 64,100,128] [--dtypes float32,bfloat16] [--no-bench]
+        [--no-installed]
 
-DIR holds a triton-*.whl (e.g. ``pip download --no-deps triton==3.9.0 -d DIR``).  Prints one table:
+--wheels DIR: a folder holding a triton-*.whl (e.g. ``pip download --no-deps triton==3.9.0 -d DIR``).
+--overlay DIR: a folder that already holds the other Triton's ``triton/`` package (a wheel unpacked,
+e.g. one slimmed to travel where a whole wheel cannot).  --no-installed measures the other Triton only
+(the installed one's figures from an earlier run).  Prints one table:
 per Triton the sweep's pass/fail counts and worst error per form, then per bench case each Triton's
 kdagen and FLA times and kdagen's error.  Writes OUT/<version>/{sweep/sweep.json,bench.json}.
 """
@@ -115,7 +119,9 @@ def _bench_lines(results: list[dict]) -> list[str]:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--wheels", required=True, help="a folder holding the other Triton's wheel (triton-*.whl)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--wheels", help="a folder holding the other Triton's wheel (triton-*.whl)")
+    src.add_argument("--overlay", help="a folder holding the other Triton's unpacked triton/ package")
     ap.add_argument("--out", default="triton-versions")
     ap.add_argument("--members", default="kda,gdn,gla,dplr")
     ap.add_argument("--dims", default="64,100,128")
@@ -123,15 +129,25 @@ def main():
     ap.add_argument("--budget", type=float, default=900.0, help="seconds of each sweep (sweep.py --budget)")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--no-bench", dest="bench", action="store_false", help="the sweep only")
+    ap.add_argument("--no-installed", dest="installed", action="store_false",
+                    help="measure the other Triton only")
     a = ap.parse_args()
-    wheels = sorted(Path(a.wheels).glob("triton-*.whl"))
-    if len(wheels) != 1:
-        sys.exit(f"{a.wheels}: expected one triton-*.whl, found {[w.name for w in wheels]}")
     out = Path(a.out).resolve()
-    overlay = out / "overlay"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target",
-                    str(overlay), str(wheels[0])], check=True)
-    results = [measure("installed", None, out, a), measure(wheels[0].name, overlay, out, a)]
+    out.mkdir(parents=True, exist_ok=True)
+    if a.overlay:
+        overlay = Path(a.overlay).resolve()
+        if not (overlay / "triton" / "__init__.py").exists():
+            sys.exit(f"{a.overlay}: no triton/ package in it")
+        label = f"overlay {overlay}"
+    else:
+        wheels = sorted(Path(a.wheels).glob("triton-*.whl"))
+        if len(wheels) != 1:
+            sys.exit(f"{a.wheels}: expected one triton-*.whl, found {[w.name for w in wheels]}")
+        overlay = out / "overlay"
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--upgrade", "--target",
+                        str(overlay), str(wheels[0])], check=True)
+        label = wheels[0].name
+    results = ([measure("installed", None, out, a)] if a.installed else []) + [measure(label, overlay, out, a)]
     lines = _sweep_lines(results) + _bench_lines(results)
     print("\n" + "\n".join(lines))
     (out / "table.txt").write_text("\n".join(lines) + "\n")
