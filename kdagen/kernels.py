@@ -147,8 +147,8 @@ class CompileReport:
 
 
 def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num_warps: int, num_stages: int):
-    """``(ASTSource, options)`` exactly as Triton's JIT builds them when ``fn[grid](**args,
-    **constexprs, num_warps=..., num_stages=...)`` runs on a ``target`` GPU: the same
+    """``(ASTSource, options)`` exactly as Triton's JIT builds them when :func:`launch` runs ``fn[grid](**args,
+    **constexprs, num_warps=..., num_stages=..., **launch options)`` on a ``target`` GPU: the same
     specialisation of every argument (16-byte alignment of pointers, divisibility by 16 of
     integers, integers equal to 1 made constant) and the same options.  A kernel compiled
     from it therefore has the on-disk cache key of the JIT's own compile, and the device
@@ -160,7 +160,8 @@ def jit_source(fn, args: dict[str, Any], constexprs: dict[str, Any], target, num
 
     backend = make_backend(target)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
-    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **compile_options()}
+    kwargs = {**args, **constexprs, "num_warps": num_warps, "num_stages": num_stages, **compile_options(),
+              **launch_options(constexprs)}  # (launch_pdl is a compile option: part of the binary's key)
     kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     bound_args, specialization, options = binder(**kwargs)

@@ -50,13 +50,17 @@ class StandInDriver:
 
 plan = F.lower_for(F.family_spec("recurrent", sa), "recurrent", 16, 16, torch.float16)
 shape = F.check_shape("recurrent", (4, 1, 2, 2))
-(ln,) = CP.launches_for(plan, default_config("recurrent", plan), torch.float16, sa, shape)
-rep = compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages)
+# the decode step as on a CPU, and as on an sm_90 GPU: a programmatic dependent launch (launch_pdl, a compile
+# option of its own, beside the PDL constexpr)
+pairs = [CP.launches_for(plan, default_config("recurrent", plan), torch.float16, sa, shape, pdl=pdl)[0]
+         for pdl in (False, True)]
+reps = [compile_for_target(ln.fn, ln.args, ln.constexprs, target, ln.num_warps, ln.num_stages) for ln in pairs]
 driver.set_active(StandInDriver())
-kern = ln.fn.warmup(**ln.args, **ln.constexprs, grid=ln.grid, num_warps=ln.num_warps, num_stages=ln.num_stages,
-                    **KN.compile_options())  # as kdagen.kernels.launch launches it
+kerns = [ln.fn.warmup(**ln.args, **ln.constexprs, grid=ln.grid, num_warps=ln.num_warps, num_stages=ln.num_stages,
+                      **KN.compile_options(), **KN.launch_options(ln.constexprs))  # as kdagen.kernels.launch does
+         for ln in pairs]
 # (the stand-in stays: nothing below launches)
-out["jit"] = [rep.cache_key, kern.hash]
+out["jit"] = [[r.cache_key for r in reps], [k.hash for k in kerns], [ln.constexprs["PDL"] for ln in pairs]]
 
 # 2. what a candidate's build launches at its check shape is what compile_check compiles for it
 ran = []
@@ -114,8 +118,8 @@ def test_compile_check_builds_what_the_device_jit_loads(tmp_path):
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    ours, jits = out["jit"]
-    assert ours and ours == jits
+    ours, jits, pdl = out["jit"]
+    assert pdl == [False, True] and all(ours) and ours == jits and ours[0] != ours[1]
     for fam, d in out["build"].items():
         # every kernel the build launched (the backward's: the training forward, then its three
         # launches) is one the precompile compiles, with the same specialisation and options
