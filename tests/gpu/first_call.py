@@ -1,6 +1,6 @@
 """The first call in a fresh process, with and without kept binaries (kdagen/cache/binaries.py), on a GPU.
 
-    PYTHONPATH=. python tests/gpu/first_call.py --out DIR [--shape 1,8192,16,128] [--batch 16] [--no-fla]
+    PYTHONPATH=. python tests/gpu/first_call.py --out DIR [--shape 1,8192,16,128] [--batch 16] [--no-fla] [--profile]
 
 1. ``kdagen build --gpu auto --compile-only`` at the shape and decode batch keeps the binaries of what the ops
    will run there (its compile-check of every candidate is timed too: the cost of keeping);
@@ -29,6 +29,7 @@ _CASE = r'''
 import json, sys, time
 t_import = time.perf_counter()
 lib, op, B, T, H, K, N = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
+PROFILE = len(sys.argv) > 8 and sys.argv[8] == "profile"
 import torch
 import triton.runtime.build as _tb
 from triton import knobs
@@ -68,21 +69,30 @@ else:  # a decode step of N sequences on 32 heads, as `kdagen build` keeps it (i
     h0 = torch.zeros(N, 32, K, K, device=dev)
     def call():
         fused_recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
-times = []
-for _ in range(3):
+times, profile = [], None
+for i in range(3):
+    if i == 0 and PROFILE:  # where the first call's time goes (the profiler's own cost included)
+        import cProfile, io, pstats
+        pr = cProfile.Profile(); pr.enable()
     torch.cuda.synchronize(); t0 = time.perf_counter(); call(); torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
+    if i == 0 and PROFILE:
+        pr.disable(); buf = io.StringIO()
+        pstats.Stats(pr, stream=buf).sort_stats("cumulative").print_stats(40)
+        profile = buf.getvalue()
 print("@@" + json.dumps(dict(import_s=t_import, first_s=times[0], warm_s=min(times[1:]), c_builds=len(_built),
                              c_build_s=sum(_built), compiles=_hits.count(False), cache_hits=_hits.count(True),
-                             compiled=_compiled)))
+                             compiled=_compiled, profile=profile)))
 '''
 
 
-def run_case(lib: str, op: str, shape, batch: int, triton_cache: Path, kdagen_cache: Path) -> dict:
+def run_case(lib: str, op: str, shape, batch: int, triton_cache: Path, kdagen_cache: Path,
+             profile: bool = False) -> dict:
     env = {**os.environ, "TRITON_CACHE_DIR": str(triton_cache), "KDAGEN_CACHE_DIR": str(kdagen_cache),
            "FLA_DISABLE_BACKEND_DISPATCH": "1"}
     env.pop("TRITON_INTERPRET", None)
-    p = subprocess.run([sys.executable, "-c", _CASE, lib, op, *map(str, shape), str(batch)], capture_output=True,
+    p = subprocess.run([sys.executable, "-c", _CASE, lib, op, *map(str, shape), str(batch)]
+                       + (["profile"] if profile else []), capture_output=True,
                        text=True, env=env, timeout=900)
     if p.returncode != 0 or "@@" not in p.stdout:
         return dict(error=(p.stderr or p.stdout)[-1500:])
@@ -95,6 +105,8 @@ def main() -> None:
     ap.add_argument("--shape", default="1,8192,16,128", help="B,T,H,K of chunk_kda (K = V)")
     ap.add_argument("--batch", type=int, default=16, help="sequences of the decode step (H and K of --shape)")
     ap.add_argument("--no-fla", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="then the kept first call once more under cProfile: its top entries to DIR/profile_<op>.txt")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -129,6 +141,10 @@ def main() -> None:
                       f"{r['c_build_s']:.1f} s)", flush=True)
                 if label == "kept" and r.get("compiled"):
                     print(f"{'':17s}compiled, not kept: {', '.join(r['compiled'])}", flush=True)
+        if a.profile:  # the kept case again, in a fresh process with an empty Triton cache
+            r = run_case("kdagen", op, (B, T, H, K), a.batch, work / f"triton-kept-profile-{op}", kept, profile=True)
+            (a.out / f"profile_{op}.txt").write_text(r.get("profile") or r.get("error", ""))
+            print(f"{op:6s} profiled: {a.out / f'profile_{op}.txt'}", flush=True)
     (a.out / "first_call.json").write_text(json.dumps(dict(shape=[B, T, H, K], batch=a.batch, build_s=build_s,
                                                            kept=n_kept, rows=rows), indent=1))
 
