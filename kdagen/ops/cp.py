@@ -300,6 +300,24 @@ def _wide_call(call, tokens, h0, V: int, K: int, max_width: int):
     return torch.cat([o1, o2], dim=-1), torch.cat([h1, h2], dim=-1)
 
 
+def corrected_outputs(ow: torch.Tensor, h: torch.Tensor, V: int) -> torch.Tensor:
+    """``o(0) + Q h`` of the widened call's outputs ``ow`` = [o(0) | Q] ([B, T, HV, V + K]) and the start states
+    ``h`` [B, HV, K, V] (float32): the first sequence's outputs, in ``ow``'s dtype.  In half precision one batched
+    GEMM per row (fp32 accumulation, ``h`` rounded to the dtype as the kernels round the state for their
+    products) reads o(0) and Q where they lie, instead of float32 copies of both and of the product -- a pass
+    over the rank's outputs, not several (T x HV x (V + K) words each).  In float32, as written."""
+    B, T, HV, W = ow.shape
+    K = W - V
+    if ow.dtype == torch.float32:
+        return ow[..., :V] + torch.einsum("bthk,bhkv->bthv", ow[..., V:], h)
+    hd = h.to(ow.dtype)
+    rows = []
+    for b in range(B):  # [HV, T, *] views of one row (strided: no copies), one batched GEMM over the heads
+        ob = ow[b].transpose(0, 1)
+        rows.append(torch.baddbmm(ob[..., :V], ob[..., V:], hd[b]).transpose(0, 1))
+    return torch.stack(rows).contiguous() if B > 1 else rows[0].unsqueeze(0).contiguous()
+
+
 def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_final_state: bool,
            state_v_first: bool, cu_seqlens=None, extra_flags=(), params=(), max_width: int | None = None):
     """One op call under context parallelism.  ``tokens``: (q, k, v, *per-token tensors) with T on
@@ -419,7 +437,7 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
         h = gathered[r0, ..., :V]
         for j in range(r0 + 1, c.rank):
             h = torch.matmul(gathered[j, ..., V:], h) + gathered[j, ..., :V]
-        o = (ow[..., :V].float() + torch.einsum("bthk,bhkv->bthv", ow[..., V:].float(), h)).to(ow.dtype)
+        o = corrected_outputs(ow, h, V)
         ht = htw[..., :V] + torch.matmul(htw[..., V:], h)
         if N > 1:
             o, ht = torch.cat([o, o_rest], dim=1), torch.cat([ht, ht_rest])

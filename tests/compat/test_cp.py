@@ -160,3 +160,25 @@ def test_the_gpu_bench_parses_and_runs_its_cpu_dry_run(tmp_path):
     (row,) = out["rows"]
     assert row["cp"] == 2 and row["rank_ms"] > 0 and row["collective_bytes"] == 4 * 2 * 2 * 16 * 32
     assert json.load(open(tmp_path / "cp_bench.json"))["rows"][0]["cp"] == 2
+
+
+@pytest.mark.parametrize("dtype,eps", [(torch.float32, 2.0 ** -23), (torch.float16, 2.0 ** -10),
+                                       (torch.bfloat16, 2.0 ** -7)])
+@pytest.mark.parametrize("B", [1, 3])
+def test_the_first_sequences_outputs_are_corrected_within_the_dtypes_rounding(dtype, eps, B):
+    """A rank that continues a sequence forms its outputs as o(0) + Q h from the widened call's [o(0) | Q] and the
+    chained start state h (float32): in half precision through one batched GEMM per row (h rounded to the dtype,
+    as the kernels round the state for their products).  Each element is within a few roundings of the exact sum
+    of the rounded inputs, relative to the magnitudes summed, and the result is laid out as the op returns o."""
+    from kdagen.ops.cp import corrected_outputs
+    g = torch.Generator().manual_seed(B)
+    T, HV, K, V = 37, 4, 16, 24
+    ow = torch.randn(B, T, HV, V + K, generator=g).to(dtype)
+    h = torch.randn(B, HV, K, V, generator=g)
+    got = corrected_outputs(ow, h, V)
+    assert got.dtype == dtype and got.shape == (B, T, HV, V) and got.is_contiguous()
+    o0, Q = ow[..., :V].double(), ow[..., V:].double()
+    exact = o0 + torch.einsum("bthk,bhkv->bthv", Q, h.double())
+    scale = o0.abs() + torch.einsum("bthk,bhkv->bthv", Q.abs(), h.double().abs())
+    # h's rounding (one eps per product), the accumulation's (fp32) and the output's: 3 eps of the magnitudes
+    assert ((got.double() - exact).abs() <= 3 * eps * scale + 1e-30).all(), ((got.double() - exact).abs() / scale).max()
