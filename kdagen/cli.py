@@ -126,6 +126,8 @@ BENCH_SHAPES = _IntTuples("B,T,H,K[,V][;...]", (4, 5), "B,T,H,K or B,T,H,K,V (po
 LOWER_BOUND = _LowerBound()
 BATCHES = _List("B,...", lambda f: int(f) if f.isdigit() and int(f) > 0 else None,
                 "batch sizes (positive integers) separated by ',', e.g. 1,64,256")
+HEADS = _List("HV,...", lambda f: int(f) if f.isdigit() and int(f) > 0 else None,
+              "value head counts (positive integers) separated by ',', e.g. 32 or 16,64")
 PASS_LIST = _List("PASS,...", lambda f: f if f in PASSES else None,
                   f"passes among {', '.join(PASSES)} separated by ','")
 MEMBER_LIST = _List("MEMBER,...", lambda f: f if f in BENCH_MEMBERS else None,
@@ -513,7 +515,9 @@ _tuning_options = _options(
     click.option("--shapes", type=CHUNK_SHAPES, default=DEFAULT_SHAPES, show_default=True,
                  help="tuning shapes B,T,H,K of the chunk forms, separated by ';'"),
     click.option("--decode-batches", "batches", type=BATCHES, default="1,64,256", show_default=True,
-                 help="tuning batch sizes of decode (32 heads, one token)"),
+                 help="tuning batch sizes of decode (one token a sequence)"),
+    click.option("--decode-heads", "decode_heads", type=HEADS, default="32", show_default=True,
+                 help="value heads of the decode tuning shapes (the model's; winners are keyed by them)"),
     click.option("--seed", type=int, default=0, show_default=True, help="seed of the tuner's sampler"),
     click.option("--quiet", is_flag=True, help="no progress bar or progress lines (the summary is still printed)"),
     click.option("--jobs", type=click.IntRange(min=1), default=None,
@@ -565,10 +569,11 @@ def _resolve_gpu(name: str, command: str):
 
 
 def _build(gpu_name, command, spec_name, head_dims, dtype, state_dtype, lower_bound, families, space_path,
-           compile_only, check_all, shapes, batches, seed, quiet, jobs):
+           compile_only, check_all, shapes, batches, decode_heads, seed, quiet, jobs):
     """``kdagen build`` (and ``tune``): every argument checked, then the compile-check of every
     candidate (on a matching GPU, with ``check_all`` or a space of the user's), the tuning on a
     matching GPU, the configs the ops run compiled and kept, and the summary."""
+    batches = [(b, hv) for hv in decode_heads for b in batches]  # decode's tuning shapes: (batch, value heads)
     from .cache.gpus import detect_current
     from .cache.paths import cache_dir_problem, studies_dir
     from .tuning import driver

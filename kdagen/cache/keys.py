@@ -76,11 +76,12 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
     raise ValueError(f"shape_bucket: unknown kernel kind {kind!r}; known: chunk_fwd, chunk_bwd, chunk_train, recurrent")
 
 
-# A chunk call's bucket also says how many value heads it has (``_h<n>``, a power of two, capped): the heuristics
-# branch on the state-pass programs (sequences x value heads x tiles), so a winner timed at one head count is found
-# only by calls of that count.  A winner stored before the heads were keyed (no ``_h``) is found by a call of any
-# count (:func:`lookup_buckets`: the bucket with the heads first, then the one without).  The recurrent form's
-# winners are timed at 32 heads whatever the model's (driver.tuning_shapes), so its bucket leaves the heads out.
+# A call's bucket also says how many value heads it has (``_h<n>``, a power of two, capped): the heuristics branch
+# on the programs (the chunk forms' state pass: sequences x value heads x tiles; the decode step: its (sequence,
+# value head) pairs), so a winner timed at one head count is found only by calls of that count -- the tuner times
+# each form at the model's heads (the chunk shapes' H, decode's --decode-heads).  A winner stored before the heads
+# were keyed (no ``_h``) is found by a call of any count (:func:`lookup_buckets`: the bucket with the heads first,
+# then the one without).
 HEADS_SUFFIX = "_h"
 HEADS_BUCKET_MAX = 256
 
@@ -95,8 +96,8 @@ TOKEN_SLOTS_SUFFIX = "_slots"  # speculative decoding: a pool slot per token, th
 
 def call_bucket(kind: str, shape: dict, heads: bool = True) -> str:
     """The bucket of a call ``shape`` ({"T", "B", "N"}, optionally "HV", and for the recurrent form optionally
-    "state_v_first"): :func:`shape_bucket`'s, then for the chunk forms (``heads`` and "HV" given)
-    :data:`HEADS_SUFFIX` and the value heads rounded up to a power of two, and for the recurrent form
+    "state_v_first"): :func:`shape_bucket`'s, then (``heads`` and "HV" given) :data:`HEADS_SUFFIX` and the value
+    heads rounded up to a power of two, and for the recurrent form
     :data:`V_FIRST_SUFFIX` on a
     [.., V, K] state and :data:`TOKENS_SUFFIX` where the call has more tokens than sequences (B * T > N),
     so that a winner is found only by calls of the state layout and step it was timed on; and
@@ -209,8 +210,8 @@ def source_hash(family: str) -> str:
 
 
 def _keyed_heads(kind: str, shape: dict) -> bool:
-    """Whether a call's bucket names its value heads (:data:`HEADS_SUFFIX`)."""
-    return bool(shape.get("HV")) and kind != "recurrent"
+    """Whether a call's bucket names its value heads (:data:`HEADS_SUFFIX`): wherever the call says them."""
+    return bool(shape.get("HV"))
 
 
 def lookup_buckets(kernel: str, shape: dict) -> list[bool]:

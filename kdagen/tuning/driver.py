@@ -179,15 +179,21 @@ def error_text(error: float | None) -> str:
     return "not measured" if error is None else f"{error:.1e}"
 
 
+DECODE_HEADS = 32  # the value heads of a decode tuning shape given as a batch alone
+
+
 def tuning_shapes(family: str, K: int, shapes: list[tuple[int, int, int, int]],
-                  decode_batches: list[int]) -> list[tuple[tuple, dict]]:
+                  decode_batches: list) -> list[tuple[tuple, dict]]:
     """((B, T, H, HV), call shape) of each shape a family is tuned at for head dim K: the chunk
-    forms at the ``shapes`` (B, T, H, K) with that K, decode at ``decode_batches`` with 32 heads.  The
-    call shape holds every feature the heuristics read from an op's call (its value heads too: the
-    state-pass programs), so the heuristic config tuned against and kept is the one the op runs there."""
+    forms at the ``shapes`` (B, T, H, K) with that K, decode at ``decode_batches`` -- each a batch (on
+    :data:`DECODE_HEADS` heads) or a (batch, value heads) pair.  The call shape holds every feature the
+    heuristics read from an op's call (its value heads too: the state-pass programs, the decode step's
+    pairs), so the heuristic config tuned against and kept is the one the op runs there, and its key
+    (keys.call_bucket) names them."""
     if family == "recurrent":
         # a decode step (one token per sequence) on [.., K, V] states: what the key records (keys.call_bucket)
-        return [((b, 1, 32, 32), dict(T=1, B=b, N=b, HV=32, state_v_first=False)) for b in decode_batches]
+        pairs = [(d, DECODE_HEADS) if isinstance(d, int) else tuple(d) for d in decode_batches]
+        return [((b, 1, hv, hv), dict(T=1, B=b, N=b, HV=hv, state_v_first=False)) for b, hv in pairs]
     return [((B, T, H, H), dict(T=T, B=B, N=B, HV=H)) for B, T, H, Ks in shapes if Ks == K]
 
 

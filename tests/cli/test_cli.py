@@ -277,7 +277,7 @@ def build_on_h200(runner, monkeypatch):
 
     def build(*args):
         res = runner.invoke(main, ["build", "--gpu", "h200", "--head-dim", "16", "--dtype", "fp32",
-                                   "--shapes", "1,64,2,16", "--decode-batches", "2", *args])
+                                   "--shapes", "1,64,2,16", "--decode-batches", "2", "--decode-heads", "2", *args])
         assert res.exit_code == 0, res.output
         TU._MEMO.clear()
         return res.output

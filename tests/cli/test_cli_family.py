@@ -327,7 +327,7 @@ def test_build_on_the_gpu_stores_a_user_specs_winners_under_its_own_keys(tmp_pat
 
     monkeypatch.setattr(D, "tune_family", fake_tune_family)
     r = CliRunner().invoke(main, ["build", "--gpu", "h200", "--spec", USER, "--head-dim", "32", "--dtype", "fp32",
-                             "--shapes", "1,64,2,32", "--decode-batches", "2", "--family", "chunk_fwd",
+                             "--shapes", "1,64,2,32", "--decode-batches", "2", "--decode-heads", "2", "--family", "chunk_fwd",
                              "--family", "recurrent"])
     assert r.exit_code == 0, r.output
     assert {s[1] for s in seen} == {"kda_sigmoid3"} and {s[2] for s in seen} == {USER}
@@ -338,7 +338,8 @@ def test_build_on_the_gpu_stores_a_user_specs_winners_under_its_own_keys(tmp_pat
     def key(spec, fam, form, hint):
         return cache_key(lower(spec, 32, 32, "float32", form), fam, hint, h200, "float32").key_string()
 
-    chunk_hint, dec_hint = dict(T=64, B=1, N=1, HV=2), dict(T=1, B=2, N=2)  # (a chunk bucket names its value heads)
+    # (a bucket names its value heads: the chunk shape's, and decode's --decode-heads)
+    chunk_hint, dec_hint = dict(T=64, B=1, N=1, HV=2), dict(T=1, B=2, N=2, HV=2)
     # the spec's own tuning specs: g given, bounded by its gate for the chunk form, unbounded for decode
     assert set(entries) == {key(user.with_gate(S.gate_direct(-3.0)), "chunk_fwd", "chunk", chunk_hint),
                             key(user.with_gate(S.gate_direct(None)), "recurrent", "recurrent", dec_hint)}

@@ -93,9 +93,10 @@ def test_a_winner_is_found_by_calls_of_its_value_heads_and_an_older_one_by_any()
     assert keys.call_bucket("chunk_fwd", dict(call, HV=16), heads=False) == "t8192_s1"
     assert keys.lookup_buckets("chunk_fwd", dict(call, HV=16)) == [True, False]
     assert keys.lookup_buckets("chunk_fwd", call) == [False]
-    # decode winners are timed at 32 heads whatever the model's (driver.tuning_shapes): found by any count
-    assert keys.call_bucket("recurrent", {"T": 1, "B": 48, "N": 48, "HV": 32, "state_v_first": True}) == "s64_vk"
-    assert keys.lookup_buckets("recurrent", {"T": 1, "B": 48, "N": 48, "HV": 32}) == [False]
+    # the decode step's too (its heuristic counts (sequence, value head) pairs), before the layout and step
+    assert keys.call_bucket("recurrent", {"T": 1, "B": 48, "N": 48, "HV": 32, "state_v_first": True}) == "s64_h32_vk"
+    assert keys.call_bucket("recurrent", {"T": 1, "B": 48, "N": 48, "HV": 32}, heads=False) == "s64"
+    assert keys.lookup_buckets("recurrent", {"T": 1, "B": 48, "N": 48, "HV": 32}) == [True, False]
 
 
 @pytest.mark.parametrize("stored", ["heads", "older"])
@@ -142,15 +143,20 @@ def test_an_old_cache_entry_reads_as_a_k_v_decode_step(h200):
     TuningCache(h200.name).store(old, make_entry(config=won.to_dict(), kernel="recurrent", time_ms=0.01, error=0.0))
     tuned._MEMO.clear()
     assert tuned.resolve("recurrent", plan, None, {"T": 1, "B": 8, "N": 8}) == won
+    for hv in (4, 32):  # written before the value heads were keyed: found by a step of any count
+        assert tuned.resolve("recurrent", plan, None, {"T": 1, "B": 8, "N": 8, "HV": hv}) == won
     assert tuned.resolve("recurrent", plan, None, {"T": 1, "B": 8, "N": 8, "state_v_first": True}) != won
 
 
 def test_the_tuner_records_the_layout_and_step_it_times():
     from kdagen.tuning.driver import tuning_shapes
 
-    for shape, hint in tuning_shapes("recurrent", 64, [], [1, 16]):
-        assert hint["state_v_first"] is False and hint["B"] * hint["T"] <= hint["N"]
-        assert keys.call_bucket("recurrent", hint) == keys.shape_bucket("recurrent", 1, hint["B"], hint["N"])
+    got = tuning_shapes("recurrent", 64, [], [1, 16, (4, 64), (8, 12)])
+    assert [shape for shape, _ in got] == [(1, 1, 32, 32), (16, 1, 32, 32), (4, 1, 64, 64), (8, 1, 12, 12)]
+    for (B, _, _, HV), hint in got:  # a batch alone on 32 value heads, a (batch, heads) pair on its own
+        assert hint["state_v_first"] is False and hint["B"] * hint["T"] <= hint["N"] and hint["HV"] == HV
+        heads = 1 << (HV - 1).bit_length()
+        assert keys.call_bucket("recurrent", hint) == keys.shape_bucket("recurrent", 1, B, B) + f"_h{heads}"
 
 
 def _reference(family):

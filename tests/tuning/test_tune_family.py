@@ -335,6 +335,26 @@ def test_tune_a_user_spec_file_on_this_gpu(on_h200):
     assert TU.resolve("recurrent", kda_dec, None, dec) == default_config("recurrent", kda_dec, dec)
 
 
+def test_decode_is_tuned_at_the_models_value_heads_and_its_winner_found_by_them(on_h200):
+    """`--decode-heads 16`: the decode step is tuned on 16 value heads and its winner keyed by them (the heuristic
+    counts (sequence, head) pairs): found by a step of 16 heads (or 12: the same power of two), not by one of 32."""
+    import kdagen.cache.lookup as TU
+    from kdagen.cache.store import TuningCache
+    from kdagen.spec.load import load_spec
+
+    r = CliRunner().invoke(main, ["tune", "--spec", USER, "--head-dim", "32", "--dtype", "fp32",
+                                  "--decode-batches", "2", "--decode-heads", "16", "--family", "recurrent"])
+    assert r.exit_code == 0, r.output
+    (key,) = [e["key"]["shape_bucket"] for e in TuningCache("h200").entries().values()]
+    assert key == "s2_h16", key
+    TU._MEMO.clear()
+    plan = lower(load_spec(USER), 32, 32, "float32", "recurrent", True)
+    for hv, found in ((16, True), (12, True), (32, False)):
+        dec = {"T": 1, "B": 2, "N": 2, "HV": hv}
+        got = TU.resolve("recurrent", plan, None, dec)
+        assert (got.num_warps == 2) == found and (found or got == default_config("recurrent", plan, dec)), (hv, got)
+
+
 # --- compile-only, for a GPU that is not here ------------------------------------------
 
 def _build_compile_only(tmp_path, ref, family, params):
