@@ -175,7 +175,8 @@ def _shapes_on_demand() -> None:
     probe_t, probe_b = tensor.__new__(tensor), block_type.__new__(block_type)
     plain_block_init(probe_b, tl.float32, [2, 4])
     plain_tensor_init(probe_t, None, probe_b)
-    tensor.__init__, tensor.shape, tensor.numel = tensor_init, property(get_shape, set_shape), property(get_numel, set_numel)
+    tensor.__init__ = tensor_init
+    tensor.shape, tensor.numel = property(get_shape, set_shape), property(get_numel, set_numel)
     block_type.__init__, block_type.name = block_init, property(get_block_name, set_block_name)
     lazy_b = block_type(tl.float32, [2, 4])
     lazy_t = tensor(None, lazy_b)

@@ -306,16 +306,14 @@ def corrected_outputs(ow: torch.Tensor, h: torch.Tensor, V: int) -> torch.Tensor
     GEMM per row (fp32 accumulation, ``h`` rounded to the dtype as the kernels round the state for their
     products) reads o(0) and Q where they lie, instead of float32 copies of both and of the product -- a pass
     over the rank's outputs, not several (T x HV x (V + K) words each).  In float32, as written."""
-    B, T, HV, W = ow.shape
-    K = W - V
     if ow.dtype == torch.float32:
         return ow[..., :V] + torch.einsum("bthk,bhkv->bthv", ow[..., V:], h)
     hd = h.to(ow.dtype)
     rows = []
-    for b in range(B):  # [HV, T, *] views of one row (strided: no copies), one batched GEMM over the heads
+    for b in range(ow.shape[0]):  # [HV, T, *] views of one row (strided: no copies), one batched GEMM over the heads
         ob = ow[b].transpose(0, 1)
         rows.append(torch.baddbmm(ob[..., :V], ob[..., V:], hd[b]).transpose(0, 1))
-    return torch.stack(rows).contiguous() if B > 1 else rows[0].unsqueeze(0).contiguous()
+    return torch.stack(rows).contiguous() if len(rows) > 1 else rows[0].unsqueeze(0).contiguous()
 
 
 def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_final_state: bool,

@@ -327,8 +327,8 @@ def test_build_on_the_gpu_stores_a_user_specs_winners_under_its_own_keys(tmp_pat
 
     monkeypatch.setattr(D, "tune_family", fake_tune_family)
     r = CliRunner().invoke(main, ["build", "--gpu", "h200", "--spec", USER, "--head-dim", "32", "--dtype", "fp32",
-                             "--shapes", "1,64,2,32", "--decode-batches", "2", "--decode-heads", "2", "--family", "chunk_fwd",
-                             "--family", "recurrent"])
+                             "--shapes", "1,64,2,32", "--decode-batches", "2", "--decode-heads", "2",
+                             "--family", "chunk_fwd", "--family", "recurrent"])
     assert r.exit_code == 0, r.output
     assert {s[1] for s in seen} == {"kda_sigmoid3"} and {s[2] for s in seen} == {USER}
     user = load_spec(USER)
