@@ -106,7 +106,7 @@ def call_bucket(kind: str, shape: dict, heads: bool = True) -> str:
     call's winner."""
     T, B, N = int(shape["T"]), int(shape["B"]), int(shape["N"])
     bucket = shape_bucket(kind, T, B, N)
-    if heads and _keyed_heads(kind, shape):
+    if heads and _keyed_heads(shape):
         bucket += f"{HEADS_SUFFIX}{min(_pow2_ceil(int(shape['HV'])), HEADS_BUCKET_MAX)}"
     if kind == "recurrent":
         bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + (TOKENS_SUFFIX if B * T > N else "")
@@ -209,7 +209,7 @@ def source_hash(family: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _keyed_heads(kind: str, shape: dict) -> bool:
+def _keyed_heads(shape: dict) -> bool:
     """Whether a call's bucket names its value heads (:data:`HEADS_SUFFIX`): wherever the call says them."""
     return bool(shape.get("HV"))
 
@@ -218,7 +218,7 @@ def lookup_buckets(kernel: str, shape: dict) -> list[bool]:
     """The ``heads`` arguments of :func:`call_bucket` (and :func:`cache_key`) a look-up tries, in order: the
     bucket with the call's value heads, then -- a winner stored before the heads were keyed -- the one
     without."""
-    return [True, False] if _keyed_heads(kernel, shape) else [False]
+    return [True, False] if _keyed_heads(shape) else [False]
 
 
 def lookup_keys(plan, kernel: str, shape: dict, gpu, state_dtype: str = "float32") -> list["CacheKey"]:

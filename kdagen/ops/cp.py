@@ -313,7 +313,7 @@ def corrected_outputs(ow: torch.Tensor, h: torch.Tensor, V: int) -> torch.Tensor
     for b in range(ow.shape[0]):  # [HV, T, *] views of one row (strided: no copies), one batched GEMM over the heads
         ob = ow[b].transpose(0, 1)
         rows.append(torch.baddbmm(ob[..., :V], ob[..., V:], hd[b]).transpose(0, 1))
-    return torch.stack(rows).contiguous() if len(rows) > 1 else rows[0].unsqueeze(0).contiguous()
+    return torch.stack(rows)  # [B, T, HV, V], contiguous
 
 
 def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_final_state: bool,
