@@ -848,7 +848,7 @@ def bench(shapes, passes, members, suite, compare, dtype_name, out_prefix, plot_
     try:
         if compare == "fla":
             jobs = BM.default_warm_jobs() if fla_warm_jobs is None else fla_warm_jobs
-            BM.warm_fla(bench_shapes, passes, dt, jobs, echo=click.echo, members=members)
+            BM.warm_fla(cases, dt, jobs, echo=click.echo)
         result = BM.run(bench_shapes, libraries, passes, cases=cases, device=device, dtype=dt, timer=BM.median_timer,
                         graph_timer=BM.graph_median_timer, seed=seed, echo=click.echo, copy_bytes=BM.COPY_BYTES,
                         launch_timer=BM.profile_kernels if per_launch else None,

@@ -508,32 +508,32 @@ class _ConfigShare:
         self._cls.prune_configs = self._original
 
 
-def fla_share_worker(index: int, count: int, shapes: list[Shape], passes: list[str], dtype_name: str,
-                     device: str = "cuda", members: Iterable[str] = ("kda",)) -> str:
-    """One warm-up process: FLA at every shape and pass, autotuning over its share of the
-    candidates (the timings are thrown away; only the compiles are kept, in Triton's cache)."""
+def fla_share_worker(index: int, count: int, cases: list, dtype_name: str, device: str = "cuda") -> str:
+    """One warm-up process: FLA at every case (:class:`kdagen.tuning.bench_cases.Case`), autotuning
+    over its share of the candidates (the timings are thrown away; only the compiles are kept, in
+    Triton's cache)."""
     from ..dtypes import dtype as as_dtype
 
     done, errors = 0, []
     with _ConfigShare(index, count):
         lib = fla_library()
-        for member, shape, pass_ in ((m, s, p) for m in members for s in shapes for p in passes):
+        for c in cases:
+            shape = Shape(*c.shape)
             try:
-                fn, _, _ = pass_fn(lib, pass_, inputs(shape, as_dtype(dtype_name).torch, device, 0,
-                                                      decode=pass_ == "decode", member=member), member)
+                fn, _, _ = pass_fn(lib, c.pass_, inputs(shape, as_dtype(dtype_name).torch, device, 0,
+                                                        decode=c.pass_ == "decode", member=c.member), c.member)
                 fn()
                 _sync(device)
                 done += 1
             except Exception as e:  # noqa: BLE001 - e.g. a share with only configs too large to run
-                errors.append(f"{member} {pass_} {shape.label}: {type(e).__name__}")
+                errors.append(f"{c.member} {c.pass_} {shape.label}: {type(e).__name__}")
     return f"worker {index}: {done} calls" + (f", {len(errors)} failed ({errors[0]})" if errors else "")
 
 
-def warm_fla(shapes: list[Shape], passes: list[str], dtype, jobs: int, echo: Callable[[str], None] = print,
-             members: Iterable[str] = ("kda",)) -> float:
-    """Compile FLA's autotuning candidates at these shapes and passes in ``jobs`` spawned
-    processes (each a share, :func:`fla_share_worker`), so that the measuring process's own
-    autotuning finds them compiled and only benchmarks them.  Returns the seconds it took."""
+def warm_fla(cases: list, dtype, jobs: int, echo: Callable[[str], None] = print) -> float:
+    """Compile FLA's autotuning candidates at these cases (the ones the run will time, no others) in
+    ``jobs`` spawned processes (each a share, :func:`fla_share_worker`), so that the measuring
+    process's own autotuning finds them compiled and only benchmarks them.  Returns the seconds it took."""
     import multiprocessing
     import time
     from concurrent.futures import ProcessPoolExecutor
@@ -543,9 +543,9 @@ def warm_fla(shapes: list[Shape], passes: list[str], dtype, jobs: int, echo: Cal
     if jobs <= 1:
         return 0.0
     t0 = time.time()
-    echo(f"compiling FLA's autotuning candidates in {jobs} processes ...")
+    echo(f"compiling FLA's autotuning candidates for {len(cases)} cases in {jobs} processes ...")
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futs = [ex.submit(fla_share_worker, i, jobs, shapes, list(passes), as_dtype(dtype).short, "cuda", list(members))
+        futs = [ex.submit(fla_share_worker, i, jobs, list(cases), as_dtype(dtype).short, "cuda")
                 for i in range(jobs)]
         failed = 0
         for f in futs:

@@ -230,11 +230,16 @@ def test_each_warm_up_process_compiles_its_share_of_the_autotuning_candidates():
         autotuner.Autotuner.prune_configs = original
 
 
-def test_a_warm_up_worker_runs_fla_at_every_shape_and_pass(monkeypatch):
+def test_a_warm_up_worker_runs_fla_at_its_cases_and_no_others(monkeypatch):
+    from kdagen.tuning.bench_cases import Case
+
     calls = _fake_fla(monkeypatch)
-    msg = BM.fla_share_worker(0, 2, [SHAPE, BM.Shape(2, 8, 1, 16, 32)], ["fwd", "decode"], "fp32", device="cpu")
-    assert msg == "worker 0: 4 calls"
-    assert [c[0] for c in calls] == ["chunk", "recurrent", "chunk", "recurrent"]
+    cases = [Case("kda", "fwd", (1, 24, 2, 16, 16)), Case("kda", "decode", (2, 1, 1, 16, 32)),
+             Case("kda", "fwd", (2, 8, 1, 16, 32))]
+    msg = BM.fla_share_worker(0, 2, cases, "fp32", device="cpu")
+    assert msg == "worker 0: 3 calls"
+    assert calls == [("chunk", (1, 24, 2, 16), True, BM.LOWER), ("recurrent", (2, 1, 1, 16)),
+                     ("chunk", (2, 8, 1, 16), True, BM.LOWER)]
 
 
 @pytest.fixture
@@ -281,8 +286,9 @@ def test_bench_compare_fla_prints_a_table_and_writes_json_and_csv(cpu_bench, tmp
     r = CliRunner().invoke(main, ["bench", "--compare", "fla", "--shapes", "1,24,2,16", "--dtype", "fp32",
                                   "--out", str(out), "--fla-warm-jobs", "3"])
     assert r.exit_code == 0, r.output
-    ((shapes, passes, dt, jobs),) = cpu_bench
-    assert shapes == [BM.Shape(1, 24, 2, 16, 16)] and passes == ["fwd"] and dt == torch.float32 and jobs == 3
+    ((cases, dt, jobs),) = cpu_bench
+    assert [(c.member, c.pass_, c.shape) for c in cases] == [("kda", "fwd", (1, 24, 2, 16, 16))]
+    assert dt == torch.float32 and jobs == 3
     assert "kdagen time" in r.output and "fla time" in r.output and "x1.00" in r.output
     assert f"wrote {out}.json, {out}.csv" in r.output
     res = json.loads(out.with_suffix(".json").read_text())
@@ -416,9 +422,12 @@ def test_bench_members_and_suite_choose_the_cases(cpu_bench, tmp_path, monkeypat
     assert r.exit_code == 0, r.output
     assert [(c.member, c.pass_, c.shape) for c in seen[0]] == [
         (m, p, (1, 24, 2, 16, 16)) for m in ("kda", "gla") for p in ("fwd", "decode")]
-    r = CliRunner().invoke(main, ["bench", "--suite", "readme", "--out", str(tmp_path / "s")])
+    r = CliRunner().invoke(main, ["bench", "--suite", "readme", "--compare", "fla", "--out", str(tmp_path / "s")])
     assert r.exit_code == 0, r.output
     from kdagen.tuning.bench_cases import SUITES
     assert seen[1] == SUITES["readme"]
+    # FLA is warmed at the suite's cases, not at every member x shape x pass they span (45 calls, each
+    # autotuned: longer than a device call)
+    assert list(cpu_bench[-1][0]) == SUITES["readme"]
     r = CliRunner().invoke(main, ["bench", "--suite", "readme", "--members", "gdn"])
     assert r.exit_code == 2 and "--suite" in r.output
