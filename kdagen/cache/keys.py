@@ -11,6 +11,7 @@ from typing import Any
 
 from ..dtypes import dtype
 from ..version import __version__
+from .heuristics import slot_grid
 
 # --------------------------------------------------------------------------- versions
 
@@ -92,6 +93,13 @@ HEADS_BUCKET_MAX = 256
 V_FIRST_SUFFIX = "_vk"  # states laid out [.., V, K] (state_v_first)
 TOKENS_SUFFIX = "_tokens"  # more tokens than sequences: not a decode step
 TOKEN_SLOTS_SUFFIX = "_slots"  # speculative decoding: a pool slot per token, the kernel's token_slots form
+SLOT_GRID_SUFFIX = "_grid"  # a decode step on a state pool whose programs go over the pool's slots (heuristics.slot_grid)
+# The inference forward's bucket says the longest sequence of a packed call (``_l`` and its tokens, a power of two)
+# where it is not the bucket of the mean length -- the only case where it tells more than the tokens and
+# sequences: the sequence-parallel state pass is chosen by the longest sequence's chunks (heuristics.Features.
+# segments).  The tuner times sequences of one length, so its winners carry no ``_l`` and a call packed
+# unevenly (one long sequence among short ones) gets the heuristic, which reads its longest sequence.
+LONGEST_SUFFIX = "_l"
 
 
 def call_bucket(kind: str, shape: dict, heads: bool = True) -> str:
@@ -100,17 +108,26 @@ def call_bucket(kind: str, shape: dict, heads: bool = True) -> str:
     heads rounded up to a power of two, and for the recurrent form
     :data:`V_FIRST_SUFFIX` on a
     [.., V, K] state and :data:`TOKENS_SUFFIX` where the call has more tokens than sequences (B * T > N),
-    so that a winner is found only by calls of the state layout and step it was timed on; and
+    so that a winner is found only by calls of the state layout and step it was timed on;
     :data:`TOKEN_SLOTS_SUFFIX` for a speculative-decoding call (shape "token_slots": a 2-D ssm_state_indices),
     whose kernel stores every token's state (RecurrentConfig.token_slots), so that it never runs a plain
-    call's winner."""
+    call's winner; :data:`SLOT_GRID_SUFFIX` for a decode step on a pool of "P" slots that puts its programs
+    over the slots.  The inference forward's adds :data:`LONGEST_SUFFIX` for a packed call ("T_max") whose
+    longest sequence is not in its mean length's bucket.  So every feature a heuristic branches on is in
+    the key, bucketed: a winner is served only to calls the heuristic sees as the shape it was timed at."""
     T, B, N = int(shape["T"]), int(shape["B"]), int(shape["N"])
     bucket = shape_bucket(kind, T, B, N)
     if heads and _keyed_heads(shape):
         bucket += f"{HEADS_SUFFIX}{min(_pow2_ceil(int(shape['HV'])), HEADS_BUCKET_MAX)}"
+    if kind == "chunk_fwd" and shape.get("T_max"):
+        longest = min(max(_pow2_ceil(int(shape["T_max"])), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
+        mean = min(max(_pow2_ceil(-(-T * B // N)), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
+        bucket += f"{LONGEST_SUFFIX}{longest}" if longest != mean else ""
     if kind == "recurrent":
         bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + (TOKENS_SUFFIX if B * T > N else "")
         bucket += TOKEN_SLOTS_SUFFIX if shape.get("token_slots") else ""
+        grid = B * T == N and shape.get("P") and slot_grid(N, int(shape.get("HV") or 0), int(shape["P"]))
+        bucket += SLOT_GRID_SUFFIX if grid else ""
     return bucket
 
 

@@ -115,6 +115,57 @@ def test_the_ops_find_a_winner_of_their_value_heads_or_an_older_one(h200, stored
     assert tuned.resolve("chunk_fwd", plan, None, other) == want
 
 
+def test_the_buckets_carry_a_packed_calls_longest_sequence_and_a_pool_steps_slot_grid():
+    """The two features the heuristics read besides sequences, tokens, heads, layout and step: the longest
+    sequence of a packed forward (the segment pass) where it is not in the mean length's bucket, and whether a
+    decode step on a pool goes over its slots (heuristics.slot_grid)."""
+    packed = {"T": 16384, "B": 1, "N": 4, "HV": 2}
+    assert keys.call_bucket("chunk_fwd", dict(packed, T_max=4096)) == "t16384_s4_h2"  # even: as timed
+    assert keys.call_bucket("chunk_fwd", dict(packed, T_max=3000)) == "t16384_s4_h2"  # the same power of two
+    assert keys.call_bucket("chunk_fwd", dict(packed, T_max=15000)) == "t16384_s4_h2_l16384"
+    assert keys.call_bucket("chunk_fwd", {"T": 4096, "B": 4, "N": 4, "HV": 2, "T_max": 4096}) == "t16384_s4_h2"
+    # the training forms' heuristics do not read it
+    assert keys.call_bucket("chunk_train", dict(packed, T_max=15000)) == "t16384_s4_h2"
+    step = {"T": 1, "B": 256, "N": 256, "HV": 32, "state_v_first": True}
+    assert keys.call_bucket("recurrent", dict(step, P=300)) == "s256_h32_vk_grid"
+    assert keys.call_bucket("recurrent", dict(step, P=3000)) == "s256_h32_vk"  # too many slots per sequence
+    assert keys.call_bucket("recurrent", dict(step, P=0)) == keys.call_bucket("recurrent", step) == "s256_h32_vk"
+    assert keys.call_bucket("recurrent", dict(step, B=1, T=512, P=300)) == "s256_h32_vk_tokens"  # not a step
+
+
+def test_a_winner_timed_at_one_length_is_not_served_to_a_call_packed_around_one_long_sequence(h200):
+    """A winner tuned at four sequences of 4096 tokens (no segment pass: 64 chunks each) is found by the same
+    tokens packed evenly, but not by a pack whose longest sequence (15,000 tokens, 235 chunks) the heuristic
+    gives the sequence-parallel pass."""
+    plan = _reference("chunk_fwd")
+    timed = {"T": 4096, "B": 4, "N": 4, "HV": 2, "T_max": 4096}
+    won = ChunkFwdConfig(state_block_v=16, state_num_warps=2)
+    TuningCache(h200.name).store(keys.cache_key(plan, "chunk_fwd", timed, h200),
+                                 make_entry(config=won.to_dict(), kernel="chunk_fwd", time_ms=0.01, error=0.0))
+    tuned._MEMO.clear()
+    assert tuned.resolve("chunk_fwd", plan, None, timed) == won
+    even = {"T": 16384, "B": 1, "N": 4, "HV": 2, "T_max": 4096}
+    assert tuned.resolve("chunk_fwd", plan, None, even) == won
+    uneven = dict(even, T_max=15000)
+    got = tuned.resolve("chunk_fwd", plan, None, uneven)
+    assert got == H.default_chunk_config(plan, uneven) and got.state_segment_chunks > 0
+
+
+def test_a_decode_winner_timed_off_the_slot_grid_is_not_served_to_a_step_on_it(h200):
+    """KDA's fp32 [V, K] pool: a step of 256 sequences x 32 heads over 300 slots takes the slot grid (lean 8-row
+    tiles); a winner timed without a pool is found by the step over 3,000 slots (the batch grid) only."""
+    plan = _reference("recurrent")
+    step = {"T": 1, "B": 256, "N": 256, "HV": 32, "state_v_first": True}
+    won = RecurrentConfig(block_v=32, num_warps=4, readout="updated")
+    TuningCache(h200.name).store(keys.cache_key(plan, "recurrent", step, h200),
+                                 make_entry(config=won.to_dict(), kernel="recurrent", time_ms=0.01, error=0.0))
+    tuned._MEMO.clear()
+    assert tuned.resolve("recurrent", plan, None, dict(step, P=3000)) == won
+    grid = dict(step, P=300)
+    got = tuned.resolve("recurrent", plan, None, grid)
+    assert got == H.default_recurrent_config(plan, "float32", grid) and got.lean and got.block_v == 8
+
+
 @pytest.mark.parametrize("stored_v_first", [True, False])
 def test_a_winner_is_found_only_by_calls_of_its_state_layout(h200, stored_v_first):
     plan = _rec()
