@@ -251,7 +251,10 @@ def measure(lib: Library, pass_: str, shape: Shape, x: dict, ref, timer: Callabl
 def launch_bytes(fn: Callable[[], Any]) -> dict[str, int]:
     """Run ``fn`` once, recording every kdagen launch (:func:`kdagen.kernels.launch`): the bytes the
     tensors of each kernel's arguments hold, summed over its launches of the call, by kernel name.
-    A tensor counts once per launch (every argument is read or written at least once)."""
+    A tensor counts once per launch (every argument is read or written at least once).  A repair launch
+    (constexpr ``REPAIR``, docs/decisions/0013-gate-bound-checked-by-repair-launches.md) re-runs only the
+    chunks its ``bad`` flags name: it counts its flags and that share of its other tensors (none on gates
+    within the bound), not a whole launch's."""
     import kdagen.kernels as KK
 
     seen: dict[str, int] = {}
@@ -259,8 +262,14 @@ def launch_bytes(fn: Callable[[], Any]) -> dict[str, int]:
 
     def recording(fn_, grid, args, constexprs, num_warps, num_stages):
         tensors = {t.data_ptr(): t for t in args.values() if isinstance(t, torch.Tensor)}
+        held = sum(t.numel() * t.element_size() for t in tensors.values())
+        if constexprs.get("REPAIR") and isinstance(args.get("bad"), torch.Tensor):
+            flags = args["bad"]
+            share = int(torch.count_nonzero(flags)) / max(flags.numel(), 1)  # (a sync: the forward wrote them)
+            flag_bytes = flags.numel() * flags.element_size()
+            held = flag_bytes + round(share * (held - flag_bytes))
         name = getattr(fn_, "__name__", str(fn_))
-        seen[name] = seen.get(name, 0) + sum(t.numel() * t.element_size() for t in tensors.values())
+        seen[name] = seen.get(name, 0) + held
         return inner(fn_, grid, args, constexprs, num_warps, num_stages)
 
     KK.launch = recording

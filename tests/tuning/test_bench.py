@@ -104,6 +104,62 @@ def test_a_failing_library_gets_a_row_that_says_why_and_the_run_goes_on(monkeypa
     assert lines[-1] == "  fla fwd 1,24,2,16 failed: RuntimeError: fake FLA failure"
 
 
+def test_a_repair_launch_counts_its_flags_and_the_share_of_chunks_they_flag(monkeypatch):
+    """The backward's repair launches (REPAIR) re-run only the chunks the forward flagged: their traffic in the
+    per-launch floor is the flags plus that share of their tensors, not a second full launch."""
+    import kdagen.kernels as KK
+
+    monkeypatch.setattr(KK, "launch", lambda *a: None)  # recorded, not run
+    x = torch.zeros(1000)  # 4,000 bytes
+
+    def call(n_flagged):
+        bad = torch.zeros(10, dtype=torch.int8)
+        bad[:n_flagged] = 1
+
+        def fn():
+            def kernel():
+                pass
+            kernel.__name__ = "chunk_bwd_wy"
+            KK.launch(kernel, (10,), dict(x=x, bad=bad), dict(REPAIR=False), 4, 1)
+            KK.launch(kernel, (10,), dict(x=x, bad=bad), dict(REPAIR=True), 4, 1)
+        return BM.launch_bytes(fn)["chunk_bwd_wy"]
+
+    assert call(0) == 4010 + 10  # the full launch, then the repair launch's flags alone
+    assert call(3) == 4010 + 10 + 1200  # three chunks in ten re-run
+    assert call(10) == 2 * 4010
+
+
+@pytest.mark.slow
+def test_the_training_steps_repair_launches_add_only_their_flags_on_gates_within_the_bound(monkeypatch):
+    """KDA's training step on gates within the promised bound (nothing flagged): each kernel with a repair launch
+    is recorded as its fast launches' tensors and the repair launch's flags, not twice its traffic."""
+    import kdagen.kernels as KK
+
+    launched = []
+    inner = KK.launch
+
+    def spy(fn_, grid, args, constexprs, num_warps, num_stages):
+        launched.append((fn_.__name__, bool(constexprs.get("REPAIR")), args))
+        return inner(fn_, grid, args, constexprs, num_warps, num_stages)
+
+    monkeypatch.setattr(KK, "launch", spy)
+    x = BM.inputs(BM.Shape(1, 40, 1, 16, 16), torch.float32, "cpu", 0)
+    fn, _, _ = BM.pass_fn(BM.kdagen_library(), "fwdbwd", x)
+    recorded = BM.launch_bytes(fn)
+
+    def held(args):
+        return sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in args.values()
+                                                          if isinstance(t, torch.Tensor)}.values())
+
+    repaired = {name for name, repair, _ in launched if repair}
+    assert repaired, [n for n, *_ in launched]  # the checked backward has its repair launch
+    for name in repaired:
+        fast = [held(a) for n, r, a in launched if n == name and not r]
+        flags = [a["bad"] for n, r, a in launched if n == name and r]
+        assert fast and all(int(torch.count_nonzero(b)) == 0 for b in flags)
+        assert recorded[name] == sum(fast) + sum(b.numel() for b in flags), name
+
+
 def test_per_launch_rows_name_each_kernel_with_kdagen_bytes_and_floor(monkeypatch):
     """--per-launch: each forward row lists its kernels; kdagen's carry the bytes their launches' tensors
     hold (recorded from kdagen.kernels.launch) and that traffic's time at the measured copy bandwidth."""
