@@ -49,6 +49,11 @@ SEQ_BUCKET_MAX_CHUNK = 64
 SEQ_BUCKET_MAX_RECURRENT = 1024
 
 
+def _token_bucket(tokens: int) -> int:
+    """A token count's bucket: rounded up to a power of two, clamped to [TOKEN_BUCKET_MIN, TOKEN_BUCKET_MAX]."""
+    return min(max(_pow2_ceil(tokens), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
+
+
 def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
     """THE bucketing function of the cache (the only inexact part of a key).
 
@@ -69,7 +74,7 @@ def shape_bucket(kind: str, T: int, batch: int, num_seqs: int) -> str:
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"shape_bucket: {name} must be a positive int, got {v!r}")
     if kind in ("chunk_fwd", "chunk_bwd", "chunk_train"):
-        tokens = min(max(_pow2_ceil(T * batch), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
+        tokens = _token_bucket(T * batch)
         seqs = min(_pow2_ceil(num_seqs), SEQ_BUCKET_MAX_CHUNK)
         return f"t{tokens}_s{seqs}"
     if kind == "recurrent":
@@ -120,13 +125,13 @@ def call_bucket(kind: str, shape: dict, heads: bool = True) -> str:
     if heads and _keyed_heads(shape):
         bucket += f"{HEADS_SUFFIX}{min(_pow2_ceil(int(shape['HV'])), HEADS_BUCKET_MAX)}"
     if kind == "chunk_fwd" and shape.get("T_max"):
-        longest = min(max(_pow2_ceil(int(shape["T_max"])), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
-        mean = min(max(_pow2_ceil(-(-T * B // N)), TOKEN_BUCKET_MIN), TOKEN_BUCKET_MAX)
+        longest, mean = _token_bucket(int(shape["T_max"])), _token_bucket(-(-T * B // N))
         bucket += f"{LONGEST_SUFFIX}{longest}" if longest != mean else ""
     if kind == "recurrent":
-        bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + (TOKENS_SUFFIX if B * T > N else "")
+        step = B * T <= N  # a decode step, as heuristics.Features reads it
+        bucket += (V_FIRST_SUFFIX if shape.get("state_v_first") else "") + ("" if step else TOKENS_SUFFIX)
         bucket += TOKEN_SLOTS_SUFFIX if shape.get("token_slots") else ""
-        grid = B * T == N and shape.get("P") and slot_grid(N, int(shape.get("HV") or 0), int(shape["P"]))
+        grid = step and shape.get("P") and slot_grid(N, int(shape.get("HV") or 0), int(shape["P"]))
         bucket += SLOT_GRID_SUFFIX if grid else ""
     return bucket
 
