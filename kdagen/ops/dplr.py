@@ -43,6 +43,7 @@ from .cp import cp_call
 from .dplr_bwd import DPLR_KEPT_INTERMEDIATES, prepare_dplr_bwd
 from .inputs import check_kwargs, check_runnable, fla_dtypes, gate_choice
 from .member import fused_recurrent_member
+from .traced import eager_under_compile
 
 CHUNK_SIZES = (16, 32, 64)  # the chunk lengths the training-path templates are run and tested at for DPLR
 _CHUNK_IGNORED = ("chunk_indices",)  # FLA's precomputed schedule: kdagen builds its own from cu_seqlens
@@ -126,7 +127,7 @@ def _check_chunk_size(op: str, chunk_size, config) -> None:
         raise ValueError(f"{op}: chunk_size={chunk_size} disagrees with config.chunk_size={config.chunk_size}")
 
 
-@torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
+@eager_under_compile  # no registered op (yet): torch.compile runs it eagerly, a graph break
 @fla_dtypes("q", ("q", "k", "v", "a", "b"))
 def chunk_dplr_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                           gk: torch.Tensor, scale: float | None = None, initial_state: torch.Tensor | None = None,

@@ -29,6 +29,7 @@ from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_inplace_f
                      check_rank1_vectors, check_runnable, check_token_slots, host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
 from .recurrent import RecurrentFunction, prepare_recurrent, tensor_key, token_slot_config
+from .traced import eager_under_compile
 
 
 # fused_recurrent_member's per-geometry memo (as fused_recurrent_kda's fast path): the first call of a
@@ -139,7 +140,7 @@ def _value_check(op, q, k, v, g, beta, initial_state, cu_seqlens, state_indices,
                         a=None if ab is None else ab[0], b=None if ab is None else ab[1], accepted=accepted)
 
 
-@torch.compiler.disable  # no registered op (yet): torch.compile runs it eagerly, a graph break
+@eager_under_compile  # no registered op (yet): torch.compile runs it eagerly, a graph break
 def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
                  output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                  use_gate_in_kernel: bool = False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel: bool = False,
@@ -250,7 +251,7 @@ def chunk_member_launches(spec: S.Recurrence, q, k, v, g=None, beta=None, *, tra
     return training_step_launches(call, x, config, bwd_config, output_final_state, do, dht, with_rerun)
 
 
-@torch.compiler.disable  # as chunk_member
+@eager_under_compile  # as chunk_member
 def fused_recurrent_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, initial_state=None,
                            output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
                            use_gate_in_kernel: bool = False, A_log=None, dt_bias=None,

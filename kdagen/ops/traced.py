@@ -19,6 +19,16 @@ OPS: dict = {}  # op name -> its OpOverload (filled by .library)
 CHECKED_BEFORE_ROUTING = ("cp_context", "use_graph", "max_num_seqs")
 
 
+def eager_under_compile(fn):
+    """``fn`` run eagerly when torch.compile traces a caller: one graph break at the call, as with
+    ``torch.compiler.disable`` (for the ops with no registered torch.library op).  torch's lazy form of that
+    decorator (``torch._disable_dynamo``) imports Dynamo at the first call rather than here: importing it is
+    ~0.9 s, a third of ``import kdagen``, in every process that never compiles.  A torch without the lazy
+    form gets the public decorator."""
+    lazy = getattr(torch, "_disable_dynamo", None)
+    return lazy(fn) if callable(lazy) else torch.compiler.disable(fn)
+
+
 def _op(name: str):
     try:
         return OPS[name]
