@@ -244,6 +244,7 @@ def test_tpe_covers_the_whole_list_without_remeasuring(tmp_path):
     # TPE re-proposes measured configs; the engine replays their result and steers the
     # next trial to an untried config, so the full list is covered with one measurement each.
     cands = load_space("chunk_fwd").candidates(dict(K=64, V=64, safe_sub_chunk=32, smem_limit=232448))
+    cands = [c for c in cands if c.solve_load_ahead == 0 and c.state_segment_chunks == 0]  # 384 of the 1,536
     # 3/4 of the configs are wrong: failed trials make TPE repeat itself a lot.
     wrong = [c for c in cands if c.chunk_size == 64 or c.state_num_warps == 8]
     fake = Fake(times=lambda c: 1.0 + c.chunk_size / 100 + c.state_block_v / 1000, wrong=wrong)
@@ -255,7 +256,7 @@ def test_tpe_covers_the_whole_list_without_remeasuring(tmp_path):
         optuna.storages.journal.JournalFileBackend(str(tmp_path / "journal.log"))))
     dups = [t for t in study.trials if t.user_attrs.get("duplicate")]
     assert len(study.trials) == len(cands) + len(dups)
-    assert len(dups) <= len(cands)  # each replayed duplicate is followed by an untried config
+    assert 0 < len(dups) <= len(cands)  # TPE did repeat itself; each replayed duplicate is followed by an untried config
 
 
 def test_where_the_time_went_is_reported(tmp_path, capsys):
