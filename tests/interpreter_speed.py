@@ -184,8 +184,53 @@ def _shapes_on_demand() -> None:
     assert (str(lazy_t.shape), lazy_t.numel.value) == (str(probe_t.__dict__["shape"]), probe_t.__dict__["numel"].value)
 
 
+def _same_type_operands_pass_through() -> None:
+    """A binary operation type-checks, promotes, casts and broadcasts its operands on every interpreted call
+    (a third of an interpreter test's time).  Two tensors of one non-pointer element type and one shape come
+    out of that unchanged whenever the promoted type is theirs: each cast to it returns its input and equal
+    shapes broadcast to themselves.  Here such a pair is returned at once; the promoted type is Triton's own
+    (``computation_type_impl``), asked once per element type; every other pair takes Triton's path."""
+    from triton.language.semantic import TritonSemantic as Sem
+
+    plain = Sem.binary_op_type_checking_impl
+    if not (_source_is(Sem.cast, "07dd010bcd20") and _source_is(Sem.broadcast_impl_value, "09e5ad76ac14")
+            and _source_is(plain, "4f0c4ab39cfa")):  # Triton 3.6
+        if not (_source_is(Sem.cast, "23a555da85e8") and _source_is(Sem.broadcast_impl_value, "c357022891e3")
+                and _source_is(plain, "a40b28839707")
+                and _source_is(getattr(Sem, "_cast_to_computation_type", None), "1f23fe565fe9")):  # Triton 3.9
+            return
+    tensor, promoted = tl.core.tensor, {}
+
+    def keeps(self, ty, div_or_mod) -> bool:  # whether (ty, ty) promotes to ty: Triton's answer, remembered
+        key = (ty, div_or_mod)
+        try:
+            return promoted[key]
+        except KeyError:
+            try:
+                same = self.computation_type_impl(ty, False, ty, False, div_or_mod) == ty
+            except (TypeError, ValueError):
+                same = False
+            promoted[key] = same
+            return same
+        except TypeError:  # an unhashable type
+            return False
+
+    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False,
+                                     arithmetic_check=True, div_or_mod=False):
+        if type(lhs) is tensor and type(rhs) is tensor:
+            lt, rt = lhs.type, rhs.type
+            ty = lt.scalar
+            if (ty is rt.scalar and not ty.is_ptr() and (not arithmetic_check or keeps(self, ty, div_or_mod))
+                    and (lt is rt or (lt.is_block() and rt.is_block() and lt.shape.values == rt.shape.values))):
+                return lhs, rhs
+        return plain(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+
+    Sem.binary_op_type_checking_impl = binary_op_type_checking_impl
+
+
 def install() -> None:
     _builtins_listed_once()
     _np_dtypes_remembered()
     _tuple_types_on_demand()
     _shapes_on_demand()
+    _same_type_operands_pass_through()
