@@ -5,7 +5,10 @@ odd T, T = 1, head dims that are not powers of two, GVA, varlen with length-0/1 
 initial and final states, g = -inf, FLA's in-kernel flags and gate, and the refusals."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -340,10 +343,10 @@ import kdagen
 assert "torch._dynamo" not in sys.modules, "import kdagen imported torch._dynamo"
 gen = torch.Generator().manual_seed(0)
 q, k = (torch.nn.functional.normalize(torch.randn(1, 20, 1, 16, generator=gen), dim=-1) for _ in range(2))
-v, g, beta = torch.randn(1, 20, 1, 16, generator=gen), -torch.rand(1, 20, 1, generator=gen), torch.rand(1, 20, 1, generator=gen)
+v = torch.randn(1, 20, 1, 16, generator=gen)
+g, beta = -torch.rand(1, 20, 1, generator=gen), torch.rand(1, 20, 1, generator=gen)
 def f(q, k, v, g, beta):
     return kdagen.chunk_gated_delta_rule(q, k, v, g, beta)[0] * 2
-import torch._dynamo
 got = torch.compile(f, backend="eager")(q, k, v, g, beta)  # the op's first call is under torch.compile
 assert torch.equal(got, f(q, k, v, g, beta)), "compiled and eager differ"
 print("ok")
@@ -354,10 +357,6 @@ print("ok")
 def test_importing_kdagen_leaves_dynamo_out_and_a_first_call_under_compile_runs_eagerly():
     """The member ops' graph break costs nothing at import (Dynamo, ~0.9 s, is imported by the first call),
     and an op whose first call in the process is inside torch.compile runs eagerly and gives eager's bits."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, env=env,
                           timeout=300)
