@@ -533,8 +533,16 @@ class _Direct:
         self.dummy = dummy_pointer(vals[0].device).data_ptr()
         c_launch = getattr(run, "launch", None)
         plain = (c_launch is not None and getattr(run, "global_scratch_size", 1) == 0
-                 and getattr(run, "profile_scratch_size", 1) == 0)
-        if plain:
+                 and getattr(run, "profile_scratch_size", 1) == 0 and not getattr(run, "gsan_enabled", False))
+        # The C entry point's arguments changed in Triton 3.7: up to 3.6 the kernel's arguments follow
+        # the head one by one; from 3.7 they come as one tuple after the launcher's argument
+        # annotations and kernel signature (which only the 3.7+ launcher object carries).
+        self.packed_args = hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature")
+        if plain and self.packed_args:
+            self.c_launch = c_launch
+            self.c_head = (run.launch_cooperative_grid, run.launch_pdl, self.metadata, None, None, None, None, None,
+                           run.arg_annotations, run.kernel_signature)
+        elif plain:
             self.c_launch = c_launch
             self.c_head = (run.launch_cooperative_grid, run.launch_pdl, None, None, self.metadata, None, None, None)
         else:
@@ -562,11 +570,13 @@ class _Direct:
         if m & 15:
             return False
         stream = torch._C._cuda_getCurrentRawStream(self.device)
-        if self.c_launch is not None:
-            self.c_launch(*self.grid, stream, self.function, *self.c_head, *ptrs, *self.scalars, *self.tail)
-        else:
+        if self.c_launch is None:
             self.run(*self.grid, stream, self.function, self.metadata, None, None, None, *ptrs, *self.scalars,
                      *self.tail)
+        elif self.packed_args:
+            self.c_launch(*self.grid, stream, self.function, *self.c_head, (*ptrs, *self.scalars, *self.tail))
+        else:
+            self.c_launch(*self.grid, stream, self.function, *self.c_head, *ptrs, *self.scalars, *self.tail)
         return True
 
     def __call__(self, args: dict) -> bool:

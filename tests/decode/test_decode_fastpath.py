@@ -143,10 +143,12 @@ def test_cpu_tensors_outside_the_interpreter_are_refused(monkeypatch):
 class _Recorder:
     """Stands in for Triton's compiled launcher: records what the fast path would launch."""
 
-    def __init__(self, scratch=0):
+    def __init__(self, scratch=0, packed_args=False):
         self.calls = []
         self.global_scratch_size = self.profile_scratch_size = scratch
         self.launch_cooperative_grid, self.launch_pdl = 0, 0
+        if packed_args:  # Triton 3.7+'s launcher: its C entry point takes these, then the arguments as one tuple
+            self.arg_annotations, self.kernel_signature = ("annotations",), b"signature"
 
     def launch(self, *a):
         self.calls.append(("c", a))
@@ -162,13 +164,16 @@ class _FakeKernel:
 
 @pytest.mark.parametrize("packed", (False, True), ids=("batch", "packed"))
 @pytest.mark.parametrize("scratch", (0, 64), ids=("c-launch", "launcher"))
-def test_direct_launch_passes_what_the_generic_launcher_would(monkeypatch, packed, scratch):
+@pytest.mark.parametrize("triton_form", ("3.6", "3.7+"))
+def test_direct_launch_passes_what_the_generic_launcher_would(monkeypatch, packed, scratch, triton_form):
     """On a GPU the fast path lays the pointers out itself (kdagen.ops.recurrent._Direct).  Here
     a recording launcher stands in for the compiled kernel: the arguments of a fast-path call
     must be exactly the generic launch's -- each tensor's address in the kernel's order, then
     T, P, scale, NS and the constexprs -- with the C entry point taken only when no scratch memory
-    is needed, and a misaligned pointer must fall back to the generic launch."""
-    rec = _Recorder(scratch)
+    is needed, in the layout of the Triton at hand (3.6: one by one after the head; 3.7+: the
+    launcher's annotations and signature, then the arguments as one tuple), and a misaligned
+    pointer must fall back to the generic launch."""
+    rec = _Recorder(scratch, packed_args=triton_form == "3.7+")
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 99, raising=False)
     monkeypatch.setattr(R._Direct, "of", classmethod(
         lambda cls, desc: cls(_FakeKernel(rec), desc.args, desc.constexprs, desc.grid)))
@@ -197,9 +202,15 @@ def test_direct_launch_passes_what_the_generic_launcher_would(monkeypatch, packe
     grid = (tuple(entry.grid) + (1, 1))[:3]
     assert kind == ("c" if scratch == 0 else "run")
     assert a[:3] == grid and a[3] == 99 and a[4] == 1234
-    head = 8 if kind == "c" else 4  # (coop, pdl, scratch, scratch, metadata, 3 hooks) or (metadata, 3 hooks)
-    assert list(a[5 + head:]) == want
-    assert a[5:5 + head][-4] == (4, 1, 0)  # the packed metadata
+    if kind == "c" and triton_form == "3.7+":
+        # (coop, pdl, metadata, launch metadata, 2 hooks, 2 scratch, annotations, signature, (arguments))
+        assert len(a) == 16 and a[5:7] == (0, 0) and a[7] == (4, 1, 0) and a[8:13] == (None,) * 5
+        assert a[13] == ("annotations",) and a[14] == b"signature"
+        assert isinstance(a[15], tuple) and list(a[15]) == want
+    else:
+        head = 8 if kind == "c" else 4  # (coop, pdl, scratch, scratch, metadata, 3 hooks) or (metadata, 3 hooks)
+        assert list(a[5 + head:]) == want
+        assert a[5:5 + head][-4] == (4, 1, 0)  # the packed metadata
     # a pointer the kernel was specialised as 16-byte aligned, now misaligned: the generic launch
     calls = []
     monkeypatch.setattr(R, "launch", lambda *x: calls.append(x))
@@ -207,3 +218,25 @@ def test_direct_launch_passes_what_the_generic_launcher_would(monkeypatch, packe
     assert q_odd.data_ptr() % 16 and q_odd.is_contiguous()
     kdagen.fused_recurrent_kda(q_odd, k, v, g, beta, **kw)
     assert len(rec.calls) == 1 and len(calls) == 1
+
+
+def test_direct_launch_reads_the_installed_tritons_launcher_form():
+    """The fast path tells Triton 3.6's C entry point from 3.7+'s by the launcher object's
+    attributes (``arg_annotations`` and ``kernel_signature`` exist only where the arguments go as
+    one tuple).  Checked here against the installed Triton's own launcher source, so that a Triton
+    whose launcher changes again fails this test instead of a decode step on a GPU."""
+    import inspect
+
+    from triton.backends.nvidia.driver import CudaLauncher
+    init, call = inspect.getsource(CudaLauncher.__init__), inspect.getsource(CudaLauncher.__call__)
+    launch = " ".join(call[call.index("self.launch("):].split())
+    launch = launch[:launch.index(")") + 1]
+    if "self.arg_annotations =" in init and "self.kernel_signature =" in init:
+        assert launch.startswith("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
+                                 "self.launch_pdl, kernel_metadata, launch_metadata, launch_enter_hook, "
+                                 "launch_exit_hook, global_scratch, profile_scratch, self.arg_annotations, "
+                                 "self.kernel_signature, "), launch
+        assert launch.endswith("args)") and "*" not in launch, launch
+    else:
+        assert launch == ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
+                          "self.launch_pdl, global_scratch, profile_scratch, *args)"), launch
