@@ -57,7 +57,7 @@ def _run(cmd: list[str], env: dict, log: Path) -> int:
 
 
 def measure(label: str, overlay: Path | None, out: Path, a) -> dict:
-    caches = Path(tempfile.mkdtemp(prefix=f"kdagen-tv-{label}-"))
+    caches = Path(tempfile.mkdtemp(prefix="kdagen-tv-" + "".join(c if c.isalnum() else "_" for c in label) + "-"))
     env = _env(overlay, caches)
     version = _version(env)
     d = out / version
