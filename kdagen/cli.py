@@ -788,8 +788,9 @@ def _print_summary(summary, gpu, cache, head_dims, lower_bound, shapes, will_tun
 @click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
               help="also draw the time per shape of each library into this PNG (needs matplotlib: "
                    "pip install 'kdagen[plot]')")
-@click.option("--from", "from_json", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="print (and with --plot, draw) an earlier run's OUT.json instead of measuring; needs no GPU")
+@click.option("--from", "from_json", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="print (and with --plot, draw) an earlier run's OUT.json instead of measuring; needs no GPU. "
+                   "Repeat it to join runs of one GPU and one set of versions, each case from one run")
 @click.option("--fla-warm-jobs", type=click.IntRange(min=0), default=None,
               help="with --compare fla: processes that compile FLA's autotuning candidates before measuring "
                    "(default: min(14, CPUs); 0: FLA compiles them itself, one after another)")
@@ -821,12 +822,13 @@ def bench(shapes, passes, members, suite, compare, dtype_name, out_prefix, plot_
                                  "seed", "per_launch") if _given(n)]
             if extra:
                 raise click.UsageError(f"--from prints an earlier run; {', '.join(extra)} do(es) not apply to it")
-            try:
-                result = BM.read_json(from_json)
-            except ValueError as e:  # not JSON, or not a bench result
+            try:  # not JSON, not a bench result, or runs that cannot share a page
+                result = BM.merge_results([BM.read_json(f) for f in from_json], list(from_json))
+            except ValueError as e:
                 raise click.BadParameter(str(e), param_hint="--from") from None
-            _bench_report(BM, result, out_prefix if _given("out_prefix") else None, plot_path, write_json=False,
-                          perf_md=perf_md, readme=readme, source=from_json)
+            merged = len(from_json) > 1
+            _bench_report(BM, result, out_prefix if _given("out_prefix") else None, plot_path, write_json=merged,
+                          perf_md=perf_md, readme=readme, source=", ".join(os.path.basename(f) for f in from_json))
             return
         if suite:
             extra = [n for n in ("shapes", "passes", "members") if _given(n)]

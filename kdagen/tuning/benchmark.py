@@ -441,6 +441,40 @@ def read_json(path: str) -> dict:
     return result
 
 
+# what runs whose rows one page shows together must share (the date and the copy's speed may differ)
+MERGE_KEYS = ("device", "torch", "triton", "cuda", "kdagen", "fla", "fla_backend_dispatch")
+
+
+def merge_results(results: list[dict], names: list[str]) -> dict:
+    """One result from several runs' (a suite measured in several sittings, e.g. under a time limit
+    per command): the runs must share the GPU, the versions and the dtype, and each case (member,
+    pass, shape) must come from one run only, so that every FLA/kdagen ratio stays a same-process
+    ratio.  The merged result keeps the earliest date and the first run's copy speed (each row's
+    share of the copy was computed against its own run's).  ValueError names what disagrees."""
+    if len(results) == 1:
+        return results[0]
+    first, env0 = results[0], results[0].get("env", {})
+    seen: dict[tuple, str] = {}
+    rows = []
+    for res, name in zip(results, names):
+        env = res.get("env", {})
+        for k in MERGE_KEYS:
+            if env.get(k) != env0.get(k):
+                raise ValueError(f"{name} was measured with {k} {env.get(k)!r}, {names[0]} with {env0.get(k)!r}: "
+                                 f"one page shows one GPU and one set of versions")
+        if res.get("dtype") != first.get("dtype"):
+            raise ValueError(f"{name} measured {res.get('dtype')}, {names[0]} {first.get('dtype')}")
+        cases = {(r.get("member", "kda"), r["pass"], r["shape"]) for r in res["rows"]}
+        for c in sorted(cases):
+            if c in seen:
+                raise ValueError(f"{' '.join(c)} is in both {seen[c]} and {name}: each case must come from one run "
+                                 f"(its libraries measured in one process)")
+            seen[c] = name
+        rows += res["rows"]
+    dates = sorted(r.get("env", {}).get("date", "") for r in results)
+    return {**first, "env": {**env0, "date": dates[0]}, "rows": rows, "runs": list(names)}
+
+
 def write_csv(result: dict, path: str) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")

@@ -487,3 +487,37 @@ def test_bench_members_and_suite_choose_the_cases(cpu_bench, tmp_path, monkeypat
     assert list(cpu_bench[-1][0]) == SUITES["readme"]
     r = CliRunner().invoke(main, ["bench", "--suite", "readme", "--members", "gdn"])
     assert r.exit_code == 2 and "--suite" in r.output
+
+
+def test_runs_of_one_gpu_join_into_one_page_and_a_case_never_mixes_runs(tmp_path, monkeypatch):
+    """``--from`` repeated joins runs of one GPU and one set of versions (a suite measured in several
+    sittings); a case found in two runs, or runs of another GPU or Triton, are refused, so that every
+    FLA/kdagen ratio on the page stays a same-process ratio."""
+    whole = _result()
+    one, two = dict(whole), dict(whole)
+    one["rows"] = [r for r in whole["rows"] if r["pass"] != "decode"]
+    two["rows"] = [r for r in whole["rows"] if r["pass"] == "decode"]
+    two["env"] = {**whole["env"], "date": "2026-01-01T00:00:00"}
+    paths = []
+    for n, res in (("a", one), ("b", two)):
+        paths.append(tmp_path / f"{n}.json")
+        BM.write_json(res, str(paths[-1]))
+    monkeypatch.setattr(BM, "cuda_device", lambda: pytest.fail("--from measured"))
+    r = CliRunner().invoke(main, ["bench", "--from", str(paths[0]), "--from", str(paths[1]),
+                                  "--perf-md", str(tmp_path / "PERF.md"), "--out", str(tmp_path / "joined")])
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "PERF.md").read_text()
+    assert "from the JSON results of 2 runs on one GPU (`a.json, b.json`" in page
+    assert "2026-01-01" in page  # the earliest run's date
+    assert "| kda | fwd | 1,8192,96,128 | 1.500 ms | 3.000 ms | 2.00× | 50% | 1.0e-03 |" in page
+    assert "| kda | decode | 256,1,32,128 | 50.0 µs | 60.0 µs | 1.20× |" in page
+    joined = BM.read_json(str(tmp_path / "joined.json"))
+    assert len(joined["rows"]) == len(whole["rows"]) and joined["runs"] == [str(p) for p in paths]
+    # a case in both runs: refused, whichever library each holds
+    BM.write_json(dict(whole, rows=[r for r in whole["rows"] if r["library"] == "fla"]), str(tmp_path / "c.json"))
+    r = CliRunner().invoke(main, ["bench", "--from", str(paths[0]), "--from", str(tmp_path / "c.json")])
+    assert r.exit_code == 2 and "in both" in r.output and "one run" in r.output
+    # another Triton: refused
+    BM.write_json(dict(two, env={**two["env"], "triton": "3.9.0"}), str(tmp_path / "d.json"))
+    r = CliRunner().invoke(main, ["bench", "--from", str(paths[0]), "--from", str(tmp_path / "d.json")])
+    assert r.exit_code == 2 and "triton" in r.output and "3.9.0" in r.output
