@@ -133,6 +133,13 @@ class ChunkFwdConfig(_Config):
     # read (k after the cumulative sum, q after bk's store), 1 all of a half's at its start, 2 also
     # the second half's before the first half's inverse (more registers live, fewer round trips)
     solve_load_ahead: int = 2
+    # the solve (channel decay) over the K channels in tiles of this many (its products summed over the
+    # tiles, kgL formed in a second loop: fewer registers live); 0, or a tile as wide as the padded K
+    # (BK), holds whole K rows (templates/chunk_solve_ktiled.py.j2, docs/decisions/0042-solve-k-tiles.md)
+    solve_k_tile: int = 0
+    # fields whose default renders no text of its own: left out of the source's header line at the default
+    QUIET_AT_DEFAULT: ClassVar[tuple[str, ...]] = ("solve_k_tile",)
+    SOLVE_K_TILES: ClassVar[tuple[int, ...]] = (0, 16, 32, 64, 128)
 
     def __post_init__(self):
         self._check_pow2("chunk_size", "sub_chunk", "state_block_v", "intra_num_warps", "state_num_warps")
@@ -148,6 +155,9 @@ class ChunkFwdConfig(_Config):
         self._check_bool("state_prefetch")
         if isinstance(self.solve_load_ahead, bool) or self.solve_load_ahead not in (0, 1, 2):
             raise ConfigError(f"chunk_fwd: solve_load_ahead must be 0, 1 or 2, got {self.solve_load_ahead!r}")
+        if isinstance(self.solve_k_tile, bool) or self.solve_k_tile not in self.SOLVE_K_TILES:
+            raise ConfigError(f"chunk_fwd: solve_k_tile must be one of {self.SOLVE_K_TILES} (0: whole K rows), "
+                              f"got {self.solve_k_tile!r}")
         L = self.state_segment_chunks
         if not isinstance(L, int) or isinstance(L, bool) or not (L == 0 or (L >= 2 and _pow2(L))):
             raise ConfigError(f"chunk_fwd: state_segment_chunks must be 0 (off) or a power of two >= 2, got {L!r}")

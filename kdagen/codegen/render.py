@@ -242,8 +242,11 @@ def _pick_dqkw(plan: Plan, v: dict) -> str:
 
 
 def _pick_solve(plan: Plan, v: dict) -> str:
-    # a decay that is one number per token (or none) scales whole rows: no anchors, no element-wise fallback
-    return "chunk_solve_scalar.py.j2" if plan.diag_mode == "scalar" else "chunk_solve.py.j2"
+    # a decay that is one number per token (or none) scales whole rows: no anchors, no element-wise fallback;
+    # a per-channel decay holds whole K rows, or tiles of them (ChunkFwdConfig.solve_k_tile)
+    if plan.diag_mode == "scalar":
+        return "chunk_solve_scalar.py.j2"
+    return "chunk_solve_ktiled.py.j2" if v["k_tile"] else "chunk_solve.py.j2"
 
 
 def _pick_intra(plan: Plan, v: dict) -> str:
@@ -258,7 +261,8 @@ def _k(kind, templates, config, vars, **kw) -> KernelSpec:
 # in each family's launch order
 KERNELS: dict[str, KernelSpec] = {s.kind: s for s in (
     # the inference forward
-    _k("chunk_solve", ("chunk_solve.py.j2", "chunk_solve_scalar.py.j2"), ChunkFwdConfig, _forward_kernel_vars,
+    _k("chunk_solve", ("chunk_solve.py.j2", "chunk_solve_scalar.py.j2", "chunk_solve_ktiled.py.j2"), ChunkFwdConfig,
+       _forward_kernel_vars,
        pick=_pick_solve),
     _k("chunk_pass", "chunk_pass.py.j2", ChunkFwdConfig, _forward_kernel_vars),
     # the sequence-parallel state pass (ChunkFwdConfig.state_segment_chunks > 0, kdagen/ops/chunk_segments.py)
@@ -473,6 +477,11 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
     ab = "tl.bfloat16" if plan.dtype == "bfloat16" else "tl.float32"
     ab_kw = "" if plan.dtype == "bfloat16" else (', input_precision="ieee"' if exact else ', input_precision="tf32"')
     inv = "ieee" if exact else config.inverse_precision
+    # K tiles of the solve (a per-channel decay's; 0: whole rows, as a tile as wide as BK is); the tiled
+    # solve issues each tile's loads where it reads them (no load_ahead)
+    # (looked at without noting it: a tile that changes nothing is not in the header, so the source is the same)
+    wanted = getattr(config, "_config", config).solve_k_tile
+    k_tile = config.solve_k_tile if plan.diag_mode != "scalar" and 0 < wanted < plan.BK else 0
     v.update(
         n_sub=HALF // config.sub_chunk, sub=config.sub_chunk, half_rows=HALF,
         ab_dtype=ab, ab_kw=ab_kw, out_dtype=low.tl, out_kw=', input_precision="ieee"' if exact else "",
@@ -480,7 +489,7 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
         inv_kw="" if inv == "bf16" else f', input_precision="{inv}"',
         factor_low=config.factor_precision == "input" and plan.dtype == "bfloat16",
         # a scalar decay's halves load a few rows and two tiles with nothing between: no choice
-        load_ahead=config.solve_load_ahead if plan.diag_mode != "scalar" else 0,
+        load_ahead=0 if k_tile or plan.diag_mode == "scalar" else config.solve_load_ahead, k_tile=k_tile,
         # the factorised products hold exp(-D) <= exp(span): the exponent budget of the dot
         # dtype (structure.EXP_BUDGET), in log2 units
         # one channel's gate in the element-wise path: z and the bias of that channel alone

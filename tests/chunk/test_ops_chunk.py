@@ -102,6 +102,18 @@ CASES = [
     Case("load-ahead-2-gik-T100", 1, 100, 1, 2, 64, 64, gate="gik_lb", C=64, cfg=dict(solve_load_ahead=2)),
     Case("fp16-load-ahead-1-C32-free", 1, 64, 1, 1, 64, 64, dtype=F16, gate="free", C=32,
          cfg=dict(solve_load_ahead=1)),
+    # --- the solve over K tiles (solve_k_tile): one and two halves, masked channels (K=96 on 128), varlen,
+    # an in-kernel gate (its bias per tile), the element-wise path after the tiles, fp16, tiles of 16
+    Case("k-tiles-32-safe-varlen-K96V16", 1, 105, 1, 2, 96, 16, gate="safe", cu=VARLEN, C=64,
+         cfg=dict(solve_k_tile=32)),
+    Case("k-tiles-64-free-C32-K96", 1, 130, 1, 1, 96, 96, gate="free", C=32, cfg=dict(solve_k_tile=64)),
+    Case("k-tiles-32-gik-softplus-T100", 1, 100, 1, 2, 64, 64, gate="gik_sp", C=64, cfg=dict(solve_k_tile=32)),
+    Case("k-tiles-16-below-bound-T130", 1, 130, 1, 1, 64, 64, gate="safe", g_mode="below", C=64,
+         cfg=dict(solve_k_tile=16)),
+    Case("k-tiles-32-minus-inf-C32-varlen", 1, 105, 1, 1, 64, 32, gate="free", g_mode="inf", cu=VARLEN, C=32,
+         cfg=dict(solve_k_tile=32)),
+    Case("fp16-k-tiles-32-gva2x4", 1, 105, 2, 4, 64, 64, dtype=F16, gate="safe", cu=VARLEN, C=64,
+         cfg=dict(solve_k_tile=32)),
     # --- gates the factorised path cannot take (below the promised bound, -inf resets): the
     # element-wise path of the sub-tiles concerned gives the recurrence's answer
     Case("g-below-bound-safe-T130", 1, 130, 1, 2, 64, 64, gate="safe", g_mode="below"),
@@ -261,12 +273,13 @@ def test_chunk_kda_without_final_state_returns_none():
     assert_close(o2, ro2, TOL[torch.float32], "o without initial state")
 
 
-@pytest.mark.parametrize("K,ahead", [(64, 0), (80, 0), (80, 2)])
-def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K, ahead):
+@pytest.mark.parametrize("K,ahead,k_tile", [(64, 0, 0), (80, 0, 0), (80, 2, 0), (80, 0, 32)])
+def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K, ahead, k_tile):
     """use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel with allow_neg_eigval and an
     explicit scale, against the reference fed the pre-processed inputs.  An inference call
     computes them inside the kernels: no torch pre-pass runs.  K=80: the norms of rows padded
-    to 128 channels.  ahead: the solve's loads issued ahead (``solve_load_ahead``)."""
+    to 128 channels.  ahead: the solve's loads issued ahead (``solve_load_ahead``); k_tile: the
+    solve over K tiles (``solve_k_tile``: the norms in a pass of their own over the tiles)."""
     from kdagen.ops import chunk_call as chunk_op
 
     def no_prepass(*a, **k):
@@ -283,7 +296,8 @@ def test_chunk_kda_in_kernel_preprocessing_and_scale(monkeypatch, K, ahead):
     h0 = torch.randn(B, HV, K, V, generator=gen)
     o, ht = kdagen.chunk_kda(q, k, v, g, braw, scale=0.3, initial_state=h0, output_final_state=True,
                              use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
-                             config=ChunkFwdConfig(solve_load_ahead=ahead) if ahead else None)
+                             config=ChunkFwdConfig(solve_load_ahead=ahead, solve_k_tile=k_tile)
+                             if ahead or k_tile else None)
     qn = torch.nn.functional.normalize(q.double(), dim=-1)
     kn = torch.nn.functional.normalize(k.double(), dim=-1)
     beta = 2 * torch.sigmoid(braw.double())

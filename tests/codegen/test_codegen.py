@@ -146,6 +146,12 @@ def test_header_names_spec_config_and_version():
     assert solve == (f"# config : chunk_size={c.chunk_size} sub_chunk={c.sub_chunk} inverse_precision="
                      f"{c.inverse_precision} factor_precision={c.factor_precision} solve_load_ahead={c.solve_load_ahead} "
                      f"(the other fields are launch parameters)")
+    # the solve over K tiles: named in the line (solve_k_tile at 0 renders nothing of its own: left out above);
+    # it issues each tile's loads where it reads them, so solve_load_ahead is not read
+    tiled = render("chunk_solve", p, c.replace(solve_k_tile=16)).text.splitlines()[5]
+    assert tiled == (f"# config : chunk_size={c.chunk_size} sub_chunk={c.sub_chunk} inverse_precision="
+                     f"{c.inverse_precision} factor_precision={c.factor_precision} solve_k_tile=16 "
+                     f"(the other fields are launch parameters)")
     state = render("chunk_pass", p, c).text.splitlines()[5]
     assert state == (f"# config : chunk_size={c.chunk_size} state_prefetch={c.state_prefetch} (the other fields are "
                      f"launch parameters)")
@@ -247,3 +253,27 @@ def test_training_kg_takes_the_decay_to_come_by_difference_in_half_precision(ker
         src = render(kernel, plan, cfg).text
         assert ("reverse=True" not in src) == by_difference, (dt, kernel)
         assert ("b_c[None, :] - b_G0" in src) == by_difference, (dt, kernel)
+
+
+def test_the_solve_takes_k_tiles_only_where_they_are_narrower_than_its_rows():
+    """ChunkFwdConfig.solve_k_tile picks templates/chunk_solve_ktiled.py.j2 for a per-channel decay when the
+    tile is narrower than the padded K (BK); a tile as wide (or 0) renders the whole-row solve, byte for byte,
+    and a scalar decay's solve reads no tile.  A tile outside the allowed widths is refused."""
+    from kdagen.codegen import render as R
+    from kdagen.config import ConfigError
+    from kdagen.ops.inputs import select_spec
+
+    kda = lower(select_spec(False, True, -5.0, False, False), 64, 64, "bfloat16", "chunk")
+    c = ChunkFwdConfig()
+    whole = render("chunk_solve", kda, c).text
+    assert R.KERNELS["chunk_solve"].template(kda, R._template_vars("chunk_solve", kda, c.replace(solve_k_tile=32))) \
+        == "chunk_solve_ktiled.py.j2"
+    tiled = render("chunk_solve", kda, c.replace(solve_k_tile=32)).text
+    assert "loop 1: the K tiles" in tiled and "tl.arange(0, 32)" in tiled and "loop 1" not in whole
+    assert render("chunk_solve", kda, c.replace(solve_k_tile=64)).text == whole  # BK = 64: whole rows
+    gdn = lower(S.gdn(), 64, 64, "bfloat16", "chunk")
+    assert gdn.diag_mode == "scalar"
+    assert render("chunk_solve", gdn, c.replace(solve_k_tile=16)).text == render("chunk_solve", gdn, c).text
+    for bad in (8, 48, 256, True):
+        with pytest.raises(ConfigError, match="solve_k_tile"):
+            ChunkFwdConfig(solve_k_tile=bad)

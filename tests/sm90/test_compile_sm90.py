@@ -52,6 +52,11 @@ CHUNK_CASES = [
     # the compile-check must drop it
     ("bf16-K256V256-C64-3stages", "bfloat16", 256, 256, "safe", dict(chunk_size=64, state_num_stages=3),
      dict(over_smem="chunk_pass")),
+    # the solve over K tiles (solve_k_tile): 2-warp programs, one and two halves, masked channels, an in-kernel gate
+    ("bf16-K128-k-tiles-16-w2", "bfloat16", 128, 128, "safe",
+     dict(chunk_size=64, solve_k_tile=16, intra_num_warps=2, solve_load_ahead=0), {}),
+    ("fp16-K96V96-k-tiles-16-C32-w4-gik", "float16", 96, 96, "gik_sp",
+     dict(chunk_size=32, solve_k_tile=16, intra_num_warps=4, inverse_precision="tf32"), {}),
     ("bf16-varlen-intermediate-states", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True)),
     ("bf16-varlen-states-v-first", "bfloat16", 128, 128, "safe", None, dict(varlen=True, states=True, v_first=True)),
 ]

@@ -12,13 +12,18 @@ CTX = dict(K=128, V=128, safe_sub_chunk=32, smem_limit=H100_SMEM)
 
 def test_default_chunk_fwd_space():
     space = load_space("chunk_fwd")
-    assert space.kernel == "chunk_fwd" and space.size == 2 * 2 * 3 * 2 * 2 * 2 * 2 * 2 * 2 * 2  # ... x factor_precision x segments x load_ahead
+    # ... x factor_precision x segments x load_ahead x k_tile (intra_num_warps 2, 4, 8: three)
+    assert space.kernel == "chunk_fwd" and space.size == 2 * 3 * 3 * 2 * 2 * 2 * 2 * 2 * 2 * 2 * 2
     cands = space.candidates(CTX)
     assert cands and all(isinstance(c, ChunkFwdConfig) for c in cands)
     assert all(c.intra_num_stages == ChunkFwdConfig().intra_num_stages for c in cands)  # default
     assert {c.sub_chunk for c in cands} == {16} and {c.chunk_size for c in cands} == {32, 64}
     assert {c.inverse_precision for c in cands} == {"bf16", "tf32"} and {c.state_prefetch for c in cands} == {True, False}
     assert {c.solve_load_ahead for c in cands} == {0, 2}
+    # the solve over K tiles: at 2 and 4 warps, its loads where it reads them; whole rows at 4 and 8 warps
+    tiled = {(c.intra_num_warps, c.solve_load_ahead) for c in cands if c.solve_k_tile}
+    assert {c.solve_k_tile for c in cands} == {0, 16} and tiled == {(2, 0), (4, 0)}
+    assert {c.intra_num_warps for c in cands if not c.solve_k_tile} == {4, 8}
     assert cands == space.candidates(dict(CTX))  # deterministic order
     assert len(set(cands)) == len(cands)
     assert {c.state_segment_chunks for c in cands} == {0, 32}

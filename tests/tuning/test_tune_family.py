@@ -160,7 +160,9 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
     assert mine.fingerprint() != full.fingerprint() and mine.kernel == "chunk_fwd"
     assert set(full.params) == set(mine.params) and full.stages == mine.stages
     dropped = {f: [v for v in full.params[f] if v not in mine.params[f]] for f in full.params}
-    assert {f: v for f, v in dropped.items() if v} == {"factor_precision": ["fp32"], "solve_load_ahead": [2]}
+    # (2-warp solves run on K tiles only, which a scalar decay's solve does not take: its 2 warps go with them)
+    assert {f: v for f, v in dropped.items() if v} == {"factor_precision": ["fp32"], "solve_load_ahead": [2],
+                                                       "solve_k_tile": [16], "intra_num_warps": [2]}
     d = default_config("chunk_fwd", plan)
     for kind in FAMILY_KERNELS["chunk_fwd"]:
         for inv in full.params["inverse_precision"]:
@@ -170,11 +172,12 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
             # KDA's factorised solve does read it: its space keeps both
             if kind == "chunk_solve":
                 assert _body(render(kind, kda, a).text, kind) != _body(render(kind, kda, b).text, kind)
-    a, b = d.replace(solve_load_ahead=0), d.replace(solve_load_ahead=2)
-    assert _body(render("chunk_solve", plan, a).text, "chunk_solve") == _body(render("chunk_solve", plan, b).text,
-                                                                               "chunk_solve")
-    assert _body(render("chunk_solve", kda, a).text, "chunk_solve") != _body(render("chunk_solve", kda, b).text,
-                                                                              "chunk_solve")
+    for a, b in ((d.replace(solve_load_ahead=0), d.replace(solve_load_ahead=2)),
+                 (d.replace(solve_k_tile=0), d.replace(solve_k_tile=16))):
+        assert _body(render("chunk_solve", plan, a).text, "chunk_solve") == _body(render("chunk_solve", plan, b).text,
+                                                                                   "chunk_solve")
+        assert _body(render("chunk_solve", kda, a).text, "chunk_solve") != _body(render("chunk_solve", kda, b).text,
+                                                                                  "chunk_solve")
     # what the scalar space keeps still changes the member's solve
     a, b = d.replace(inverse_precision="bf16"), d.replace(inverse_precision="tf32")
     assert _body(render("chunk_solve", plan, a).text, "chunk_solve") != _body(render("chunk_solve", plan, b).text,
@@ -182,7 +185,9 @@ def test_a_scalar_diag_plans_forward_space_drops_only_choices_that_render_the_sa
     ctx = F.space_context(plan, F.family_spec("chunk_fwd", _args(ref)), get_profile("h800"), 2)
     n_full = len(F.stage_candidates(full, ctx, "solve", d))
     n_mine = len(F.stage_candidates(mine, ctx, "solve", d))
-    assert n_mine * 4 == n_full and n_mine > 0  # factor_precision and solve_load_ahead: two values each
+    # per (chunk_size, inverse_precision): the full space's factor_precision (2) x [whole rows at 4 and 8 warps,
+    # two load_ahead each (4), or K tiles at 2 and 4 warps (2)], the scalar space's whole rows at 4 and 8 warps
+    assert n_mine * 6 == n_full and n_mine > 0
 
 
 @pytest.mark.parametrize("member", ["deltanet", "gdn"])
