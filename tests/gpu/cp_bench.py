@@ -8,7 +8,8 @@ For each split CP = 2, 4, 8 of the T tokens (one sequence), the work of the busi
 inside the sequence (``pre_num_ranks > 0``), as :func:`kdagen.ops.cp.run_cp` runs it there: the
 op on its T/CP tokens with values [v | 0] from [0 | I] (:func:`kdagen.ops.cp._wide_call`), the
 chain over the earlier ranks' pieces ([HV, K, K] x [HV, K, V] products) and the correction
-o(0) + Q h of its outputs and end state -- timed against the one-GPU call on all T tokens.
+o(0) + Q h of its outputs (:func:`kdagen.ops.cp.corrected_outputs`) and end state -- timed against the
+one-GPU call on all T tokens.
 Target: the rank's time within 10% of 1/CP of the one-GPU time (``--mode fwd``: inference;
 ``train``: forward + backward at ``--train-T`` tokens, which the one-GPU training call fits in memory).
 The collectives (one all-gather forward, one all-reduce backward, CP x H x K x (K + V) fp32
@@ -34,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import kdagen  # noqa: E402
-from kdagen.ops.cp import _wide_call  # noqa: E402
+from kdagen.ops.cp import _wide_call, corrected_outputs  # noqa: E402
 
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEV = "cuda" if GPU else "cpu"
@@ -99,7 +100,7 @@ def rank_work(xs, cp, train):
     h = pieces[0, :, :, :V]
     for j in range(1, cp - 1):
         h = torch.matmul(pieces[j, :, :, V:], h) + pieces[j, :, :, :V]
-    o = (ow[..., :V].float() + torch.einsum("bthk,hkv->bthv", ow[..., V:].float(), h)).to(ow.dtype)
+    o = corrected_outputs(ow, h[None], V)  # what run_cp runs there (not a copy of it: the bench times the op's own)
     ht = htw[0, :, :, :V] + torch.matmul(htw[0, :, :, V:], h)
     if train:
         (o.float().sum() + ht.sum()).backward()
