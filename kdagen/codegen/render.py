@@ -477,9 +477,9 @@ def _forward_vars(kernel: str, plan: Plan, config: ChunkFwdConfig) -> dict:
     ab = "tl.bfloat16" if plan.dtype == "bfloat16" else "tl.float32"
     ab_kw = "" if plan.dtype == "bfloat16" else (', input_precision="ieee"' if exact else ', input_precision="tf32"')
     inv = "ieee" if exact else config.inverse_precision
-    # K tiles of the solve (a per-channel decay's; 0: whole rows, as a tile as wide as BK is); the tiled
-    # solve issues each tile's loads where it reads them (no load_ahead)
-    # (looked at without noting it: a tile that changes nothing is not in the header, so the source is the same)
+    # the solve's K tiles (a per-channel decay's; 0 or a tile as wide as BK: whole rows).  The field is looked at
+    # without noting it as read first, so that a tile that changes nothing leaves the header, and so the source,
+    # as without it.  The tiled solve issues each tile's loads where it reads them (no load_ahead).
     wanted = getattr(config, "_config", config).solve_k_tile
     k_tile = config.solve_k_tile if plan.diag_mode != "scalar" and 0 < wanted < plan.BK else 0
     v.update(
