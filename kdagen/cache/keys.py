@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, fields
 from functools import lru_cache
@@ -217,7 +218,38 @@ def source_hash(family: str) -> str:
     """Hash of every file a family's kernels are rendered from (its templates and the modules
     that lower and render, :func:`kdagen.codegen.sources.render_inputs`), by path relative to
     the package and content: any change that can change the kernels invalidates the winners
-    tuned on the old ones, and no other change does."""
+    tuned on the old ones, and no other change does.  Kept between processes under the stamp of
+    the package's files (:func:`kdagen.codegen.sources.source_stamp`: names, sizes, times), so an
+    op's first call in a fresh process stats the files instead of reading and parsing them."""
+    from ..codegen import sources
+    from . import paths
+
+    stamp = sources.source_stamp(family)
+    memo_file = paths.source_hashes_file()
+    try:
+        memo = json.loads(memo_file.read_text())
+        if isinstance(memo, dict) and isinstance(memo.get(stamp), str):
+            return memo[stamp]
+    except (OSError, ValueError):
+        memo = {}
+    value = _source_hash(family)
+    try:  # at most SOURCE_HASHES_KEPT stamps (the newest); a cache directory that cannot be written keeps none
+        memo = {k: v for k, v in list(memo.items())[-(SOURCE_HASHES_KEPT - 1):] if isinstance(v, str)}
+        memo[stamp] = value
+        memo_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_file.with_name(f".{memo_file.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_file)
+    except OSError:
+        pass
+    return value
+
+
+SOURCE_HASHES_KEPT = 64
+
+
+def _source_hash(family: str) -> str:
+    """:func:`source_hash` from the files themselves."""
     from ..codegen import sources
 
     h = hashlib.sha256()

@@ -82,3 +82,9 @@ def compiled_templates_dir(version: str) -> Path:
 def studies_dir() -> Path:
     """Optuna journal files of tuning studies (a killed run resumes from them)."""
     return cache_dir() / "studies"
+
+
+def source_hashes_file() -> Path:
+    """The source hashes (:func:`kdagen.cache.keys.source_hash`) of earlier processes, by the stamp of the files
+    they were taken from (:func:`kdagen.codegen.sources.source_stamp`)."""
+    return cache_dir() / "source_hashes.json"

@@ -6,6 +6,7 @@ the kernels, and invalidates the winners tuned on the old ones; a change elsewhe
 from __future__ import annotations
 
 import ast
+import hashlib
 import re
 from pathlib import Path
 
@@ -83,3 +84,18 @@ def render_inputs(family: str, root: Path | None = None, templates: Path | None 
             seen.add(m)
             todo.extend(imports_of(m, known[m], known))
     return files + sorted(known[m] for m in seen)
+
+
+def source_stamp(family: str, root: Path | None = None, templates: Path | None = None) -> str:
+    """A fingerprint of every file ``family``'s kernels could be rendered from, cheap to take: the name, size
+    and modification time of every template and every kdagen module (a superset of :func:`render_inputs`,
+    one ``stat`` each instead of parsing the modules' imports).  Any edit, checkout or install changes it;
+    :func:`kdagen.cache.keys.source_hash` keeps its result under it between processes."""
+    templates = templates or templates_dir()
+    root = root or PACKAGE_DIR
+    h = hashlib.sha256(family.encode())
+    for base, pattern in ((templates, "*.py.j2"), (root, "*.py")):
+        for path in sorted(base.rglob(pattern)):
+            st = path.stat()
+            h.update(f"\0{path.relative_to(base).as_posix()}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:32]

@@ -38,7 +38,7 @@ DROPPED = {
     "kdagen.codegen.lower": ("tuning_spec", "GATE_NAMES", "spec_max_head_dim"),
     "kdagen.kernels": ("load", "write_source", "_write_into", "_LOADED"),
     "kdagen.cache.lookup": ("_cache_for", "_MEMO"),
-    "kdagen.cache.keys": ("source_hash", "cache_key"),
+    "kdagen.cache.keys": ("source_hash", "_source_hash", "SOURCE_HASHES_KEPT", "cache_key"),
 }
 BLOCKED = ("kdagen.spec", "kdagen.codegen.render", "kdagen.codegen.triton_printer", "kdagen.codegen.sources",
            "kdagen.cache.paths", "kdagen.cache.store", "kdagen.tuning", "kdagen.resources", "kdagen.cli",

@@ -205,3 +205,50 @@ def test_store_merges_with_what_another_instance_wrote(tmp_path):
     b.store(key(spec_hash="b"), _entry())
     assert len(TuningCache("h100", tmp_path).entries()) == 2
     assert a.lookup(key(spec_hash="b")) is not None  # a sees b's write (file changed)
+
+
+def test_source_hashes_are_kept_between_processes_under_the_stamp_of_the_files(tmp_path, monkeypatch):
+    """source_hash (a tuning key's hash of a family's render inputs) is kept in the cache directory under the
+    stamp of the package's files (names, sizes, modification times): a later process takes it from there
+    without reading the inputs; any edit or touch of a file changes the stamp; a torn memo or a cache directory
+    that cannot be written only costs the reading."""
+    import os
+    import shutil
+
+    from kdagen.cache import keys
+    from kdagen.codegen import sources
+
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "cache"))
+    keys.source_hash.cache_clear()
+    want = keys._source_hash("chunk_fwd")
+    assert keys.source_hash("chunk_fwd") == want
+    memo = json.loads((tmp_path / "cache" / "source_hashes.json").read_text())
+    assert memo == {sources.source_stamp("chunk_fwd"): want}
+    # a fresh process (the in-process memo cleared) takes it from the file: nothing is read or parsed
+    keys.source_hash.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(sources, "render_inputs", lambda *a, **k: pytest.fail("render inputs read again"))
+        assert keys.source_hash("chunk_fwd") == want
+    # the stamp follows every file: an edit, and a touch alone
+    pkg, tpl = tmp_path / "kdagen", tmp_path / "templates"
+    shutil.copytree(sources.PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(sources.templates_dir(), tpl)
+    stamp = lambda: sources.source_stamp("chunk_fwd", root=pkg, templates=tpl)  # noqa: E731
+    first = stamp()
+    assert stamp() == first and sources.source_stamp("chunk_bwd", root=pkg, templates=tpl) != first
+    solve = tpl / "chunk_solve.py.j2"
+    solve.write_text(solve.read_text() + "\n")
+    edited = stamp()
+    st = (pkg / "codegen" / "lower.py").stat()
+    os.utime(pkg / "codegen" / "lower.py", ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert len({first, edited, stamp()}) == 3
+    # a torn memo, then a cache directory that is a file: the hash is still the files'
+    (tmp_path / "cache" / "source_hashes.json").write_text("{not json")
+    keys.source_hash.cache_clear()
+    assert keys.source_hash("chunk_fwd") == want
+    assert json.loads((tmp_path / "cache" / "source_hashes.json").read_text())  # written again, whole
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "file"))
+    keys.source_hash.cache_clear()
+    assert keys.source_hash("chunk_fwd") == want
+    keys.source_hash.cache_clear()
