@@ -37,9 +37,6 @@ MEASURED_MAX_K = 128
 # tiles chosen for narrower ones: their [BK, BV] float32 state takes 16-wide V tiles over 8 warps, unpipelined
 # (docs/decisions/0033-wide-state-rows.md)
 WIDE_STATE_BK = 256
-# ... and their solve, whole rows of which spill 216-516 B a thread on sm_90: K tiles of this many channels
-# (none spilled at 32, with Triton 3.6 and 3.9; docs/decisions/0042-solve-k-tiles.md)
-WIDE_SOLVE_K_TILE = 32
 
 # State-pass programs are counted on V tiles of this width (the features' ``programs``); the training
 # forward's narrower tile for few programs is taken where V is at least this wide
@@ -341,8 +338,6 @@ CHUNK_FWD_RULES = [
     Rule("K > 256: 16-wide tiles on 8 warps, unpipelined", "0033-wide-state-rows.md",
          lambda f, c: f.wide_state, dict(state_block_v=lambda f, c: min(16, f.BV), state_num_warps=8,
                                           state_num_stages=1)),
-    Rule("K > 256, a per-channel decay: the solve over K tiles", "0042-solve-k-tiles.md",
-         lambda f, c: f.wide_state and f.decay == "channel", dict(solve_k_tile=WIDE_SOLVE_K_TILE)),
 ]
 
 CHUNK_TRAIN_RULES = [
