@@ -2,6 +2,7 @@
 bucketing function of call shapes (:func:`shape_bucket`)."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -228,20 +229,23 @@ def source_hash(family: str) -> str:
     memo_file = paths.source_hashes_file()
     try:
         memo = json.loads(memo_file.read_text())
-        if isinstance(memo, dict) and isinstance(memo.get(stamp), str):
-            return memo[stamp]
     except (OSError, ValueError):
         memo = {}
+    memo = memo if isinstance(memo, dict) else {}
+    if isinstance(memo.get(stamp), str):
+        return memo[stamp]
     value = _source_hash(family)
-    try:  # at most SOURCE_HASHES_KEPT stamps (the newest); a cache directory that cannot be written keeps none
-        memo = {k: v for k, v in list(memo.items())[-(SOURCE_HASHES_KEPT - 1):] if isinstance(v, str)}
-        memo[stamp] = value
+    # at most SOURCE_HASHES_KEPT stamps (the newest); a cache directory that cannot be written keeps none
+    memo = {k: v for k, v in list(memo.items())[-(SOURCE_HASHES_KEPT - 1):] if isinstance(v, str)}
+    memo[stamp] = value
+    tmp = memo_file.with_name(f".{memo_file.name}.{os.getpid()}")
+    try:
         memo_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_file.with_name(f".{memo_file.name}.{os.getpid()}")
         tmp.write_text(json.dumps(memo))
         os.replace(tmp, memo_file)
-    except OSError:
-        pass
+    except OSError:  # (no half-written file left behind)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     return value
 
 

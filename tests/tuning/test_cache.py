@@ -247,6 +247,9 @@ def test_source_hashes_are_kept_between_processes_under_the_stamp_of_the_files(t
     keys.source_hash.cache_clear()
     assert keys.source_hash("chunk_fwd") == want
     assert json.loads((tmp_path / "cache" / "source_hashes.json").read_text())  # written again, whole
+    (tmp_path / "cache" / "source_hashes.json").write_text("[1, 2]")  # JSON, but not a memo
+    keys.source_hash.cache_clear()
+    assert keys.source_hash("chunk_fwd") == want
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("KDAGEN_CACHE_DIR", str(tmp_path / "file"))
     keys.source_hash.cache_clear()
