@@ -3,7 +3,7 @@
 The main process draws a case's global inputs, runs the op once on all tokens (outputs and
 autograd gradients) and saves both; :func:`worker` (one process per rank, spawned) runs every
 case on its rank's tokens under ``cp_context``, backpropagates the same upstream gradients and
-saves what it got; :func:`gather` puts the ranks' pieces back together (tokens concatenated, the
+saves what it got (a training case also as an inference call, ``o_inf``/``ht_inf``); :func:`gather` puts the ranks' pieces back together (tokens concatenated, the
 final states and the initial state's gradient summed over the ranks)."""
 from __future__ import annotations
 
@@ -170,11 +170,13 @@ def worker(rank, world, init_file, cases_file, out_dir):
                     o, ht = _call(case["op"], x, case, cp_context=ctx)
                 results.append({"o": o, "ht": ht})
                 continue
+            with torch.no_grad():  # the same case as an inference call (a rank continuing a sequence: two phases)
+                o_inf, ht_inf = _call(case["op"], x, case, cp_context=ctx)
             o, ht = _call(case["op"], x, case, cp_context=ctx)
             loss = (o * case["up"]["do"][:, s:e]).sum() + ((ht * case["up"]["dht"]).sum() if case["final"] else 0)
             loss.backward()
             # an empty rank's inputs are [1, 0, ...]: no gradient reaches them (an empty one, put together)
-            results.append({"o": o.detach(), "ht": None if ht is None else ht.detach(),
+            results.append({"o": o.detach(), "ht": None if ht is None else ht.detach(), "o_inf": o_inf, "ht_inf": ht_inf,
                             **{"d" + n: x[n].grad if x[n].grad is not None or x[n].numel() else torch.zeros_like(x[n])
                                for n in x}})
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -198,7 +200,7 @@ def gather(per_rank: list):
     out = {}
     for key in per_rank[0]:
         vals = [r[key] for r in per_rank]
-        if key == "ht" or key[1:] in SUMMED:  # a rank that never reads initial_state has no gradient for it
+        if key in ("ht", "ht_inf") or key[1:] in SUMMED:  # a rank that never reads initial_state has no gradient for it
             vals = [x for x in vals if x is not None]
             out[key] = torch.stack(vals).sum(0) if vals else None
         else:

@@ -16,9 +16,8 @@ import torch
 
 from ..config import ChunkBwdConfig, ChunkFwdConfig, ChunkTrainConfig
 from . import checks
-from . import fallback
 from .chunk_call import (ChunkCall, bwd_override_active, chunk_configs, fla_layout, forward_launches, prepare_chunk,
-                         requires_grad, train, training_step_launches)
+                         requires_grad, run_forward, train, training_step_launches)
 from .chunk_call import chunk_bwd_config  # noqa: F401  (re-exported: the tuner and the tests take it from here)
 from .cp import run_cp
 from .inputs import check_kwargs, check_runnable, fla_dtypes, select_spec, state_layout
@@ -178,7 +177,7 @@ def chunk_kda(
                              chunk_size=chunk_size)
         return run_cp("chunk_kda", cp_context, (q, k, v, g, beta), local, initial_state=initial_state,
                       output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-                      params=(A_log, dt_bias))
+                      params=(A_log, dt_bias), splits=True)
     if torch.compiler.is_compiling():  # torch.compile traces one registered op (kdagen.ops.traced)
         return chunk_kda_traced(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
@@ -213,8 +212,7 @@ def chunk_kda(
     config, bwd_config = chunk_configs(call, config, None, training, chunk_size, disable_recompute)
     if training:
         return train(call, x, config, bwd_config, output_final_state)
-    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: forward_launches(
-        call, x, c, output_final_state, return_intermediate_states))
+    o, ht, hs = run_forward(call, x, config, output_final_state, return_intermediate_states)
     if return_intermediate_states:
         return o, ht, fla_layout(hs, call, intermediate_states_dtype)
     return o, ht

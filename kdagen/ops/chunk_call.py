@@ -26,7 +26,9 @@ from ..kernels import build, dummy_pointer
 from . import chunk_bwd as bwd
 from . import fallback
 from .chunk_fwd import prepare_chunk_fwd
+from .chunk_segments import sequence_transition_launch
 from .chunk_train import prepare_chunk_train
+from .cp import NotSplit, RankSplit, take_split
 from .gate import layer_gate
 from .l2norm import qk_l2norm
 from .inputs import Dims, check_beta_flags, check_inputs, host_seqlens, preprocess, select_spec
@@ -211,6 +213,57 @@ def forward_launches(call: ChunkCall, x: dict, config: ChunkFwdConfig | ChunkTra
         plan=call.plan, config=config, built=build(call.plan, config), A_log=x["A_log"], dt_bias=x["dt_bias"],
         return_intermediate_states=return_intermediate_states, l2norm=call.l2norm, beta_sigmoid=call.beta_sigmoid,
         beta_scale=call.beta_scale, state_v_first=call.state_v_first)
+
+
+def run_forward(call: ChunkCall, x: dict, config: ChunkFwdConfig | ChunkTrainConfig, output_final_state: bool,
+                return_intermediate_states: bool = False):
+    """Run an inference call's forward (:func:`forward_launches`, through :func:`kdagen.ops.fallback.run`,
+    which steps down from a config that does not compile here): ``(o, final state, per-chunk states)``.
+
+    A context-parallel rank that continues a sequence (:class:`kdagen.ops.cp.RankSplit`, which
+    :func:`kdagen.ops.cp.run_cp` sets for this one call) runs in two phases: the solve and the
+    (end state, transition) pieces of the sequences it names, the collective, then the pass from the start
+    states the collective gave -- on the inference forward's two launches only (else :class:`NotSplit`,
+    raised before anything runs: the rank takes the widened call)."""
+    split = take_split()
+    if split is None:
+        _, _, out = fallback.run("chunk_fwd", call.plan, config, lambda c: forward_launches(
+            call, x, c, output_final_state, return_intermediate_states))
+        return out
+    if isinstance(config, ChunkTrainConfig) or return_intermediate_states or call.state_v_first \
+            or x["initial_state"] is None:
+        raise NotSplit(f"{config.short()}: not the inference forward's solve and pass")
+    dev = x["q"].device
+
+    def describe(c):
+        launches, out = forward_launches(call, x, c, output_final_state)
+        steps = [launches[0]]
+        he = hm = None
+        if split.seqs != ():  # (a rank whose piece reads no local sequence shares the identity)
+            piece, he, hm = sequence_transition_launch(build(call.plan, c), launches[-1], split.seqs, plan=call.plan,
+                                                       config=c, dev=dev)
+            steps.append(piece)
+        h0 = next(ln.args["h0"] for ln in launches[1:] if "h0" in ln.args)  # the tensor the pass reads
+        steps.append(_ShareStep(split, he, hm, h0))
+        return steps + list(launches[1:]), out
+    _, _, out = fallback.run("chunk_fwd", call.plan, config, describe)
+    return out
+
+
+class _ShareStep:
+    """The two-phase rank's collective as a step between launches: the start state(s) it gives are written
+    into the first row (every row) of the initial state the pass reads."""
+    kernel = None
+
+    def __init__(self, split: RankSplit, he, hm, h0: torch.Tensor):
+        self.split, self.he, self.hm, self.h0 = split, he, hm, h0
+
+    def __call__(self):
+        h = self.split.share(self.he, self.hm)
+        if self.split.every_row:
+            self.h0.copy_(h)
+        else:
+            self.h0[0].copy_(h[0])
 
 
 def _train_forward_launches(call: ChunkCall, x: dict, config: ChunkTrainConfig, output_final_state: bool,

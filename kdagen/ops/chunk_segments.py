@@ -106,3 +106,38 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
     seg_pass = Launch("chunk_seg_pass", built.fns[4], (triton.cdiv(V, bv), NS_total * HV), c_args, c_const,
                       config.state_num_warps, 1)
     return seg_state, seg_combine, seg_pass
+
+
+WHOLE_SEQUENCE = 1 << 24  # SEG_CHUNKS of a segment that is a whole sequence (up to 2^30 tokens at 64-row chunks)
+
+
+def sequence_transition_launch(built, walk: Launch, seqs: tuple[int, ...] | None, *, plan, config, dev
+                               ) -> tuple[Launch, torch.Tensor, torch.Tensor]:
+    """Launch A over whole sequences: each one's end state from a zero start ``he`` [n, HV, K, V] and its
+    transition ``hm`` [n, HV, K, K] (float32), for context parallelism's pieces (:mod:`kdagen.ops.cp`).
+    ``walk``: the forward's pass (chunk_pass or chunk_seg_pass), whose arguments name the solve's outputs
+    and the call's schedule; ``seqs``: the packed call's sequences to cover (in that order), or None for a
+    fixed-length call's every row.  Returns ``(launch, he, hm)``."""
+    a, k = walk.args, walk.constexprs
+    HV, K, V = k["HV"], k["K"], k["V"]
+    varlen = k["IS_VARLEN"]
+    if varlen == (seqs is None):
+        raise ValueError("sequence_transition_launch: a packed call names its sequences, a fixed-length one none")
+    if varlen:
+        n = len(seqs)
+        seg_idx = torch.tensor([[s, 0] for s in seqs], dtype=torch.int32).to(dev)
+    else:
+        n = a["o"].shape[0]  # the rows
+        seg_idx = dummy_pointer(dev)
+    he = torch.empty(max(n, 1), HV, K, V, dtype=torch.float32, device=dev)
+    hm = torch.empty(max(n, 1), HV, K, K, dtype=torch.float32, device=dev)
+    scalar = plan.diag_mode == "scalar"
+    rows = dict(k=a["k"], bs=a["bs"]) if scalar else dict(bk=a["bk"])
+    args = dict(v=a["v"], beta=a["beta"], **rows, kgl=a["kgl"], gn=a["gn"], he=he, hm=hm,
+                cu_seqlens=a["cu_seqlens"], chunk_offsets=a["chunk_offsets"], seg_indices=seg_idx,
+                T=a["T"], NT=a["NT"], NS=1)
+    const = dict(**(dict(H=k["H"]) if scalar else {}), HV=HV, K=K, V=V, BT=k["BT"], BK=k["BK"], BV=k["BV"],
+                 SEG_CHUNKS=WHOLE_SEQUENCE, IS_VARLEN=varlen, BETA_SIGMOID=k["BETA_SIGMOID"],
+                 BETA_SCALE=k["BETA_SCALE"], LOOP_STAGES=config.state_num_stages)
+    grid = (triton.cdiv(V, k["BV"]) + triton.cdiv(K, k["BV"]), n * HV)
+    return Launch("chunk_seg_state", built.fn("chunk_seg_state"), grid, args, const, config.state_num_warps, 1), he, hm

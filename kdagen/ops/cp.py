@@ -24,6 +24,14 @@ and value head) the outputs the recurrence gives from the start state I and zero
       h unchanged); then the first sequence's outputs are ``o(0) + Q h`` and its end state
       ``E + M h`` -- no second pass over the tokens.  The widened call costs what V + K value
       columns cost the op (where V + K is wider than the op takes, two calls: [v] and [0]).
+  an inference call of a rank that continues a sequence (kdagen's chunk ops but general DPLR, on the
+  inference forward's solve and pass) does not widen its values; the op's forward runs in two phases
+  (:class:`RankSplit`): the solve; the pieces -- [E | M] of the whole local sequence, or the last
+  sequence's end state -- by the sequence-parallel pass's launch A over whole sequences
+  (:func:`kdagen.ops.chunk_segments.sequence_transition_launch`: the pass's recurrence without o, on
+  V + K state columns); the same all-gather and chain; then the pass, with outputs, from the start state
+  the chain gave.  The rank's extra work is that walk without outputs, not the wide outputs and their
+  correction (docs/decisions/0044-cp-inference-rank-in-two-phases.md).
   backward: autograd through the same graph (the widened call's backward, the corrections'
   matmuls).  The all-gather's backward is one all-reduce of the gathered pieces' gradient (the
   same CP x HV x K x (K + V) words), of which each rank keeps its own piece's row:
@@ -50,7 +58,10 @@ empty ranks (``rank_lengths``).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -202,6 +213,65 @@ class _Tie(torch.autograd.Function):
         return grad, grad.new_zeros(ctx.anchor_shape, dtype=torch.float32)
 
 
+# ------------------------------------------------------------------------------ the two-phase rank
+
+
+class NotSplit(Exception):
+    """Raised by an op's forward, before anything runs, where it cannot run a context-parallel rank in two
+    phases (:class:`RankSplit`): the rank takes the widened call instead."""
+
+
+@dataclass
+class RankSplit:
+    """An inference call of a rank that continues a sequence from earlier ranks, run in two phases by the
+    op's own forward (:func:`kdagen.ops.chunk_call.run_forward`) instead of the widened call:
+
+    1. the solve, then the end states from a zero start and the transitions (E, M) of the local sequences
+       ``seqs`` (none, the first or the last; None: every row of a fixed-length call), over the solve's
+       outputs (chunk_seg_state over whole sequences: the pass's recurrence without o);
+    2. ``share(he, hm)``: the rank's piece from them, the one all-gather and the chain -- the start state
+       of the first sequence (each row) [S, HV, K, V], which the op writes into its initial state's rows
+       (``rows``: the first row, or every row);
+    3. the pass from those start states, with outputs: exact, no wide outputs and no correction.
+
+    ``share`` runs once; a call that steps down to another config after a failed compile
+    (:mod:`kdagen.ops.fallback`) gets the first answer again, so no rank enters the collective twice."""
+    seqs: tuple | None
+    every_row: bool
+    publish: Callable  # (he, hm) -> the start states, through the collective
+    used: bool = False
+    shared: torch.Tensor | None = None
+
+    def share(self, he, hm) -> torch.Tensor:
+        if self.shared is None:
+            self.shared = self.publish(he, hm)
+        return self.shared
+
+
+_SPLIT: contextvars.ContextVar[RankSplit | None] = contextvars.ContextVar("kdagen_cp_split", default=None)
+
+
+@contextlib.contextmanager
+def rank_split(split: RankSplit):
+    """Run the op calls inside the block as the two-phase rank ``split`` describes (:func:`run_cp` sets it
+    around one local call; cp_bench times a rank's work through it)."""
+    token = _SPLIT.set(split)
+    try:
+        yield split
+    finally:
+        _SPLIT.reset(token)
+
+
+def take_split() -> RankSplit | None:
+    """The two-phase rank the current op call is to run (marked as taken), or None.  Only an op's
+    inference forward takes it (:func:`kdagen.ops.chunk_call.run_forward`); it is set for one call."""
+    split = _SPLIT.get()
+    if split is not None:
+        _SPLIT.set(None)  # (the call's own inner calls, if any, are ordinary)
+        split.used = True
+    return split
+
+
 # ------------------------------------------------------------------------------ the call
 
 
@@ -316,14 +386,61 @@ def corrected_outputs(ow: torch.Tensor, h: torch.Tensor, V: int) -> torch.Tensor
     return torch.stack(rows)  # [B, T, HV, V], contiguous
 
 
+def _split_rank(c: _View, tokens, call, own, rows: bool, N: int, zero_e, eye, blank, share, chain):
+    """An inference call of a rank that continues a sequence, as the op's forward in two phases
+    (:class:`RankSplit`): ``(o, final states)``, or None where the op's forward cannot (it raised
+    :class:`NotSplit` before anything ran, or did not take the split): the widened call then runs.
+
+    The piece the rank publishes: one sequence over the whole rank (each row of a fixed-length call):
+    [E | M] of its tokens; several local sequences: the last one's end state -- E + M h_own from its own
+    initial state, when it goes on to later ranks -- with the identity (the first sequence's start state
+    does not reach later ranks); else [0 | I].  The local call runs from the rows' own initial states, the
+    first sequence's (every row's) written in by the op once the chain gave it."""
+    last_goes_on = c.post > 0
+    if rows:
+        seqs, h0 = None, zero_e.clone()
+    else:
+        seqs = (0,) if N == 1 else ((N - 1,) if last_goes_on else ())
+        h0 = torch.stack([zero_e[0] if r is None else r for r in own])
+
+    def publish(he, hm):
+        if rows or N == 1:
+            piece = torch.cat([he, hm], dim=-1)
+        elif last_goes_on:
+            end = he[0] if own[-1] is None else he[0] + torch.matmul(hm[0], own[-1])
+            piece = torch.cat([end[None], eye], dim=-1)
+        else:
+            piece = blank
+        return chain(share(piece))
+
+    split = RankSplit(seqs, rows, publish)
+    try:
+        with rank_split(split):
+            o, ht = call(tokens, h0, None if rows else c.cu_dev, None if rows else c.cu_cpu)
+    except NotSplit:
+        return None
+    except Exception as err:
+        if split.shared is None:  # failed before the collective: join it (flagged), so no other rank waits
+            share(blank, err)
+        raise
+    if not split.used:
+        return None
+    if split.shared is None:  # (an op's forward that took the split must share once; never leave a rank waiting)
+        share(blank, RuntimeError("the op's forward took the two-phase rank but never shared its piece"))
+    return o, ht
+
+
 def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_final_state: bool,
-           state_v_first: bool, cu_seqlens=None, extra_flags=(), params=(), max_width: int | None = None):
+           state_v_first: bool, cu_seqlens=None, extra_flags=(), params=(), max_width: int | None = None,
+           splits: bool = False):
     """One op call under context parallelism.  ``tokens``: (q, k, v, *per-token tensors) with T on
     dim 1 (None allowed after v); ``call(tokens, initial_state, cu_seqlens, cu_seqlens_cpu)``
     runs the op without a context (state_v_first=False, output_final_state=True) and returns
     ``(o, final_state)``.  ``extra_flags``: (name, int) pairs every rank must agree on; ``params``: the op's
     other tensors that may require grad (A_log, dt_bias: not split along T); ``max_width``:
-    the widest value head dim the op takes in one call (default :data:`WIDE_LIMIT`)."""
+    the widest value head dim the op takes in one call (default :data:`WIDE_LIMIT`); ``splits``: the op's
+    inference forward can run a rank that continues a sequence in two phases (:class:`RankSplit`), which an
+    inference call then takes in place of the widened call."""
     max_width = WIDE_LIMIT if max_width is None else max_width
     if torch.compiler.is_compiling():
         raise ValueError(f"{op}: cp_context is not traced by torch.compile (its collectives run eagerly); call the op "
@@ -394,47 +511,63 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
             own = [None if (i == 0 and c.pre > 0) else h_in[c.seq_ids[i]].float() for i in range(N)]
     wide = N > 0 and c.pre > 0
     cu_dev, cu_cpu = (None, None) if rows else (c.cu_dev, c.cu_cpu)
-    failure = None
-    try:
-        if N == 0:
-            o, ht, piece = q.new_zeros(B, 0, HV, V), None, blank
-        elif not wide:  # every local sequence starts here: the call is exact before the collective
-            h0 = own[0] if rows else (None if all(r is None for r in own) else
-                                      torch.stack([zero_e[0] if r is None else r for r in own]))
-            o, ht = call(tokens, h0, cu_dev, cu_cpu)
-            piece = torch.cat([ht[-S:] if c.post > 0 else zero_e, eye], dim=-1)
-        else:  # the first sequence (every row): values [v | 0] from [0 | I]; the others as they are
-            t1 = c.cu[1]
-            first = tuple(x[:, :t1] if isinstance(x, torch.Tensor) else x for x in tokens)
-            ow, htw = _wide_call(call, first, blank, V, K, max_width)
-            if N == 1:
-                piece = htw
-            else:
-                rest = tuple(x[:, t1:] if isinstance(x, torch.Tensor) else x for x in tokens)
-                h0 = None if all(r is None for r in own[1:]) else torch.stack([zero_e[0] if r is None else r
-                                                                              for r in own[1:]])
-                o_rest, ht_rest = call(rest, h0, c.cu_dev[1:] - t1, c.cu_cpu[1:] - t1)
-                piece = torch.cat([ht_rest[-1:] if c.post > 0 else zero_e, eye], dim=-1)
-    except Exception as err:  # still joins the collective (flagged), so no other rank waits for it
-        failure, piece = err, blank
-    # the piece and one flag word (a local call that raised) travel together
-    flat = torch.cat([piece.float().reshape(-1), piece.new_full((1,), float(failure is not None), dtype=torch.float32)])
-    if training and not flat.requires_grad:
-        flat = flat.detach().requires_grad_()
-    gathered = _AllGather.apply(flat, c.group, c.rank, c.world) if training else _gather(flat, c.group, c.world)
-    if failure is not None:
-        raise failure
-    bad = [r for r, x in enumerate(gathered[:, -1].tolist()) if x]
-    if bad:
-        raise ValueError(f"{op}: the call on rank(s) {bad} of the cp_context's group raised (see the error raised "
-                         "there); every rank stops")
-    gathered = gathered[:, :-1].reshape(c.world, S, HV, K, V + K)
 
-    if wide:  # the chain gives the first sequence's (each row's) start h; its outputs and state are corrected by it
+    def share(piece, failure=None):
+        """The one all-gather of every rank's piece (and a flag word: a local call that raised), checked:
+        [world, S, HV, K, V + K]."""
+        flat = torch.cat([piece.float().reshape(-1),
+                          piece.new_full((1,), float(failure is not None), dtype=torch.float32)])
+        if training and not flat.requires_grad:
+            flat = flat.detach().requires_grad_()
+        out = _AllGather.apply(flat, c.group, c.rank, c.world) if training else _gather(flat, c.group, c.world)
+        if failure is not None:
+            raise failure
+        bad = [r for r, x in enumerate(out[:, -1].tolist()) if x]
+        if bad:
+            raise ValueError(f"{op}: the call on rank(s) {bad} of the cp_context's group raised (see the error raised "
+                             "there); every rank stops")
+        return out[:, :-1].reshape(c.world, S, HV, K, V + K)
+
+    def chain(gathered):
+        """The first sequence's (each row's) start state: h = E_{r-p}; h = M_j h + E_j over the ranks between."""
         r0 = c.rank - c.pre
         h = gathered[r0, ..., :V]
         for j in range(r0 + 1, c.rank):
             h = torch.matmul(gathered[j, ..., V:], h) + gathered[j, ..., :V]
+        return h
+
+    done = None
+    if wide and splits and not training:  # the op's forward in two phases (RankSplit), else the widened call
+        done = _split_rank(c, tokens, call, own, rows, N, zero_e, eye, blank, share, chain)
+    if done is not None:  # exact, its collective done inside the op's forward
+        (o, ht), wide = done, False
+    else:
+        failure = None
+        try:
+            if N == 0:
+                o, ht, piece = q.new_zeros(B, 0, HV, V), None, blank
+            elif not wide:  # every local sequence starts here: the call is exact before the collective
+                h0 = own[0] if rows else (None if all(r is None for r in own) else
+                                          torch.stack([zero_e[0] if r is None else r for r in own]))
+                o, ht = call(tokens, h0, cu_dev, cu_cpu)
+                piece = torch.cat([ht[-S:] if c.post > 0 else zero_e, eye], dim=-1)
+            else:  # the first sequence (every row): values [v | 0] from [0 | I]; the others as they are
+                t1 = c.cu[1]
+                first = tuple(x[:, :t1] if isinstance(x, torch.Tensor) else x for x in tokens)
+                ow, htw = _wide_call(call, first, blank, V, K, max_width)
+                if N == 1:
+                    piece = htw
+                else:
+                    rest = tuple(x[:, t1:] if isinstance(x, torch.Tensor) else x for x in tokens)
+                    h0 = None if all(r is None for r in own[1:]) else torch.stack([zero_e[0] if r is None else r
+                                                                                  for r in own[1:]])
+                    o_rest, ht_rest = call(rest, h0, c.cu_dev[1:] - t1, c.cu_cpu[1:] - t1)
+                    piece = torch.cat([ht_rest[-1:] if c.post > 0 else zero_e, eye], dim=-1)
+        except Exception as err:  # still joins the collective (flagged), so no other rank waits for it
+            failure, piece = err, blank
+        gathered = share(piece, failure)  # the piece and one flag word (a local call that raised) travel together
+    if wide:  # the chain gives the first sequence's (each row's) start h; its outputs and state are corrected by it
+        h = chain(gathered)
         o = corrected_outputs(ow, h, V)
         ht = htw[..., :V] + torch.matmul(htw[..., V:], h)
         if N > 1:
@@ -466,10 +599,11 @@ def run_cp(op: str, cp_context, tokens: tuple, call, *, initial_state, output_fi
 
 
 def cp_call(op: str, fn, cp_context, tokens: tuple, scale, initial_state, output_final_state: bool,
-            state_v_first: bool, cu_seqlens, kwargs: dict):
+            state_v_first: bool, cu_seqlens, kwargs: dict, splits: bool = False):
     """``fn`` (the public op) under context parallelism (:func:`kdagen.ops.cp.run_cp`): each
     local call is ``fn`` without a context, with the op's other keywords (``kwargs``) unchanged
-    -- except a pinned ``config``, kept off the transition's call (its values are V + K wide)."""
+    -- except a pinned ``config``, kept off the transition's call (its values are V + K wide).
+    ``splits``: ``fn``'s inference forward runs a two-phase rank (:class:`RankSplit`)."""
     if kwargs.get("return_intermediate_states"):
         raise ValueError(f"{op}: return_intermediate_states=True is not supported under cp_context")
     V = tokens[2].shape[-1]
@@ -479,5 +613,5 @@ def cp_call(op: str, fn, cp_context, tokens: tuple, scale, initial_state, output
         return fn(*t, scale=scale, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
                   **kw)
     return run_cp(op, cp_context, tokens, local, initial_state=initial_state, output_final_state=output_final_state,
-                  state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                  state_v_first=state_v_first, cu_seqlens=cu_seqlens, splits=splits,
                   params=tuple(x for x in kwargs.values() if isinstance(x, torch.Tensor)))

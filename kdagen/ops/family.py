@@ -75,7 +75,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale: float | None = None, initial
         return cp_call(op, chunk_gated_delta_rule, cp_context, (q, k, v, g, beta), scale, initial_state,
                        output_final_state, state_layout(op, state_v_first, kwargs), cu_seqlens,
                        dict(kwargs, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval))
+                            use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel, allow_neg_eigval=allow_neg_eigval), splits=True)
     use_gate = bool(kwargs.pop("use_gate_in_kernel", False))
     A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
     if use_gate and A_log is None:
@@ -151,7 +151,7 @@ def chunk_delta_rule(q, k, v, beta, scale: float | None = None, initial_state=No
     if cp_context is not None:
         svf = state_layout(op, kwargs.pop("state_v_first", False), kwargs)
         return cp_call(op, chunk_delta_rule, cp_context, (q, k, v, beta), scale, initial_state, output_final_state,
-                       svf, cu_seqlens, dict(kwargs, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel))
+                       svf, cu_seqlens, dict(kwargs, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel), splits=True)
     return chunk_member(S.deltanet(), q, k, v, None, beta, scale=scale, initial_state=initial_state,
                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_seqlens_cpu, op=op, **kwargs)
@@ -206,7 +206,7 @@ def chunk_gla(q, k, v, g, scale: float | None = None, initial_state=None, output
     if cp_context is not None:
         return cp_call(op, chunk_gla, cp_context, (q, k, v, g), scale, initial_state, output_final_state,
                        state_layout(op, state_v_first, kwargs), cu_seqlens,
-                       dict(kwargs, safe_gate=safe_gate, lower_bound=lower_bound))
+                       dict(kwargs, safe_gate=safe_gate, lower_bound=lower_bound), splits=True)
     _, bound, _, _ = gate_choice(False, safe_gate, lower_bound, False, False)  # chunk_kda's reading of the flags
     return chunk_member(gla_spec(bound), q, k, v, g, None, scale=scale, initial_state=initial_state,
                         output_final_state=output_final_state, state_v_first=state_v_first, cu_seqlens=cu_seqlens,

@@ -22,9 +22,9 @@ from ..codegen.lower import lower, spec_max_head_dim
 from ..cache.lookup import resolve
 from ..dtypes import dtype
 from ..kernels import build, dummy_pointer
-from . import checks, fallback, recurrent_bwd
-from .chunk_call import (chunk_configs, fla_layout, forward_launches, prepare_chunk, requires_grad, train,
-                         training_step_launches, with_plan)
+from . import checks, recurrent_bwd
+from .chunk_call import (chunk_configs, fla_layout, forward_launches, prepare_chunk, requires_grad, run_forward,
+                         train, training_step_launches, with_plan)
 from .inputs import (RECURRENT_IGNORED_KWARGS, check_beta_flags, check_inplace_final_state, check_kwargs,
                      check_rank1_vectors, check_runnable, check_token_slots, host_seqlens, preprocess, state_layout)
 from .inputs import check_inputs as _validate
@@ -174,8 +174,7 @@ def chunk_member(spec: S.Recurrence, q, k, v, g=None, beta=None, scale=None, ini
     if training:
         return train(call, x, config, bwd_config, output_final_state,
                         plain=_plain_chunks(spec, call, given, config, bwd_config, chunk_size, disable_recompute))
-    _, _, (o, ht, hs) = fallback.run("chunk_fwd", call.plan, config, lambda c: forward_launches(
-        call, x, c, output_final_state, return_intermediate_states))
+    o, ht, hs = run_forward(call, x, config, output_final_state, return_intermediate_states)
     if return_intermediate_states:
         return o, ht, fla_layout(hs, call, intermediate_states_dtype)
     return o, ht

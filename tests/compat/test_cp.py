@@ -39,6 +39,8 @@ def _cases(world):
             W.make_case("chunk_gated_delta_rule", [50, 46], seed=5, mutate="cu_seqlens"),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="shape"),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="nan", flags=dict(check_inputs=True)),
+            # the same refusal in an inference call, where rank 1 (continuing a sequence) runs in two phases
+            W.make_case("chunk_kda", [50, 46], seed=5, mutate="nan", flags=dict(check_inputs=True), grad=False),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="context"),
             W.make_case("chunk_kda", [50, 46], seed=5, mutate="rows"),
             # a fixed-length batch: every row split over the ranks, every flag, GVA
@@ -96,6 +98,8 @@ def test_context_parallel_ranks_give_the_one_process_call(world, tmp_path):
             assert all(others in e for r, e in enumerate(errors) if r != 1), errors
             continue
         got = W.gather([p[i] for p in per_rank])
+        if case["grad"]:  # the training case's inference twin: the same outputs and final states
+            refs[i].update(o_inf=refs[i]["o"], ht_inf=refs[i]["ht"])
         for key, ref in refs[i].items():
             if ref is None:
                 assert got.get(key) is None, f"{what}: {key} should be None"
@@ -182,3 +186,74 @@ def test_the_first_sequences_outputs_are_corrected_within_the_dtypes_rounding(dt
     scale = o0.abs() + torch.einsum("bthk,bhkv->bthv", Q.abs(), h.double().abs())
     # h's rounding (one eps per product), the accumulation's (fp32) and the output's: 3 eps of the magnitudes
     assert ((got.double() - exact).abs() <= 3 * eps * scale + 1e-30).all(), ((got.double() - exact).abs() / scale).max()
+
+
+def _two_phase(op, split, args, h0, cu, **kw):
+    """One inference call of ``op`` (optionally as the two-phase rank ``split``): (o, final states)."""
+    import contextlib
+    from kdagen.ops.cp import rank_split
+    with torch.no_grad(), (rank_split(split) if split is not None else contextlib.nullcontext()):
+        return getattr(kdagen, op)(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                   cu_seqlens_cpu=cu, **kw)
+
+
+@pytest.mark.parametrize("op", ["chunk_kda", "chunk_gated_delta_rule", "chunk_delta_rule", "chunk_gla"])
+@pytest.mark.parametrize("layout", ["one", "last", "rows", "segmented"])
+def test_a_rank_continuing_a_sequence_runs_its_forward_in_two_phases(op, layout):
+    """An inference call of a rank that continues a sequence (kdagen.ops.cp.RankSplit), in one process with
+    the collective stubbed: the op's forward hands over the end state from a zero start E and the transition
+    M of the sequences named -- the whole local sequence ('one'), the last of several ('last'), every row of a
+    fixed-length batch ('rows'), the whole sequence under the sequence-parallel pass ('segmented': segments of
+    two chunks of 32) -- and its outputs and final states are the ordinary call's from the start state(s) the stub
+    returns.  E and M are checked against the ordinary call's final states, which are
+    affine in the start state: f(h) = M h + E."""
+    from kdagen.config import ChunkFwdConfig
+    from kdagen.ops.cp import RankSplit
+    lengths, batch, seqs = {"one": ([150], 1, (0,)), "last": ([21, 80, 70], 1, (2,)),
+                            "rows": ([100], 2, None), "segmented": ([150], 1, (0,))}[layout]
+    kw = dict(config=ChunkFwdConfig(chunk_size=32, state_segment_chunks=2)) if layout == "segmented" else {}
+    case = W.make_case(op, lengths, h0=True, batch=batch, K=16, V=24, seed=len(lengths) + batch)
+    x = case["x"]
+    if "g" in x:  # decays weak enough that the start state still reaches the end (M well above rounding)
+        x["g"] = x["g"] * 0.02
+    args = [x[n] for n in ("q", "k", "v") + W.OPS[op]]
+    cu = None if batch > 1 else case["cu"]
+    own = x["initial_state"].float()
+    g = torch.Generator().manual_seed(7)
+    start = torch.randn(own[:batch].shape, generator=g) * 0.5  # what the stubbed collective answers
+    seen = {}
+
+    def publish(he, hm):
+        seen.update(he=he.clone(), hm=hm.clone())
+        return start
+    h0 = own.clone()
+    h0[:batch] = 0  # the continued sequence's (every row's) start: not known before the collective
+    split = RankSplit(seqs, batch > 1, publish)
+    o, ht = _two_phase(op, split, args, h0, cu, **kw)
+    assert split.used and split.shared is start
+    want = own.clone()
+    want[:batch] = start
+    ro, rht = _two_phase(op, None, args, want, cu)
+    tol = 2 * TOL[torch.float32]
+    assert_close(o, ro, tol, f"{op} {layout}: o")
+    assert_close(ht, rht, tol, f"{op} {layout}: final states")
+    _, f0 = _two_phase(op, None, args, torch.zeros_like(own), cu)
+    probe = torch.randn(own.shape, generator=g)
+    _, f1 = _two_phase(op, None, args, probe, cu)
+    for j, s in enumerate(range(batch) if seqs is None else seqs):
+        assert_close(seen["he"][j], f0[s], tol, f"{op} {layout}: E of sequence {s}")
+        assert_close(seen["hm"][j] @ probe[s], f1[s] - f0[s], tol, f"{op} {layout}: M of sequence {s}")
+
+
+def test_a_forward_that_cannot_run_in_two_phases_refuses_before_anything_runs():
+    """An inference call on the training forward's launches (a member at chunk length 16) cannot split its
+    pass from its solve: it raises NotSplit before the collective (run_cp then takes the widened call)."""
+    from kdagen.ops.cp import NotSplit, RankSplit
+    case = W.make_case("chunk_gated_delta_rule", [40], h0=True)
+    x = case["x"]
+    args = [x[n] for n in ("q", "k", "v") + W.OPS["chunk_gated_delta_rule"]]
+    called = []
+    split = RankSplit((0,), False, lambda he, hm: called.append(1))
+    with pytest.raises(NotSplit):
+        _two_phase("chunk_gated_delta_rule", split, args, x["initial_state"], case["cu"], chunk_size=16)
+    assert split.used and not called

@@ -5,11 +5,13 @@
                                                                          # a CPU dry run, tiny shapes
 
 For each split CP = 2, 4, 8 of the T tokens (one sequence), the work of the busiest rank -- one
-inside the sequence (``pre_num_ranks > 0``), as :func:`kdagen.ops.cp.run_cp` runs it there: the
-op on its T/CP tokens with values [v | 0] from [0 | I] (:func:`kdagen.ops.cp._wide_call`), the
-chain over the earlier ranks' pieces ([HV, K, K] x [HV, K, V] products) and the correction
-o(0) + Q h of its outputs (:func:`kdagen.ops.cp.corrected_outputs`) and end state -- timed against the
-one-GPU call on all T tokens.
+inside the sequence (``pre_num_ranks > 0``), as :func:`kdagen.ops.cp.run_cp` runs it there -- timed
+against the one-GPU call on all T tokens.  Inference (``fwd``): the op's forward in two phases
+(:class:`kdagen.ops.cp.RankSplit`): the solve, the (end state, transition) piece of its tokens, the chain
+over the earlier ranks' pieces ([HV, K, K] x [HV, K, V] products), the pass from the start state it gives.
+Training (``train``): the op on its T/CP tokens with values [v | 0] from [0 | I]
+(:func:`kdagen.ops.cp._wide_call`), the chain and the correction o(0) + Q h of its outputs
+(:func:`kdagen.ops.cp.corrected_outputs`) and end state.
 Target: the rank's time within 10% of 1/CP of the one-GPU time (``--mode fwd``: inference;
 ``train``: forward + backward at ``--train-T`` tokens, which the one-GPU training call fits in memory).
 The collectives (one all-gather forward, one all-reduce backward, CP x H x K x (K + V) fp32
@@ -35,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import kdagen  # noqa: E402
-from kdagen.ops.cp import _wide_call, corrected_outputs  # noqa: E402
+from kdagen.ops.cp import RankSplit, _wide_call, corrected_outputs, rank_split  # noqa: E402
 
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 DEV = "cuda" if GPU else "cpu"
@@ -88,14 +90,27 @@ def timed(fn, reps):
 
 
 def rank_work(xs, cp, train):
-    """The busiest rank's work in run_cp (a rank inside the sequence, cp - 1 ranks before it)."""
+    """The busiest rank's work in run_cp (a rank inside the sequence, cp - 1 ranks before it): inference, the
+    op's forward in two phases (kdagen.ops.cp.RankSplit; the collective replaced by the chain over made-up
+    pieces); training, the widened call and the correction."""
     q, k, v, gate, beta = xs
     T, HV, K, V = q.shape[1], v.shape[2], q.shape[3], v.shape[3]
+    pieces = torch.randn(cp, HV, K, V + K, device=DEV) * 0.01
+    if not train:
+        def publish(he, hm):
+            torch.cat([he, hm], dim=-1)  # the piece the rank would share
+            h = pieces[0, :, :, :V]
+            for j in range(1, cp - 1):
+                h = torch.matmul(pieces[j, :, :, V:], h) + pieces[j, :, :, :V]
+            return h[None]
+        cu = torch.tensor([0, T], device=DEV)
+        with rank_split(RankSplit((0,), False, publish)):
+            return kdagen.chunk_kda(*xs, initial_state=torch.zeros(1, HV, K, V, device=DEV), output_final_state=True,
+                                    cu_seqlens=cu, cu_seqlens_cpu=cu.cpu())
 
     def call(t, h0, cu, cu_cpu):
         return kdagen.chunk_kda(*t, initial_state=h0, output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu)
     h0 = torch.cat([torch.zeros(HV, K, V, device=DEV), torch.eye(K, device=DEV).expand(HV, K, K)], -1)[None]
-    pieces = torch.randn(cp, HV, K, V + K, device=DEV) * 0.01
     ow, htw = _wide_call(call, xs, h0.contiguous(), V, K, 256)
     h = pieces[0, :, :, :V]
     for j in range(1, cp - 1):

@@ -68,6 +68,12 @@ SEG_CASES = [
      dict(chunk_size=32, state_segment_chunks=8, inverse_precision="tf32"), dict(varlen=True, states=True, v_first=True)),
 ]
 SEG_KINDS = ("chunk_solve", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass")
+# context parallelism's two-phase rank: pass A over whole sequences (kdagen.ops.chunk_segments.sequence_transition_launch)
+# after the default forward -- the first of a packed call's sequences, every row of a fixed-length call
+CP_CASES = [
+    ("bf16-K128V128-varlen-first-sequence", "bfloat16", 128, 128, "safe", None, dict(varlen=True)),
+    ("fp16-K96V192-rows-C32", "float16", 96, 192, "free", dict(chunk_size=32, inverse_precision="tf32"), {}),
+]
 
 # the training forward (ChunkTrainConfig): the same cover as before the inference forward existed
 TRAIN_CASES = [
@@ -254,6 +260,21 @@ def _worker_compile(jobs):
                     output_final_state=True, return_intermediate_states=extra.get("states", False), cu_seqlens=cu,
                     config=None if cfg is None else plain_fwd(**cfg), state_v_first=vf, **gate_kwargs(gate, K))
                 results[f"{family}:{cid}"] = [report(ln.kernel, ln) for ln in launches]
+            elif family == "cp":  # the forward's config, then pass A over whole sequences
+                from kdagen.ops.chunk import prepare_kda
+                from kdagen.ops.chunk_call import chunk_configs, forward_launches
+                from kdagen.ops.chunk_segments import sequence_transition_launch
+
+                varlen = extra.get("varlen", False)
+                q, k, v, g, beta, cu = tensors(dtype, K, V, 1 if varlen else 2, 70, varlen)
+                call, x = prepare_kda(q, k, v, g, beta, initial_state=torch.zeros(3 if varlen else 2, HV, K, V),
+                                      cu_seqlens=cu, **gate_kwargs(gate, K))
+                config, _ = chunk_configs(call, None if cfg is None else plain_fwd(**cfg), None, False)
+                launches, _ = forward_launches(call, x, config, True)
+                launch, _, _ = sequence_transition_launch(build(call.plan, config), launches[-1],
+                                                          (0,) if varlen else None, plan=call.plan, config=config,
+                                                          dev=q.device)
+                results[f"{family}:{cid}"] = [report(launch.kernel, launch)]
             elif family == "schedule":  # a packed call's schedule from device-only offsets
                 from kdagen.ops.chunk_fwd import SCHEDULE
                 from kdagen.ops.schedule import schedule_launch
@@ -379,7 +400,8 @@ def _run_worker(jobs, env):
 def compiled():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONWARNINGS"] = "ignore"
-    jobs = ([("chunk", c) for c in CHUNK_CASES] + [("seg", c) for c in SEG_CASES] + [("train", c) for c in TRAIN_CASES]
+    jobs = ([("chunk", c) for c in CHUNK_CASES] + [("seg", c) for c in SEG_CASES] + [("cp", c) for c in CP_CASES]
+            + [("train", c) for c in TRAIN_CASES]
             + [("schedule", c) for c in SCHEDULE_CASES] + [("l2norm", c) for c in L2NORM_CASES]
             + [("gate", c) for c in GATE_CASES]
             + [("recurrent", c) for c in REC_CASES] + [("recurrent_bwd", c) for c in REC_BWD_CASES])
@@ -457,6 +479,20 @@ def test_sequence_parallel_state_pass_compiles_for_sm90(case, compiled):
     assert b["STATE_V_FIRST"] == c["STATE_V_FIRST"] == bool(extra.get("v_first"))
     # the chain holds a K x K fp32 transition: at least its dot operand in shared memory
     assert entries[2]["shared_bytes"] >= 4 * K * K // 2
+
+
+@pytest.mark.parametrize("case", CP_CASES, ids=[c[0] for c in CP_CASES])
+def test_context_parallel_pieces_compile_for_sm90(case, compiled):
+    """Context parallelism's inference rank: pass A over whole sequences (its end state and transition), with
+    the forward's tiles, in shared memory."""
+    from kdagen.ops.chunk_segments import WHOLE_SEQUENCE
+    cid, dtype, K, V, gate, cfg, extra = case
+    (entry,) = compiled["cp:" + cid]
+    _check_smem([entry], extra)
+    a = entry["constexprs"]
+    assert entry["kind"] == "chunk_seg_state" and a["SEG_CHUNKS"] == WHOLE_SEQUENCE
+    assert a["IS_VARLEN"] == bool(extra.get("varlen")) and a["K"] == K and a["V"] == V
+    assert a["BT"] == (cfg or {}).get("chunk_size", 64)
 
 
 @pytest.mark.parametrize("case", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
