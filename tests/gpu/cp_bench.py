@@ -18,8 +18,8 @@ The collectives (one all-gather forward, one all-reduce backward, CP x H x K x (
 words each) are not in the rank's time; their bytes are printed.
 
 ``--check``: the functional check -- CP ranks (spawned processes sharing this GPU through gloo,
-CUDA tensors) run chunk_kda under cp_context, forward and backward, against the one-process
-call (small T).
+CUDA tensors) run chunk_kda under cp_context, forward and backward (float32), and inference (float32 and
+bf16), against the one-process call (small T); the worst relative error of each over the ranks.
 
 A markdown table to stdout; ``cp_bench.json`` under ``--out``.
 """
@@ -162,7 +162,7 @@ def check(args):
         d = tempfile.mkdtemp(prefix="cp_check_")
         mp.spawn(_check_rank, args=(cp, d, args.check_T, args.H, args.K, args.V), nprocs=cp)
         errs = [json.load(open(os.path.join(d, f"rank{r}.json"))) for r in range(cp)]
-        results.append(dict(cp=cp, worst_rel_err=max(max(e.values()) for e in errs)))
+        results.append(dict(cp=cp, worst_rel_err={k: max(e[k] for e in errs) for k in errs[0]}))
     return results
 
 
@@ -184,6 +184,13 @@ def _check_rank(rank, world, d, T, H, K, V):
         return ((a.double() - b.double()).norm() / b.double().norm()).item()
     out = {"o": err(o, ro[:, s:e])}
     out.update({f"d{n}": err(x.grad, r.grad[:, s:e]) for n, x, r in zip("qkvgb", loc, ref)})
+    # inference (a rank continuing a sequence runs in two phases), float32 and bf16, against the one-process call
+    for name, dt in (("o_inference", torch.float32),) + ((("o_inference_bf16", torch.bfloat16),) if GPU else ()):
+        xi = inputs(T, H, K, V, dt, seed=1)
+        with torch.no_grad():
+            oi, _ = kdagen.chunk_kda(*[x[:, s:e] for x in xi], cp_context=ctx)
+            ri, _ = kdagen.chunk_kda(*xi, cu_seqlens=cu)
+        out[name] = err(oi, ri[:, s:e])
     json.dump(out, open(os.path.join(d, f"rank{rank}.json"), "w"))
     dist.destroy_process_group()
 
@@ -204,7 +211,8 @@ def main(argv=None):
     if args.check:
         out["check"] = check(args)
         for c in out["check"]:
-            print(f"\ncheck CP={c['cp']}: worst rel. error vs the one-process call {c['worst_rel_err']:.2e}")
+            print(f"\ncheck CP={c['cp']}: worst rel. error vs the one-process call "
+                  + ", ".join(f"{k} {v:.2e}" for k, v in c["worst_rel_err"].items()))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "cp_bench.json"), "w") as f:
