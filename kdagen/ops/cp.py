@@ -240,10 +240,14 @@ class RankSplit:
     every_row: bool
     publish: Callable  # (he, hm) -> the start states, through the collective
     used: bool = False
+    entered: bool = False  # the collective was entered (whatever came of it: never enter it again)
     shared: torch.Tensor | None = None
 
     def share(self, he, hm) -> torch.Tensor:
         if self.shared is None:
+            if self.entered:
+                raise RuntimeError("the two-phase rank's collective failed on an earlier attempt")
+            self.entered = True
             self.shared = self.publish(he, hm)
         return self.shared
 
@@ -420,12 +424,12 @@ def _split_rank(c: _View, tokens, call, own, rows: bool, N: int, zero_e, eye, bl
     except NotSplit:
         return None
     except Exception as err:
-        if split.shared is None:  # failed before the collective: join it (flagged), so no other rank waits
+        if not split.entered:  # failed before the collective: join it (flagged), so no other rank waits
             share(blank, err)
         raise
     if not split.used:
         return None
-    if split.shared is None:  # (an op's forward that took the split must share once; never leave a rank waiting)
+    if not split.entered:  # (an op's forward that took the split must share once; never leave a rank waiting)
         share(blank, RuntimeError("the op's forward took the two-phase rank but never shared its piece"))
     return o, ht
 

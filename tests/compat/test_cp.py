@@ -54,6 +54,9 @@ def _cases(world):
             # a first rank of 5 tokens (part of one chunk), DeltaNet with GVA
             W.make_case("chunk_delta_rule", [10, 86], seed=7, HV=4, h0=True, final=True, rank_lengths=[5, 60, 31]),
             W.make_case("chunk_gla", [50, 46], seed=8, K=32, V=16, h0=True, final=True),
+            # an inference call whose rank 1 is refused while rank 2 runs in two phases: the refusal reaches
+            # rank 2 through the one collective, entered inside its op's forward, and nothing waits
+            W.make_case("chunk_kda", [96], seed=5, mutate="nan", flags=dict(check_inputs=True), grad=False),
             # the widened call as two calls ([v] and [0]: V + K above the op's head-dim limit)
             W.make_case("chunk_kda", [8, 88], seed=12, HV=4, h0=True, final=True, split_wide=True,
                         flags=ALL_FLAGS),
