@@ -116,8 +116,9 @@ def sequence_transition_launch(built, walk: Launch, seqs: tuple[int, ...] | None
     """Launch A over whole sequences: each one's end state from a zero start ``he`` [n, HV, K, V] and its
     transition ``hm`` [n, HV, K, K] (float32), for context parallelism's pieces (:mod:`kdagen.ops.cp`).
     ``walk``: the forward's pass (chunk_pass or chunk_seg_pass), whose arguments name the solve's outputs
-    and the call's schedule; ``seqs``: the packed call's sequences to cover (in that order), or None for a
-    fixed-length call's every row.  Returns ``(launch, he, hm)``."""
+    and the call's schedule; ``seqs``: the packed call's sequences to cover (in that order; each must hold
+    tokens: an empty one's program returns before writing), or None for a fixed-length call's every row.
+    Returns ``(launch, he, hm)``."""
     a, k = walk.args, walk.constexprs
     HV, K, V = k["HV"], k["K"], k["V"]
     varlen = k["IS_VARLEN"]
