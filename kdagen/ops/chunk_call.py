@@ -26,7 +26,7 @@ from ..kernels import build, dummy_pointer
 from . import chunk_bwd as bwd
 from . import fallback
 from .chunk_fwd import prepare_chunk_fwd
-from .chunk_segments import sequence_transition_launch
+from .chunk_segments import fold_segments, sequence_transition_launch
 from .chunk_train import prepare_chunk_train
 from .cp import NotSplit, RankSplit, take_split
 from .gate import layer_gate
@@ -238,13 +238,13 @@ def run_forward(call: ChunkCall, x: dict, config: ChunkFwdConfig | ChunkTrainCon
     def describe(c):
         launches, out = forward_launches(call, x, c, output_final_state)
         steps = [launches[0]]
-        he = hm = None
+        pieces = None
         if split.seqs != ():  # (a rank whose piece reads no local sequence shares the identity)
-            piece, he, hm = sequence_transition_launch(build(call.plan, c), launches[-1], split.seqs, plan=call.plan,
-                                                       config=c, dev=dev)
+            piece, *pieces = sequence_transition_launch(build(call.plan, c), launches[-1], split.seqs, plan=call.plan,
+                                                        config=c, dev=dev, seqlens=call.seqlens)
             steps.append(piece)
         h0 = next(ln.args["h0"] for ln in launches[1:] if "h0" in ln.args)  # the tensor the pass reads
-        steps.append(_ShareStep(split, he, hm, h0))
+        steps.append(_ShareStep(split, pieces, h0))
         return steps + list(launches[1:]), out
     _, _, out = fallback.run("chunk_fwd", call.plan, config, describe)
     return out
@@ -255,11 +255,14 @@ class _ShareStep:
     into the first row (every row) of the initial state the pass reads."""
     kernel = None
 
-    def __init__(self, split: RankSplit, he, hm, h0: torch.Tensor):
-        self.split, self.he, self.hm, self.h0 = split, he, hm, h0
+    def __init__(self, split: RankSplit, pieces, h0: torch.Tensor):
+        self.split, self.pieces, self.h0 = split, pieces, h0  # pieces: the segments' (he, hm, groups), or None
 
     def __call__(self):
-        h = self.split.share(self.he, self.hm)
+        he = hm = None
+        if self.pieces is not None:
+            he, hm = fold_segments(*self.pieces)
+        h = self.split.share(he, hm)
         if self.split.every_row:
             self.h0.copy_(h)
         else:

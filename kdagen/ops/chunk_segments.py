@@ -111,34 +111,63 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
 WHOLE_SEQUENCE = 1 << 24  # SEG_CHUNKS of a segment that is a whole sequence (up to 2^30 tokens at 64-row chunks)
 
 
-def sequence_transition_launch(built, walk: Launch, seqs: tuple[int, ...] | None, *, plan, config, dev
-                               ) -> tuple[Launch, torch.Tensor, torch.Tensor]:
-    """Launch A over whole sequences: each one's end state from a zero start ``he`` [n, HV, K, V] and its
-    transition ``hm`` [n, HV, K, K] (float32), for context parallelism's pieces (:mod:`kdagen.ops.cp`).
-    ``walk``: the forward's pass (chunk_pass or chunk_seg_pass), whose arguments name the solve's outputs
-    and the call's schedule; ``seqs``: the packed call's sequences to cover (in that order; each must hold
-    tokens: an empty one's program returns before writing), or None for a fixed-length call's every row.
-    Returns ``(launch, he, hm)``."""
+def sequence_transition_launch(built, walk: Launch, seqs: tuple[int, ...] | None, *, plan, config, dev,
+                               seqlens: list[int] | None = None):
+    """Launch A over the segments of whole sequences, for context parallelism's pieces (:mod:`kdagen.ops.cp`):
+    ``(launch, he, hm, groups)`` -- each segment's end state from a zero start ``he`` [S, HV, K, V] and its
+    transition ``hm`` [S, HV, K, K] (float32); ``groups`` [n, NS]: the segments of each sequence in order
+    (:func:`fold_segments` folds them into each sequence's).  The segments are the forward's
+    (``config.state_segment_chunks`` chunks: the sequence-parallel pass, chosen for few programs), else whole
+    sequences.  ``walk``: the forward's pass (chunk_pass or chunk_seg_pass), whose arguments name the solve's
+    outputs and the call's schedule; ``seqs``: the packed call's sequences to cover (in that order; each must
+    hold tokens: an empty one's program returns before writing) with ``seqlens`` its host offsets (without
+    them, whole sequences), or None for a fixed-length call's every row."""
     a, k = walk.args, walk.constexprs
-    HV, K, V = k["HV"], k["K"], k["V"]
+    HV, K, V, C = k["HV"], k["K"], k["V"], k["BT"]
     varlen = k["IS_VARLEN"]
     if varlen == (seqs is None):
         raise ValueError("sequence_transition_launch: a packed call names its sequences, a fixed-length one none")
+    L = config.state_segment_chunks or WHOLE_SEQUENCE
     if varlen:
+        if seqlens is None:
+            L = WHOLE_SEQUENCE
+        counts = [1 if L == WHOLE_SEQUENCE else triton.cdiv(triton.cdiv(seqlens[s + 1] - seqlens[s], C), L) for s in seqs]
+        NS = max(counts, default=1)
+        # each sequence padded to NS segments: a segment past its sequence's end returns at once, so its rows
+        # are set here to the identity's piece (E = 0, M = I), which folding leaves out
+        idx = [[s, j] for s in seqs for j in range(NS)]
+        seg_idx = torch.tensor(idx, dtype=torch.int32).to(dev)
         n = len(seqs)
-        seg_idx = torch.tensor([[s, 0] for s in seqs], dtype=torch.int32).to(dev)
     else:
+        NS = 1 if L == WHOLE_SEQUENCE else triton.cdiv(a["NT"], L)
         n = a["o"].shape[0]  # the rows
         seg_idx = dummy_pointer(dev)
-    he = torch.empty(max(n, 1), HV, K, V, dtype=torch.float32, device=dev)
-    hm = torch.empty(max(n, 1), HV, K, K, dtype=torch.float32, device=dev)
+    he = torch.zeros(max(n * NS, 1), HV, K, V, dtype=torch.float32, device=dev)
+    hm = torch.eye(K, dtype=torch.float32, device=dev).repeat(max(n * NS, 1), HV, 1, 1)
     scalar = plan.diag_mode == "scalar"
     rows = dict(k=a["k"], bs=a["bs"]) if scalar else dict(bk=a["bk"])
     args = dict(v=a["v"], beta=a["beta"], **rows, kgl=a["kgl"], gn=a["gn"], he=he, hm=hm,
                 cu_seqlens=a["cu_seqlens"], chunk_offsets=a["chunk_offsets"], seg_indices=seg_idx,
-                T=a["T"], NT=a["NT"], NS=1)
-    const = dict(**(dict(H=k["H"]) if scalar else {}), HV=HV, K=K, V=V, BT=k["BT"], BK=k["BK"], BV=k["BV"],
-                 SEG_CHUNKS=WHOLE_SEQUENCE, IS_VARLEN=varlen, BETA_SIGMOID=k["BETA_SIGMOID"],
+                T=a["T"], NT=a["NT"], NS=NS)
+    const = dict(**(dict(H=k["H"]) if scalar else {}), HV=HV, K=K, V=V, BT=C, BK=k["BK"], BV=k["BV"],
+                 SEG_CHUNKS=L, IS_VARLEN=varlen, BETA_SIGMOID=k["BETA_SIGMOID"],
                  BETA_SCALE=k["BETA_SCALE"], LOOP_STAGES=config.state_num_stages)
-    grid = (triton.cdiv(V, k["BV"]) + triton.cdiv(K, k["BV"]), n * HV)
-    return Launch("chunk_seg_state", built.fn("chunk_seg_state"), grid, args, const, config.state_num_warps, 1), he, hm
+    grid = (triton.cdiv(V, k["BV"]) + triton.cdiv(K, k["BV"]), n * NS * HV)
+    launch = Launch("chunk_seg_state", built.fn("chunk_seg_state"), grid, args, const, config.state_num_warps, 1)
+    return launch, he, hm, (n, NS)
+
+
+def fold_segments(he: torch.Tensor, hm: torch.Tensor, groups: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's (end state from zero, transition) from its segments' (``groups`` = (n, NS): n sequences
+    of NS segments each, in order, as :func:`sequence_transition_launch` lays them out): pairs of neighbours
+    folded, (M2, E2) after (M1, E1) = (M2 M1, M2 E1 + E2), log2(NS) levels of batched float32 products.
+    Returns ``(he [n, HV, K, V], hm [n, HV, K, K])``."""
+    n, NS = groups
+    E, M = he.view(n, NS, *he.shape[1:]), hm.view(n, NS, *hm.shape[1:])
+    while E.shape[1] > 1:
+        if E.shape[1] % 2:  # an odd one out goes on unchanged: paired with the identity's piece
+            E = torch.cat([E, torch.zeros_like(E[:, :1])], dim=1)
+            M = torch.cat([M, torch.eye(M.shape[-1], dtype=M.dtype, device=M.device).expand_as(M[:, :1])], dim=1)
+        E1, E2, M1, M2 = E[:, 0::2], E[:, 1::2], M[:, 0::2], M[:, 1::2]
+        E, M = torch.matmul(M2, E1) + E2, torch.matmul(M2, M1)
+    return E[:, 0], M[:, 0]

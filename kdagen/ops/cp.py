@@ -27,10 +27,11 @@ and value head) the outputs the recurrence gives from the start state I and zero
   an inference call of a rank that continues a sequence (kdagen's chunk ops but general DPLR, on the
   inference forward's solve and pass) does not widen its values; the op's forward runs in two phases
   (:class:`RankSplit`): the solve; the pieces -- [E | M] of the whole local sequence, or the last
-  sequence's end state -- by the sequence-parallel pass's launch A over whole sequences
-  (:func:`kdagen.ops.chunk_segments.sequence_transition_launch`: the pass's recurrence without o, on
-  V + K state columns); the same all-gather and chain; then the pass, with outputs, from the start state
-  the chain gave.  The rank's extra work is that walk without outputs, not the wide outputs and their
+  sequence's end state -- by the sequence-parallel pass's launch A over whole sequences, or over the
+  forward's segments where it runs the sequence-parallel pass (few programs), folded per sequence
+  (:func:`kdagen.ops.chunk_segments.sequence_transition_launch`, :func:`~kdagen.ops.chunk_segments.fold_segments`:
+  the pass's recurrence without o, on V + K state columns); the same all-gather and chain; then the pass,
+  with outputs, from the start state the chain gave.  The rank's extra work is that walk without outputs, not the wide outputs and their
   correction (docs/decisions/0044-cp-inference-rank-in-two-phases.md).
   backward: autograd through the same graph (the widened call's backward, the corrections'
   matmuls).  The all-gather's backward is one all-reduce of the gathered pieces' gradient (the

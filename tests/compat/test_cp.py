@@ -201,20 +201,20 @@ def _two_phase(op, split, args, h0, cu, **kw):
 
 
 @pytest.mark.parametrize("op", ["chunk_kda", "chunk_gated_delta_rule", "chunk_delta_rule", "chunk_gla"])
-@pytest.mark.parametrize("layout", ["one", "last", "rows", "segmented"])
-def test_a_rank_continuing_a_sequence_runs_its_forward_in_two_phases(op, layout):
+@pytest.mark.parametrize("layout", ["one", "last", "rows"])
+@pytest.mark.parametrize("segments", [0, 2])
+def test_a_rank_continuing_a_sequence_runs_its_forward_in_two_phases(op, layout, segments):
     """An inference call of a rank that continues a sequence (kdagen.ops.cp.RankSplit), in one process with
     the collective stubbed: the op's forward hands over the end state from a zero start E and the transition
     M of the sequences named -- the whole local sequence ('one'), the last of several ('last'), every row of a
-    fixed-length batch ('rows'), the whole sequence under the sequence-parallel pass ('segmented': segments of
-    two chunks of 32) -- and its outputs and final states are the ordinary call's from the start state(s) the stub
-    returns.  E and M are checked against the ordinary call's final states, which are
+    fixed-length batch ('rows'); with ``segments``, under the sequence-parallel pass (segments of two chunks of
+    32, folded into each sequence's pieces, an odd count among them) -- and its outputs and final states are the
+    ordinary call's from the start state(s) the stub returns.  E and M are checked against the ordinary call's final states, which are
     affine in the start state: f(h) = M h + E."""
     from kdagen.config import ChunkFwdConfig
     from kdagen.ops.cp import RankSplit
-    lengths, batch, seqs = {"one": ([150], 1, (0,)), "last": ([21, 80, 70], 1, (2,)),
-                            "rows": ([100], 2, None), "segmented": ([150], 1, (0,))}[layout]
-    kw = dict(config=ChunkFwdConfig(chunk_size=32, state_segment_chunks=2)) if layout == "segmented" else {}
+    lengths, batch, seqs = {"one": ([150], 1, (0,)), "last": ([21, 80, 70], 1, (2,)), "rows": ([100], 2, None)}[layout]
+    kw = dict(config=ChunkFwdConfig(chunk_size=32, state_segment_chunks=segments)) if segments else {}
     case = W.make_case(op, lengths, h0=True, batch=batch, K=16, V=24, seed=len(lengths) + batch)
     x = case["x"]
     if "g" in x:  # decays weak enough that the start state still reaches the end (M well above rounding)

@@ -68,11 +68,13 @@ SEG_CASES = [
      dict(chunk_size=32, state_segment_chunks=8, inverse_precision="tf32"), dict(varlen=True, states=True, v_first=True)),
 ]
 SEG_KINDS = ("chunk_solve", "chunk_seg_state", "chunk_seg_combine", "chunk_seg_pass")
-# context parallelism's two-phase rank: pass A over whole sequences (kdagen.ops.chunk_segments.sequence_transition_launch)
-# after the default forward -- the first of a packed call's sequences, every row of a fixed-length call
+# context parallelism's two-phase rank: pass A over the segments of whole sequences
+# (kdagen.ops.chunk_segments.sequence_transition_launch) -- the first of a packed call's sequences whole, every row
+# of a fixed-length call in the sequence-parallel pass's segments
 CP_CASES = [
     ("bf16-K128V128-varlen-first-sequence", "bfloat16", 128, 128, "safe", None, dict(varlen=True)),
-    ("fp16-K96V192-rows-C32", "float16", 96, 192, "free", dict(chunk_size=32, inverse_precision="tf32"), {}),
+    ("fp16-K96V192-rows-C32-seg8", "float16", 96, 192, "free",
+     dict(chunk_size=32, inverse_precision="tf32", state_segment_chunks=8), {}),
 ]
 
 # the training forward (ChunkTrainConfig): the same cover as before the inference forward existed
@@ -271,9 +273,9 @@ def _worker_compile(jobs):
                                       cu_seqlens=cu, **gate_kwargs(gate, K))
                 config, _ = chunk_configs(call, None if cfg is None else plain_fwd(**cfg), None, False)
                 launches, _ = forward_launches(call, x, config, True)
-                launch, _, _ = sequence_transition_launch(build(call.plan, config), launches[-1],
-                                                          (0,) if varlen else None, plan=call.plan, config=config,
-                                                          dev=q.device)
+                launch, *_ = sequence_transition_launch(build(call.plan, config), launches[-1],
+                                                        (0,) if varlen else None, plan=call.plan, config=config,
+                                                        dev=q.device, seqlens=call.seqlens)
                 results[f"{family}:{cid}"] = [report(launch.kernel, launch)]
             elif family == "schedule":  # a packed call's schedule from device-only offsets
                 from kdagen.ops.chunk_fwd import SCHEDULE
@@ -490,7 +492,8 @@ def test_context_parallel_pieces_compile_for_sm90(case, compiled):
     (entry,) = compiled["cp:" + cid]
     _check_smem([entry], extra)
     a = entry["constexprs"]
-    assert entry["kind"] == "chunk_seg_state" and a["SEG_CHUNKS"] == WHOLE_SEQUENCE
+    assert entry["kind"] == "chunk_seg_state"
+    assert a["SEG_CHUNKS"] == ((cfg or {}).get("state_segment_chunks") or WHOLE_SEQUENCE)
     assert a["IS_VARLEN"] == bool(extra.get("varlen")) and a["K"] == K and a["V"] == V
     assert a["BT"] == (cfg or {}).get("chunk_size", 64)
 
