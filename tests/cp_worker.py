@@ -3,8 +3,9 @@
 The main process draws a case's global inputs, runs the op once on all tokens (outputs and
 autograd gradients) and saves both; :func:`worker` (one process per rank, spawned) runs every
 case on its rank's tokens under ``cp_context``, backpropagates the same upstream gradients and
-saves what it got (a training case also as an inference call, ``o_inf``/``ht_inf``); :func:`gather` puts the ranks' pieces back together (tokens concatenated, the
-final states and the initial state's gradient summed over the ranks)."""
+saves what it got (a training case also as an inference call, ``o_inf``/``ht_inf``); :func:`gather`
+puts the ranks' pieces back together (tokens concatenated, the final states and the initial state's
+gradient summed over the ranks)."""
 from __future__ import annotations
 
 import os
@@ -176,7 +177,8 @@ def worker(rank, world, init_file, cases_file, out_dir):
             loss = (o * case["up"]["do"][:, s:e]).sum() + ((ht * case["up"]["dht"]).sum() if case["final"] else 0)
             loss.backward()
             # an empty rank's inputs are [1, 0, ...]: no gradient reaches them (an empty one, put together)
-            results.append({"o": o.detach(), "ht": None if ht is None else ht.detach(), "o_inf": o_inf, "ht_inf": ht_inf,
+            results.append({"o": o.detach(), "ht": None if ht is None else ht.detach(),
+                            "o_inf": o_inf, "ht_inf": ht_inf,
                             **{"d" + n: x[n].grad if x[n].grad is not None or x[n].numel() else torch.zeros_like(x[n])
                                for n in x}})
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -131,7 +131,8 @@ def sequence_transition_launch(built, walk: Launch, seqs: tuple[int, ...] | None
     if varlen:
         if seqlens is None:
             L = WHOLE_SEQUENCE
-        counts = [1 if L == WHOLE_SEQUENCE else triton.cdiv(triton.cdiv(seqlens[s + 1] - seqlens[s], C), L) for s in seqs]
+        counts = [1 if L == WHOLE_SEQUENCE else triton.cdiv(triton.cdiv(seqlens[s + 1] - seqlens[s], C), L)
+                  for s in seqs]
         NS = max(counts, default=1)
         # each sequence padded to NS segments: a segment past its sequence's end returns at once, so its rows
         # are set here to the identity's piece (E = 0, M = I), which folding leaves out

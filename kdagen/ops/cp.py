@@ -31,8 +31,8 @@ and value head) the outputs the recurrence gives from the start state I and zero
   forward's segments where it runs the sequence-parallel pass (few programs), folded per sequence
   (:func:`kdagen.ops.chunk_segments.sequence_transition_launch`, :func:`~kdagen.ops.chunk_segments.fold_segments`:
   the pass's recurrence without o, on V + K state columns); the same all-gather and chain; then the pass,
-  with outputs, from the start state the chain gave.  The rank's extra work is that walk without outputs, not the wide outputs and their
-  correction (docs/decisions/0044-cp-inference-rank-in-two-phases.md).
+  with outputs, from the start state the chain gave.  The rank's extra work is that walk without outputs, not
+  the wide outputs and their correction (docs/decisions/0044-cp-inference-rank-in-two-phases.md).
   backward: autograd through the same graph (the widened call's backward, the corrections'
   matmuls).  The all-gather's backward is one all-reduce of the gathered pieces' gradient (the
   same CP x HV x K x (K + V) words), of which each rank keeps its own piece's row:
