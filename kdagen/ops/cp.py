@@ -229,10 +229,11 @@ class RankSplit:
 
     1. the solve, then the end states from a zero start and the transitions (E, M) of the local sequences
        ``seqs`` (none, the first or the last; None: every row of a fixed-length call), over the solve's
-       outputs (chunk_seg_state over whole sequences: the pass's recurrence without o);
+       outputs (chunk_seg_state over whole sequences or the forward's segments, folded: the pass's
+       recurrence without o);
     2. ``share(he, hm)``: the rank's piece from them, the one all-gather and the chain -- the start state
-       of the first sequence (each row) [S, HV, K, V], which the op writes into its initial state's rows
-       (``rows``: the first row, or every row);
+       of the first sequence (each row) [S, HV, K, V], which the op writes into its initial state's first
+       row (``every_row``: into every row);
     3. the pass from those start states, with outputs: exact, no wide outputs and no correction.
 
     ``share`` runs once; a call that steps down to another config after a failed compile
