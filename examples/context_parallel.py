@@ -5,7 +5,9 @@ process group, each rank running chunk_kda on its own tokens with ``cp_context``
 
 On GPUs the ranks use NCCL (one GPU each); without CUDA they use gloo on CPU and the kernels run
 in Triton's interpreter (tiny shapes).  Every rank checks its outputs, the final states and
-the gradients against the one-process call on all tokens.
+the gradients of a training call, and the outputs and final states of a prefill (inference) call,
+against the one-process call on all tokens.  (A prefill rank that continues a sequence runs the op's
+forward in two phases around the collective; a training rank widens its values: kdagen.ops.cp.)
 """
 import os
 
@@ -53,6 +55,11 @@ def main():
     # this rank holds the final states of the sequences ending on it; their sum over ranks is the whole
     dist.all_reduce(ht_sum := ht.detach().clone())
     dist.all_reduce(dh0 := h0_local.grad.clone())
+    # prefill: the same tokens, no gradients
+    with torch.no_grad():
+        po, pht = kdagen.chunk_kda(*[x.detach() for x in xs], initial_state=h0, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=True, cp_context=ctx)
+    dist.all_reduce(pht)
 
     # the one-process call on all tokens
     ref = [t.to(dtype).requires_grad_() for t in (q, k, v)] + [t.clone().requires_grad_() for t in (gate, beta)]
@@ -63,7 +70,8 @@ def main():
 
     def err(a, b):
         return ((a.float() - b.float()).norm() / b.float().norm()).item()
-    errs = {"o": err(o, ro[:, s:e]), "final state": err(ht_sum, rht), "d initial_state": err(dh0, rh0.grad)}
+    errs = {"o": err(o, ro[:, s:e]), "final state": err(ht_sum, rht), "d initial_state": err(dh0, rh0.grad),
+            "prefill o": err(po, ro[:, s:e]), "prefill final state": err(pht, rht)}
     errs.update({f"d{n}": err(x.grad, r.grad[:, s:e]) for n, x, r in zip(("q", "k", "v", "g", "beta"), xs, ref)})
     worst = max(errs.values())
     tol = 5e-2 if cuda else 1e-4  # bf16 against bf16 on a GPU

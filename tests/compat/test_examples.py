@@ -59,7 +59,8 @@ def test_speculative_decoding_example_runs(tmp_path):
 
 def test_context_parallel_example_runs_under_torchrun(tmp_path):
     """Two gloo ranks on CPU (torchrun's own launcher, as the docstring's command): each rank's
-    outputs, final states and gradients match the one-process call."""
+    outputs, final states and gradients, and its prefill call's outputs and final states, match the
+    one-process call."""
     path = os.pathsep.join([str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env = dict(os.environ, TRITON_INTERPRET="1", KDAGEN_CACHE_DIR=str(tmp_path), PYTHONPATH=path)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -67,4 +68,4 @@ def test_context_parallel_example_runs_under_torchrun(tmp_path):
                        timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("rank ")]
-    assert len(lines) == 2 and all(ln.endswith(" OK") for ln in lines), r.stdout
+    assert len(lines) == 2 and all(ln.endswith(" OK") and "prefill o" in ln for ln in lines), r.stdout
