@@ -93,7 +93,7 @@ def prepare_chunk_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_st
                       LOOP_STAGES=config.state_num_stages, **flags)
     if config.state_segment_chunks:
         segments = segment_launches(built, seqlens=seqlens, dims=dims, plan=plan, config=config, C=C, bv=bv,
-                                    rows=rows, pass_args=pass_args, pass_constexprs=pass_const, flags=flags,
+                                    pass_args=pass_args, pass_constexprs=pass_const, flags=flags,
                                     initial_state=initial_state, ht=ht, dev=dev)
         return (solve, *segments), (o, ht, hs)
     state = Launch("chunk_pass", built.fns[1], (triton.cdiv(V, bv), N * HV), pass_args, pass_const,

@@ -54,10 +54,27 @@ from ..kernels import Launch, dummy_pointer
 from .schedule import SCHEDULE, segment_schedule
 
 
-def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, rows: dict, pass_args: dict,
+def _seg_state_launch(built, pass_args: dict, pass_constexprs: dict, *, plan, config, he, hm, seg_indices, NS: int,
+                      L: int, segments: int) -> Launch:
+    """Launch A over ``segments`` segments of ``L`` chunks (``NS`` per sequence where the call has fixed
+    length; ``seg_indices`` where it is packed), from the arguments of the pass it walks like (chunk_pass's, or
+    chunk_seg_pass's: the solve's outputs, the schedule, the tiles), into ``he`` and ``hm``."""
+    a, k = pass_args, pass_constexprs
+    scalar = plan.diag_mode == "scalar"
+    rows = dict(k=a["k"], bs=a["bs"]) if scalar else dict(bk=a["bk"])
+    args = dict(v=a["v"], beta=a["beta"], **rows, kgl=a["kgl"], gn=a["gn"], he=he, hm=hm, cu_seqlens=a["cu_seqlens"],
+                chunk_offsets=a["chunk_offsets"], seg_indices=seg_indices, T=a["T"], NT=a["NT"], NS=NS)
+    const = dict(**(dict(H=k["H"]) if scalar else {}), HV=k["HV"], K=k["K"], V=k["V"], BT=k["BT"], BK=k["BK"],
+                 BV=k["BV"], SEG_CHUNKS=L, IS_VARLEN=k["IS_VARLEN"], BETA_SIGMOID=k["BETA_SIGMOID"],
+                 BETA_SCALE=k["BETA_SCALE"], LOOP_STAGES=config.state_num_stages)
+    grid = (triton.cdiv(k["V"], k["BV"]) + triton.cdiv(k["K"], k["BV"]), segments * k["HV"])
+    return Launch("chunk_seg_state", built.fn("chunk_seg_state"), grid, args, const, config.state_num_warps, 1)
+
+
+def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, pass_args: dict,
                      pass_constexprs: dict, flags: dict, initial_state, ht, dev) -> tuple[Launch, Launch, Launch]:
     """Launches A, B and C (module docstring) for the pass :func:`~.chunk_fwd.prepare_chunk_fwd`
-    describes by ``pass_args`` / ``pass_constexprs`` (its ``rows``: the dot operands by name)."""
+    describes by ``pass_args`` / ``pass_constexprs``."""
     B, T, HV, K, V, N = dims.B, dims.T, dims.HV, dims.K, dims.V, dims.N
     L = config.state_segment_chunks
     cu = pass_args["cu_seqlens"] if flags["IS_VARLEN"] else None
@@ -68,15 +85,8 @@ def segment_launches(built, *, seqlens, dims, plan, config, C: int, bv: int, row
     hm = torch.empty(n, HV, K, K, dtype=torch.float32, device=dev)
     hseg = torch.empty(n, HV, K, V, dtype=torch.float32, device=dev)
     seg_idx = seg_indices if seg_indices is not None else dummy
-    scalar = plan.diag_mode == "scalar"
-    a_rows = dict(k=rows["k"], bs=rows["bs"]) if scalar else dict(bk=rows["bk"])
-    a_args = dict(v=pass_args["v"], beta=pass_args["beta"], **a_rows, kgl=pass_args["kgl"], gn=pass_args["gn"],
-                  he=he, hm=hm, cu_seqlens=pass_args["cu_seqlens"], chunk_offsets=pass_args["chunk_offsets"],
-                  seg_indices=seg_idx, T=T, NT=pass_args["NT"], NS=NS)
-    a_const = dict(**(dict(H=dims.H) if scalar else {}), HV=HV, K=K, V=V, BT=C, BK=plan.BK, BV=bv, SEG_CHUNKS=L,
-                   **flags, LOOP_STAGES=config.state_num_stages)
-    seg_state = Launch("chunk_seg_state", built.fns[2], (triton.cdiv(V, bv) + triton.cdiv(K, bv), NS_total * HV),
-                       a_args, a_const, config.state_num_warps, 1)
+    seg_state = _seg_state_launch(built, pass_args, pass_constexprs, plan=plan, config=config, he=he, hm=hm,
+                                  seg_indices=seg_idx, NS=NS, L=L, segments=NS_total)
     b_args = dict(hm=hm, he=he, hseg=hseg, h0=initial_state if initial_state is not None else dummy,
                   ht=ht if ht is not None else dummy, cu_seqlens=pass_args["cu_seqlens"],
                   seg_offsets=seg_offsets if seg_offsets is not None else dummy, NS=NS)
@@ -115,7 +125,7 @@ def sequence_transition_launch(built, walk: Launch, seqs: tuple[int, ...] | None
                                seqlens: list[int] | None = None):
     """Launch A over the segments of whole sequences, for context parallelism's pieces (:mod:`kdagen.ops.cp`):
     ``(launch, he, hm, groups)`` -- each segment's end state from a zero start ``he`` [S, HV, K, V] and its
-    transition ``hm`` [S, HV, K, K] (float32); ``groups`` [n, NS]: the segments of each sequence in order
+    transition ``hm`` [S, HV, K, K] (float32); ``groups`` (n, NS): the segments of each sequence in order
     (:func:`fold_segments` folds them into each sequence's).  The segments are the forward's
     (``config.state_segment_chunks`` chunks: the sequence-parallel pass, chosen for few programs), else whole
     sequences.  ``walk``: the forward's pass (chunk_pass or chunk_seg_pass), whose arguments name the solve's
@@ -145,16 +155,8 @@ def sequence_transition_launch(built, walk: Launch, seqs: tuple[int, ...] | None
         seg_idx = dummy_pointer(dev)
     he = torch.zeros(max(n * NS, 1), HV, K, V, dtype=torch.float32, device=dev)
     hm = torch.eye(K, dtype=torch.float32, device=dev).repeat(max(n * NS, 1), HV, 1, 1)
-    scalar = plan.diag_mode == "scalar"
-    rows = dict(k=a["k"], bs=a["bs"]) if scalar else dict(bk=a["bk"])
-    args = dict(v=a["v"], beta=a["beta"], **rows, kgl=a["kgl"], gn=a["gn"], he=he, hm=hm,
-                cu_seqlens=a["cu_seqlens"], chunk_offsets=a["chunk_offsets"], seg_indices=seg_idx,
-                T=a["T"], NT=a["NT"], NS=NS)
-    const = dict(**(dict(H=k["H"]) if scalar else {}), HV=HV, K=K, V=V, BT=C, BK=k["BK"], BV=k["BV"],
-                 SEG_CHUNKS=L, IS_VARLEN=varlen, BETA_SIGMOID=k["BETA_SIGMOID"],
-                 BETA_SCALE=k["BETA_SCALE"], LOOP_STAGES=config.state_num_stages)
-    grid = (triton.cdiv(V, k["BV"]) + triton.cdiv(K, k["BV"]), n * NS * HV)
-    launch = Launch("chunk_seg_state", built.fn("chunk_seg_state"), grid, args, const, config.state_num_warps, 1)
+    launch = _seg_state_launch(built, a, k, plan=plan, config=config, he=he, hm=hm, seg_indices=seg_idx, NS=NS, L=L,
+                               segments=n * NS)
     return launch, he, hm, (n, NS)
 
 
